@@ -1,0 +1,1 @@
+"""The click layer: thin commands over functions of the Python API."""

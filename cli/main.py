@@ -1,0 +1,10 @@
+"""The `interop` command: a click group whose commands are thin wrappers over the Python API."""
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+@click.version_option(package_name="interop")
+def main():
+    """Convert checkpoints and configs between Megatron-LM, MindSpore and Hugging Face."""

@@ -1,0 +1,1 @@
+"""One reader and one writer per foreign format; each speaks only canonical tensors."""

@@ -1,0 +1,1 @@
+"""File formats read and written without the frameworks that made them."""

@@ -1,0 +1,202 @@
+"""A small safetensors reader and a streaming writer.
+
+Why not `safetensors.torch`?  Its writer needs every tensor of a file in memory at
+once, and its mmap reader leaves every page it touched resident.  Here the writer
+lays out the header from the plan first and then takes one tensor at a time, and
+the reader `pread`s only the rows a slice needs, so conversion memory stays bounded
+by the largest tensor.  Files are plain safetensors that any loader reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+
+import torch
+
+from ..errors import InteropError
+from ..shards import Box
+
+DTYPE_CODES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+CODE_OF_DTYPE = {v: k for k, v in DTYPE_CODES.items()}
+MAX_HEADER = 100 << 20
+
+
+def dtype_from_code(code: str) -> torch.dtype:
+    try:
+        return DTYPE_CODES[code]
+    except KeyError:
+        raise InteropError(f"unsupported safetensors dtype {code!r}") from None
+
+
+class SafetensorsFile:
+    """Header parsed and checked against the file size up front; tensors read on demand."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            raise InteropError(f"{self.path}: cannot open ({exc.strerror})") from None
+        size = os.fstat(self._fd).st_size
+        head = os.pread(self._fd, 8, 0)
+        if len(head) < 8:
+            self.close()
+            raise InteropError(f"{self.path}: not a safetensors file (only {size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            self.close()
+            raise InteropError(f"{self.path}: corrupt or truncated safetensors header")
+        try:
+            header = json.loads(os.pread(self._fd, n, 8))
+        except ValueError:
+            self.close()
+            raise InteropError(f"{self.path}: corrupt safetensors header (not JSON)") from None
+        self.metadata = header.pop("__metadata__", None) or {}
+        self._base = 8 + n
+        self.entries = {}
+        for key, entry in header.items():
+            try:
+                dtype = dtype_from_code(entry["dtype"])
+                shape = tuple(int(s) for s in entry["shape"])
+                start, end = (int(x) for x in entry["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                self.close()
+                raise InteropError(f"{self.path}: corrupt safetensors entry for {key!r}") from None
+            numel = 1
+            for s in shape:
+                numel *= s
+            if end - start != numel * dtype.itemsize or self._base + end > size:
+                self.close()
+                raise InteropError(f"{self.path}: tensor {key!r} runs past the end of the file (truncated?)")
+            self.entries[key] = (dtype, shape, self._base + start)
+
+    def keys(self):
+        return list(self.entries)
+
+    def meta(self, key) -> tuple[torch.dtype, tuple[int, ...]]:
+        dtype, shape, _ = self._entry(key)
+        return dtype, shape
+
+    def _entry(self, key):
+        try:
+            return self.entries[key]
+        except KeyError:
+            raise InteropError(f"{self.path}: no tensor named {key!r}") from None
+
+    def read(self, key, box: Box | None = None) -> torch.Tensor:
+        """The whole tensor, or the part in `box`; only the rows the box spans are read."""
+        dtype, shape, offset = self._entry(key)
+        if box is None:
+            box = Box.whole(shape)
+        if not shape:
+            return self._pread(offset, dtype, ())
+        row_bytes = dtype.itemsize
+        for s in shape[1:]:
+            row_bytes *= s
+        first, rows = box.offset[0], box.shape[0]
+        block = self._pread(offset + first * row_bytes, dtype, (rows, *shape[1:]))
+        if tuple(box.shape) == tuple(block.shape):
+            return block
+        inner = (slice(None),) + box.slices()[1:]
+        return block[inner].contiguous()
+
+    def _pread(self, pos: int, dtype: torch.dtype, shape) -> torch.Tensor:
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        view, done = memoryview(buf.numpy()), 0
+        while done < nbytes:
+            got = os.preadv(self._fd, [view[done:]], pos + done)
+            if got <= 0:
+                raise InteropError(f"{self.path}: unexpected end of file")
+            done += got
+        return buf.view(dtype).reshape(shape)
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class SafetensorsWriter:
+    """Writes a safetensors file whose entries are known up front, one tensor at a time.
+
+    `entries` is the plan: (key, dtype, shape) in the order the tensors will arrive.
+    The CRC-32 of the whole file is computed as it is written.
+    """
+
+    def __init__(self, path, entries, metadata: dict | None = None):
+        self.path = os.fspath(path)
+        header, offset = {}, 0
+        self._order = []
+        for key, dtype, shape in entries:
+            nbytes = dtype.itemsize
+            for s in shape:
+                nbytes *= s
+            header[key] = {"dtype": CODE_OF_DTYPE[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            self._order.append((key, dtype, tuple(shape)))
+            offset += nbytes
+        if metadata:
+            header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}, **header}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned
+        self._file = open(self.path, "wb")
+        self._crc = 0
+        self.bytes = 0
+        self._emit(struct.pack("<Q", len(raw)) + raw)
+        self._next = 0
+
+    def _emit(self, data) -> None:
+        self._file.write(data)
+        self._crc = zlib.crc32(data, self._crc)
+        self.bytes += len(data)
+
+    def write(self, key: str, tensor: torch.Tensor) -> None:
+        want_key, dtype, shape = self._order[self._next]
+        if key != want_key or tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{self.path}: expected {want_key} {dtype} {shape}, got {key} {tensor.dtype} {tuple(tensor.shape)}")
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        self._emit(memoryview(data))
+        self._next += 1
+
+    def close(self) -> tuple[int, str]:
+        """Flush, fsync and close; returns (bytes, crc32 hex)."""
+        if self._next != len(self._order):
+            missing = [k for k, _, _ in self._order[self._next:]]
+            raise ValueError(f"{self.path}: {len(missing)} planned tensors never written, e.g. {missing[0]}")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return self.bytes, f"{self._crc:08x}"
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+def file_crc32(path, chunk: int = 16 << 20) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"

@@ -1,0 +1,86 @@
+"""The canonical parameter table: every tensor of a model, its global shape and how TP splits it.
+
+Names are framework neutral with GLOBAL layer numbers; orientation is torch Linear
+([out, in]); fused tensors (QKV, gate/up) are stored unfused.  Splitting q by heads
+and k/v by groups keeps each TP rank's q, k and v consistent with Megatron's fused QKV.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import ModelSpec
+
+# How tensor parallelism cuts a tensor: the axis, or None when every rank holds all of it.
+SPLIT_AXIS = {"column": 0, "vocab": 0, "row": 1, "replicated": None}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    shape: tuple[int, ...]
+    split: str  # column | row | vocab | replicated
+    layer: int | None  # global layer number, None for embeddings / final norm / head
+
+    @property
+    def axis(self) -> int | None:
+        return SPLIT_AXIS[self.split]
+
+
+def layer_params(spec: ModelSpec, i: int) -> list[Param]:
+    h, d = spec.hidden, spec.head_dim
+    q_rows, kv_rows, ffn = spec.heads * d, spec.kv_groups * d, spec.ffn_hidden
+    p = f"layers.{i}."
+    has_norm_bias = spec.norm == "layernorm"
+    rows = [
+        (p + "attn_norm.weight", (h,), "replicated", True),
+        (p + "attn_norm.bias", (h,), "replicated", has_norm_bias),
+        (p + "attn.q.weight", (q_rows, h), "column", True),
+        (p + "attn.q.bias", (q_rows,), "column", spec.qkv_bias),
+        (p + "attn.k.weight", (kv_rows, h), "column", True),
+        (p + "attn.k.bias", (kv_rows,), "column", spec.qkv_bias),
+        (p + "attn.v.weight", (kv_rows, h), "column", True),
+        (p + "attn.v.bias", (kv_rows,), "column", spec.qkv_bias),
+        (p + "attn.o.weight", (h, q_rows), "row", True),
+        (p + "attn.o.bias", (h,), "replicated", spec.linear_bias),
+        (p + "mlp_norm.weight", (h,), "replicated", True),
+        (p + "mlp_norm.bias", (h,), "replicated", has_norm_bias),
+        (p + "mlp.gate.weight", (ffn, h), "column", spec.gated_mlp),
+        (p + "mlp.gate.bias", (ffn,), "column", spec.gated_mlp and spec.linear_bias),
+        (p + "mlp.up.weight", (ffn, h), "column", True),
+        (p + "mlp.up.bias", (ffn,), "column", spec.linear_bias),
+        (p + "mlp.down.weight", (h, ffn), "row", True),
+        (p + "mlp.down.bias", (h,), "replicated", spec.linear_bias),
+    ]
+    return [Param(name, shape, split, i) for name, shape, split, present in rows if present]
+
+
+def param_table(spec: ModelSpec) -> list[Param]:
+    """All parameters in a fixed order: embeddings, layers 0..L-1, final norm, head."""
+    h, v = spec.hidden, spec.padded_vocab
+    table = [Param("embed.word.weight", (v, h), "vocab", None)]
+    if spec.position == "learned":
+        table.append(Param("embed.position.weight", (spec.max_positions, h), "replicated", None))
+    for i in range(spec.num_layers):
+        table.extend(layer_params(spec, i))
+    table.append(Param("final_norm.weight", (h,), "replicated", None))
+    if spec.norm == "layernorm":
+        table.append(Param("final_norm.bias", (h,), "replicated", None))
+    if not spec.tied_embeddings:
+        table.append(Param("lm_head.weight", (v, h), "vocab", None))
+    return table
+
+
+def param_index(spec: ModelSpec) -> dict[str, Param]:
+    return {p.name: p for p in param_table(spec)}
+
+
+# Optimizer state rides along under prefixed names, with its parameter's shape and split.
+OPTIM_PREFIXES = ("optim.exp_avg.", "optim.exp_avg_sq.", "optim.fp32_param.")
+
+
+def base_param_name(name: str) -> str:
+    """`optim.exp_avg.layers.0.attn.q.weight` -> `layers.0.attn.q.weight`."""
+    for prefix in OPTIM_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name

@@ -1,0 +1,75 @@
+"""Slice arithmetic: where a rank's shard sits in a global tensor, and what two boxes share.
+
+A Box is a rectangle of a global tensor: an offset and a shape per axis, the way
+torch.distributed.checkpoint and Megatron's dist_checkpointing record shards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InteropError
+
+
+@dataclass(frozen=True)
+class Box:
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    @classmethod
+    def whole(cls, shape) -> "Box":
+        return cls(tuple(0 for _ in shape), tuple(shape))
+
+    def slices(self) -> tuple[slice, ...]:
+        return tuple(slice(o, o + n) for o, n in zip(self.offset, self.shape))
+
+    def relative_to(self, outer: "Box") -> "Box":
+        return Box(tuple(a - b for a, b in zip(self.offset, outer.offset)), self.shape)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def shard_box(shape: tuple[int, ...], axis: int | None, rank: int, world: int) -> Box:
+    """The box TP rank `rank` of `world` holds of a tensor split evenly on `axis` (None: all of it)."""
+    if axis is None or world == 1:
+        return Box.whole(shape)
+    if shape[axis] % world:
+        raise InteropError(f"dimension {axis} of shape {tuple(shape)} does not split into {world} equal parts")
+    part = shape[axis] // world
+    offset = [0] * len(shape)
+    offset[axis] = rank * part
+    sizes = list(shape)
+    sizes[axis] = part
+    return Box(tuple(offset), tuple(sizes))
+
+
+def intersect(a: Box, b: Box) -> Box | None:
+    """The part two boxes share, or None."""
+    offset, shape = [], []
+    for ao, an, bo, bn in zip(a.offset, a.shape, b.offset, b.shape):
+        lo, hi = max(ao, bo), min(ao + an, bo + bn)
+        if hi <= lo:
+            return None
+        offset.append(lo)
+        shape.append(hi - lo)
+    return Box(tuple(offset), tuple(shape))
+
+
+def assemble(box: Box, pieces, dtype: torch.dtype) -> torch.Tensor:
+    """Fill `box` from (piece_box, read_piece) pairs; each piece is read only where it overlaps."""
+    out = torch.empty(box.shape, dtype=dtype)
+    covered = 0
+    for piece_box, read in pieces:
+        common = intersect(box, piece_box)
+        if common is None:
+            continue
+        out[common.relative_to(box).slices()] = read(common)
+        covered += common.numel()
+    if covered != box.numel():
+        raise InteropError(f"the shards on disk cover {covered} of the {box.numel()} elements asked for")
+    return out

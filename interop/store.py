@@ -1,0 +1,190 @@
+"""The common sharded format: `interop.json` plus one safetensors file per (tp, pp) rank.
+
+    ckpt/
+      interop.json                  format + version, ModelSpec, ParallelLayout, every tensor's
+                                    dtype, global shape, split and shards (file, key, global
+                                    offset, shape), every file's size and CRC-32, training state
+      model-tp00-pp00.safetensors   weights held by tp rank 0 of pipeline stage 0
+      optim-tp00-pp00.safetensors   Adam moments (optional), same sharding as the weights
+
+Every shard records its global offset, so a reader at any tp/pp reads only what
+it needs.  Replicated tensors are stored once, on tp rank 0 of their stage.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import InteropError
+from .io.safetensors import SafetensorsFile, SafetensorsWriter, file_crc32
+from .layout import ParallelLayout
+from .params import base_param_name, param_index
+from .shards import Box, assemble, shard_box
+from .spec import ModelSpec
+from .tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
+
+FORMAT = "interop"
+VERSION = 1
+MANIFEST = "interop.json"
+
+
+def is_store(path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def _dtype(name: str, where: str) -> torch.dtype:
+    try:
+        return DTYPE_NAMES[name]
+    except KeyError:
+        raise InteropError(f"{where}: unsupported dtype {name!r}") from None
+
+
+class StoreReader:
+    """Opens a common-format checkpoint; `read(name, box)` reads only the shards that overlap `box`."""
+
+    def __init__(self, path, verify: bool = True):
+        self.root = Path(path)
+        manifest_path = self.root / MANIFEST
+        if not manifest_path.is_file():
+            raise InteropError(f"{self.root}: not an interop checkpoint (no {MANIFEST})")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InteropError(f"{manifest_path}: unreadable manifest ({exc})") from None
+        if manifest.get("format") != FORMAT:
+            raise InteropError(f"{manifest_path}: format is {manifest.get('format')!r}, expected {FORMAT!r}")
+        if manifest.get("version") != VERSION:
+            raise InteropError(f"{manifest_path}: version {manifest.get('version')!r} is not supported (this is {VERSION})")
+        self.manifest = manifest
+        spec = ModelSpec.from_dict(manifest["spec"])
+        layout = ParallelLayout.from_dict(manifest["layout"])
+        self.source = Source(spec, layout, state=manifest.get("state") or {})
+        self._check_files(verify)
+        self._files: dict[str, SafetensorsFile] = {}
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.source.spec
+
+    @property
+    def layout(self) -> ParallelLayout:
+        return self.source.layout
+
+    def _check_files(self, verify: bool) -> None:
+        for name, info in self.manifest.get("files", {}).items():
+            path = self.root / name
+            if not path.is_file():
+                raise InteropError(f"{self.root}: manifest names {name}, which is missing")
+            size = path.stat().st_size
+            if size != info["bytes"]:
+                raise InteropError(f"{path}: {size} bytes, the manifest says {info['bytes']} (truncated or replaced?)")
+            if verify:
+                crc = file_crc32(path)
+                if crc != info["crc32"]:
+                    raise InteropError(f"{path}: checksum mismatch (crc32 {crc}, the manifest says {info['crc32']})")
+
+    def metas(self) -> list[TensorMeta]:
+        return [TensorMeta(name, _dtype(t["dtype"], name), tuple(t["shape"]))
+                for name, t in self.manifest["tensors"].items()]
+
+    def _file(self, name: str) -> SafetensorsFile:
+        if name not in self._files:
+            self._files[name] = SafetensorsFile(self.root / name)
+        return self._files[name]
+
+    def read(self, name: str, box: Box | None = None) -> torch.Tensor:
+        try:
+            entry = self.manifest["tensors"][name]
+        except KeyError:
+            raise InteropError(f"{self.root}: no tensor {name!r} in the checkpoint") from None
+        box = box or Box.whole(entry["shape"])
+        pieces = []
+        for shard in entry["shards"]:
+            shard_box_ = Box(tuple(shard["offset"]), tuple(shard["shape"]))
+            f, key = self._file(shard["file"]), shard["key"]
+            pieces.append((shard_box_, lambda common, f=f, key=key, b=shard_box_: f.read(key, common.relative_to(b))))
+        return assemble(box, pieces, _dtype(entry["dtype"], name))
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+def file_name(kind: str, tp_rank: int, pp_rank: int) -> str:
+    return f"{kind}-tp{tp_rank:02d}-pp{pp_rank:02d}.safetensors"
+
+
+def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]):
+    """Where each tensor's shards go: {name: [(file, Box)]}, and each file's entries in write order."""
+    index = param_index(spec)
+    placement, files = {}, {}
+    for meta in metas:
+        param = index.get(base_param_name(meta.name))
+        if param is None:
+            raise InteropError(f"tensor {meta.name!r} is not a parameter of this {spec.arch} model")
+        if tuple(meta.shape) != param.shape:
+            raise InteropError(f"tensor {meta.name!r} has shape {tuple(meta.shape)}, the model expects {param.shape}")
+        kind = "optim" if meta.name.startswith("optim.") else "model"
+        stage = layout.stage_of(param)
+        ranks = range(layout.tp) if param.axis is not None else [0]
+        placement[meta.name] = []
+        for t in ranks:
+            box = shard_box(meta.shape, param.axis, t, layout.tp)
+            fname = file_name(kind, t, stage)
+            placement[meta.name].append((fname, box))
+            files.setdefault(fname, []).append((meta.name, meta.dtype, box.shape))
+    return placement, files
+
+
+class StoreWriter:
+    """Writes a common-format checkpoint at `layout`, taking one global tensor at a time."""
+
+    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]):
+        spec.check_tp(layout.tp)
+        if layout.num_layers != spec.num_layers:
+            raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
+        self.root, self.spec, self.layout = Path(root), spec, layout
+        self.metas = metas
+        self.placement, files = plan_shards(spec, layout, metas)
+        self.writers = {name: SafetensorsWriter(self.root / name, entries, {"format": "pt"})
+                        for name, entries in sorted(files.items())}
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        for fname, box in self.placement[name]:
+            self.writers[fname].write(name, tensor[box.slices()])
+
+    def finish(self, state: dict | None = None) -> None:
+        files = {}
+        for name, writer in self.writers.items():
+            nbytes, crc = writer.close()
+            files[name] = {"bytes": nbytes, "crc32": crc}
+        tensors, index = {}, param_index(self.spec)
+        for meta in self.metas:
+            param_split = index[base_param_name(meta.name)].split
+            tensors[meta.name] = {
+                "dtype": NAME_OF_DTYPE[meta.dtype],
+                "shape": list(meta.shape),
+                "split": param_split,
+                "shards": [{"file": f, "key": meta.name, "offset": list(b.offset), "shape": list(b.shape)}
+                           for f, b in self.placement[meta.name]],
+            }
+        manifest = {
+            "format": FORMAT, "version": VERSION,
+            "spec": self.spec.to_dict(), "layout": self.layout.to_dict(),
+            "tensors": tensors, "files": files, "state": state or {},
+        }
+        path = self.root / MANIFEST
+        path.write_text(json.dumps(manifest, indent=1))
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            writer.abort()
+
+
+def read_state(path) -> dict:
+    """The training state recorded in a checkpoint's manifest (empty when there is none)."""
+    return StoreReader(path, verify=False).source.state

@@ -1,0 +1,1 @@
+"""Declarative tables: parameter names and config keys of each framework."""

@@ -1,0 +1,1 @@
+"""The reference parallel trainer (torch TP + PP) and the parity runs."""
