@@ -162,27 +162,37 @@ class StoreWriter:
         for name, writer in self.writers.items():
             nbytes, crc = writer.close()
             files[name] = {"bytes": nbytes, "crc32": crc}
-        tensors, index = {}, param_index(self.spec)
-        for meta in self.metas:
-            param_split = index[base_param_name(meta.name)].split
-            tensors[meta.name] = {
-                "dtype": NAME_OF_DTYPE[meta.dtype],
-                "shape": list(meta.shape),
-                "split": param_split,
-                "shards": [{"file": f, "key": meta.name, "offset": list(b.offset), "shape": list(b.shape)}
-                           for f, b in self.placement[meta.name]],
-            }
-        manifest = {
-            "format": FORMAT, "version": VERSION,
-            "spec": self.spec.to_dict(), "layout": self.layout.to_dict(),
-            "tensors": tensors, "files": files, "state": state or {},
-        }
-        path = self.root / MANIFEST
-        path.write_text(json.dumps(manifest, indent=1))
+        write_manifest(self.root, self.spec, self.layout, self.metas, self.placement, files, state)
 
     def abort(self) -> None:
         for writer in self.writers.values():
             writer.abort()
+
+
+def write_manifest(root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
+                   placement: dict, files: dict, state: dict | None = None) -> None:
+    """Write interop.json last: a directory without it is not a checkpoint.
+
+    `placement` is `plan_shards`'s {name: [(file, Box)]}; `files` is {file: {"bytes", "crc32"}}.
+    Split out so that ranks of a distributed trainer can write their own files and
+    rank 0 the manifest.
+    """
+    index = param_index(spec)
+    tensors = {}
+    for meta in metas:
+        tensors[meta.name] = {
+            "dtype": NAME_OF_DTYPE[meta.dtype],
+            "shape": list(meta.shape),
+            "split": index[base_param_name(meta.name)].split,
+            "shards": [{"file": f, "key": meta.name, "offset": list(b.offset), "shape": list(b.shape)}
+                       for f, b in placement[meta.name]],
+        }
+    manifest = {
+        "format": FORMAT, "version": VERSION,
+        "spec": spec.to_dict(), "layout": layout.to_dict(),
+        "tensors": tensors, "files": files, "state": state or {},
+    }
+    (Path(root) / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
 def read_state(path) -> dict:
