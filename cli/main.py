@@ -8,3 +8,9 @@ import click
 @click.version_option(package_name="interop")
 def main():
     """Convert checkpoints and configs between Megatron-LM, MindSpore and Hugging Face."""
+
+
+from .convert import convert, inspect  # noqa: E402
+
+main.add_command(convert)
+main.add_command(inspect)

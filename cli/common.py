@@ -1,0 +1,47 @@
+"""What every command shares: user mistakes become one line on stderr and exit code 2."""
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from ..errors import InteropError
+
+
+def user_errors(fn):
+    """Run a command body; an InteropError prints `error: ...` and exits 2 (bugs keep their traceback)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InteropError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+class ProgressBar:
+    """A click progress bar over bytes, on stderr; `convert` calls start() then update()."""
+
+    def __init__(self, label: str, enabled: bool = True):
+        self.label, self.bar = label, None
+        self.enabled = enabled and sys.stderr.isatty()  # no bar in logs and pipes
+
+    def start(self, total: int) -> None:
+        if self.enabled:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=False,
+                                         show_percent=True, show_eta=True)
+            self.bar.__enter__()
+
+    def update(self, n: int) -> None:
+        if self.bar:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.__exit__(None, None, None)
+            self.bar = None

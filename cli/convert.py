@@ -1,0 +1,63 @@
+"""`interop convert` and `interop inspect`."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..convert import DTYPE_CHOICES, convert as run_convert
+from ..converters.registry import FORMATS
+from ..inspect import describe, render
+from .common import ProgressBar, user_errors
+
+FORMAT_CHOICE = click.Choice(sorted(FORMATS))
+
+
+@click.command()
+@click.argument("src", type=click.Path())
+@click.argument("dst", type=click.Path())
+@click.option("--from", "src_format", type=FORMAT_CHOICE, help="Source format (detected when omitted).")
+@click.option("--to", "dst_format", type=FORMAT_CHOICE, required=True, help="Target format.")
+@click.option("--tp", default=1, show_default=True, help="Target tensor-parallel size.")
+@click.option("--pp", default=1, show_default=True, help="Target pipeline-parallel size.")
+@click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")
+@click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
+@click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
+@click.option("--dtype", type=click.Choice(list(DTYPE_CHOICES)), default="keep", show_default=True,
+              help="Cast the weights (optimizer state keeps its dtype).")
+@click.option("--force", is_flag=True, help="Replace DST if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@user_errors
+def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force, quiet):
+    """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
+
+    \b
+    Example:
+      interop convert ./llama-hf ./llama-tp2pp2 --from hf --to interop --tp 2 --pp 2
+      interop convert ./llama-tp2pp2 ./llama-hf-again --to hf
+    """
+    bar = ProgressBar("converting", enabled=not quiet)
+    try:
+        summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp,
+                              first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                              dtype=dtype, force=force, progress=bar)
+    finally:
+        bar.close()
+    click.echo("\n".join(summary.lines()))
+
+
+@click.command()
+@click.argument("path", type=click.Path())
+@click.option("--from", "fmt", type=FORMAT_CHOICE, help="Format (detected when omitted).")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@click.option("--no-tensors", is_flag=True, help="Leave out the per-tensor table.")
+@user_errors
+def inspect(path, fmt, as_json, no_tensors):
+    """Describe a checkpoint: format, model, layout, tensors and totals.
+
+    \b
+    Example:
+      interop inspect ./llama-tp2pp2
+    """
+    info = describe(path, fmt)
+    click.echo(json.dumps(info, indent=1) if as_json else render(info, show_tensors=not no_tensors))

@@ -1,0 +1,20 @@
+"""The common format as a conversion endpoint (the store itself lives in `interop.store`)."""
+from __future__ import annotations
+
+from ..spec import ModelSpec
+from ..store import StoreReader, StoreWriter, is_store
+
+detect = is_store
+Reader = StoreReader
+
+
+class Writer(StoreWriter):
+    @staticmethod
+    def padded_vocab(spec: ModelSpec, tp: int) -> int:
+        """Keep the source's padding when tp divides it; otherwise pad the true vocab up to a multiple of tp."""
+        if spec.padded_vocab % tp == 0:
+            return spec.padded_vocab
+        return -(-spec.vocab // tp) * tp
+
+    def __init__(self, root, spec, layout, metas, **_options):
+        super().__init__(root, spec, layout, metas)

@@ -1,0 +1,119 @@
+"""The conversion engine: any reader -> canonical tensors -> any writer, one tensor at a time.
+
+Peak memory is one global tensor (plus the reader's and writer's view of it), never
+the model.  Resharding is the same operation: the writer cuts each global tensor
+into the target layout's shards.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .atomic import atomic_directory, check_destination
+from .converters.registry import converter, detect_format
+from .errors import InteropError
+from .layout import ParallelLayout
+from .params import base_param_name, param_index
+from .tensors import DTYPE_NAMES, TensorMeta
+
+DTYPE_CHOICES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass
+class Summary:
+    src: str
+    dst: str
+    src_format: str
+    dst_format: str
+    layout: str
+    tensors: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        rate = self.bytes / max(self.seconds, 1e-9) / 1e6
+        out = [f"converted {self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}, {self.layout})",
+               f"  {self.tensors} tensors, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s ({rate:.1f} MB/s)"]
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def fit_vocab(tensor: torch.Tensor, rows: int, true_vocab: int, name: str, notes: list[str]) -> torch.Tensor:
+    """Pad with zero rows, or drop padding rows (reported when they held anything), to `rows`."""
+    have = tensor.shape[0]
+    if have < rows:
+        pad = torch.zeros((rows - have, *tensor.shape[1:]), dtype=tensor.dtype)
+        return torch.cat([tensor, pad])
+    if have > rows:
+        if rows < true_vocab:
+            raise InteropError(f"cannot fit {name} into {rows} rows: the vocabulary has {true_vocab} tokens")
+        if tensor[rows:].any():
+            notes.append(f"dropped {have - rows} padding rows of {name} (beyond the true vocab of {true_vocab})")
+        return tensor[:rows]
+    return tensor
+
+
+def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
+            first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
+            force: bool = False, reader_options: dict | None = None, writer_options: dict | None = None,
+            progress=None) -> Summary:
+    """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp). Returns a Summary.
+
+    `progress`, when given, gets `.start(total_bytes)` once and `.update(nbytes)` after each
+    tensor.  `dst` appears only when complete.
+    """
+    started = time.perf_counter()
+    src_format = src_format or detect_format(src)
+    if not Path(src).exists():
+        raise InteropError(f"{src}: no such file or directory")
+    if dtype not in DTYPE_CHOICES:
+        raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    writer_cls = converter(dst_format).Writer
+    check_destination(dst, force)
+    reader = converter(src_format).Reader(src, **(reader_options or {}))
+    try:
+        spec = reader.source.spec
+        spec.check_tp(tp)
+        out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
+        out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
+        layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers)
+        index = param_index(out_spec)
+        metas_in = reader.metas()
+        metas_out = []
+        for m in metas_in:
+            param = index[base_param_name(m.name)]
+            cast = DTYPE_NAMES[out_dtype] if dtype != "keep" and not m.name.startswith("optim.") else m.dtype
+            metas_out.append(TensorMeta(m.name, cast, param.shape))
+        if progress:
+            progress.start(sum(m.nbytes for m in metas_in))
+        summary = Summary(str(src), str(dst), src_format, dst_format, layout.describe(), notes=list(reader.source.notes))
+        with atomic_directory(dst, force) as tmp:
+            writer = writer_cls(tmp, out_spec, layout, metas_out, **(writer_options or {}))
+            try:
+                for m_in, m_out in zip(metas_in, metas_out):
+                    tensor = reader.read(m_in.name)
+                    if tuple(tensor.shape) != m_in.shape:
+                        raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, expected {list(m_in.shape)}")
+                    if index[base_param_name(m_in.name)].split == "vocab":
+                        tensor = fit_vocab(tensor, m_out.shape[0], spec.vocab, m_in.name, summary.notes)
+                    tensor = tensor.to(m_out.dtype)
+                    writer.write(m_out.name, tensor)
+                    summary.tensors += 1
+                    summary.bytes += m_out.nbytes
+                    if progress:
+                        progress.update(m_in.nbytes)
+                writer.finish(reader.source.state)
+            except BaseException:
+                if hasattr(writer, "abort"):
+                    writer.abort()
+                raise
+    finally:
+        reader.close()
+    if dtype != "keep" and out_dtype != spec.dtype:
+        summary.notes.append(f"cast weights from {spec.dtype} to {out_dtype}")
+    summary.seconds = time.perf_counter() - started
+    return summary

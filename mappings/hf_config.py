@@ -1,0 +1,108 @@
+"""Hugging Face config.json <-> ModelSpec, for GPT2 and Llama.
+
+Each architecture is a table of (spec field, config key, default when the key is
+absent); the few values that need a rule (activation names, biases, rope) are
+small functions beside it.
+"""
+from __future__ import annotations
+
+from ..errors import InteropError
+from ..spec import ModelSpec
+
+# (spec field, config key, default)
+GPT2_KEYS = [
+    ("num_layers", "n_layer", 12),
+    ("hidden", "n_embd", 768),
+    ("heads", "n_head", 12),
+    ("vocab", "vocab_size", 50257),
+    ("max_positions", "n_positions", 1024),
+    ("norm_eps", "layer_norm_epsilon", 1e-5),
+    ("tied_embeddings", "tie_word_embeddings", True),
+]
+LLAMA_KEYS = [
+    ("num_layers", "num_hidden_layers", 32),
+    ("hidden", "hidden_size", 4096),
+    ("ffn_hidden", "intermediate_size", 11008),
+    ("heads", "num_attention_heads", 32),
+    ("vocab", "vocab_size", 32000),
+    ("max_positions", "max_position_embeddings", 2048),
+    ("norm_eps", "rms_norm_eps", 1e-6),
+    ("tied_embeddings", "tie_word_embeddings", False),
+]
+# HF activation names <-> ours (GPT2's "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are the tanh form).
+GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+GPT2_ACTIVATION_OUT = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+# GPT2 options whose model our spec cannot describe: refuse rather than convert into a different model.
+GPT2_UNSUPPORTED = {"scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "scale_attn_weights": True,
+                    "add_cross_attention": False}
+
+
+def _read_table(config: dict, table) -> dict:
+    return {field: config.get(key, default) if config.get(key) is not None else default for field, key, default in table}
+
+
+def spec_from_hf_config(config: dict, dtype: str = "float32", where: str = "config.json") -> ModelSpec:
+    model_type = config.get("model_type")
+    if model_type == "gpt2":
+        return _gpt2_spec(config, dtype, where)
+    if model_type == "llama":
+        return _llama_spec(config, dtype, where)
+    raise InteropError(f"{where}: model_type {model_type!r} is not supported (gpt2 and llama are)")
+
+
+def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
+    for key, ok in GPT2_UNSUPPORTED.items():
+        if config.get(key, ok) != ok:
+            raise InteropError(f"{where}: {key}={config[key]!r} is not supported")
+    f = _read_table(config, GPT2_KEYS)
+    act = config.get("activation_function", "gelu_new")
+    if act not in GPT2_ACTIVATIONS:
+        raise InteropError(f"{where}: activation_function {act!r} is not supported")
+    return ModelSpec(
+        arch="gpt2", ffn_hidden=config.get("n_inner") or 4 * f["hidden"], kv_groups=f["heads"],
+        head_dim=f["hidden"] // f["heads"], padded_vocab=f["vocab"], norm="layernorm",
+        activation=GPT2_ACTIVATIONS[act], position="learned", qkv_bias=True, linear_bias=True, dtype=dtype, **f)
+
+
+def _llama_spec(config: dict, dtype: str, where: str) -> ModelSpec:
+    f = _read_table(config, LLAMA_KEYS)
+    if config.get("hidden_act", "silu") != "silu":
+        raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
+    rope = config.get("rope_parameters") or {}
+    if config.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        raise InteropError(f"{where}: rope scaling ({config.get('rope_scaling') or rope}) is not supported")
+    attention_bias = bool(config.get("attention_bias", False))
+    mlp_bias = bool(config.get("mlp_bias", False))
+    if attention_bias != mlp_bias:
+        raise InteropError(f"{where}: attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported")
+    heads = f["heads"]
+    return ModelSpec(
+        arch="llama", kv_groups=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or f["hidden"] // heads, padded_vocab=f["vocab"], norm="rmsnorm",
+        activation="swiglu", position="rope", rope_base=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        qkv_bias=attention_bias, linear_bias=mlp_bias, dtype=dtype, **f)
+
+
+def hf_config_from_spec(spec: ModelSpec) -> dict:
+    """A config.json that `AutoModelForCausalLM.from_pretrained` builds the same model from."""
+    if spec.arch == "gpt2":
+        if spec.kv_groups != spec.heads or spec.head_dim * spec.heads != spec.hidden:
+            raise InteropError("HF GPT2 needs multi-head attention with head_dim * heads == hidden")
+        if not (spec.qkv_bias and spec.linear_bias):
+            raise InteropError("HF GPT2 has biases on every linear layer; this model has none")
+        config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_inner": spec.ffn_hidden,
+                  "activation_function": GPT2_ACTIVATION_OUT[spec.activation],
+                  "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        table = GPT2_KEYS
+    else:
+        if spec.qkv_bias != spec.linear_bias:
+            raise InteropError("HF Llama has biases on all attention or all MLP linears; this model mixes them")
+        config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                  "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
+                  "rope_theta": spec.rope_base, "rope_parameters": {"rope_theta": spec.rope_base, "rope_type": "default"},
+                  "attention_bias": spec.qkv_bias, "mlp_bias": spec.linear_bias, "attention_dropout": 0.0}
+        table = LLAMA_KEYS
+    for field, key, _ in table:
+        config[key] = getattr(spec, field)
+    config["torch_dtype"] = spec.dtype
+    return config
