@@ -26,9 +26,16 @@ FORMAT_CHOICE = click.Choice(sorted(FORMATS))
 @click.option("--dtype", type=click.Choice(list(DTYPE_CHOICES)), default="keep", show_default=True,
               help="Cast the weights (optimizer state keeps its dtype).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
+@click.option("--format", "megatron_format", type=click.Choice(["torch", "torch_dist"]),
+              help="Megatron on-disk format to write (default: torch).")
+@click.option("--iteration", type=int, help="Megatron iteration to read (default: the tracker's).")
+@click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
+              "(HF config.json, Megatron args file or MindSpeed YAML).")
+@click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
-def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force, quiet):
+def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
+            megatron_format, iteration, model_config, dialect, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -40,7 +47,9 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
     try:
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                              dtype=dtype, force=force, progress=bar)
+                              dtype=dtype, force=force, progress=bar,
+                              options={"format": megatron_format, "iteration": iteration,
+                                       "model_config": model_config, "dialect": dialect})
     finally:
         bar.close()
     click.echo("\n".join(summary.lines()))

@@ -112,7 +112,7 @@ class _BinFile:
 
 
 class Reader:
-    def __init__(self, path, **_options):
+    def __init__(self, path):
         root = Path(path)
         if not detect(root):
             raise InteropError(f"{root}: not a Hugging Face checkpoint (needs config.json and model weights)")
@@ -177,8 +177,7 @@ class Writer:
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
         return spec.vocab  # HF holds the true vocabulary only
 
-    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-                 **_options):
+    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_bytes: int = DEFAULT_SHARD_BYTES):
         if layout.tp != 1 or layout.pp != 1:
             raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1")
         self.root, self.spec = Path(root), spec

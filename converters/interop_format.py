@@ -15,6 +15,3 @@ class Writer(StoreWriter):
         if spec.padded_vocab % tp == 0:
             return spec.padded_vocab
         return -(-spec.vocab // tp) * tp
-
-    def __init__(self, root, spec, layout, metas, **_options):
-        super().__init__(root, spec, layout, metas)

@@ -6,6 +6,7 @@ into the target layout's shards.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,12 +58,29 @@ def fit_vocab(tensor: torch.Tensor, rows: int, true_vocab: int, name: str, notes
     return tensor
 
 
+def _accepted(cls, options: dict) -> dict:
+    params = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in options.items() if k in params}
+
+
+def split_options(reader_cls, writer_cls, options: dict, src_format: str, dst_format: str) -> tuple[dict, dict]:
+    """Hand each format-specific option to the reader and/or writer that takes it; refuse the rest."""
+    options = {k: v for k, v in options.items() if v is not None}
+    reader_opts, writer_opts = _accepted(reader_cls, options), _accepted(writer_cls, options)
+    unused = sorted(set(options) - set(reader_opts) - set(writer_opts))
+    if unused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unused)
+        raise InteropError(f"{flags} does not apply to a {src_format} -> {dst_format} conversion")
+    return reader_opts, writer_opts
+
+
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
-            force: bool = False, reader_options: dict | None = None, writer_options: dict | None = None,
-            progress=None) -> Summary:
+            force: bool = False, options: dict | None = None, progress=None) -> Summary:
     """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp). Returns a Summary.
 
+    `options` are format-specific (`iteration`, `model_config`, `format`, `dialect`, ...): each
+    goes to the reader and/or writer whose constructor names it; one that neither takes is an error.
     `progress`, when given, gets `.start(total_bytes)` once and `.update(nbytes)` after each
     tensor.  `dst` appears only when complete.
     """
@@ -72,9 +90,10 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         raise InteropError(f"{src}: no such file or directory")
     if dtype not in DTYPE_CHOICES:
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
-    writer_cls = converter(dst_format).Writer
+    reader_cls, writer_cls = converter(src_format).Reader, converter(dst_format).Writer
+    reader_options, writer_options = split_options(reader_cls, writer_cls, options or {}, src_format, dst_format)
     check_destination(dst, force)
-    reader = converter(src_format).Reader(src, **(reader_options or {}))
+    reader = reader_cls(src, **reader_options)
     try:
         spec = reader.source.spec
         spec.check_tp(tp)
@@ -92,7 +111,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             progress.start(sum(m.nbytes for m in metas_in))
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force) as tmp:
-            writer = writer_cls(tmp, out_spec, layout, metas_out, **(writer_options or {}))
+            writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
                     tensor = reader.read(m_in.name)

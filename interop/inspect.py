@@ -5,10 +5,12 @@ from .converters.registry import converter, detect_format
 from .tensors import NAME_OF_DTYPE
 
 
-def describe(path, fmt: str | None = None, reader_options: dict | None = None) -> dict:
-    """A JSON-able description of any checkpoint interop can read; no tensor data is read."""
+def describe(path, fmt: str | None = None, options: dict | None = None) -> dict:
+    """A JSON-able description of any checkpoint interop can read; no tensor data is read.
+
+    `options` are reader options such as `model_config` or `iteration`."""
     fmt = fmt or detect_format(path)
-    reader = converter(fmt).Reader(path, **(reader_options or {}))
+    reader = converter(fmt).Reader(path, **{k: v for k, v in (options or {}).items() if v is not None})
     try:
         source = reader.source
         tensors = [{"name": m.name, "shape": list(m.shape), "dtype": NAME_OF_DTYPE.get(m.dtype, str(m.dtype)),
