@@ -385,17 +385,20 @@ class CkptWriter:
     """Writes a `.ckpt` one tensor at a time, byte-identical to `mindspore.save_checkpoint`.
 
     `slice_bytes` is the largest content of one Value (mindspore's 512 MiB); `crc`
-    appends the `crc_num` trailer as `save_checkpoint(crc_check=True)` does.  One
+    appends the `crc_num` trailer as `save_checkpoint(crc_check=True)` does.  `fsync`
+    is off by default, as in mindspore: the converters' atomic output directory
+    fsyncs the whole tree once it is complete.  One
     deliberate difference: mindspore silently drops tensors with no elements, we
     write them (as a Value with empty content, which mindspore loads).
     """
 
-    def __init__(self, path, crc: bool = False, slice_bytes: int = SLICE_BYTES):
+    def __init__(self, path, crc: bool = False, slice_bytes: int = SLICE_BYTES, fsync: bool = False):
         if slice_bytes <= 0:
             raise ValueError("slice_bytes must be positive")
         self.path = os.fspath(path)
         self.crc = crc
         self.slice_bytes = slice_bytes
+        self.fsync = fsync
         self._file = open(self.path, "wb")
         self._crc = 0
         self._tags: set[str] = set()
@@ -423,13 +426,14 @@ class CkptWriter:
             self._emit(piece)
 
     def close(self) -> int:
-        """Append the crc trailer if asked, flush, fsync, close; returns the file size."""
+        """Append the crc trailer if asked, flush (and fsync if asked), close; returns the file size."""
         if self.crc:
             trailer = CRC_MAGIC + self._crc.to_bytes(10, "big")
             self._file.write(trailer)
             self.bytes += len(trailer)
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if self.fsync:
+            os.fsync(self._file.fileno())
         self._file.close()
         return self.bytes
 
@@ -451,10 +455,10 @@ class CkptWriter:
             self.abort()
 
 
-def save_ckpt(path, tensors, crc: bool = False, slice_bytes: int = SLICE_BYTES) -> int:
+def save_ckpt(path, tensors, crc: bool = False, slice_bytes: int = SLICE_BYTES, fsync: bool = False) -> int:
     """Write a dict (or iterable of pairs) of tag -> tensor/scalar/str; returns the file size."""
     items = tensors.items() if hasattr(tensors, "items") else tensors
-    with CkptWriter(path, crc=crc, slice_bytes=slice_bytes) as w:
+    with CkptWriter(path, crc=crc, slice_bytes=slice_bytes, fsync=fsync) as w:
         for tag, value in items:
             w.write(tag, value)
     return w.bytes

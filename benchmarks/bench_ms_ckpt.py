@@ -1,0 +1,146 @@
+"""Read and write a ~1 GB MindSpore `.ckpt` with interop and with mindspore, in the same run.
+
+    .venv/bin/python benchmarks/bench_ms_ckpt.py [--mib 1024] [--repeat 3]
+
+The checkpoint mixes one tensor over mindspore's 512 MiB slice (written as two
+Values) with many 4 MiB tensors, float32.  Each operation runs `--repeat` times
+and the best time is kept (the file is warm in the page cache for every reader);
+the peak RSS above the starting point is sampled alongside.  Both writers must
+produce the same bytes.  Files live in a temporary directory removed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import torch
+
+from interop.io.ms_ckpt import CkptFile, load_ckpt, save_ckpt
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+class PeakRss:
+    """Samples this process's RSS every 2 ms while the block runs."""
+
+    def __enter__(self):
+        self.base = self.peak = rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.base
+
+
+def best(fn, repeat: int):
+    """(best seconds, largest peak RSS increase) over `repeat` runs; the result is dropped each time."""
+    times, peaks = [], []
+    for _ in range(repeat):
+        gc.collect()
+        with PeakRss() as m:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+        del out
+        peaks.append(m.extra)
+    return min(times), max(peaks)
+
+
+def make_tensors(total_mib: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    big_mib = min(640, total_mib // 2)  # over 512 MiB: mindspore splits it into two Values
+    tensors = {"embedding.weight": torch.randn(big_mib * 256, 1024, generator=g)}
+    for i in range((total_mib - big_mib) // 4):
+        tensors[f"layers.{i}.weight"] = torch.randn(1024, 1024, generator=g)
+    return tensors
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    import mindspore as ms
+
+    tensors = make_tensors(args.mib)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    ms_params = [{"name": k, "data": ms.Tensor(v.numpy())} for k, v in tensors.items()]  # not timed
+    tmp = tempfile.mkdtemp(prefix="bench_ms_ckpt_")
+    try:
+        ours, ref = os.path.join(tmp, "interop.ckpt"), os.path.join(tmp, "mindspore.ckpt")
+        w_ours = best(lambda: save_ckpt(ours, tensors), args.repeat)
+        w_ms = best(lambda: ms.save_checkpoint(ms_params, ref), args.repeat)
+        same = _same_bytes(ours, ref)
+
+        def read_all():  # every tensor in its own memory, one at a time, kept (as load_checkpoint does)
+            return load_ckpt(ref)
+
+        def list_only():
+            with CkptFile(ref, verify=False) as f:
+                return [f.meta(k) for k in f.keys()]
+
+        def stream():  # a converter's access pattern: one tensor alive at a time
+            with CkptFile(ref) as f:
+                return sum(float(t.view(-1)[0]) for _, t in f.items())
+
+        r_ours = best(read_all, args.repeat)
+        r_stream = best(stream, args.repeat)
+        r_list = best(list_only, args.repeat)
+        r_ms = best(lambda: ms.load_checkpoint(ref), args.repeat)
+        loaded, mine = ms.load_checkpoint(ref), load_ckpt(ref)
+        equal = all(loaded[k].asnumpy().tobytes() == mine[k].numpy().tobytes() for k in tensors)
+        del loaded, mine
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    gib = nbytes / 2**30
+    print(f"checkpoint: {len(tensors)} float32 tensors, {nbytes / 2**20:.0f} MiB; best of {args.repeat}; "
+          f"page cache warm; {os.cpu_count()} CPUs")
+    print(f"{'operation':44s} {'seconds':>8s} {'GiB/s':>7s} {'peak RSS +MiB':>14s}")
+    rows = [
+        ("write  interop save_ckpt", w_ours), ("write  mindspore.save_checkpoint", w_ms),
+        ("read   interop load_ckpt (all tensors kept)", r_ours), ("read   mindspore.load_checkpoint", r_ms),
+        ("read   interop streaming, one at a time", r_stream), ("list   interop CkptFile(verify=False)", r_list),
+    ]
+    for name, (sec, peak) in rows:
+        print(f"{name:44s} {sec:8.3f} {gib / sec:7.2f} {peak / 2**20:14.0f}")
+    print(f"write speed-up (mindspore / interop): {w_ms[0] / w_ours[0]:.2f}x   bytes identical: {same}")
+    print(f"read  speed-up (mindspore / interop): {r_ms[0] / r_ours[0]:.2f}x   tensors identical: {equal}")
+    print(f"read peak RSS, mindspore / interop: {r_ms[1] / max(r_ours[1], 1):.2f}x")
+
+
+def _same_bytes(a: str, b: str, block: int = 64 << 20) -> bool:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(block), fb.read(block)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+if __name__ == "__main__":
+    main()
