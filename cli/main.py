@@ -14,3 +14,7 @@ from .convert import convert, inspect  # noqa: E402
 
 main.add_command(convert)
 main.add_command(inspect)
+
+from ..demo import demo  # noqa: E402
+
+main.add_command(demo)
