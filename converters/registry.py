@@ -13,6 +13,7 @@ from ..errors import InteropError
 FORMATS = {
     "interop": "interop.converters.interop_format",
     "hf": "interop.converters.hf",
+    "mindspore": "interop.converters.mindspore",
 }
 
 
