@@ -1,0 +1,127 @@
+"""Megatron-LM parameter names <-> canonical names, one table per naming scheme.
+
+Each row: (Megatron key, how it is stored, the canonical tensors it holds).  In the
+Megatron key `{i}` is the layer number LOCAL to its pipeline stage / virtual chunk;
+in the canonical names `{i}` is the global layer.  Kinds:
+  "copy"  one canonical tensor, cut across TP ranks the way its canonical split says
+  "qkv"   fused q, k, v: per query group [its q heads; k; v], a TP rank holds whole groups
+  "fc1"   SwiGLU's gate and up: each TP rank holds [gate_r; up_r]
+A key may have several rows (fc1 with and without a gate): the first row whose
+canonical tensors all exist in the model applies; rows whose tensors are absent (a
+bias the model lacks, the head of a tied model) are skipped.  Row order is the
+module order of Megatron's models, which is also the parameter order its optimizer uses.
+"""
+
+_QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
+_QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
+
+
+def _mlp(prefix: str, fc1: str, fc2: str) -> list:
+    return [
+        (f"{prefix}.{fc1}.weight", "fc1", ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
+        (f"{prefix}.{fc1}.weight", "copy", ["layers.{i}.mlp.up.weight"]),
+        (f"{prefix}.{fc1}.bias", "fc1", ["layers.{i}.mlp.gate.bias", "layers.{i}.mlp.up.bias"]),
+        (f"{prefix}.{fc1}.bias", "copy", ["layers.{i}.mlp.up.bias"]),
+        (f"{prefix}.{fc2}.weight", "copy", ["layers.{i}.mlp.down.weight"]),
+        (f"{prefix}.{fc2}.bias", "copy", ["layers.{i}.mlp.down.bias"]),
+    ]
+
+
+# megatron-core GPTModel with the local (non Transformer-Engine) layer spec
+MCORE = [
+    ("embedding.word_embeddings.weight", "copy", ["embed.word.weight"]),
+    ("embedding.position_embeddings.weight", "copy", ["embed.position.weight"]),
+    ("decoder.layers.{i}.input_layernorm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
+    ("decoder.layers.{i}.input_layernorm.bias", "copy", ["layers.{i}.attn_norm.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.weight", "copy", ["layers.{i}.attn.o.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.weight", "qkv", _QKV_W),
+    ("decoder.layers.{i}.self_attention.linear_qkv.bias", "qkv", _QKV_B),
+    ("decoder.layers.{i}.pre_mlp_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
+    ("decoder.layers.{i}.pre_mlp_layernorm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
+    *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
+    ("decoder.final_layernorm.weight", "copy", ["final_norm.weight"]),
+    ("decoder.final_layernorm.bias", "copy", ["final_norm.bias"]),
+    ("output_layer.weight", "copy", ["lm_head.weight"]),
+]
+
+# megatron-core with Transformer Engine: the norms are fused into the following linear
+MCORE_TE = [
+    ("embedding.word_embeddings.weight", "copy", ["embed.word.weight"]),
+    ("embedding.position_embeddings.weight", "copy", ["embed.position.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.weight", "copy", ["layers.{i}.attn.o.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", "copy", ["layers.{i}.attn_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_bias", "copy", ["layers.{i}.attn_norm.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.weight", "qkv", _QKV_W),
+    ("decoder.layers.{i}.self_attention.linear_qkv.bias", "qkv", _QKV_B),
+    ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "copy", ["layers.{i}.mlp_norm.weight"]),
+    ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias", "copy", ["layers.{i}.mlp_norm.bias"]),
+    *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
+    ("decoder.final_layernorm.weight", "copy", ["final_norm.weight"]),
+    ("decoder.final_layernorm.bias", "copy", ["final_norm.bias"]),
+    ("output_layer.weight", "copy", ["lm_head.weight"]),
+]
+
+# legacy megatron/model (nested dicts under `model`, flattened here with dots)
+LEGACY = [
+    ("language_model.embedding.word_embeddings.weight", "copy", ["embed.word.weight"]),
+    ("language_model.embedding.position_embeddings.weight", "copy", ["embed.position.weight"]),
+    ("language_model.encoder.layers.{i}.input_norm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
+    ("language_model.encoder.layers.{i}.input_norm.bias", "copy", ["layers.{i}.attn_norm.bias"]),
+    ("language_model.encoder.layers.{i}.self_attention.query_key_value.weight", "qkv", _QKV_W),
+    ("language_model.encoder.layers.{i}.self_attention.query_key_value.bias", "qkv", _QKV_B),
+    ("language_model.encoder.layers.{i}.self_attention.dense.weight", "copy", ["layers.{i}.attn.o.weight"]),
+    ("language_model.encoder.layers.{i}.self_attention.dense.bias", "copy", ["layers.{i}.attn.o.bias"]),
+    ("language_model.encoder.layers.{i}.post_attention_norm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
+    ("language_model.encoder.layers.{i}.post_attention_norm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
+    *_mlp("language_model.encoder.layers.{i}.mlp", "dense_h_to_4h", "dense_4h_to_h"),
+    ("language_model.encoder.final_norm.weight", "copy", ["final_norm.weight"]),
+    ("language_model.encoder.final_norm.bias", "copy", ["final_norm.bias"]),
+    ("language_model.output_layer.weight", "copy", ["lm_head.weight"]),
+]
+
+TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY}
+
+# Older legacy spellings, renamed component by component before a key is matched.
+LEGACY_ALIASES = {
+    "transformer": "encoder",
+    "attention": "self_attention",
+    "input_layernorm": "input_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "final_layernorm": "final_norm",
+}
+
+# The last pipeline stage's copy of the tied input embedding (pp > 1): Megatron keeps it in
+# sync by an all-reduce, so it equals embed.word.weight and is written, never read back.
+TIED_HEAD = {"mcore": "output_layer.weight", "mcore_te": "output_layer.weight",
+             "legacy": "word_embeddings_for_head.weight"}
+
+# Modules that carry an `_extra_state` entry in a megatron-core state dict (None for the
+# local spec); Megatron's strict load expects them, so the writer puts them back.
+EXTRA_STATE_MODULES = [
+    "decoder.layers.{i}.self_attention.linear_proj",
+    "decoder.layers.{i}.self_attention.linear_qkv",
+    "decoder.layers.{i}.mlp.linear_fc1",
+    "decoder.layers.{i}.mlp.linear_fc2",
+    "output_layer",
+]
+
+# Entries that are not weights: dropped, with the reason reported.
+IGNORED_SUFFIXES = {
+    "._extra_state": "Transformer Engine / fp8 metadata (_extra_state), not weights",
+    "_extra_state": "Transformer Engine / fp8 metadata (_extra_state), not weights",
+    ".inv_freq": "rotary frequency buffer, recomputed from the rotary base",
+}
+
+
+def scheme_of(keys) -> str | None:
+    """Which table a state dict's (flattened) keys follow."""
+    keys = list(keys)
+    if any(k.startswith("language_model.") for k in keys):
+        return "legacy"
+    if any(k.endswith("linear_qkv.layer_norm_weight") for k in keys):
+        return "mcore_te"
+    if any(k.startswith(("decoder.", "embedding.", "output_layer.")) for k in keys):
+        return "mcore"
+    return None
