@@ -1,0 +1,201 @@
+"""GPT2 and Llama forward passes in MindSpore ops (PyNative, CPU), to prove conversions.
+
+`load` reads a converted single-file `.ckpt` with `mindspore.load_checkpoint` itself
+(so mindspore, not our reader, decides what the file holds) and the
+`mindspore_model.json` beside it; the weights are used in their MindSpore layout:
+fused QKV split per KV group, w_gate_hidden de-interleaved, MindFormers GPT2's
+[in, out] linears transposed, all with mindspore ops.  `lm_loss` is the mean
+next-token cross entropy over the true vocabulary, as HF computes it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InteropError
+from ..spec import ModelSpec
+
+
+@dataclass
+class MsModel:
+    spec: ModelSpec
+    dialect: str
+    qkv_concat: bool
+    weights: dict  # MindSpore name -> mindspore.Tensor (float32)
+
+
+def load(path) -> MsModel:
+    """A converted tp=1, pp=1 checkpoint directory (or its .ckpt file) as MindSpore tensors."""
+    import mindspore as ms
+    path = Path(path)
+    root = path.parent if path.is_file() else path
+    desc = json.loads((root / "mindspore_model.json").read_text())
+    if desc["layout"]["tp"] != 1 or desc["layout"]["pp"] != 1:
+        raise InteropError(f"{root}: the MindSpore model runs tp=1 pp=1 checkpoints; convert with --tp 1 --pp 1")
+    if path.is_file():
+        ckpt = path
+    else:
+        found = sorted(root.glob("*.ckpt")) or sorted(root.glob("*/mp_rank_00/*.ckpt"))
+        if len(found) != 1:
+            raise InteropError(f"{root}: expected one .ckpt file, found {len(found)}")
+        ckpt = found[0]
+    params = ms.load_checkpoint(str(ckpt))
+    weights = {k: ms.Tensor(v.asnumpy().astype(np.float32)) for k, v in params.items() if not isinstance(v, str)}
+    return MsModel(ModelSpec.from_dict(desc["spec"]), desc["dialect"], bool(desc.get("qkv_concat")), weights)
+
+
+# ---------------------------------------------------------------- weights in canonical orientation
+
+def _layer(m: MsModel, i: int) -> dict:
+    """One layer's q, k, v, o, gate, up, down ([out, in]), biases and norms, from MindSpore names."""
+    import mindspore.ops as ops
+    w, s = m.weights, m.spec
+    hpg, d, g = s.heads // s.kv_groups, s.head_dim, s.kv_groups
+
+    def grouped_qkv(fused):  # rows per group: hpg q heads, k, v
+        rest = tuple(fused.shape[1:])
+        x = fused.reshape((g, hpg + 2, d) + rest)
+        return (x[:, :hpg].reshape((-1,) + rest), x[:, hpg].reshape((-1,) + rest), x[:, hpg + 1].reshape((-1,) + rest))
+
+    out = {}
+    if m.dialect == "mindspeed":
+        p = f"language_model.encoder.layers.{i}."
+        out["q"], out["k"], out["v"] = grouped_qkv(w[p + "attention.qkv_proj.weight"])
+        if p + "attention.qkv_proj.bias" in w:
+            out["bq"], out["bk"], out["bv"] = grouped_qkv(w[p + "attention.qkv_proj.bias"])
+        out["o"], out["bo"] = w[p + "attention.out_proj.weight"], w.get(p + "attention.out_proj.bias")
+        fc1, b1 = w[p + "mlp.mapping.weight"], w.get(p + "mlp.mapping.bias")
+        if s.gated_mlp:  # [gate; up] at tp 1
+            out["gate"], out["up"] = ops.split(fc1, s.ffn_hidden, axis=0)
+            if b1 is not None:
+                out["bgate"], out["bup"] = ops.split(b1, s.ffn_hidden, axis=0)
+        else:
+            out["up"], out["bup"] = fc1, b1
+        out["down"], out["bdown"] = w[p + "mlp.projection.weight"], w.get(p + "mlp.projection.bias")
+        out["n1"], out["bn1"] = w[p + "input_norm.weight"], w.get(p + "input_norm.bias")
+        out["n2"], out["bn2"] = w[p + "post_attention_norm.weight"], w.get(p + "post_attention_norm.bias")
+    elif s.arch == "llama":
+        p = f"model.layers.{i}."
+        if m.qkv_concat:
+            out["q"], out["k"], out["v"] = grouped_qkv(w[p + "attention.w_qkv.weight"])
+            if p + "attention.w_qkv.bias" in w:
+                out["bq"], out["bk"], out["bv"] = grouped_qkv(w[p + "attention.w_qkv.bias"])
+            gh = w[p + "feed_forward.w_gate_hidden.weight"].reshape((s.ffn_hidden, 2, s.hidden))
+            out["gate"], out["up"] = gh[:, 0], gh[:, 1]
+        else:
+            for key, name in (("q", "wq"), ("k", "wk"), ("v", "wv")):
+                out[key], out["b" + key] = w[p + f"attention.{name}.weight"], w.get(p + f"attention.{name}.bias")
+            out["gate"], out["up"] = w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"]
+        out["o"], out["bo"] = w[p + "attention.wo.weight"], w.get(p + "attention.wo.bias")
+        out["down"], out["bdown"] = w[p + "feed_forward.w2.weight"], w.get(p + "feed_forward.w2.bias")
+        out["n1"], out["n2"] = w[p + "attention_norm.weight"], w[p + "ffn_norm.weight"]
+    else:  # MindFormers GPT2
+        p = f"backbone.blocks.{i}."
+        for key, name in (("q", "dense1"), ("k", "dense2"), ("v", "dense3")):
+            out[key], out["b" + key] = w[p + f"attention.{name}.weight"], w.get(p + f"attention.{name}.bias")
+        out["o"], out["bo"] = w[p + "attention.projection.weight"].T, w.get(p + "attention.projection.bias")
+        out["up"], out["bup"] = w[p + "output.mapping.weight"].T, w.get(p + "output.mapping.bias")
+        out["down"], out["bdown"] = w[p + "output.projection.weight"].T, w.get(p + "output.projection.bias")
+        out["n1"], out["bn1"] = w[p + "layernorm1.gamma"], w[p + "layernorm1.beta"]
+        out["n2"], out["bn2"] = w[p + "layernorm2.gamma"], w[p + "layernorm2.beta"]
+    return out
+
+
+def _globals(m: MsModel) -> dict:
+    w = m.weights
+    if m.dialect == "mindspeed":
+        return {"embed": w["language_model.embedding.word_embeddings.weight"],
+                "pos": w.get("language_model.embedding.position_embeddings.weight"),
+                "norm": w["language_model.encoder.final_norm.weight"],
+                "bnorm": w.get("language_model.encoder.final_norm.bias"),
+                "head": w.get("language_model.output_layer.weight")}
+    if m.spec.arch == "llama":
+        return {"embed": w["model.tok_embeddings.embedding_weight"], "pos": None,
+                "norm": w["model.norm_out.weight"], "bnorm": None, "head": w.get("lm_head.weight")}
+    return {"embed": w["backbone.embedding.word_embedding.embedding_table"],
+            "pos": w["backbone.embedding.position_embedding.embedding_table"],
+            "norm": w["backbone.layernorm.gamma"], "bnorm": w["backbone.layernorm.beta"], "head": w.get("head.weight")}
+
+
+# ---------------------------------------------------------------- forward
+
+def _linear(x, weight, bias=None):
+    import mindspore.ops as ops
+    y = ops.matmul(x, weight.T)
+    return y if bias is None else y + bias
+
+
+def _norm(spec: ModelSpec, x, weight, bias=None):
+    import mindspore.ops as ops
+    if spec.norm == "rmsnorm":
+        return x * ops.rsqrt((x * x).mean(-1, keep_dims=True) + spec.norm_eps) * weight
+    mean = x.mean(-1, keep_dims=True)
+    var = ((x - mean) ** 2).mean(-1, keep_dims=True)
+    y = (x - mean) * ops.rsqrt(var + spec.norm_eps) * weight
+    return y if bias is None else y + bias
+
+
+def _rope(spec: ModelSpec, x, seq: int):
+    """HF Llama's rotate_half RoPE (Megatron's default, non-interleaved)."""
+    import mindspore as ms
+    import mindspore.ops as ops
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_base ** (np.arange(0, d, 2, dtype=np.float32) / d))
+    freqs = np.outer(np.arange(seq, dtype=np.float32), inv)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    cos, sin = ms.Tensor(np.cos(emb)), ms.Tensor(np.sin(emb))
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + ops.cat([-x2, x1], axis=-1) * sin
+
+
+def logits(m: MsModel, tokens: np.ndarray):
+    """[batch, seq, vocab] logits over the true vocabulary for int token ids [batch, seq]."""
+    import mindspore as ms
+    import mindspore.ops as ops
+    s = m.spec
+    b, t = tokens.shape
+    glob = _globals(m)
+    ids = ms.Tensor(np.asarray(tokens, dtype=np.int32))
+    x = ops.gather(glob["embed"], ids, 0)
+    if s.position == "learned":
+        x = x + glob["pos"][:t]
+    mask = ms.Tensor(np.triu(np.full((t, t), -np.inf, dtype=np.float32), k=1))
+    rep = s.heads // s.kv_groups
+    for i in range(s.num_layers):
+        L = _layer(m, i)
+        h = _norm(s, x, L["n1"], L.get("bn1"))
+        q = _linear(h, L["q"], L.get("bq")).reshape(b, t, s.heads, s.head_dim).transpose(0, 2, 1, 3)
+        k = _linear(h, L["k"], L.get("bk")).reshape(b, t, s.kv_groups, s.head_dim).transpose(0, 2, 1, 3)
+        v = _linear(h, L["v"], L.get("bv")).reshape(b, t, s.kv_groups, s.head_dim).transpose(0, 2, 1, 3)
+        if s.position == "rope":
+            q, k = _rope(s, q, t), _rope(s, k, t)
+        if rep > 1:
+            k, v = ops.repeat_interleave(k, rep, 1), ops.repeat_interleave(v, rep, 1)
+        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(s.head_dim) + mask
+        a = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, s.heads * s.head_dim)
+        x = x + _linear(a, L["o"], L.get("bo"))
+        h = _norm(s, x, L["n2"], L.get("bn2"))
+        if s.gated_mlp:
+            inner = ops.silu(_linear(h, L["gate"], L.get("bgate"))) * _linear(h, L["up"], L.get("bup"))
+        else:
+            approx = "tanh" if s.activation == "gelu_tanh" else "none"
+            inner = ops.gelu(_linear(h, L["up"], L.get("bup")), approximate=approx)
+        x = x + _linear(inner, L["down"], L.get("bdown"))
+    x = _norm(s, x, glob["norm"], glob["bnorm"])
+    head = glob["head"] if glob["head"] is not None else glob["embed"]
+    return ops.matmul(x, head[: s.vocab].T)
+
+
+def lm_loss(m: MsModel, tokens: np.ndarray) -> float:
+    """Mean cross entropy of predicting token t+1 from tokens <= t."""
+    import mindspore as ms
+    import mindspore.ops as ops
+    out = logits(m, tokens)[:, :-1]
+    labels = ms.Tensor(np.asarray(tokens[:, 1:], dtype=np.int32)).reshape(-1)
+    logp = ops.log_softmax(out.reshape(-1, out.shape[-1]), -1)
+    picked = ops.gather_elements(logp, 1, labels.reshape(-1, 1))
+    return float(-picked.mean().asnumpy())
