@@ -18,3 +18,7 @@ main.add_command(inspect)
 from ..demo import demo  # noqa: E402
 
 main.add_command(demo)
+
+from .map_args import map_args  # noqa: E402
+
+main.add_command(map_args)

@@ -448,7 +448,7 @@ MEGATRON = [
     A('num_layers_per_virtual_pipeline_stage', INT),
     A('num_virtual_stages_per_pipeline_rank', INT),
     A('overlap_p2p_comm', FALSE, True, '--no-overlap-p2p-communication'),
-    A('distributed_backend', STR, 'nccl', choices=('nccl', 'gloo')),
+    A('distributed_backend', STR, 'nccl', choices=('nccl', 'gloo', 'hccl')),  # hccl: MindSpeed on Ascend
     A('distributed_timeout_minutes', INT, 10),
     A('distributed_timeout_seconds_after_init', INT),
     A('overlap_grad_reduce', TRUE, False),
@@ -1007,3 +1007,55 @@ def contradictions(args: dict, explicit: dict, checks=CHECKS) -> list[str]:
 
 def missing_required(args: dict) -> list[str]:
     return [flag_of(d) for d in REQUIRED if args.get(d) is None]
+
+
+# ---------------------------------------------------------------- the shape of a target table
+
+class Unmappable(Exception):
+    """A row's converter met a Megatron value the target cannot express (the message says why)."""
+
+
+OMIT = object()  # a converter's answer for "write no key at all"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a target table: Megatron dest(s) <-> a dotted path in the target document.
+
+    to(*values) -> target value (identity by default; raise Unmappable when it cannot);
+    back(value, doc) -> {dest: value} (by default {source: value});
+    default: the target's own default, written where Megatron has no value (None);
+    unset=True: reading the default back means "not set" (train_iters 0, output_dir ./output).
+    """
+
+    source: tuple
+    path: str
+    default: object = None
+    to: Callable | None = None
+    back: Callable | None = None
+    unset: bool = False
+
+
+def R(source, path, default=None, to=None, back=None, unset=False) -> Row:
+    source = (source,) if isinstance(source, str) else tuple(source)
+    return Row(source, path, default, to, back, unset)
+
+
+def CONST(path, value) -> Row:
+    """A key the target needs that carries no Megatron value (a type name, a fixed mode)."""
+    return Row((), path, value, lambda: value, lambda v, doc: {})
+
+
+def rename(source, path, pairs: dict, default=None, exact: bool = True) -> Row:
+    """A row whose values are renamed between the sides: pairs = {megatron value: target value}."""
+    inverse = {v: k for k, v in pairs.items()}
+    dest = source if isinstance(source, str) else source[0]
+
+    def to(value):
+        if value in pairs:
+            return pairs[value]
+        if exact and value is not None:
+            raise Unmappable(f"no equivalent for {value!r} (it knows {', '.join(map(str, pairs))})")
+        return value
+
+    return R(source, path, default, to, lambda v, doc: {dest: inverse.get(v, v)})
