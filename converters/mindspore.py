@@ -314,7 +314,7 @@ def _spec_from_config(path, dtype: str) -> ModelSpec:
 class Reader:
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
 
-    def __init__(self, path, model_config=None, dialect: str | None = None):
+    def __init__(self, path, model_config=None):
         path = Path(path)
         if not path.exists():
             raise InteropError(f"{path}: no such file or directory")
@@ -327,12 +327,12 @@ class Reader:
         try:
             for key, p in sorted(paths.items()):
                 self.files[key] = CkptFile(p)
-            self._describe(path, sidecar, model_config, dialect, tp, pp)
+            self._describe(path, sidecar, model_config, tp, pp)
         except BaseException:
             self.close()
             raise
 
-    def _describe(self, path: Path, sidecar, model_config, dialect, tp: int, pp: int) -> None:
+    def _describe(self, path: Path, sidecar, model_config, tp: int, pp: int) -> None:
         first = self.files[(0, 0)]
         tags = first.keys()
         float_dtypes = [first.meta(k)[0] for k in tags if first.meta(k)[0] is not None and first.meta(k)[0].is_floating_point]
@@ -345,7 +345,7 @@ class Reader:
         else:
             raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
                                "pass --model-config (a HF config.json)")
-        dialect = dialect or (sidecar or {}).get("dialect") or _guess_dialect(tags, path)
+        dialect = (sidecar or {}).get("dialect") or _guess_dialect(tags, path)
         if dialect not in DIALECTS:
             raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
         qkv_concat = bool((sidecar or {}).get("qkv_concat", any(".w_qkv." in t for t in tags)))
@@ -469,4 +469,5 @@ def _guess_dialect(tags: list[str], path: Path) -> str:
         for marker, dialect in DIALECT_MARKERS.items():
             if tag.startswith(marker):
                 return dialect
-    raise InteropError(f"{path}: cannot tell the MindSpore dialect from its tensor names; pass --dialect")
+    raise InteropError(f"{path}: cannot tell the MindSpore dialect from its tensor names "
+                       f"(known prefixes: {', '.join(DIALECT_MARKERS)})")

@@ -1,0 +1,218 @@
+"""HF -> MindSpore (both dialects, any tp/pp) -> HF is bit-exact; bad MindSpore input fails cleanly."""
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from interop.cli.main import main
+from interop.convert import convert
+from interop.converters.registry import FORMATS
+from interop.io.ms_ckpt import CkptFile, load_ckpt, save_ckpt
+
+DIALECTS = [("mindspeed", False), ("mindformers", False), ("mindformers", True)]
+
+
+def options(dialect, qkv_concat):
+    return {"dialect": dialect, **({"qkv_concat": True} if qkv_concat else {})}
+
+
+def assert_same_hf(a, b):
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert sorted(x) == sorted(y)
+    for key in x:
+        assert x[key].dtype == y[key].dtype and torch.equal(x[key], y[key]), key
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-tied"])
+@pytest.mark.parametrize("dialect,qkv_concat", DIALECTS)
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 3), (4, 2)])
+def test_hf_mindspore_hf_bit_exact(hf_checkpoints, tmp_path, kind, dialect, qkv_concat, tp, pp):
+    if qkv_concat and kind == "gpt2":
+        pytest.skip("qkv_concat is a MindFormers Llama variant")
+    src = hf_checkpoints[kind]
+    convert(src, tmp_path / "ms", dst_format="mindspore", tp=tp, pp=pp, options=options(dialect, qkv_concat))
+    desc = json.loads((tmp_path / "ms" / "mindspore_model.json").read_text())
+    assert (desc["dialect"], desc["layout"]["tp"], desc["layout"]["pp"]) == (dialect, tp, pp)
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    assert_same_hf(src, tmp_path / "back")
+
+
+def test_mindspeed_layout_and_names(hf_checkpoints, tmp_path):
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2, pp=3,
+            options={"dialect": "mindspeed"})
+    root = tmp_path / "ms"
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == "release"
+    ranks = sorted(p.name for p in (root / "release").iterdir())
+    assert ranks == [f"mp_rank_{t:02d}_{p:03d}" for t in range(2) for p in range(3)]
+    with CkptFile(root / "release" / "mp_rank_01_001" / "model_optim_rng.ckpt") as f:
+        # global layer numbers: stage 1 of 3 holds layers 2 and 3; qkv rows per rank: 2 groups x (2 q + k + v) x 8
+        assert f.meta("language_model.encoder.layers.2.attention.qkv_proj.weight")[1] == (64, 64)
+        assert f.meta("language_model.encoder.layers.3.mlp.mapping.weight")[1] == (96, 64)  # [gate_r; up_r]
+        assert f.meta("language_model.encoder.layers.3.mlp.projection.weight")[1] == (64, 48)
+        assert not any(".layers.0." in k or ".layers.4." in k for k in f.keys())
+    hf = load_file(hf_checkpoints["llama"] / "model.safetensors")
+    with CkptFile(root / "release" / "mp_rank_01_000" / "model_optim_rng.ckpt") as f:
+        mapping = f.read("language_model.encoder.layers.0.mlp.mapping.weight")
+    assert torch.equal(mapping[:48], hf["model.layers.0.mlp.gate_proj.weight"][48:])
+    assert torch.equal(mapping[48:], hf["model.layers.0.mlp.up_proj.weight"][48:])
+
+
+def test_mindformers_names_qkv_concat_and_strategy(hf_checkpoints, tmp_path):
+    ms = pytest.importorskip("mindspore")
+    convert(hf_checkpoints["llama"], tmp_path / "one", dst_format="mindspore",
+            options={"dialect": "mindformers", "qkv_concat": True})
+    hf = load_file(hf_checkpoints["llama"] / "model.safetensors")
+    loaded = ms.load_checkpoint(str(tmp_path / "one" / "model.ckpt"))  # mindspore itself reads our file
+    gh = loaded["model.layers.1.feed_forward.w_gate_hidden.weight"].asnumpy()
+    assert (gh[0::2] == hf["model.layers.1.mlp.gate_proj.weight"].numpy()).all()
+    assert (gh[1::2] == hf["model.layers.1.mlp.up_proj.weight"].numpy()).all()
+    qkv = torch.from_numpy(loaded["model.layers.1.attention.w_qkv.weight"].asnumpy()).reshape(4, 4, 8, 64)
+    assert torch.equal(qkv[:, 2].reshape(-1, 64), hf["model.layers.1.self_attn.k_proj.weight"])
+    assert (loaded["model.tok_embeddings.embedding_weight"].asnumpy() == hf["model.embed_tokens.weight"].numpy()).all()
+
+    convert(hf_checkpoints["llama"], tmp_path / "tp2", dst_format="mindspore", tp=2, pp=2,
+            options={"dialect": "mindformers"})
+    assert sorted(p.name for p in (tmp_path / "tp2").glob("rank_*")) == [f"rank_{r}" for r in range(4)]
+    strategy = json.loads((tmp_path / "tp2" / "strategy" / "strategy_stage1.json").read_text())
+    items = strategy["parallel_layout_item"]
+    assert items["model.layers.3.attention.wq.weight"]["tensor_map"] == [0, -1]
+    assert items["model.layers.3.attention.wo.weight"]["tensor_map"] == [-1, 0]
+    assert items["model.norm_out.weight"]["tensor_map"] == [-1]
+    assert "model.layers.0.attention.wq.weight" not in items  # stage 0's
+    built = ms.build_searched_strategy(str(tmp_path / "tp2" / "strategy" / "strategy_stage1.json"))
+    assert list(built["model.layers.3.attention.wq.weight"].dev_matrix[0].dim) == [2]
+    for r in range(4):
+        ms.load_checkpoint(str(tmp_path / "tp2" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+
+
+def test_reshard_between_mindspore_dialects(hf_checkpoints, tmp_path):
+    src = hf_checkpoints["llama"]
+    convert(src, tmp_path / "a", dst_format="mindspore", tp=2, pp=3, options={"dialect": "mindspeed"})
+    convert(tmp_path / "a", tmp_path / "b", dst_format="mindspore", tp=4, pp=2,
+            options={"dialect": "mindformers", "qkv_concat": True})
+    convert(tmp_path / "b", tmp_path / "back", dst_format="hf")
+    assert_same_hf(src, tmp_path / "back")
+
+
+def test_optimizer_moments_ride_along(hf_checkpoints, tmp_path):
+    from interop.layout import ParallelLayout
+    from interop.store import StoreReader, StoreWriter
+    from interop.tensors import TensorMeta
+    convert(hf_checkpoints["gpt2"], tmp_path / "plain", dst_format="interop")
+    reader = StoreReader(tmp_path / "plain")
+    metas = reader.metas()
+    moments = [TensorMeta(p + m.name, torch.float32, m.shape) for p in ("optim.exp_avg.", "optim.exp_avg_sq.")
+               for m in metas]
+    (tmp_path / "with_optim").mkdir()
+    writer = StoreWriter(tmp_path / "with_optim", reader.spec, ParallelLayout.build(6), metas + moments)
+    g = torch.Generator().manual_seed(3)
+    expected = {}
+    for m in metas + moments:
+        t = reader.read(m.name) if not m.name.startswith("optim.") else torch.rand(m.shape, generator=g)
+        expected[m.name] = t
+        writer.write(m.name, t)
+    writer.finish({"iteration": 7})
+    convert(tmp_path / "with_optim", tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
+            options={"dialect": "mindspeed"})
+    assert (tmp_path / "ms" / "latest_checkpointed_iteration.txt").read_text() == "7"
+    with CkptFile(tmp_path / "ms" / "iter_0000007" / "mp_rank_00_000" / "model_optim_rng.ckpt") as f:
+        assert "exp_avg.language_model.encoder.layers.0.attention.qkv_proj.weight" in f
+        assert "exp_avg_sq.language_model.embedding.word_embeddings.weight" in f
+    convert(tmp_path / "ms", tmp_path / "again", dst_format="interop")
+    again = StoreReader(tmp_path / "again")
+    assert again.source.state == {"iteration": 7}
+    for name, t in expected.items():
+        assert torch.equal(again.read(name), t), name
+
+
+def test_bare_ckpt_with_model_config(hf_checkpoints, tmp_path):
+    convert(hf_checkpoints["gpt2"], tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
+    (tmp_path / "bare").mkdir()
+    shutil.copy(tmp_path / "ms" / "model.ckpt", tmp_path / "bare" / "gpt2.ckpt")
+    code, out = run("convert", tmp_path / "bare" / "gpt2.ckpt", tmp_path / "x", "--from", "mindspore", "--to", "hf")
+    assert code == 2 and "carries no model description; pass --model-config" in out
+    code, out = run("convert", tmp_path / "bare" / "gpt2.ckpt", tmp_path / "back", "--from", "mindspore", "--to", "hf",
+                    "--model-config", hf_checkpoints["gpt2"] / "config.json", "-q")
+    assert code == 0, out
+    assert_same_hf(hf_checkpoints["gpt2"], tmp_path / "back")
+
+
+def test_cli_headline_megatron_to_mindspore(hf_checkpoints, tmp_path):
+    """`interop convert MEGATRON OUT --from megatron --to mindspore` from another layout, then back to HF."""
+    if "megatron" not in FORMATS:
+        pytest.skip("the Megatron converter is not registered yet")
+    src = hf_checkpoints["llama"]
+    code, out = run("convert", src, tmp_path / "meg", "--to", "megatron", "--tp", "2", "--pp", "2", "-q")
+    assert code == 0, out
+    code, out = run("convert", tmp_path / "meg", tmp_path / "ms", "--from", "megatron", "--to", "mindspore",
+                    "--dialect", "mindspeed", "--tp", "4", "--pp", "3", "-q")
+    assert code == 0, out
+    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--from", "mindspore", "--to", "hf", "-q")
+    assert code == 0, out
+    assert_same_hf(src, tmp_path / "back")
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing written
+
+
+@pytest.fixture
+def ms_ckpt(hf_checkpoints, tmp_path):
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
+    return tmp_path / "ms"
+
+
+def assert_clean_failure(src, dst, *words):
+    code, out = run("convert", src, dst, "--from", "mindspore", "--to", "hf", "-q")
+    assert code == 2, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out
+    for word in words:
+        assert word in lines[0], (word, out)
+    assert not dst.exists()
+    assert [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}.")] == []
+
+
+def test_truncated_ckpt(ms_ckpt, tmp_path):
+    path = ms_ckpt / "model.ckpt"
+    path.write_bytes(path.read_bytes()[:-1000])
+    assert_clean_failure(ms_ckpt, tmp_path / "out", "model.ckpt", "truncated")
+
+
+def test_crc_mismatch(ms_ckpt, tmp_path):
+    path = ms_ckpt / "model.ckpt"
+    save_ckpt(path, load_ckpt(path), crc=True)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert_clean_failure(ms_ckpt, tmp_path / "out", "model.ckpt", "crc check failed")
+
+
+def test_encrypted_ckpt(ms_ckpt, tmp_path):
+    ms = pytest.importorskip("mindspore")
+    path = ms_ckpt / "model.ckpt"
+    tensors = load_ckpt(path)
+    path.unlink()
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v.numpy())} for k, v in tensors.items()], str(path),
+                       enc_key=b"0123456789abcdef")
+    assert_clean_failure(ms_ckpt, tmp_path / "out", "model.ckpt", "encrypted")
+
+
+def test_unknown_tag_layout(ms_ckpt, tmp_path):
+    path = ms_ckpt / "model.ckpt"
+    save_ckpt(path, {**load_ckpt(path), "model.layers.0.attention.wz.weight": torch.zeros(4, 4)})
+    assert_clean_failure(ms_ckpt, tmp_path / "out", "model.layers.0.attention.wz.weight", "unknown tag layout")
+
+
+def test_missing_rank_file(hf_checkpoints, tmp_path):
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
+            options={"dialect": "mindspeed"})
+    (tmp_path / "ms" / "release" / "mp_rank_01_001" / "model_optim_rng.ckpt").unlink()
+    assert_clean_failure(tmp_path / "ms", tmp_path / "out", "tp rank 1, stage 1 is missing")
