@@ -14,6 +14,7 @@ FORMATS = {
     "interop": "interop.converters.interop_format",
     "hf": "interop.converters.hf",
     "mindspore": "interop.converters.mindspore",
+    "megatron": "interop.converters.megatron",
 }
 
 

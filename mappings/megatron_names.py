@@ -109,8 +109,8 @@ EXTRA_STATE_MODULES = [
 
 # Entries that are not weights: dropped, with the reason reported.
 IGNORED_SUFFIXES = {
-    "._extra_state": "Transformer Engine / fp8 metadata (_extra_state), not weights",
-    "_extra_state": "Transformer Engine / fp8 metadata (_extra_state), not weights",
+    "._extra_state": "_extra_state holding Transformer Engine / fp8 metadata, not weights (TE rebuilds it)",
+    "_extra_state": "_extra_state holding Transformer Engine / fp8 metadata, not weights (TE rebuilds it)",
     ".inv_freq": "rotary frequency buffer, recomputed from the rotary base",
 }
 

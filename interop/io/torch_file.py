@@ -147,7 +147,8 @@ class TorchFileWriter:
         _Pickler(buf, protocol=2).dump(obj)
         data = buf.getvalue()
         self._zip.write_record("data.pkl", data, len(data))
-        self._zip.write_record(".format_version", "1", 1)
+        # No `.format_version` record: version 1 promises storages in pickle order (torch then
+        # computes offsets instead of looking them up), and ours are in arrival order.
         alignment = str(torch.serialization._get_storage_alignment())
         self._zip.write_record(".storage_alignment", alignment, len(alignment))
         self._zip.write_record("byteorder", "little", len("little"))
