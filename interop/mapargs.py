@@ -11,10 +11,7 @@ turns such a loss into an error.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
-import math
-import pprint
 import shlex
 import types
 from dataclasses import asdict, dataclass, field
@@ -217,7 +214,7 @@ def write_table(full: dict, rows) -> tuple[dict, dict]:
             except M.Unmappable as exc:
                 for s in row.source:
                     why.setdefault(s, f"{row.path}: {exc}")
-                value = None
+                value = M.OMIT if row.default is None else row.default
         if value is M.OMIT:
             continue
         if value is None and len(row.source) == 1 and M.ARGS[row.source[0]].kind in M.BOOLS:
@@ -483,8 +480,8 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Entr
     for dest, value in explicit.items():
         lost = before.get(dest) != after.get(dest)
         value = True if M.ARGS[dest].kind == M.FALSE and value is False else value  # the switch was given
-        if dest in why:
-            entries.append(Entry(M.flag_of(dest), value, why[dest], lost))
+        if dest in why and lost:
+            entries.append(Entry(M.flag_of(dest), value, why[dest]))
         elif dest not in held:
             reason = f"no {target} field for it" + ("" if lost else f" ({target} re-derives the same value)")
             entries.append(Entry(M.flag_of(dest), value, reason, lost))
