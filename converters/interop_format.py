@@ -5,7 +5,13 @@ from ..spec import ModelSpec
 from ..store import StoreReader, StoreWriter, is_store
 
 detect = is_store
-Reader = StoreReader
+
+
+class Reader(StoreReader):
+    """Conversions verify checksums in the background and confirm before finishing."""
+
+    def __init__(self, path):
+        super().__init__(path, verify="background")
 
 
 class Writer(StoreWriter):

@@ -125,6 +125,8 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                     summary.bytes += m_out.nbytes
                     if progress:
                         progress.update(m_in.nbytes)
+                if hasattr(reader, "confirm"):
+                    reader.confirm()  # e.g. checksums verified in the background while we read
                 writer.finish(reader.source.state)
             except BaseException:
                 if hasattr(writer, "abort"):

@@ -13,7 +13,7 @@ it needs.  Replicated tensors are stored once, on tp rank 0 of their stage.
 from __future__ import annotations
 
 import json
-import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -43,9 +43,14 @@ def _dtype(name: str, where: str) -> torch.dtype:
 
 
 class StoreReader:
-    """Opens a common-format checkpoint; `read(name, box)` reads only the shards that overlap `box`."""
+    """Opens a common-format checkpoint; `read(name, box)` reads only the shards that overlap `box`.
 
-    def __init__(self, path, verify: bool = True):
+    `verify`: True checks every file's CRC-32 before anything is read; "background" checks
+    them in a thread while the caller reads, and `confirm()` waits for the verdict (the
+    conversion engine calls it before it finishes its output); False checks sizes only.
+    """
+
+    def __init__(self, path, verify: bool | str = True):
         self.root = Path(path)
         manifest_path = self.root / MANIFEST
         if not manifest_path.is_file():
@@ -73,18 +78,33 @@ class StoreReader:
     def layout(self) -> ParallelLayout:
         return self.source.layout
 
-    def _check_files(self, verify: bool) -> None:
-        for name, info in self.manifest.get("files", {}).items():
+    def _check_files(self, verify: bool | str) -> None:
+        files = self.manifest.get("files", {})
+        for name, info in files.items():
             path = self.root / name
             if not path.is_file():
                 raise InteropError(f"{self.root}: manifest names {name}, which is missing")
             size = path.stat().st_size
             if size != info["bytes"]:
                 raise InteropError(f"{path}: {size} bytes, the manifest says {info['bytes']} (truncated or replaced?)")
-            if verify:
-                crc = file_crc32(path)
-                if crc != info["crc32"]:
-                    raise InteropError(f"{path}: checksum mismatch (crc32 {crc}, the manifest says {info['crc32']})")
+        self._pending_check = None
+        if verify == "background":
+            pool = ThreadPoolExecutor(1, thread_name_prefix="interop-verify")
+            self._pending_check = pool.submit(self._verify_checksums, files)
+            pool.shutdown(wait=False)
+        elif verify:
+            self._verify_checksums(files)
+
+    def _verify_checksums(self, files: dict) -> None:
+        for name, info in files.items():
+            crc = file_crc32(self.root / name)
+            if crc != info["crc32"]:
+                raise InteropError(f"{self.root / name}: checksum mismatch (crc32 {crc}, the manifest says {info['crc32']})")
+
+    def confirm(self) -> None:
+        """Raise if the background checksum check found a corrupt file."""
+        if self._pending_check is not None:
+            self._pending_check.result()
 
     def metas(self) -> list[TensorMeta]:
         return [TensorMeta(name, _dtype(t["dtype"], name), tuple(t["shape"]))

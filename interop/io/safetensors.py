@@ -1,17 +1,20 @@
 """A small safetensors reader and a streaming writer.
 
 Why not `safetensors.torch`?  Its writer needs every tensor of a file in memory at
-once, and its mmap reader leaves every page it touched resident.  Here the writer
-lays out the header from the plan first and then takes one tensor at a time, and
-the reader `pread`s only the rows a slice needs, so conversion memory stays bounded
-by the largest tensor.  Files are plain safetensors that any loader reads.
+once, and its reader maps the whole file, so every page it touched stays resident.
+Here the writer lays out the header from the plan first and then takes one tensor
+at a time, and the reader maps only the rows a slice needs, for as long as the
+returned tensor lives (zero-copy, unmapped when it is dropped), so conversion memory
+stays bounded by the largest tensor.  Files are plain safetensors that any loader reads.
 """
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -107,18 +110,17 @@ class SafetensorsFile:
         return block[inner].contiguous()
 
     def _pread(self, pos: int, dtype: torch.dtype, shape) -> torch.Tensor:
+        """A tensor over a private (copy-on-write) mapping of bytes [pos, pos + size) of the file."""
         numel = 1
         for s in shape:
             numel *= s
         nbytes = numel * dtype.itemsize
-        buf = torch.empty(nbytes, dtype=torch.uint8)
-        view, done = memoryview(buf.numpy()), 0
-        while done < nbytes:
-            got = os.preadv(self._fd, [view[done:]], pos + done)
-            if got <= 0:
-                raise InteropError(f"{self.path}: unexpected end of file")
-            done += got
-        return buf.view(dtype).reshape(shape)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        start = pos - pos % mmap.ALLOCATIONGRANULARITY
+        region = mmap.mmap(self._fd, pos + nbytes - start, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+        return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=pos - start).view(dtype).reshape(shape)
 
     def close(self):
         if self._fd is not None:
@@ -136,6 +138,26 @@ class SafetensorsFile:
             self.close()
         except Exception:
             pass
+
+
+class _Scratch:
+    """One growing buffer for making slices contiguous before they are written (allocating a
+    fresh one per tensor costs a page fault per 4 KiB)."""
+
+    def __init__(self):
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def contiguous(self, tensor: torch.Tensor) -> torch.Tensor:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.buffer.numel() < nbytes:
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        out = self.buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
+        out.copy_(tensor)
+        return out
+
+
+_SCRATCH = _Scratch()
+_CRC_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-crc")
 
 
 class SafetensorsWriter:
@@ -167,8 +189,10 @@ class SafetensorsWriter:
         self._next = 0
 
     def _emit(self, data) -> None:
+        # zlib.crc32 and write() both release the GIL: checksum on a second core while writing.
+        crc = _CRC_THREAD.submit(zlib.crc32, data, self._crc)
         self._file.write(data)
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = crc.result()
         self.bytes += len(data)
 
     def write(self, key: str, tensor: torch.Tensor) -> None:
@@ -176,8 +200,11 @@ class SafetensorsWriter:
         if key != want_key or tensor.dtype != dtype or tuple(tensor.shape) != shape:
             raise ValueError(
                 f"{self.path}: expected {want_key} {dtype} {shape}, got {key} {tensor.dtype} {tuple(tensor.shape)}")
-        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        self._emit(memoryview(data))
+        tensor = tensor.detach()
+        if not tensor.is_contiguous():  # a column slice: gather it in a reused buffer, not a fresh one
+            tensor = _SCRATCH.contiguous(tensor)
+        if tensor.numel():
+            self._emit(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
         self._next += 1
 
     def close(self) -> tuple[int, str]:
