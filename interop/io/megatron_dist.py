@@ -1,0 +1,356 @@
+"""Megatron `torch_dist` checkpoints with plain torch: no megatron import, no process group.
+
+A torch_dist checkpoint directory (Megatron-LM's `iter_0000001/`) holds
+
+- `.metadata` + `__{rank}_{k}.distcp`: a PyTorch DCP checkpoint of GLOBAL tensors under
+  mcore sharded keys (`decoder.layers.self_attention.linear_qkv.weight`), each written
+  as chunks (one per rank-local shard: per layer and TP rank for the stacked layers),
+  and byte objects (`..._extra_state/shard_0_2`, `rng_state/...`);
+- `common.pt`: a pickle of everything not sharded (`args`, `iteration`, ...);
+- `metadata.json`: `{"sharded_backend": "torch_dist", ...}`.
+
+Homogeneous decoder layers are STACKED: their keys carry no layer number and their
+first axis is the global layer (`[num_layers, rows, h]`).  What this module returns is
+exactly what is stored, by mcore key: stacked global tensors (or one layer of them),
+with fused layouts untouched (QKV grouped per query group, swiglu fc1 as
+`[gate; up]`).  Mapping mcore keys to canonical names is the converter's job.
+
+Reading plans one DCP read per call, so memory is the tensor asked for plus one stored
+chunk.  `.metadata` is itself a pickle: it is loaded with an unpickler that admits only
+DCP's metadata classes.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import pickle
+import re
+import types
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, NamedTuple
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from ..errors import InteropError
+
+METADATA_JSON = "metadata.json"
+COMMON_PT = "common.pt"
+DCP_METADATA = ".metadata"
+# What megatron-core writes to metadata.json; its loader rejects any other field.
+BACKEND_CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                  "common_backend": "torch", "common_backend_version": 1}
+
+_STACKED = re.compile(r"(^|\.)decoder\.layers\.(?!\d)")
+
+
+def is_stacked(key: str) -> bool:
+    """mcore stacks homogeneous layers under `decoder.layers.<module>` (no layer number): axis 0 is the layer."""
+    return bool(_STACKED.search(key))
+
+
+def is_dist_checkpoint(path) -> bool:
+    path = Path(path)
+    return (path / METADATA_JSON).is_file() and (path / DCP_METADATA).is_file()
+
+
+def checkpoint_dir(root, iteration: int | None = None) -> Path:
+    """The torch_dist directory for `root`: itself, or Megatron's `iter_{:07d}` / `release` under a save root."""
+    root = Path(root)
+    if is_dist_checkpoint(root):
+        return root
+    if iteration is None:
+        tracker = root / "latest_checkpointed_iteration.txt"
+        if not tracker.is_file():
+            raise InteropError(f"{root}: neither a torch_dist checkpoint (metadata.json + .metadata) "
+                               "nor a Megatron save directory (latest_checkpointed_iteration.txt)")
+        text = tracker.read_text().strip()
+        if text == "release":
+            sub = root / "release"
+        else:
+            try:
+                sub = root / f"iter_{int(text):07d}"
+            except ValueError:
+                raise InteropError(f"{tracker}: expected an iteration number or 'release', got {text!r}") from None
+    else:
+        sub = root / f"iter_{iteration:07d}"
+    if not is_dist_checkpoint(sub):
+        raise InteropError(f"{sub}: not a torch_dist checkpoint (needs metadata.json and .metadata)")
+    return sub
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+class _Placeholder:
+    """Stands in for the empty marker classes megatron-core pickles into `.metadata` (MCoreMetadata, ...)."""
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+_META_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner",
+                 "torch.distributed.checkpoint.filesystem")
+_MEGATRON_MARKERS = {"MCoreMetadata", "MCoreSavePlan"}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's metadata classes, torch.Size and dtypes; anything else is refused (the file may be hostile)."""
+
+    def find_class(self, module, name):
+        if module in _META_MODULES and not name.startswith("__"):
+            return super().find_class(module, name)
+        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
+            return getattr(torch, name)
+        if module == "torch.serialization" and name == "_get_layout":
+            return super().find_class(module, name)
+        if module.startswith("megatron.") and name in _MEGATRON_MARKERS:
+            return _Placeholder
+        if (module, name) in (("collections", "OrderedDict"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")):
+            return super().find_class(module, name)  # StorageMeta.checkpoint_id may be a Path
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+class _Reader(FileSystemReader):
+    """FileSystemReader that parses `.metadata` once, safely."""
+
+    def __init__(self, path):
+        super().__init__(str(path))
+        file = Path(path) / DCP_METADATA
+        try:
+            with open(file, "rb") as f:
+                self._metadata = _MetadataUnpickler(f).load()
+        except Exception as exc:  # a damaged or hostile pickle raises many types
+            raise InteropError(f"{file}: not a readable DCP metadata file ({_first_line(exc)})") from None
+        if not hasattr(self._metadata, "state_dict_metadata"):
+            raise InteropError(f"{file}: not a DCP metadata file")
+
+    def read_metadata(self, *args, **kwargs):
+        return self._metadata
+
+
+class _ChunkLoadPlanner(DefaultLoadPlanner):
+    """Loads the box `offsets`/`sizes` of one global tensor into a tensor of exactly that box."""
+
+    def __init__(self, key: str, offsets, sizes):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+        self.key = key
+
+    def create_local_plan(self) -> LoadPlan:
+        md = self.metadata.state_dict_metadata[self.key]
+        return LoadPlan(create_read_items_for_chunk_list(self.key, md, [self.chunk]))
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        return self.state_dict[index.fqn]  # dest offsets are relative to our box already
+
+
+class DistCheckpoint:
+    """One torch_dist checkpoint directory, read lazily.
+
+    `.config` (metadata.json), `.common` (common.pt, loaded on first use), `.keys()` (tensor
+    keys), `.objects()` (byte-object keys), `.meta(key)` -> (dtype, global shape), and
+    `.read(key, layer=None)` -> the global tensor, or layer `layer` of a stacked one.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        config_file = self.path / METADATA_JSON
+        if not config_file.is_file() or not (self.path / DCP_METADATA).is_file():
+            raise InteropError(f"{self.path}: not a torch_dist checkpoint (needs metadata.json and .metadata)")
+        try:
+            self.config = json.loads(config_file.read_text())
+        except ValueError as exc:
+            raise InteropError(f"{config_file}: not valid JSON ({exc})") from None
+        backend = self.config.get("sharded_backend") if isinstance(self.config, dict) else None
+        if backend != "torch_dist":
+            raise InteropError(f"{config_file}: sharded_backend is {backend!r}; only 'torch_dist' is supported")
+        self._reader = _Reader(self.path)
+        entries = self._reader.read_metadata().state_dict_metadata
+        self._tensors = {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
+        self._objects = [k for k, v in entries.items() if isinstance(v, BytesStorageMetadata)]
+        self._common = None
+
+    @property
+    def common(self) -> dict:
+        """common.pt (args, iteration, ...), unpickled without running code; {} when absent."""
+        if self._common is None:
+            file = self.path / COMMON_PT
+            self._common = _load_pickle(file) if file.is_file() else {}
+            if not isinstance(self._common, dict):
+                raise InteropError(f"{file}: expected a dict, found {type(self._common).__name__}")
+        return self._common
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def objects(self) -> list[str]:
+        """Keys of byte objects (`*._extra_state/shard_*`, `rng_state/*`, ...): not tensors, not read here."""
+        return list(self._objects)
+
+    def __contains__(self, key) -> bool:
+        return key in self._tensors
+
+    def meta(self, key: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        md = self._entry(key)
+        return md.properties.dtype, tuple(md.size)
+
+    def _entry(self, key: str) -> TensorStorageMetadata:
+        try:
+            return self._tensors[key]
+        except KeyError:
+            raise InteropError(f"{self.path}: no tensor named {key!r}") from None
+
+    def read(self, key: str, layer: int | None = None) -> torch.Tensor:
+        """The global tensor `key`, or index `layer` of its leading (stacked-layer) axis."""
+        dtype, shape = self.meta(key)
+        offsets, sizes = [0] * len(shape), list(shape)
+        if layer is not None:
+            if not shape or not 0 <= layer < shape[0]:
+                raise InteropError(f"{self.path}: {key} has no layer {layer} (shape {list(shape)})")
+            offsets[0], sizes[0] = layer, 1
+        out = torch.empty(sizes, dtype=dtype)
+        try:
+            with _single_process():
+                dcp.load({key: out}, storage_reader=self._reader, planner=_ChunkLoadPlanner(key, offsets, sizes),
+                         no_dist=True)
+        except Exception as exc:  # missing/truncated .distcp files surface as many types
+            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(exc)})") from None
+        return out[0] if layer is not None else out
+
+
+@contextlib.contextmanager
+def _single_process():
+    """DCP warns on every no_dist call that it assumes one process: that is the point here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _load_pickle(file: Path):
+    """common.pt may hold megatron classes (args enums): the shared safe loader handles those."""
+    try:
+        from .safe_pickle import safe_torch_load
+    except ImportError:
+        safe_torch_load = None
+    if safe_torch_load is not None:
+        return safe_torch_load(file)
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace, types.SimpleNamespace]):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise InteropError(f"{file}: cannot load safely ({_first_line(exc)})") from None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --- writing ---------------------------------------------------------------------------------------------
+
+class LazyTensor(NamedTuple):
+    """A tensor produced only when written: `load(layer)` returns layer `layer` of a stacked key
+    (without the layer axis), `load(None)` the whole tensor of any other key."""
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    load: Callable[[int | None], torch.Tensor]
+
+
+class _ChunkSavePlanner(DefaultSavePlanner):
+    """Plans one write item per stored chunk (per layer for stacked keys) and produces each on demand."""
+
+    def __init__(self, tensors: dict[str, LazyTensor], objects: dict[str, bytes]):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.tensors, self.objects = tensors, objects
+
+    def create_local_plan(self) -> SavePlan:
+        items = []
+        for key, t in self.tensors.items():
+            properties = TensorProperties(dtype=t.dtype)
+            size = torch.Size(t.shape)
+            if is_stacked(key):
+                for layer in range(t.shape[0]):
+                    chunk = ChunkStorageMetadata(offsets=torch.Size([layer] + [0] * (len(size) - 1)),
+                                                 sizes=torch.Size([1, *size[1:]]))
+                    items.append(WriteItem(index=MetadataIndex(key, chunk.offsets), type=WriteItemType.SHARD,
+                                           tensor_data=TensorWriteData(chunk, properties, size)))
+            else:
+                chunk = ChunkStorageMetadata(offsets=torch.Size([0] * len(size)), sizes=size)
+                items.append(WriteItem(index=MetadataIndex(key, chunk.offsets), type=WriteItemType.TENSOR,
+                                       tensor_data=TensorWriteData(chunk, properties, size)))
+        items += [WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO) for key in self.objects]
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem):
+        key = write_item.index.fqn
+        if write_item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(self.objects[key])
+        t = self.tensors[key]
+        if is_stacked(key):
+            layer = write_item.index.offset[0]
+            data = t.load(layer)
+            want = t.shape[1:]
+        else:
+            data, want = t.load(None), t.shape
+        if tuple(data.shape) != tuple(want) or data.dtype != t.dtype:
+            raise ValueError(f"{key}: planned {t.dtype} {list(want)}, got {data.dtype} {list(data.shape)}")
+        data = data.detach().cpu().contiguous()
+        return data.unsqueeze(0) if is_stacked(key) else data
+
+
+def _as_lazy(value) -> LazyTensor:
+    if isinstance(value, LazyTensor):
+        return value
+    if isinstance(value, torch.Tensor):
+        return LazyTensor(value.dtype, tuple(value.shape), lambda layer: value if layer is None else value[layer])
+    raise TypeError(f"expected a torch.Tensor or LazyTensor, got {type(value).__name__}")
+
+
+def write_dist_checkpoint(path, tensors: Iterable[tuple[str, Any]], common: dict | None = None,
+                          objects: dict[str, Any] | None = None) -> None:
+    """Write a torch_dist checkpoint that megatron-core's `dist_checkpointing.load` accepts.
+
+    `tensors`: (mcore key, global tensor or LazyTensor) pairs; stacked keys (`decoder.layers.<module>`)
+    are stored one chunk per layer, as mcore does, so a reader can fetch one layer alone.  LazyTensors
+    are loaded one at a time while writing (memory: one chunk).  `objects`: byte objects by their
+    full mcore key (e.g. `decoder.layers.mlp.linear_fc1._extra_state/shard_0_2`), stored as mcore
+    stores a ShardedObject (`torch.save([value])`); mcore's loader needs one for every ShardedObject
+    its model declares.  `common` goes to common.pt (Megatron-LM: args, checkpoint_version,
+    iteration, ...).  `path` must be empty or absent.
+    """
+    path = Path(path)
+    if path.exists() and any(path.iterdir()):
+        raise InteropError(f"{path}: destination is not empty")
+    path.mkdir(parents=True, exist_ok=True)
+    planned: dict[str, LazyTensor] = {}
+    for key, value in tensors:
+        if key in planned:
+            raise ValueError(f"duplicate tensor key {key!r}")
+        planned[key] = _as_lazy(value)
+        if is_stacked(key) and not planned[key].shape:
+            raise ValueError(f"{key}: a stacked key needs a leading layer axis")
+    blobs = {}
+    for key, value in (objects or {}).items():
+        buffer = io.BytesIO()
+        torch.save([value], buffer)
+        blobs[key] = buffer.getvalue()
+    writer = FileSystemWriter(str(path), single_file_per_rank=True, thread_count=1)
+    with _single_process():
+        dcp.save({**planned, **blobs}, storage_writer=writer, planner=_ChunkSavePlanner(planned, blobs), no_dist=True)
+    torch.save(common or {}, path / COMMON_PT)
+    (path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
