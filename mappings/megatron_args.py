@@ -892,6 +892,8 @@ DERIVED = [
             invert=lambda v, a: _DTYPE_FLAGS.get(v), why="from --bf16 / --fp16"),
     Derived("compute_dtype", lambda a: a["params_dtype"], why="the training precision"),
     Derived("lr_decay_iters", lambda a: a["train_iters"], why="defaults to --train-iters"),
+    Derived("start_weight_decay", lambda a: a["weight_decay"], why="= --weight-decay"),
+    Derived("end_weight_decay", lambda a: a["weight_decay"], why="= --weight-decay"),
     Derived("data_parallel_size", _dp,
             invert=lambda v, a: {"world_size": v * a["tensor_model_parallel_size"]
                                  * a["pipeline_model_parallel_size"] * a["context_parallel_size"]},

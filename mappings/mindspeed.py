@@ -25,7 +25,9 @@ ROWS = [
     # model_config
     R("padded_vocab_size", "model_config.vocab_size"),
     R("hidden_size", "model_config.hidden_size"),
-    R("seq_length", "model_config.seq_length"),
+    # No max_position_embeddings key: the model sizes its position table by seq_length.
+    R("seq_length", "model_config.seq_length",
+      back=lambda v, doc: {"seq_length": v, "max_position_embeddings": v}),
     R("rotary_base", "model_config.rotary_base", 10000),
     R("num_layers", "model_config.num_layers"),
     rename("position_embedding_type", "model_config.position_embedding_type", POSITION, "absolute"),
