@@ -1,12 +1,16 @@
 """Read and write a ~1 GB MindSpore `.ckpt` with interop and with mindspore, in the same run.
 
-    .venv/bin/python benchmarks/bench_ms_ckpt.py [--mib 1024] [--repeat 3]
+    .venv/bin/python benchmarks/bench_ms_ckpt.py [--mib 1024] [--repeat 3] [--convert]
 
 The checkpoint mixes one tensor over mindspore's 512 MiB slice (written as two
 Values) with many 4 MiB tensors, float32.  Each operation runs `--repeat` times
 and the best time is kept (the file is warm in the page cache for every reader);
 the peak RSS above the starting point is sampled alongside.  Both writers must
 produce the same bytes.  Files live in a temporary directory removed at the end.
+
+`--convert` instead measures a HF -> mindspore conversion of a ~1 GB Llama (GQA,
+fp32, written straight to safetensors): the peak RSS the conversion adds over the
+process after imports, relative to the checkpoint size (target <= 0.25).
 """
 from __future__ import annotations
 
@@ -77,11 +81,61 @@ def make_tensors(total_mib: int) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def bench_convert(tp: int = 2, pp: int = 2) -> None:
+    """HF Llama (~1 GiB fp32) -> mindspeed tp/pp: peak RSS added by the conversion / checkpoint bytes."""
+    import json
+
+    import transformers
+
+    from interop.convert import convert
+    from interop.io.safetensors import SafetensorsWriter
+    from interop.mappings.hf_config import spec_from_hf_config
+    from interop.params import param_table
+
+    config = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
+                                      num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
+                                      tie_word_embeddings=False).to_dict()
+    spec = spec_from_hf_config(config, "float32")
+    hf_name = {}
+    from interop.mappings.hf_names import LLAMA
+    for name, _, parts in LLAMA:
+        for i in range(spec.num_layers):
+            hf_name[parts[0].format(i=i)] = name.format(i=i)
+    tmp = tempfile.mkdtemp(prefix="bench_ms_convert_")
+    try:
+        src = os.path.join(tmp, "hf")
+        os.mkdir(src)
+        with open(os.path.join(src, "config.json"), "w") as f:
+            json.dump(config, f)
+        params = param_table(spec)
+        w = SafetensorsWriter(os.path.join(src, "model.safetensors"),
+                              [(hf_name[p.name], torch.float32, p.shape) for p in params])
+        g = torch.Generator().manual_seed(0)
+        for p in params:
+            w.write(hf_name[p.name], torch.randn(p.shape, generator=g) * 0.02)
+        size, _ = w.close()
+        gc.collect()
+        with PeakRss() as m:
+            t0 = time.perf_counter()
+            convert(src, os.path.join(tmp, "ms"), dst_format="mindspore", tp=tp, pp=pp,
+                    options={"dialect": "mindspeed"})
+            sec = time.perf_counter() - t0
+        largest = max(p.shape[0] * (p.shape[1] if len(p.shape) > 1 else 1) * 4 for p in params)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"HF -> mindspore (mindspeed, tp={tp} pp={pp}): {size / 2**20:.0f} MiB checkpoint in {sec:.2f} s; "
+          f"peak RSS added {m.extra / 2**20:.0f} MiB = {m.extra / size:.3f} x checkpoint "
+          f"(largest tensor {largest / 2**20:.0f} MiB)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--convert", action="store_true", help="measure a HF -> mindspore conversion's peak RSS instead")
     args = ap.parse_args()
+    if args.convert:
+        return bench_convert()
 
     import mindspore as ms
 
