@@ -1,0 +1,213 @@
+"""Megatron-LM `torch_dist` checkpoints <-> canonical tensors (format `megatron_dist`).
+
+On disk: `save/latest_checkpointed_iteration.txt` and `save/iter_0000001/` holding a
+PyTorch DCP checkpoint plus `common.pt` (args, iteration) and `metadata.json`; file I/O is
+`interop.io.megatron_dist`.  A torch_dist checkpoint stores GLOBAL tensors, so it is the
+tp=1, pp=1 case of the `torch` format under megatron-core's sharded keys, which are the
+Transformer-Engine names (`linear_qkv.layer_norm_weight`) whatever layer spec trained the
+model, with the homogeneous layers stacked on a leading axis
+(`decoder.layers.self_attention.linear_qkv.weight` is `[num_layers, rows, h]`).  The name
+table and the Megatron args <-> ModelSpec rules are the `torch` converter's
+(`converters/megatron.py`, `mappings/megatron_names.py`); only the stacking is added here.
+
+Reading goes one layer slice at a time; writing spools each finished Megatron tensor to a
+scratch file and streams them into DCP at the end, so memory stays at one tensor.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from ..errors import InteropError
+from ..io import megatron_dist as dist
+from ..layout import ParallelLayout
+from ..mappings import megatron_args as M
+from ..mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
+from ..params import OPTIM_PREFIXES, param_index, param_table
+from ..spec import ModelSpec
+from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
+from .megatron import (CHECKPOINT_VERSION, TRACKER, _args_dict, _plain_arg, args_from_spec, explicit_args, expand_rows,
+                       from_ranks, model_config_args, rank_shapes, spec_from_args, to_rank, vocab_divisor)
+from .megatron import Writer as _TorchWriter
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def stacked_key(key: str) -> tuple[str, int | None]:
+    """`decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3)."""
+    m = _LAYER.match(key)
+    return (f"decoder.layers.{key[m.end():]}", int(m.group(1))) if m else (key, None)
+
+
+def detect(path) -> bool:
+    try:
+        dist.checkpoint_dir(path)
+    except InteropError:
+        return False
+    return True
+
+
+def _rows(spec: ModelSpec, scheme: str):
+    """The name table at tp=1, pp=1 (global tensors, global layer numbers)."""
+    return expand_rows(scheme, spec, ParallelLayout.build(spec.num_layers))
+
+
+class Reader:
+    def __init__(self, path, iteration: int | None = None, model_config=None):
+        self.dir = dist.checkpoint_dir(path, iteration)
+        self.ckpt = dist.DistCheckpoint(self.dir)
+        common, notes = self.ckpt.common, []
+        stored = _args_dict(common.get("args"))
+        if model_config is not None:
+            full = model_config_args(model_config)
+            notes.append(f"model description taken from {model_config}")
+        elif stored and stored.get("num_layers"):
+            full = M.complete(explicit_args(stored))
+        else:
+            raise InteropError(f"{self.dir / dist.COMMON_PT}: the checkpoint carries no model description (no args); "
+                               "pass --model-config (a HF config.json, a Megatron args file or a MindSpeed YAML)")
+        keys = self.ckpt.keys()
+        model_keys = [k for k in keys if not k.startswith("optimizer.")]
+        flat = [k.replace("decoder.layers.", "decoder.layers.0.", 1) if dist.is_stacked(k) else k for k in model_keys]
+        scheme = scheme_of(flat)
+        if scheme not in ("mcore", "mcore_te"):
+            raise InteropError(f"{self.dir}: not megatron-core parameter names (e.g. {keys[0] if keys else 'no tensors'})")
+        emb = "embedding.word_embeddings.weight"
+        if emb not in self.ckpt:
+            raise InteropError(f"{self.dir}: {emb} is missing")
+        dtype, (rows, _) = self.ckpt.meta(emb)
+        padded = full.get("padded_vocab_size")
+        if padded and int(padded) != rows:
+            raise InteropError(f"{self.dir}: {emb} holds {rows} vocab rows, args say padded_vocab_size={padded}")
+        full = dict(full, padded_vocab_size=rows)
+        if not full.get("vocab_size"):
+            full["vocab_size"] = rows
+            notes.append(f"the true vocabulary size is not recorded (no vocab_size in args): keeping all {rows} rows")
+        if full.get("untie_embeddings_and_output_weights") is None:
+            full["untie_embeddings_and_output_weights"] = False
+        self.spec = spec = spec_from_args(full, str(self.dir), NAME_OF_DTYPE.get(dtype, "float32"))
+        self.index = param_index(spec)
+        self.row_of, expected = {}, {}
+        for row in _rows(spec, scheme):
+            key, layer = stacked_key(row.key)
+            shape = rank_shapes(row, self.index, 1, 0)
+            expected[key] = (spec.num_layers, *shape) if layer is not None else tuple(shape)
+            for j, name in enumerate(row.parts):
+                self.row_of[name] = (row, key, layer, j)
+        for key, shape in expected.items():
+            if key not in self.ckpt:
+                raise InteropError(f"{self.dir}: tensor {key} is missing")
+            if self.ckpt.meta(key)[1] != shape:
+                raise InteropError(f"{self.dir}: {key} has shape {list(self.ckpt.meta(key)[1])}, args imply {list(shape)}")
+        unknown = sorted(set(model_keys) - set(expected))
+        if unknown:
+            raise InteropError(f"{self.dir}: tensor {unknown[0]} does not belong to this {spec.arch} model "
+                               "(args describe a different model?)")
+        if len(model_keys) < len(keys):
+            notes.append(f"optimizer state not converted ({len(keys) - len(model_keys)} optimizer.* tensors; weights only)")
+        if self.ckpt.objects():
+            notes.append(f"ignored {len(self.ckpt.objects())} byte objects (_extra_state slots, rng state): not weights")
+        it = common.get("iteration")
+        state = {"iteration": it if isinstance(it, int) else None,
+                 "megatron": {"checkpoint_version": _plain_arg(common.get("checkpoint_version")), "scheme": scheme,
+                              "args": {k: _plain_arg(v) for k, v in (stored or {}).items()},
+                              "opt_param_scheduler": _plain_arg(common.get("opt_param_scheduler")),
+                              "num_floating_point_operations_so_far": _plain_arg(
+                                  common.get("num_floating_point_operations_so_far"))}}
+        self.source = Source(spec, ParallelLayout.build(spec.num_layers), state, notes)
+        self._cache: OrderedDict = OrderedDict()
+
+    def metas(self) -> list[TensorMeta]:
+        return [TensorMeta(p.name, self.ckpt.meta(self.row_of[p.name][1])[0], p.shape) for p in param_table(self.spec)]
+
+    def read(self, name: str) -> torch.Tensor:
+        row, key, layer, j = self.row_of[name]
+        if (key, layer) not in self._cache:
+            stored = self.ckpt.read(key, layer)
+            self._cache[(key, layer)] = from_ranks(row, [stored], self.index, self.spec)
+            while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
+                self._cache.popitem(last=False)
+        return self._cache[(key, layer)][j]
+
+    def close(self) -> None:
+        self._cache.clear()
+
+
+class Writer:
+    """Writes `save/iter_XXXXXXX/` in torch_dist, loadable by Megatron-LM at any tp/pp."""
+
+    padded_vocab = staticmethod(_TorchWriter.padded_vocab)
+
+    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
+                 iteration: int | None = None):
+        spec.check_tp(layout.tp)
+        self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
+        self.index = param_index(spec)
+        self.rows = _rows(spec, "mcore_te")
+        self.row_of = {n: r for r in self.rows for n in r.parts}
+        dtype_of = {m.name: m.dtype for m in metas}
+        self.planned: dict[str, tuple[torch.dtype, tuple]] = {}
+        for row in self.rows:
+            key, layer = stacked_key(row.key)
+            shape = tuple(rank_shapes(row, self.index, 1, 0))
+            self.planned[key] = (dtype_of[row.parts[0]], (spec.num_layers, *shape) if layer is not None else shape)
+        self.pending: dict[tuple, dict] = {}
+        self.spool = self.root / ".spool"
+        self.spool.mkdir(parents=True)
+        self.spooled: dict[tuple[str, int | None], Path] = {}
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if name.startswith(OPTIM_PREFIXES):
+            return  # weights only, as the torch writer
+        row = self.row_of[name]
+        got = self.pending.setdefault(row.parts, {})
+        got[name] = tensor
+        if len(got) < len(row.parts):
+            return
+        del self.pending[row.parts]
+        fused = to_rank(row, [got[n] for n in row.parts], self.index, 1, 0, self.spec)
+        key, layer = stacked_key(row.key)
+        path = self.spool / f"{len(self.spooled)}.pt"
+        torch.save(fused.contiguous(), path)
+        self.spooled[(key, layer)] = path
+
+    def _load(self, key: str, layer: int | None) -> torch.Tensor:
+        return torch.load(self.spooled[(key, layer)], map_location="cpu", weights_only=True)
+
+    def finish(self, state: dict | None = None) -> None:
+        if self.pending:
+            raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
+        state = state or {}
+        meg = state.get("megatron") or {}
+        base = meg.get("args") or None
+        if base is not None:
+            base = M.complete(explicit_args(base)) | {k: v for k, v in base.items() if k not in M.ARGS}
+        divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
+        args = argparse.Namespace(**args_from_spec(self.spec, self.layout, base, divisor))
+        args.ckpt_format = "torch_dist"
+        iteration = self.iteration if self.iteration is not None else state.get("iteration")
+        if not isinstance(iteration, int):
+            iteration = "release"
+        args.iteration = 0 if iteration == "release" else iteration
+        common = {"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": args.iteration}
+        for k in ("opt_param_scheduler", "num_floating_point_operations_so_far"):
+            if meg.get(k) is not None:
+                common[k] = meg[k]
+        tensors = [(key, dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer)))
+                   for key, (dtype, shape) in self.planned.items()]
+        # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module.
+        n = self.spec.num_layers
+        objects = {f"{stacked_key(m.format(i=i))[0]}._extra_state/shard_{i}_{n}": None
+                   for m in EXTRA_STATE_MODULES if "{i}" in m for i in range(n)}
+        folder = self.root / ("release" if iteration == "release" else f"iter_{iteration:07d}")
+        dist.write_dist_checkpoint(folder, tensors, common=common, objects=objects)
+        shutil.rmtree(self.spool)
+        (self.root / TRACKER).write_text(f"{iteration}\n")
+
+    def abort(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
