@@ -32,10 +32,12 @@ FORMAT_CHOICE = click.Choice(sorted(FORMATS))
 @click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
               "(HF config.json, Megatron args file or MindSpeed YAML).")
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
+@click.option("--qkv-concat", is_flag=True, default=None,
+              help="MindFormers: fuse q/k/v into w_qkv and gate/up into w_gate_hidden.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
-            megatron_format, iteration, model_config, dialect, quiet):
+            megatron_format, iteration, model_config, dialect, qkv_concat, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -49,7 +51,8 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                               dtype=dtype, force=force, progress=bar,
                               options={"format": megatron_format, "iteration": iteration,
-                                       "model_config": model_config, "dialect": dialect})
+                                       "model_config": model_config, "dialect": dialect,
+                                       "qkv_concat": qkv_concat})
     finally:
         bar.close()
     click.echo("\n".join(summary.lines()))
