@@ -430,10 +430,11 @@ class Reader:
         if model_config is not None:
             notes.append(f"model description taken from {model_config}")
             full = model_config_args(model_config)
-            if stored:  # the checkpoint's layout facts still hold
-                for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "padded_vocab_size"):
-                    if stored.get(k) is not None:
-                        full[k] = stored[k]
+            # the layout and the padded vocab are facts of the files, not of the model description
+            # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
+            full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),
+                        tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+                        padded_vocab_size=(stored or {}).get("padded_vocab_size"))
             return full
         where = self.files[(0, 0)].path
         if not stored or not stored.get("num_layers"):

@@ -94,7 +94,7 @@ def _numpy_dtype_classes() -> list[type]:
 def _is_class_like(full_name: str) -> bool:
     """Classes are CamelCase; a lower-case final name is a function, which a checkpoint never needs."""
     module, _, name = full_name.rpartition(".")
-    return bool(module) and name[:1].isupper() and module.split(".")[0] not in DANGEROUS_MODULES
+    return bool(module) and name.lstrip("_")[:1].isupper() and module.split(".")[0] not in DANGEROUS_MODULES
 
 
 def plan_globals(path, names: list[str]) -> tuple[list, list[str]]:
