@@ -343,6 +343,8 @@ def reference_once(tmp_path_factory) -> tuple[Path, dict]:
             build_hf(kind, root / "hf" / kind)
             dst = root / "hf2mcore" / kind
             if convert_hf_to_megatron_dist(root / "hf" / kind, dst):
-                loads[kind] = {"hf": dst}
+                from interop.io.megatron_dist import checkpoint_dir
+
+                loads[kind] = {"hf": checkpoint_dir(dst)}
         _CACHE["run"] = (root, run_reference(root, loads))
     return _CACHE["run"]

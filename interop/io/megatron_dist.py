@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -227,8 +228,8 @@ class DistCheckpoint:
             with _single_process():
                 dcp.load({key: out}, storage_reader=self._reader, planner=_ChunkLoadPlanner(key, offsets, sizes),
                          no_dist=True)
-        except Exception as exc:  # missing/truncated .distcp files surface as many types
-            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(exc)})") from None
+        except (Exception, CheckpointException) as exc:  # missing/damaged .distcp files surface as many types
+            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(_cause(exc))})") from None
         return out[0] if layer is not None else out
 
 
@@ -255,7 +256,14 @@ def _load_pickle(file: Path):
         raise InteropError(f"{file}: cannot load safely ({_first_line(exc)})") from None
 
 
-def _first_line(exc: Exception) -> str:
+def _cause(exc: BaseException) -> BaseException:
+    """DCP wraps what went wrong in a CheckpointException (a BaseException) per rank: unwrap it."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        return next(iter(exc.failures.values()))[0]
+    return exc
+
+
+def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -350,7 +358,11 @@ def write_dist_checkpoint(path, tensors: Iterable[tuple[str, Any]], common: dict
         torch.save([value], buffer)
         blobs[key] = buffer.getvalue()
     writer = FileSystemWriter(str(path), single_file_per_rank=True, thread_count=1)
-    with _single_process():
-        dcp.save({**planned, **blobs}, storage_writer=writer, planner=_ChunkSavePlanner(planned, blobs), no_dist=True)
+    try:
+        with _single_process():
+            dcp.save({**planned, **blobs}, storage_writer=writer, planner=_ChunkSavePlanner(planned, blobs),
+                     no_dist=True)
+    except CheckpointException as exc:
+        raise _cause(exc) from None
     torch.save(common or {}, path / COMMON_PT)
     (path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
