@@ -227,6 +227,14 @@ def load_torch_dist(model, folder) -> None:
     model.load_state_dict(state["model"], strict=True)
 
 
+def load_legacy(model, folder) -> None:
+    """Megatron-LM's `torch` resume path: this TP rank's model_optim_rng.pt, load_state_dict(strict)."""
+    from megatron.core import parallel_state
+
+    path = Path(folder) / f"mp_rank_{parallel_state.get_tensor_model_parallel_rank():02d}" / "model_optim_rng.pt"
+    model.load_state_dict(torch.load(path, weights_only=False)["model"], strict=True)
+
+
 def _rewrite_with_interop(src: Path, dst: Path) -> None:
     """Copy an mcore torch_dist checkpoint through interop.io.megatron_dist (rank 0): read every tensor
     by key, a layer at a time, and write it back with the byte objects mcore declares (None extra state)."""
@@ -273,8 +281,13 @@ def _worker(rank: int, world: int, port: int, root: str, loads: dict) -> None:
                 # The reverse direction: checkpoints interop wrote from HF, loaded into mcore at this tp.
                 for label, folder in loads.get(kind, {}).items():
                     other = build_model(kind, seed=2)
-                    load_torch_dist(other, folder)
-                    entry[f"loaded_loss:{label}"] = mcore_loss(other)
+                    if label.startswith("torch"):  # legacy rank files: one checkpoint per tp
+                        if not label.endswith(f"-tp{tp}"):
+                            continue
+                        load_legacy(other, folder)
+                    else:
+                        load_torch_dist(other, folder)
+                    entry[f"loaded_loss:{label.rsplit('-tp', 1)[0]}"] = mcore_loss(other)
             parallel_state.destroy_model_parallel()
         if rank == 0:
             (root / "results.json").write_text(json.dumps(results, indent=1))
@@ -328,14 +341,28 @@ def convert_hf_to_megatron_dist(src, dst) -> str | None:
     return None
 
 
+def convert_hf_to_megatron_torch(src, dst, tp: int) -> Path | None:
+    """HF -> interop -> Megatron `torch` rank files at `tp`; the iteration folder, or None without a converter."""
+    from interop.converters.registry import FORMATS
+    from interop.convert import convert
+
+    if "megatron" not in FORMATS:
+        return None
+    from interop.converters.megatron import iteration_dir
+
+    convert(src, dst, src_format="hf", dst_format="megatron", tp=tp)
+    return iteration_dir(dst)[0]
+
+
 _CACHE: dict = {}
 
 
 def reference_once(tmp_path_factory) -> tuple[Path, dict]:
     """The reference run, once per test session whichever test module asks first.
 
-    Before the spawn, builds the HF models (`<root>/hf/<kind>`) and, when a converter can,
-    converts them to torch_dist (`<root>/hf2mcore/<kind>`) for the mcore processes to load."""
+    Before the spawn, builds the HF models (`<root>/hf/<kind>`) and, where a converter can,
+    converts them to torch_dist (`<root>/hf2mcore/<kind>`, loss key `loaded_loss:hf`) and to
+    the `torch` format at each tp (`loaded_loss:torch_hf`) for the mcore processes to load."""
     if "run" not in _CACHE:
         root = tmp_path_factory.mktemp("mcore")
         loads = {}
@@ -345,6 +372,10 @@ def reference_once(tmp_path_factory) -> tuple[Path, dict]:
             if convert_hf_to_megatron_dist(root / "hf" / kind, dst):
                 from interop.io.megatron_dist import checkpoint_dir
 
-                loads[kind] = {"hf": checkpoint_dir(dst)}
+                loads.setdefault(kind, {})["hf"] = checkpoint_dir(dst)
+            for tp in TPS:
+                folder = convert_hf_to_megatron_torch(root / "hf" / kind, root / "hf2mcore" / f"{kind}-torch-tp{tp}", tp)
+                if folder is not None:
+                    loads.setdefault(kind, {})[f"torch_hf-tp{tp}"] = folder
         _CACHE["run"] = (root, run_reference(root, loads))
     return _CACHE["run"]

@@ -68,12 +68,14 @@ def test_megatron_to_hf_loss_equals_mcore(ref, tmp_path, kind, tp, fmt):
     assert abs(hf - mcore) < TOL, f"{kind} tp={tp} {fmt}: HF {hf} vs megatron-core {mcore}"
 
 
+@pytest.mark.parametrize("label", ["hf", "torch_hf"], ids=["torch_dist", "torch"])
 @pytest.mark.parametrize("kind,tp", CASES)
-def test_hf_to_torch_dist_loads_into_mcore_with_hf_loss(ref, kind, tp):
+def test_hf_to_megatron_loads_into_mcore_with_hf_loss(ref, kind, tp, label):
+    """torch_dist: one global checkpoint loaded at tp 1 and tp 2; torch: rank files written at that tp."""
     root, results = ref
-    loaded = results[f"{kind}-tp{tp}"].get("loaded_loss:hf")
+    loaded = results[f"{kind}-tp{tp}"].get(f"loaded_loss:{label}")
     if loaded is None:
-        pytest.skip("no interop writer for Megatron torch_dist yet")
+        pytest.skip("no interop writer for this Megatron format yet")
     hf = R.hf_loss(root / "hf" / kind)
     assert abs(loaded - hf) < TOL, f"{kind} tp={tp}: megatron-core {loaded} vs HF {hf}"
 
