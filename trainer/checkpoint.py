@@ -1,0 +1,159 @@
+"""Checkpoint I/O in the common format: every rank reads its own shards, writes its own files.
+
+Loading: a rank asks the store for the box of each of its parameters (its tp slice of
+the global tensor), whatever layout the checkpoint was written at.
+
+Saving `SAVE/step_000010/`:
+  1. each rank of data-parallel replica 0 writes `model-tpXX-ppYY.safetensors` and
+     `optim-...` (Adam moments) into the hidden sibling `SAVE/.step_000010.tmp/`;
+  2. rank 0 gathers the files' sizes and checksums, writes `interop.json` (with the
+     training state: step, scheduler, optimizer settings, rng, data position) last,
+     fsyncs, and renames the directory into place.
+A run killed at any point before the rename leaves only the hidden directory behind,
+which is never mistaken for a checkpoint; the previous `step_*` stays the newest.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from interop.atomic import _fsync_tree
+from interop.errors import InteropError
+from interop.io.safetensors import SafetensorsWriter
+from interop.params import param_index, param_table
+from interop.shards import shard_box
+from interop.store import StoreReader, file_name, is_store, plan_shards, write_manifest
+from interop.tensors import TensorMeta
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def step_dir(root, step: int) -> Path:
+    return Path(root) / f"step_{step:06d}"
+
+
+def newest_checkpoint(root) -> Path | None:
+    """`root` itself when it is a checkpoint, else its newest complete `step_*` directory."""
+    root = Path(root)
+    if is_store(root):
+        return root
+    if not root.is_dir():
+        return None
+    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and is_store(p)]
+    return max(steps)[1] if steps else None
+
+
+def _box(spec, name: str, grid):
+    param = param_index(spec)[name]
+    return shard_box(param.shape, param.axis, grid.tp_rank, grid.tp)
+
+
+def load_weights(stage, reader: StoreReader, grid) -> None:
+    spec = stage.spec
+    with torch.no_grad():
+        for name, p in stage.named_parameters():
+            p.copy_(reader.read(name, _box(spec, name, grid)).to(p.dtype))
+
+
+def has_moments(reader: StoreReader) -> bool:
+    return any(name.startswith("optim.exp_avg.") for name in reader.manifest["tensors"])
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, stage, reader: StoreReader, grid, step: int) -> None:
+    """Restore AdamW's moments (read at this rank's slice) and its step count (bias correction)."""
+    spec = stage.spec
+    for name, p in stage.named_parameters():
+        box = _box(spec, name, grid)
+        state = {"step": torch.tensor(float(step))}
+        for m in MOMENTS:
+            state[m] = reader.read(f"optim.{m}.{name}", box).to(p.dtype).clone()
+        optimizer.state[p] = state
+
+
+def _metas(spec, with_optim: bool) -> list[TensorMeta]:
+    metas = [TensorMeta(p.name, torch.float32, p.shape) for p in param_table(spec)]
+    if with_optim:
+        metas += [TensorMeta(f"optim.{m}.{meta.name}", torch.float32, meta.shape) for m in MOMENTS for meta in metas]
+    return metas
+
+
+def _local_tensor(name: str, params: dict, optimizer) -> torch.Tensor:
+    if name.startswith("optim."):
+        _, moment, base = name.split(".", 2)
+        return optimizer.state[params[base]][moment]
+    return params[name].detach()
+
+
+def _fail_hook(step: int, where: str, grid) -> None:
+    """Test hook: INTEROP_TRAIN_KILL_AT=<step>:<write|rename> SIGKILLs rank 0 mid-save (a power cut, an OOM kill)."""
+    if grid.rank == 0 and os.environ.get("INTEROP_TRAIN_KILL_AT") == f"{step}:{where}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict) -> Path | None:
+    """Write the checkpoint of update `step` collectively (every rank calls this); returns its path."""
+    spec, root = stage.spec, Path(root)
+    final, tmp = step_dir(root, step), root / f".step_{step:06d}.tmp"
+    distributed = dist.is_initialized()
+    if grid.rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    if distributed:
+        dist.barrier()
+    metas = _metas(spec, with_optim=bool(optimizer.state))
+    placement, files = plan_shards(spec, layout, metas)
+    written = {}
+    if grid.dp_rank == 0:
+        params = {name: p for name, p in stage.named_parameters() if stage.owned(name)}
+        mine = [file_name(kind, grid.tp_rank, grid.pp_rank) for kind in ("model", "optim")]
+        for fname in mine:
+            if fname not in files:
+                continue
+            writer = SafetensorsWriter(tmp / fname, files[fname], {"format": "pt"})
+            for i, (name, _, _) in enumerate(files[fname]):
+                writer.write(name, _local_tensor(name, params, optimizer))
+                if i == len(files[fname]) // 2:
+                    _fail_hook(step, "write", grid)
+            nbytes, crc = writer.close()
+            written[fname] = {"bytes": nbytes, "crc32": crc}
+    if distributed:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, written)
+    else:
+        gathered = [written]
+    if grid.rank == 0:
+        all_files = {k: v for part in gathered for k, v in part.items()}
+        missing = sorted(set(files) - set(all_files))
+        if missing:
+            raise RuntimeError(f"checkpoint files never written: {missing}")
+        write_manifest(tmp, spec, layout, metas, placement, dict(sorted(all_files.items())), state)
+        _fail_hook(step, "rename", grid)
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    if distributed:
+        dist.barrier()
+    return final
+
+
+def open_checkpoint(path, what: str = "checkpoint") -> StoreReader:
+    path = Path(path)
+    if not path.exists():
+        raise InteropError(f"{path}: {what} not found")
+    if not is_store(path):
+        raise InteropError(f"{path}: not a complete interop checkpoint (no interop.json)")
+    return StoreReader(path)

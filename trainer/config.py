@@ -1,0 +1,173 @@
+"""Training configuration: one flat dataclass, read from a MindSpeed-Core-MS YAML or a Megatron args file.
+
+The YAML has the shape `interop map-args` writes (sections model_config,
+training_config, optimizer_config, parallel_config, dataset_config, keys as in the
+MindSpeed-Core-MS table); the args file holds Megatron command-line flags
+(`--tensor-model-parallel-size 2 --lr 3e-4 ...`, shell line continuations allowed).
+Only the keys that drive training are read; the model itself comes from the checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from interop.errors import InteropError
+
+from .optim import OptimConfig
+
+
+@dataclass
+class TrainConfig:
+    load: str | None = None  # checkpoint to start from (common format)
+    save: str | None = None  # directory for step_NNNNNN/ checkpoints and metrics.jsonl
+    init_spec: str | None = None  # start from fresh random weights for this ModelSpec (YAML/JSON)
+    resume: bool = False  # continue from the newest checkpoint in `save` (else `load`)
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None  # None: 1 when we launch the ranks, world / (tp * pp) under torchrun
+    steps: int = 10  # length of the run (the lr schedule spans it)
+    stop_at: int | None = None  # stop after this update, as if interrupted (saves first when --save)
+    micro_batch_size: int = 2
+    global_batch_size: int | None = None  # None: micro_batch_size * dp (one micro-batch per step)
+    seq_length: int = 32
+    data: str | None = None  # .npy / .bin token ids; None: the synthetic stream
+    seed: int = 1234
+    save_interval: int | None = None
+    log_interval: int = 1
+    bf16: bool = False
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    warmup: int = 0
+    decay_steps: int | None = None
+    decay_style: str = "cosine"
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+
+    def optim(self) -> OptimConfig:
+        names = {f.name for f in dataclasses.fields(OptimConfig)}
+        return OptimConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# MindSpeed-Core-MS section.key -> TrainConfig field
+YAML_KEYS = {
+    ("training_config", "seed"): "seed",
+    ("training_config", "training_iters"): "steps",
+    ("training_config", "save_interval"): "save_interval",
+    ("training_config", "log_interval"): "log_interval",
+    ("training_config", "load_checkpoint"): "load",
+    ("training_config", "output_dir"): "save",
+    ("training_config", "bf16"): "bf16",
+    ("training_config", "resume_training"): "resume",
+    ("optimizer_config", "learning_rate"): "lr",
+    ("optimizer_config", "min_lr"): "min_lr",
+    ("optimizer_config", "lr_warmup_iters"): "warmup",
+    ("optimizer_config", "lr_decay_iters"): "decay_steps",
+    ("optimizer_config", "lr_decay_style"): "decay_style",
+    ("optimizer_config", "weight_decay"): "weight_decay",
+    ("optimizer_config", "eps"): "eps",
+    ("optimizer_config", "clip_grad"): "clip_grad",
+    ("parallel_config", "tensor_model_parallel_size"): "tp",
+    ("parallel_config", "pipeline_model_parallel_size"): "pp",
+    ("dataset_config", "batch_size"): "micro_batch_size",
+    ("dataset_config", "data_path"): "data",
+    ("model_config", "seq_length"): "seq_length",
+}
+
+# Megatron flag -> TrainConfig field (flags without a value are booleans)
+MEGATRON_FLAGS = {
+    "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+    "--micro-batch-size": "micro_batch_size", "--global-batch-size": "global_batch_size",
+    "--train-iters": "steps", "--seq-length": "seq_length", "--seed": "seed",
+    "--lr": "lr", "--min-lr": "min_lr", "--lr-warmup-iters": "warmup", "--lr-decay-iters": "decay_steps",
+    "--lr-decay-style": "decay_style", "--weight-decay": "weight_decay", "--adam-beta1": "beta1",
+    "--adam-beta2": "beta2", "--adam-eps": "eps", "--clip-grad": "clip_grad",
+    "--save-interval": "save_interval", "--log-interval": "log_interval",
+    "--load": "load", "--save": "save", "--data-path": "data", "--bf16": "bf16",
+}
+
+
+def _typed(field: str, value, where: str):
+    kind = {f.name: f.type for f in dataclasses.fields(TrainConfig)}[field]
+    try:
+        if "bool" in kind:
+            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        if "int" in kind:
+            return int(value)
+        if "float" in kind:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise InteropError(f"{where}: {value!r} is not a valid value for {field}") from None
+
+
+def from_yaml(path) -> dict:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InteropError(f"{path}: cannot read YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise InteropError(f"{path}: expected a mapping of config sections")
+    out = {}
+    for (section, key), field in YAML_KEYS.items():
+        value = (data.get(section) or {}).get(key)
+        if value is not None and value != "":
+            out[field] = _typed(field, value, f"{path}: {section}.{key}")
+    betas = (data.get("optimizer_config") or {}).get("betas")
+    if betas:
+        out["beta1"], out["beta2"] = (float(b) for b in betas)
+    clip = out.get("clip_grad")
+    if isinstance((data.get("optimizer_config") or {}).get("clip_grad"), dict):
+        out["clip_grad"] = float(data["optimizer_config"]["clip_grad"].get("clip_value", clip or 1.0))
+    micro_num = (data.get("dataset_config") or {}).get("micro_batch_num")
+    if micro_num:
+        out["_micro_batch_num"] = int(micro_num)
+    return out
+
+
+def from_args_file(path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text().replace("\\\n", " ")
+    except OSError as exc:
+        raise InteropError(f"{path}: cannot read ({exc.strerror})") from None
+    tokens = [t for line in text.splitlines() if not line.lstrip().startswith("#") for t in shlex.split(line)]
+    out, i = {}, 0
+    while i < len(tokens):
+        flag = tokens[i].replace("_", "-") if tokens[i].startswith("--") else tokens[i]
+        field = MEGATRON_FLAGS.get(flag)
+        has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+        if field == "bf16":
+            out[field] = True
+        elif field is not None:
+            if not has_value:
+                raise InteropError(f"{path}: {flag} needs a value")
+            out[field] = _typed(field, tokens[i + 1], f"{path}: {flag}")
+        i += 2 if has_value else 1
+    return out
+
+
+def load_config(path=None, **overrides) -> TrainConfig:
+    """Defaults, then the config file (YAML or Megatron args), then explicit overrides (None = not given)."""
+    values = {}
+    if path is not None:
+        suffix = Path(path).suffix
+        values = from_yaml(path) if suffix in (".yaml", ".yml") else from_args_file(path)
+    micro_num = values.pop("_micro_batch_num", None)
+    cfg = TrainConfig(**values).replace(**overrides)
+    if micro_num and cfg.global_batch_size is None:
+        cfg.global_batch_size = cfg.micro_batch_size * micro_num * (cfg.dp or 1)
+    return cfg

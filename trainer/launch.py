@@ -1,0 +1,100 @@
+"""Starting the ranks: in this process (one rank), as spawned processes, or under torchrun.
+
+`train(cfg)` is the Python API behind `interop train`.  It checks the run first (so
+user mistakes are one-line errors before any process starts), then:
+  - under torchrun (RANK / WORLD_SIZE set): this process is one rank of the run;
+  - world size 1: runs here, no process group at all;
+  - otherwise: spawns dp * tp * pp processes on this machine (gloo on CPU, NCCL on
+    GPU) and collects rank 0's metrics through a queue.
+"""
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+from interop.errors import InteropError
+
+from .config import TrainConfig
+from .train import Plan, cleanup, prepare, run
+
+
+class TrainingFailed(Exception):
+    """A rank died (killed, out of memory, a bug): not a user mistake, so exit 1, not 2."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "INTEROP_SPAWNED" not in os.environ
+
+
+def train(cfg: TrainConfig) -> list[dict]:
+    """Run (or join) a training run; returns the per-step metrics [{step, loss, lr, ...}]."""
+    if under_torchrun():
+        plan = prepare(cfg, world=int(os.environ["WORLD_SIZE"]))
+        try:
+            return run(plan, int(os.environ["RANK"]), plan.world, int(os.environ.get("LOCAL_RANK", 0)))
+        finally:
+            cleanup(plan)
+    plan = prepare(cfg)
+    try:
+        if plan.world == 1:
+            return run(plan)
+        return spawn(plan)
+    finally:
+        cleanup(plan)
+
+
+def _rank_main(rank: int, plan: Plan, results) -> None:
+    os.environ["INTEROP_SPAWNED"] = "1"
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.world))
+    try:
+        history = run(plan, rank, plan.world)
+    except InteropError as exc:
+        results.put(("error", str(exc)))
+        sys.exit(2)
+    if rank == 0:
+        results.put(("ok", history))
+
+
+def spawn(plan: Plan) -> list[dict]:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = mp.start_processes(_rank_main, args=(plan, results), nprocs=plan.world, join=False, start_method="spawn")
+    outcome = []
+
+    def drain():
+        while True:
+            try:
+                outcome.append(results.get_nowait())
+            except queue_mod.Empty:
+                return
+
+    try:
+        while not procs.join(timeout=0.2):
+            drain()
+    except mp.ProcessExitedException as exc:
+        drain()
+        errors = [msg for kind, msg in outcome if kind == "error"]
+        if errors:
+            raise InteropError(errors[0]) from None
+        raise TrainingFailed(f"rank {exc.error_index} of {plan.world} died ({exc}); "
+                             f"the last complete checkpoint is still usable") from None
+    except mp.ProcessRaisedException as exc:
+        raise TrainingFailed(f"rank {exc.error_index} of {plan.world} failed:\n{exc}") from None
+    drain()
+    for kind, value in outcome:
+        if kind == "ok":
+            return value
+    raise TrainingFailed("rank 0 finished without reporting its metrics")

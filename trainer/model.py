@@ -1,0 +1,201 @@
+"""GPT2- and Llama-style decoders, cut into pipeline stages and split by tensor parallelism.
+
+Follow one token: `Embeddings` looks it up (vocab-parallel) and, for GPT2, adds its
+learned position; every `Block` applies pre-norm attention then a pre-norm MLP, each
+added back to the residual stream; the last stage normalises, multiplies by the
+output head (the word embedding when tied) to get this rank's slice of the
+vocabulary's logits, and `vocab_parallel_cross_entropy` turns them into the loss.
+
+Parameter names are the canonical names of `interop.params` (`layers.3.attn.q.weight`,
+global layer numbers), so the checkpoint code maps module parameters to stored
+tensors one to one; each tensor holds only this rank's tensor-parallel shard.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from interop.errors import InteropError
+from interop.layout import ParallelLayout
+from interop.spec import ModelSpec
+
+from .grid import Grid
+from .tp import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, vocab_parallel_cross_entropy
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (as HF Llama and Megatron do)."""
+
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return RMSNorm(spec.hidden, spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+
+
+def rope_tables(spec: ModelSpec, seq: int, device=None):
+    """cos/sin [seq, head_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default)."""
+    d = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x [b, heads, seq, d]: rotate each (x_i, x_{i+d/2}) pair by its position's angle."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Causal self-attention over this rank's heads (heads/tp query heads, kv_groups/tp kv heads)."""
+
+    def __init__(self, spec: ModelSpec, grid: Grid):
+        super().__init__()
+        h, d, tp, g = spec.hidden, spec.head_dim, grid.tp, grid.tp_group
+        self.heads, self.groups, self.d = spec.heads // tp, spec.kv_groups // tp, d
+        self.q = ColumnParallelLinear(h, spec.heads * d, spec.qkv_bias, tp, g)
+        self.k = ColumnParallelLinear(h, spec.kv_groups * d, spec.qkv_bias, tp, g)
+        self.v = ColumnParallelLinear(h, spec.kv_groups * d, spec.qkv_bias, tp, g)
+        self.o = RowParallelLinear(spec.heads * d, h, spec.linear_bias, tp, g)
+
+    def forward(self, x, rope):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.d).transpose(1, 2)
+        k = self.k(x).view(b, s, self.groups, self.d).transpose(1, 2)
+        v = self.v(x).view(b, s, self.groups, self.d).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.groups != self.heads:  # GQA: each kv head serves heads/groups query heads
+            k = k.repeat_interleave(self.heads // self.groups, dim=1)
+            v = v.repeat_interleave(self.heads // self.groups, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, self.heads * self.d))
+
+
+class MLP(nn.Module):
+    """down(act(up(x))), or down(silu(gate(x)) * up(x)) for SwiGLU; ffn columns split over tp."""
+
+    def __init__(self, spec: ModelSpec, grid: Grid):
+        super().__init__()
+        h, f, tp, g = spec.hidden, spec.ffn_hidden, grid.tp, grid.tp_group
+        self.activation = spec.activation
+        if spec.gated_mlp:
+            self.gate = ColumnParallelLinear(h, f, spec.linear_bias, tp, g)
+        self.up = ColumnParallelLinear(h, f, spec.linear_bias, tp, g)
+        self.down = RowParallelLinear(f, h, spec.linear_bias, tp, g)
+
+    def forward(self, x):
+        if self.activation == "swiglu":
+            y = F.silu(self.gate(x)) * self.up(x)
+        elif self.activation == "gelu_tanh":
+            y = F.gelu(self.up(x), approximate="tanh")
+        else:
+            y = F.gelu(self.up(x))
+        return self.down(y)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, grid: Grid):
+        super().__init__()
+        self.attn_norm = make_norm(spec)
+        self.attn = Attention(spec, grid)
+        self.mlp_norm = make_norm(spec)
+        self.mlp = MLP(spec, grid)
+
+    def forward(self, x, rope):
+        x = x + self.attn(self.attn_norm(x), rope)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Embeddings(nn.Module):
+    def __init__(self, spec: ModelSpec, grid: Grid, with_position: bool):
+        super().__init__()
+        self.word = VocabParallelEmbedding(spec.padded_vocab, spec.hidden, grid.tp, grid.tp_rank, grid.tp_group)
+        if with_position:
+            self.position = nn.Embedding(spec.max_positions, spec.hidden)
+
+    def forward(self, tokens):
+        x = self.word(tokens)
+        if hasattr(self, "position"):
+            x = x + self.position.weight[: tokens.shape[1]]
+        return x
+
+
+class Stage(nn.Module):
+    """The part of the model one pipeline stage owns.
+
+    First stage: tokens -> hidden states.  Middle: hidden -> hidden.  Last: hidden ->
+    loss.  With tied embeddings and pp > 1 the last stage keeps its own copy of
+    `embed.word.weight` for the output head; the trainer sums the two copies'
+    gradients so they stay identical, and only the first stage's copy is saved.
+    """
+
+    def __init__(self, spec: ModelSpec, layout: ParallelLayout, grid: Grid):
+        super().__init__()
+        check_model_layout(spec, layout)
+        self.spec, self.grid = spec, grid
+        self.first, self.last = grid.first_stage, grid.last_stage
+        if self.first or (self.last and spec.tied_embeddings):
+            self.embed = Embeddings(spec, grid, with_position=self.first and spec.position == "learned")
+        self.layers = nn.ModuleDict({str(i): Block(spec, grid) for i in layout.layers_of_stage(grid.pp_rank)})
+        if self.last:
+            self.final_norm = make_norm(spec)
+            if not spec.tied_embeddings:
+                self.lm_head = ColumnParallelLinear(spec.hidden, spec.padded_vocab, False, grid.tp, grid.tp_group)
+
+    def forward(self, x, targets=None):
+        """x: token ids [b, s] on the first stage, else hidden states [b, s, h] from the previous stage."""
+        if self.first:
+            x = self.embed(x)
+        rope = rope_tables(self.spec, x.shape[1], x.device) if self.spec.position == "rope" else None
+        for block in self.layers.values():
+            x = block(x, rope)
+        if not self.last:
+            return x
+        return self.loss(self.final_norm(x), targets)
+
+    def loss(self, x, targets):
+        weight = self.embed.word.weight if self.spec.tied_embeddings else self.lm_head.weight
+        logits = F.linear(copy_to_tp(x, self.grid.tp_group), weight)
+        part = weight.shape[0]
+        return vocab_parallel_cross_entropy(logits.reshape(-1, part), targets.reshape(-1),
+                                            self.grid.tp_rank * part, self.spec.vocab, self.grid.tp_group)
+
+    def owned(self, name: str) -> bool:
+        """Is this rank's copy of `name` the one that is saved and counted (not the tied head's copy)?"""
+        return not (name.startswith("embed.") and not self.first)
+
+
+def check_model_layout(spec: ModelSpec, layout: ParallelLayout) -> None:
+    """Refuse layouts the trainer cannot run, with the reason."""
+    spec.check_tp(layout.tp)
+    if spec.padded_vocab % layout.tp:
+        raise InteropError(f"tp={layout.tp} does not divide the padded vocabulary ({spec.padded_vocab})")
+    if layout.vpp != 1:
+        raise InteropError("the reference trainer runs one chunk per pipeline stage (no virtual pipeline)")
+    if layout.num_layers != spec.num_layers:
+        raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
+    if spec.position == "rope" and spec.head_dim % 2:
+        raise InteropError(f"rotary embeddings need an even head_dim (got {spec.head_dim})")
+
+
+def param_count(spec: ModelSpec) -> int:
+    from interop.params import param_table
+    return sum(math.prod(p.shape) for p in param_table(spec))

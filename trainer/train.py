@@ -1,0 +1,257 @@
+"""The training loop every rank runs, and `prepare`, which checks a run before any rank starts.
+
+One update (`step`, 1-based):
+  1. this data-parallel replica's share of the global batch, cut into micro-batches;
+  2. the pipeline schedule runs forward and backward over them (gradients accumulate);
+  3. gradients are averaged over data-parallel replicas, and the tied embedding's two
+     copies (first and last stage) are summed;
+  4. the global gradient norm is clipped, the learning rate set, AdamW steps;
+  5. rank 0 logs the mean loss; every `save_interval` updates (and at the end) the
+     whole training state is saved in the common format.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from interop.errors import InteropError
+from interop.layout import ParallelLayout
+from interop.params import param_index
+from interop.spec import ModelSpec
+
+from .checkpoint import (has_moments, load_optimizer, load_weights, newest_checkpoint, open_checkpoint,
+                         save_checkpoint)
+from .config import TrainConfig
+from .data import TokenData
+from .grid import Grid, build_grid
+from .init import init_checkpoint, read_spec
+from .model import Stage, check_model_layout
+from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
+from .pipeline import train_step
+
+
+@dataclass
+class Plan:
+    """A checked run: the config with dp and batch sizes resolved, where to start, and from which step."""
+    cfg: TrainConfig
+    spec: ModelSpec
+    layout: ParallelLayout
+    start: str  # checkpoint directory to load
+    start_step: int  # 0, or the step of the checkpoint resumed from
+    consumed: int  # samples consumed before start_step
+    resumed: bool
+    fresh_dir: str | None = None  # temporary checkpoint made from --init-spec (deleted after the run)
+
+    @property
+    def world(self) -> int:
+        return self.cfg.dp * self.cfg.tp * self.cfg.pp
+
+    @property
+    def micro_batches(self) -> int:
+        return self.cfg.global_batch_size // (self.cfg.micro_batch_size * self.cfg.dp)
+
+
+def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
+    """Check everything a user can get wrong, in the launching process, with one-line errors.
+
+    `world` is the number of processes when someone else launched them (torchrun);
+    None when `interop train` launches dp * tp * pp ranks itself.
+    """
+    cfg = TrainConfig(**cfg.to_dict())
+    for name in ("tp", "pp", "steps", "micro_batch_size", "seq_length", "log_interval"):
+        if getattr(cfg, name) < (0 if name == "steps" else 1):
+            raise InteropError(f"--{name.replace('_', '-')} must be positive (got {getattr(cfg, name)})")
+    if world is not None:
+        dp = cfg.dp if cfg.dp is not None else world // (cfg.tp * cfg.pp)
+        if dp < 1 or dp * cfg.tp * cfg.pp != world:
+            raise InteropError(f"world size {world} is not dp*tp*pp = {cfg.dp or '?'}*{cfg.tp}*{cfg.pp}")
+        cfg.dp = dp
+    cfg.dp = cfg.dp or 1
+    if cfg.dp < 1:
+        raise InteropError(f"--dp must be positive (got {cfg.dp})")
+    per_step = cfg.micro_batch_size * cfg.dp
+    cfg.global_batch_size = cfg.global_batch_size or per_step
+    if cfg.global_batch_size % per_step:
+        raise InteropError(f"global batch {cfg.global_batch_size} is not a multiple of "
+                           f"micro batch {cfg.micro_batch_size} x dp {cfg.dp}")
+    cfg.optim()  # validates the schedule
+
+    start_step, consumed, resumed, fresh = 0, 0, False, None
+    if not cfg.resume and cfg.save and newest_checkpoint(cfg.save) is not None:
+        raise InteropError(f"{cfg.save} already holds checkpoints: add --resume to continue, or choose another --save")
+    if cfg.resume:
+        found = None
+        for where in (cfg.save, cfg.load):
+            if where and (found := newest_checkpoint(where)):
+                break
+        if found is None:
+            places = " or ".join(str(p) for p in (cfg.save, cfg.load) if p) or "(give --save or --load)"
+            raise InteropError(f"--resume: no complete checkpoint in {places}")
+        reader = open_checkpoint(found)
+        state = reader.source.state
+        if "iteration" not in state:
+            raise InteropError(f"{found}: no training state to resume from (not saved by the trainer)")
+        start_step, consumed, resumed, start = int(state["iteration"]), int(state["consumed_samples"]), True, found
+        if start_step and not has_moments(reader):
+            raise InteropError(f"{found}: incomplete checkpoint, no optimizer moments to resume with")
+    elif cfg.load:
+        reader = open_checkpoint(cfg.load)
+        start = cfg.load
+    elif cfg.init_spec:
+        spec = read_spec(cfg.init_spec)
+        fresh = tempfile.mkdtemp(prefix="interop-init-")
+        start = init_checkpoint(spec, Path(fresh) / "init", seed=cfg.seed)
+        reader = open_checkpoint(start)
+    else:
+        raise InteropError("nothing to train: give --load CKPT, --init-spec SPEC.yaml or --resume with --save DIR")
+    spec = reader.spec
+    reader.close()
+
+    layout = ParallelLayout.build(spec.num_layers, cfg.tp, cfg.pp)
+    check_model_layout(spec, layout)
+    if spec.position == "learned" and cfg.seq_length > spec.max_positions:
+        raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
+    if cfg.data:
+        TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)  # opens and checks the file
+    return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh)
+
+
+def _device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def run(plan: Plan, rank: int = 0, world: int = 1, local_rank: int | None = None) -> list[dict]:
+    """Train on this rank; returns the per-step metrics (rank 0's view; loss is the global mean)."""
+    cfg, spec, layout = plan.cfg, plan.spec, plan.layout
+    device = _device(rank if local_rank is None else local_rank)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    try:
+        grid = build_grid(cfg.tp, cfg.pp, cfg.dp) if world > 1 else Grid(1, 1, 1, 0)
+        return _train(plan, grid, device)
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
+    cfg, spec, layout = plan.cfg, plan.spec, plan.layout
+    torch.manual_seed(cfg.seed)
+    stage = Stage(spec, layout, grid)
+    reader = open_checkpoint(plan.start)
+    load_weights(stage, reader, grid)
+    stage.to(device)
+    optimizer = make_adamw(stage.named_parameters(), cfg.optim())
+    if plan.resumed and plan.start_step:
+        load_optimizer(optimizer, stage, reader, grid, plan.start_step)
+        rng = reader.source.state.get("rng", {}).get("torch")
+        if rng:
+            torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(rng)), dtype=torch.uint8))
+    reader.close()
+    data = TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)
+    index = param_index(spec)
+    named = list(stage.named_parameters())
+    counted = [stage.owned(n) and (index[n].axis is not None or grid.tp_rank == 0) for n, _ in named]
+    tied = spec.tied_embeddings and grid.embed_group is not None  # the word embedding lives on two stages
+    tied_copy = [p for n, p in named if n == "embed.word.weight"] if tied else []
+    hidden_shape = (cfg.micro_batch_size, cfg.seq_length, spec.hidden)
+    metrics_path = Path(cfg.save) / "metrics.jsonl" if cfg.save and grid.rank == 0 else None
+    if metrics_path:
+        _trim_metrics(metrics_path, plan.start_step)
+
+    history, consumed = [], plan.consumed
+    per_replica = cfg.global_batch_size // cfg.dp
+    last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
+    for step in range(plan.start_step + 1, last + 1):
+        t0 = time.perf_counter()
+        first = consumed + grid.dp_rank * per_replica
+        micro = []
+        for m in range(plan.micro_batches):
+            tokens, targets = data.batch(first + m * cfg.micro_batch_size, cfg.micro_batch_size)
+            micro.append((tokens.to(device), targets.to(device)))
+        optimizer.zero_grad(set_to_none=False)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = train_step(stage, grid, micro, hidden_shape, device)
+        for _, p in named:
+            if grid.dp_group is not None:
+                dist.all_reduce(p.grad, group=grid.dp_group)
+                p.grad.div_(cfg.dp)
+        for p in tied_copy:
+            dist.all_reduce(p.grad, group=grid.embed_group)
+        norm = clip_grad_norm([(p.grad, c) for (_, p), c in zip(named, counted)], cfg.clip_grad,
+                              (grid.tp_group, grid.pp_group), device)
+        lr = lr_at(cfg.optim(), step, cfg.steps)
+        set_lr(optimizer, lr)
+        optimizer.step()
+        consumed += cfg.global_batch_size
+        loss_value = _global_loss(loss, grid, device)
+        ms = (time.perf_counter() - t0) * 1000
+        record = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": norm, "time_ms": round(ms, 3),
+                  "consumed_samples": consumed}
+        history.append(record)
+        if grid.rank == 0:
+            if step % cfg.log_interval == 0 or step == last:
+                epoch = consumed // data.count if data.tokens is not None else 0
+                print(f"Epoch: {epoch}, Step: {step}, Loss: {loss_value:.6f}, Learning_rate: {lr:.6e}, "
+                      f"Grad_norm: {norm:.6f}, Time: {ms:.2f} ms", flush=True)
+            if metrics_path:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+        if cfg.save and ((cfg.save_interval and step % cfg.save_interval == 0) or step == last):
+            save_checkpoint(cfg.save, step, stage, optimizer, grid, layout, _state(plan, step, consumed))
+    if cfg.save and plan.start_step >= last and not plan.resumed:
+        save_checkpoint(cfg.save, plan.start_step, stage, optimizer, grid, layout, _state(plan, 0, consumed))
+    return history
+
+
+def _global_loss(loss, grid: Grid, device) -> float:
+    """The step's mean loss: each data-parallel replica's last stage has one; average them everywhere."""
+    value = torch.zeros((), dtype=torch.float64, device=device)
+    if loss is not None and grid.tp_rank == 0:
+        value += loss.double()
+    if dist.is_initialized() and grid.world > 1:
+        dist.all_reduce(value)
+    return float(value) / grid.dp
+
+
+def _state(plan: Plan, step: int, consumed: int) -> dict:
+    cfg = plan.cfg
+    rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+    return {
+        "iteration": step,
+        "consumed_samples": consumed,
+        "scheduler": {"lr": cfg.lr, "min_lr": cfg.min_lr, "warmup": cfg.warmup, "decay_steps": cfg.decay_steps,
+                      "decay_style": cfg.decay_style, "total_steps": cfg.steps},
+        "optimizer": {"type": "adamw", "step": step, "betas": [cfg.beta1, cfg.beta2], "eps": cfg.eps,
+                      "weight_decay": cfg.weight_decay, "clip_grad": cfg.clip_grad},
+        "rng": {"seed": cfg.seed, "torch": rng},
+        "data": {"source": cfg.data or "synthetic", "seq_length": cfg.seq_length, "consumed_samples": consumed,
+                 "global_batch_size": cfg.global_batch_size},
+        "trainer": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "micro_batch_size": cfg.micro_batch_size},
+    }
+
+
+def _trim_metrics(path: Path, start_step: int) -> None:
+    """On resume, drop logged steps after the checkpoint (a killed run may have logged past it)."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def cleanup(plan: Plan) -> None:
+    if plan.fresh_dir:
+        shutil.rmtree(plan.fresh_dir, ignore_errors=True)
