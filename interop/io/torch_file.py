@@ -124,7 +124,7 @@ class TorchFileWriter:
 
     def __init__(self, path):
         self.path = Path(path)
-        self._zip = torch._C.PyTorchFileWriter(str(self.path), True, torch.serialization._get_storage_alignment())
+        self._zip = torch._C.PyTorchFileWriter(str(self.path), False, torch.serialization._get_storage_alignment())
         self._count = 0
         self.nbytes = 0
 
