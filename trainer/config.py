@@ -38,6 +38,7 @@ class TrainConfig:
     seed: int = 1234
     save_interval: int | None = None
     log_interval: int = 1
+    quiet: bool = False  # no per-step lines (parity runs)
     bf16: bool = False
     lr: float = 1e-3
     min_lr: float = 0.0

@@ -96,8 +96,9 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
                            "driven by interop); compare Megatron checkpoints by converting them and using torch/hf")
     if cfg.steps < 1:
         raise InteropError("parity needs --steps >= 1")
-    gbs = cfg.global_batch_size or cfg.micro_batch_size * max(dp for _, _, dp in layouts)
-    cfg = cfg.replace(global_batch_size=gbs)
+    # Default: two micro-batches per replica, so pipelined layouts really interleave them.
+    gbs = cfg.global_batch_size or 2 * cfg.micro_batch_size * max(dp for _, _, dp in layouts)
+    cfg = cfg.replace(global_batch_size=gbs, quiet=True)
     runs = {}
     with tempfile.TemporaryDirectory(prefix="interop-parity-") as tmp:
         start = _as_store(ckpt, Path(tmp))

@@ -123,6 +123,11 @@ def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
         raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
     if cfg.data:
         TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)  # opens and checks the file
+    if cfg.save:
+        try:
+            Path(cfg.save).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InteropError(f"{cfg.save}: cannot create the save directory ({exc.strerror})") from None
     return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh)
 
 
@@ -203,7 +208,7 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
                   "consumed_samples": consumed}
         history.append(record)
         if grid.rank == 0:
-            if step % cfg.log_interval == 0 or step == last:
+            if not cfg.quiet and (step % cfg.log_interval == 0 or step == last):
                 epoch = consumed // data.count if data.tokens is not None else 0
                 print(f"Epoch: {epoch}, Step: {step}, Loss: {loss_value:.6f}, Learning_rate: {lr:.6e}, "
                       f"Grad_norm: {norm:.6f}, Time: {ms:.2f} ms", flush=True)
