@@ -22,3 +22,8 @@ main.add_command(demo)
 from .map_args import map_args  # noqa: E402
 
 main.add_command(map_args)
+
+from .train import parity, train  # noqa: E402
+
+main.add_command(train)
+main.add_command(parity)
