@@ -36,7 +36,7 @@ def write_synthetic_hf(path: Path, config: dict, seed: int = 0) -> int:
                     (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
                     (p + "mlp.down_proj.weight", (h, f))]
     entries += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
-    writer = SafetensorsWriter(path / "model.safetensors", [(k, torch.bfloat16, s) for k, s in entries])
+    writer = SafetensorsWriter(path / "model.safetensors", [(k, torch.bfloat16, s) for k, s in entries], {"format": "pt"})
     gen = torch.Generator().manual_seed(seed)
     for key, shape in entries:
         writer.write(key, torch.randn(shape, generator=gen, dtype=torch.float32).to(torch.bfloat16))

@@ -61,7 +61,11 @@ def intersect(a: Box, b: Box) -> Box | None:
 
 
 def assemble(box: Box, pieces, dtype: torch.dtype) -> torch.Tensor:
-    """Fill `box` from (piece_box, read_piece) pairs; each piece is read only where it overlaps."""
+    """Fill `box` from (piece_box, read_piece) pairs; each piece is read only where it overlaps.
+
+    `read_piece(common)` returns the part `common` of its piece; `read_piece(common, out)`
+    writes it into `out` instead (so a reader can fill the result without a staging copy).
+    """
     for piece_box, read in pieces:
         if intersect(box, piece_box) == box:  # one piece holds all of it: no copy
             return read(box)
@@ -71,7 +75,7 @@ def assemble(box: Box, pieces, dtype: torch.dtype) -> torch.Tensor:
         common = intersect(box, piece_box)
         if common is None:
             continue
-        out[common.relative_to(box).slices()] = read(common)
+        read(common, out[common.relative_to(box).slices()])
         covered += common.numel()
     if covered != box.numel():
         raise InteropError(f"the shards on disk cover {covered} of the {box.numel()} elements asked for")

@@ -125,7 +125,8 @@ class StoreReader:
         for shard in entry["shards"]:
             shard_box_ = Box(tuple(shard["offset"]), tuple(shard["shape"]))
             f, key = self._file(shard["file"]), shard["key"]
-            pieces.append((shard_box_, lambda common, f=f, key=key, b=shard_box_: f.read(key, common.relative_to(b))))
+            pieces.append((shard_box_, lambda common, out=None, f=f, key=key, b=shard_box_:
+                           f.read(key, common.relative_to(b), out)))
         return assemble(box, pieces, _dtype(entry["dtype"], name))
 
     def close(self) -> None:

@@ -39,7 +39,10 @@ def test_shard_boxes_and_assembly():
     assert shard_box((8, 4), 1, 1, 2) == Box((0, 2), (8, 2))
     assert intersect(Box((0, 0), (4, 4)), Box((2, 2), (4, 4))) == Box((2, 2), (2, 2))
     full = torch.arange(32.).reshape(8, 4)
-    pieces = [(shard_box((8, 4), 0, r, 4), lambda b: full[b.slices()]) for r in range(4)]
+    def reader(b, out=None):
+        return full[b.slices()] if out is None else out.copy_(full[b.slices()])
+
+    pieces = [(shard_box((8, 4), 0, r, 4), reader) for r in range(4)]
     want = Box((3, 1), (4, 2))
     assert torch.equal(assemble(want, pieces, torch.float32), full[want.slices()])
     with pytest.raises(InteropError, match="cover"):

@@ -92,22 +92,40 @@ class SafetensorsFile:
         except KeyError:
             raise InteropError(f"{self.path}: no tensor named {key!r}") from None
 
-    def read(self, key, box: Box | None = None) -> torch.Tensor:
-        """The whole tensor, or the part in `box`; only the rows the box spans are read."""
+    def read(self, key, box: Box | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The whole tensor, or the part in `box`; only the rows the box spans are touched.
+
+        With `out`, the data is written into it: straight from the file when the box is a
+        block of whole rows and `out` is contiguous (no mapping, no staging copy).
+        """
         dtype, shape, offset = self._entry(key)
         if box is None:
             box = Box.whole(shape)
         if not shape:
-            return self._pread(offset, dtype, ())
+            block = self._pread(offset, dtype, ())
+            return block if out is None else out.copy_(block)
         row_bytes = dtype.itemsize
         for s in shape[1:]:
             row_bytes *= s
         first, rows = box.offset[0], box.shape[0]
+        whole_rows = tuple(box.shape[1:]) == tuple(shape[1:])
+        if out is not None and whole_rows and out.is_contiguous() and out.dtype == dtype:
+            self._read_into(offset + first * row_bytes, out)
+            return out
         block = self._pread(offset + first * row_bytes, dtype, (rows, *shape[1:]))
-        if tuple(box.shape) == tuple(block.shape):
-            return block
-        inner = (slice(None),) + box.slices()[1:]
-        return block[inner].contiguous()
+        if not whole_rows:
+            block = block[(slice(None),) + box.slices()[1:]]
+        if out is not None:
+            return out.copy_(block)
+        return block if whole_rows else block.contiguous()
+
+    def _read_into(self, pos: int, out: torch.Tensor) -> None:
+        view, done = memoryview(out.view(-1).view(torch.uint8).numpy()), 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], pos + done)
+            if got <= 0:
+                raise InteropError(f"{self.path}: unexpected end of file")
+            done += got
 
     def _pread(self, pos: int, dtype: torch.dtype, shape) -> torch.Tensor:
         """A tensor over a private (copy-on-write) mapping of bytes [pos, pos + size) of the file."""
@@ -221,7 +239,7 @@ class SafetensorsWriter:
         self._file.close()
 
 
-def file_crc32(path, chunk: int = 16 << 20) -> str:
+def file_crc32(path, chunk: int = 4 << 20) -> str:
     crc = 0
     with open(path, "rb") as f:
         while block := f.read(chunk):
