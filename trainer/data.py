@@ -1,5 +1,9 @@
 """Token batches: a deterministic synthetic stream, or a tokenized file (.npy / .bin of token ids).
 
+A file is one stream of ids (.bin: uint16, or int32 past 65536 tokens; .npy: 1-d),
+cut into windows of seq + 1 that overlap by one token; or a 2-d .npy of explicit
+samples, one [seq + 1] row each (to replay another framework's exact batch).
+
 Sample `i` is always the same `seq + 1` tokens (inputs are the first `seq`, targets
 the last `seq`), whatever the layout, so "the same batches" means "the same sample
 indices": update number `s` (1-based) uses samples [(s-1)*B, s*B) of the global
@@ -22,15 +26,22 @@ class TokenData:
     def __init__(self, vocab: int, seq: int, seed: int = 1234, path=None):
         self.vocab, self.seq, self.seed = vocab, seq, seed
         self.tokens = None if path is None else _open_tokens(Path(path), vocab)
-        if self.tokens is not None:
+        if self.tokens is not None and self.tokens.ndim == 2:  # one sample per row
+            if self.tokens.shape[1] != seq + 1:
+                raise InteropError(f"{path}: rows hold {self.tokens.shape[1]} tokens, --seq-length {seq} needs {seq + 1}")
+            self.count = self.tokens.shape[0]
+        elif self.tokens is not None:
             self.count = (len(self.tokens) - 1) // seq
             if self.count < 1:
                 raise InteropError(f"{path}: {len(self.tokens)} tokens, fewer than one sample of {seq + 1}")
 
     def sample(self, i: int) -> np.ndarray:
         if self.tokens is not None:
-            start = (i % self.count) * self.seq
-            out = np.asarray(self.tokens[start:start + self.seq + 1], dtype=np.int64)
+            if self.tokens.ndim == 2:
+                out = np.asarray(self.tokens[i % self.count], dtype=np.int64)
+            else:
+                start = (i % self.count) * self.seq
+                out = np.asarray(self.tokens[start:start + self.seq + 1], dtype=np.int64)
             if out.max() >= self.vocab or out.min() < 0:
                 raise InteropError(f"token ids in sample {i} fall outside the vocabulary [0, {self.vocab})")
             return out
@@ -55,8 +66,9 @@ def _open_tokens(path: Path, vocab: int):
             arr = np.load(path, mmap_mode="r")
         except (ValueError, OSError) as exc:
             raise InteropError(f"{path}: not a readable .npy file ({exc})") from None
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise InteropError(f"{path}: expected a 1-d array of integer token ids, got {arr.dtype} {arr.shape}")
+        if arr.ndim not in (1, 2) or arr.dtype.kind not in "iu":
+            raise InteropError(f"{path}: expected integer token ids, a 1-d stream or 2-d [samples, seq + 1], "
+                               f"got {arr.dtype} {arr.shape}")
         return arr
     if path.suffix == ".bin":
         dtype = np.uint16 if vocab <= 65536 else np.int32
