@@ -54,7 +54,8 @@ def train(cfg: TrainConfig) -> list[dict]:
         cleanup(plan)
 
 
-def _rank_main(rank: int, plan: Plan, results) -> None:
+def _rank_main(rank: int, plan: Plan, results, env: dict) -> None:
+    os.environ.update(env)  # a forkserver child has the server's environment, not the launcher's
     os.environ["INTEROP_SPAWNED"] = "1"
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.world))
     try:
@@ -66,12 +67,22 @@ def _rank_main(rank: int, plan: Plan, results) -> None:
         results.put(("ok", history))
 
 
+def start_method() -> str:
+    """forkserver where there is one: a clean server process imports torch once, then every rank of
+    every later run forks from it (fast, and no threads inherited).  INTEROP_START_METHOD overrides."""
+    default = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    return os.environ.get("INTEROP_START_METHOD", default)
+
+
 def spawn(plan: Plan) -> list[dict]:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    ctx = mp.get_context("spawn")
+    env = {k: v for k, v in os.environ.items() if k.startswith("INTEROP_")}
+    env.update(MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=str(free_port()))
+    method = start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["interop.trainer.train"])
     results = ctx.Queue()
-    procs = mp.start_processes(_rank_main, args=(plan, results), nprocs=plan.world, join=False, start_method="spawn")
+    procs = mp.start_processes(_rank_main, args=(plan, results, env), nprocs=plan.world, join=False, start_method=method)
     outcome = []
 
     def drain():
