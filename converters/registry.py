@@ -14,7 +14,6 @@ FORMATS = {
     "interop": "interop.converters.interop_format",
     "hf": "interop.converters.hf",
     "mindspore": "interop.converters.mindspore",
-    "megatron_dist": "interop.converters.megatron_torch_dist",  # before megatron: detects torch_dist only
     "megatron": "interop.converters.megatron",
 }
 

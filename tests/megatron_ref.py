@@ -335,9 +335,9 @@ def convert_hf_to_megatron_dist(src, dst) -> str | None:
     from interop.converters.registry import FORMATS
     from interop.convert import convert
 
-    if "megatron_dist" in FORMATS:
-        convert(src, dst, src_format="hf", dst_format="megatron_dist")
-        return "megatron_dist"
+    if "megatron" in FORMATS:
+        convert(src, dst, src_format="hf", dst_format="megatron", options={"format": "torch_dist"})
+        return "megatron"
     return None
 
 
@@ -348,7 +348,7 @@ def convert_hf_to_megatron_torch(src, dst, tp: int) -> Path | None:
 
     if "megatron" not in FORMATS:
         return None
-    from interop.converters.megatron import iteration_dir
+    from interop.converters.megatron.checkpoint import iteration_dir
 
     convert(src, dst, src_format="hf", dst_format="megatron", tp=tp)
     return iteration_dir(dst)[0]

@@ -485,3 +485,26 @@ def test_bad_checkpoints(tmp_path, models):
     assert "mp_rank_01_000" in _one_line_error("convert", tmp_path / "trunc", tmp_path / "o4", "--to", "hf", "-q")
     # --iteration that does not exist
     assert "iter_0000009" in _one_line_error("convert", good, tmp_path / "o5", "--to", "hf", "--iteration", 9, "-q")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_torch_dist_through_the_megatron_format(tmp_path, models, kind):
+    """`--from megatron --to megatron --format torch_dist` writes DCP; `--from megatron` reads it back bit-exact."""
+    from click.testing import CliRunner
+
+    from interop.cli.main import main
+
+    model, hf = models[kind]
+    src = hand_built(tmp_path / "m22", model, kind, tp=2, pp=2, iteration=40)
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a])  # noqa: E731
+    result = run("convert", src, tmp_path / "dist", "--from", "megatron", "--to", "megatron", "--format", "torch_dist")
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "dist" / "iter_0000040"
+    assert {".metadata", "common.pt", "metadata.json"} <= {p.name for p in folder.iterdir()}
+    assert (tmp_path / "dist" / "latest_checkpointed_iteration.txt").read_text().strip() == "40"
+    result = run("convert", tmp_path / "dist", tmp_path / "back", "--from", "megatron", "--to", "megatron",
+                 "--tp", 2, "--pp", 2)
+    assert result.exit_code == 0, result.output
+    assert_same_megatron(src, tmp_path / "back")
+    convert(tmp_path / "dist", tmp_path / "hf", dst_format="hf")  # detected as megatron
+    assert_same_hf(hf, tmp_path / "hf")

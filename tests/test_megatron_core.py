@@ -20,7 +20,7 @@ from interop.converters.registry import FORMATS  # noqa: E402
 TOL = 1e-5
 CASES = [(kind, tp) for kind in R.KINDS for tp in R.TPS]
 # Which interop format reads each Megatron on-disk format.
-SOURCE_FORMAT = {"torch": "megatron", "torch_dist": "megatron_dist"}
+SOURCE_FORMAT = {"torch": "megatron", "torch_dist": "megatron"}
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +84,8 @@ def test_torch_dist_reads_as_the_merged_legacy_ranks(ref):
     """The same model saved both ways: each torch_dist tensor is the legacy rank shards merged
     (qkv/fc1 rows and proj columns over TP; fc1 as [gate_0; gate_1; up_0; up_1])."""
     root, _ = ref
-    from interop.converters.megatron_torch_dist import Reader as DistReader
-    from interop.converters.megatron import Reader as TorchReader
+    from interop.converters.megatron.torch_dist import Reader as DistReader
+    from interop.converters.megatron.torch_format import Reader as TorchReader
 
     for kind in R.KINDS:
         a, b = DistReader(R.dist_dir(root, kind, 2)), TorchReader(R.legacy_dir(root, kind, 2))

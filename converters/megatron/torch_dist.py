@@ -1,4 +1,4 @@
-"""Megatron-LM `torch_dist` checkpoints <-> canonical tensors (format `megatron_dist`).
+"""Megatron-LM `torch_dist` checkpoints <-> canonical tensors (part of the `megatron` format).
 
 On disk: `save/latest_checkpointed_iteration.txt` and `save/iter_0000001/` holding a
 PyTorch DCP checkpoint plus `common.pt` (args, iteration) and `metadata.json`; file I/O is
@@ -8,7 +8,7 @@ Transformer-Engine names (`linear_qkv.layer_norm_weight`) whatever layer spec tr
 model, with the homogeneous layers stacked on a leading axis
 (`decoder.layers.self_attention.linear_qkv.weight` is `[num_layers, rows, h]`).  The name
 table and the Megatron args <-> ModelSpec rules are the `torch` converter's
-(`converters/megatron.py`, `mappings/megatron_names.py`); only the stacking is added here.
+(`rows.py`, `args.py` beside this file, `mappings/megatron_names.py`); only the stacking is added here.
 
 Reading goes one layer slice at a time; writing spools each finished Megatron tensor to a
 scratch file and streams them into DCP at the end, so memory stays at one tensor.
@@ -23,17 +23,18 @@ from pathlib import Path
 
 import torch
 
-from ..errors import InteropError
-from ..io import megatron_dist as dist
-from ..layout import ParallelLayout
-from ..mappings import megatron_args as M
-from ..mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
-from ..params import OPTIM_PREFIXES, param_index, param_table
-from ..spec import ModelSpec
-from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .megatron import (CHECKPOINT_VERSION, TRACKER, _args_dict, _plain_arg, args_from_spec, explicit_args, expand_rows,
-                       from_ranks, model_config_args, rank_shapes, spec_from_args, to_rank, vocab_divisor)
-from .megatron import Writer as _TorchWriter
+from ...errors import InteropError
+from ...io import megatron_dist as dist
+from ...layout import ParallelLayout
+from ...mappings import megatron_args as M
+from ...mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
+from ...params import OPTIM_PREFIXES, param_index, param_table
+from ...spec import ModelSpec
+from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
+from .args import (args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg,
+                   spec_from_args, vocab_divisor)
+from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
+from .rows import expand_rows, from_ranks, rank_shapes, to_rank
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
@@ -62,7 +63,7 @@ class Reader:
         self.dir = dist.checkpoint_dir(path, iteration)
         self.ckpt = dist.DistCheckpoint(self.dir)
         common, notes = self.ckpt.common, []
-        stored = _args_dict(common.get("args"))
+        stored = args_dict(common.get("args"))
         if model_config is not None:
             full = model_config_args(model_config)
             notes.append(f"model description taken from {model_config}")
@@ -114,10 +115,10 @@ class Reader:
             notes.append(f"ignored {len(self.ckpt.objects())} byte objects (_extra_state slots, rng state): not weights")
         it = common.get("iteration")
         state = {"iteration": it if isinstance(it, int) else None,
-                 "megatron": {"checkpoint_version": _plain_arg(common.get("checkpoint_version")), "scheme": scheme,
-                              "args": {k: _plain_arg(v) for k, v in (stored or {}).items()},
-                              "opt_param_scheduler": _plain_arg(common.get("opt_param_scheduler")),
-                              "num_floating_point_operations_so_far": _plain_arg(
+                 "megatron": {"checkpoint_version": plain_arg(common.get("checkpoint_version")), "scheme": scheme,
+                              "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
+                              "opt_param_scheduler": plain_arg(common.get("opt_param_scheduler")),
+                              "num_floating_point_operations_so_far": plain_arg(
                                   common.get("num_floating_point_operations_so_far"))}}
         self.source = Source(spec, ParallelLayout.build(spec.num_layers), state, notes)
         self._cache: OrderedDict = OrderedDict()
@@ -141,7 +142,7 @@ class Reader:
 class Writer:
     """Writes `save/iter_XXXXXXX/` in torch_dist, loadable by Megatron-LM at any tp/pp."""
 
-    padded_vocab = staticmethod(_TorchWriter.padded_vocab)
+    padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  iteration: int | None = None):
@@ -184,15 +185,11 @@ class Writer:
             raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
         state = state or {}
         meg = state.get("megatron") or {}
-        base = meg.get("args") or None
-        if base is not None:
-            base = M.complete(explicit_args(base)) | {k: v for k, v in base.items() if k not in M.ARGS}
+        base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = argparse.Namespace(**args_from_spec(self.spec, self.layout, base, divisor))
         args.ckpt_format = "torch_dist"
-        iteration = self.iteration if self.iteration is not None else state.get("iteration")
-        if not isinstance(iteration, int):
-            iteration = "release"
+        iteration = final_iteration(self.iteration, state)
         args.iteration = 0 if iteration == "release" else iteration
         common = {"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": args.iteration}
         for k in ("opt_param_scheduler", "num_floating_point_operations_so_far"):
@@ -204,10 +201,10 @@ class Writer:
         n = self.spec.num_layers
         objects = {f"{stacked_key(m.format(i=i))[0]}._extra_state/shard_{i}_{n}": None
                    for m in EXTRA_STATE_MODULES if "{i}" in m for i in range(n)}
-        folder = self.root / ("release" if iteration == "release" else f"iter_{iteration:07d}")
+        folder = self.root / iteration_name(iteration)
         dist.write_dist_checkpoint(folder, tensors, common=common, objects=objects)
         shutil.rmtree(self.spool)
-        (self.root / TRACKER).write_text(f"{iteration}\n")
+        write_tracker(self.root, iteration)
 
     def abort(self) -> None:
         shutil.rmtree(self.spool, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Megatron-LM checkpoints <-> canonical tensors.
+"""Megatron-LM `torch` format checkpoints (rank files) <-> canonical tensors.
 
 On disk (the `torch` format):
 
@@ -9,340 +9,37 @@ Each rank file is a pickle of one (tp, pp) rank's state: `args`, `iteration`,
 `checkpoint_version`, `model` (or `model0..N-1`, one per virtual pipeline chunk,
 layer numbers local to the chunk), `optimizer`, `opt_param_scheduler`, `rng_state`.
 Names follow megatron-core (with or without Transformer Engine's fused norms) or the
-legacy model (older spellings included): `interop.mappings.megatron_names`.  A
-`torch_dist` iteration directory (PyTorch DCP) goes through `interop.io.megatron_dist`.
+legacy model (older spellings included): `interop.mappings.megatron_names`.  
 
 Rank files are unpickled safely (`interop.io.safe_pickle`) with tensors left on
 disk (`interop.io.torch_file`): a read costs the tensor's bytes, not the file's.
 The writer streams each rank file the same way, tensor by tensor.
 """
 from __future__ import annotations
+from __future__ import annotations
 
 import argparse
 import re
-import types
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
-from ..errors import InteropError
-from ..fused import fuse_concat, fuse_qkv_grouped, split_concat, split_qkv_grouped
-from ..io.safe_pickle import to_plain
-from ..io.torch_file import LazyTorchFile, TorchFileWriter
-from ..layout import ParallelLayout
-from ..mappings import megatron_args as M
-from ..mappings.megatron_names import (EXTRA_STATE_MODULES, IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TIED_HEAD,
-                                       scheme_of)
-from ..params import OPTIM_PREFIXES, base_param_name, param_index, param_table
-from ..shards import shard_box
-from ..spec import ModelSpec, padded_vocab_size
-from ..tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
+from ...errors import InteropError
+from ...io.safe_pickle import to_plain
+from ...io.torch_file import LazyTorchFile, TorchFileWriter
+from ...layout import ParallelLayout
+from ...mappings import megatron_args as M
+from ...mappings.megatron_names import EXTRA_STATE_MODULES, TABLES, scheme_of
+from ...params import OPTIM_PREFIXES, param_index, param_table
+from ...spec import ModelSpec
+from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
+from .args import args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
+from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, is_dist_dir,
+                         iteration_dir, iteration_name, rank_dir_name, write_tracker)
+from .rows import expand_rows, flatten, from_ranks, ignored_why, legacy_key, rank_shapes, to_rank
 
-TRACKER = "latest_checkpointed_iteration.txt"
-RANK_FILE = "model_optim_rng.pt"
-DISTRIB_OPTIM_FILE = "distrib_optim.pt"
-RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-CHECKPOINT_VERSION = 3.0
-
-
-def rank_dir_name(t: int, p: int, pp: int) -> str:
-    return f"mp_rank_{t:02d}" if pp == 1 else f"mp_rank_{t:02d}_{p:03d}"
-
-
-def _dist():
-    """The torch_dist (DCP) file layer, imported only when a torch_dist checkpoint is met."""
-    try:
-        from ..io import megatron_dist
-    except ImportError as exc:
-        raise InteropError(f"torch_dist checkpoints need interop.io.megatron_dist ({exc})") from None
-    return megatron_dist
-
-
-def _is_dist_dir(path: Path) -> bool:
-    return (path / "metadata.json").is_file() and (path / ".metadata").is_file()
-
-
-def _has_rank_dirs(path: Path) -> bool:
-    return path.is_dir() and any(RANK_DIR.match(c.name) and c.is_dir() for c in path.iterdir())
-
-
-def detect(path) -> bool:
-    root = Path(path)
-    return root.is_dir() and ((root / TRACKER).is_file() or _has_rank_dirs(root) or _is_dist_dir(root))
-
-
-def iteration_dir(path, iteration: int | None = None) -> tuple[Path, int | str | None]:
-    """The iteration directory to read: the tracker's (or `iteration`'s) under a save root, or `path` itself."""
-    root = Path(path)
-    if iteration is not None:
-        sub = root / f"iter_{int(iteration):07d}"
-        if not sub.is_dir():
-            found = sorted(c.name for c in root.iterdir() if c.name.startswith("iter_")) if root.is_dir() else []
-            raise InteropError(f"{sub}: no such iteration directory (found: {', '.join(found) or 'none'})")
-        return sub, int(iteration)
-    if _has_rank_dirs(root) or _is_dist_dir(root):
-        name = root.name
-        it = int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else ("release" if name == "release" else None)
-        return root, it
-    tracker = root / TRACKER
-    if not tracker.is_file():
-        raise InteropError(f"{root}: not a Megatron checkpoint (no {TRACKER}, no mp_rank_* folders)")
-    text = tracker.read_text().strip()
-    if text == "release":
-        sub, it = root / "release", "release"
-    elif text.isdigit():
-        sub, it = root / f"iter_{int(text):07d}", int(text)
-    else:
-        raise InteropError(f"{tracker}: expected an iteration number or 'release', got {text!r}")
-    if not sub.is_dir():
-        raise InteropError(f"{tracker}: names {sub.name}, which does not exist")
-    return sub, it
-
-
-# ------------------------------------------------------------------------------------------------
-# Megatron args <-> ModelSpec.  TO MERGE: mappings/megatron_spec.py (spec_from_megatron_args /
-# megatron_args_from_spec) was planned elsewhere; until it exists these live here, on top of the
-# shared argument table `interop.mappings.megatron_args`.
-
-UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
-    "num_experts": None, "qk_layernorm": False, "rotary_interleaved": False, "multi_latent_attention": False,
-    "apply_residual_connection_post_layernorm": False, "squared_relu": False,
-}
-NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
-NORMS_OUT = {v: k for k, v in NORMS.items()}
-
-
-def explicit_args(stored: dict) -> dict:
-    """Stored checkpoint args in the shared table's terms (plain values, known dests only)."""
-    out = {}
-    for key, value in stored.items():
-        dest = M.CHECKPOINT_ALIASES.get(key, key)
-        if dest in M.ARGS and value is not None:
-            out[dest] = _plain_arg(value)
-    return out
-
-
-def _plain_arg(value):
-    if isinstance(value, torch.dtype):
-        return NAME_OF_DTYPE.get(value, str(value))
-    return to_plain(value)
-
-
-def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpec:
-    """A ModelSpec from completed Megatron args (`megatron_args.complete`)."""
-    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if not full.get(k)]
-    if missing:
-        raise InteropError(f"{where}: the model description lacks {', '.join(missing)}")
-    for dest, ok in UNSUPPORTED_ARGS.items():
-        if full.get(dest, ok) not in (ok, None) and full.get(dest) != ok:
-            raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported")
-    if full.get("rotary_percent", 1.0) not in (None, 1.0):
-        raise InteropError(f"{where}: rotary_percent={full['rotary_percent']} is not supported (1.0 is)")
-    norm = NORMS.get(full.get("normalization") or "LayerNorm")
-    if norm is None:
-        raise InteropError(f"{where}: normalization={full['normalization']!r} is not supported")
-    pos_type = full.get("position_embedding_type") or "learned_absolute"
-    if full.get("use_rotary_position_embeddings"):
-        pos_type = "rope"
-    if pos_type not in ("learned_absolute", "rope"):
-        raise InteropError(f"{where}: position_embedding_type={pos_type!r} is not supported")
-    position = "rope" if pos_type == "rope" else "learned"
-    heads, hidden = int(full["num_attention_heads"]), int(full["hidden_size"])
-    groups = int(full.get("num_query_groups") or heads) if full.get("group_query_attention") else heads
-    activation = full.get("activation") or ("swiglu" if full.get("swiglu") else "gelu")
-    padded = full.get("padded_vocab_size") or full.get("vocab_size")
-    vocab = full.get("vocab_size") or padded
-    if not padded:
-        raise InteropError(f"{where}: the vocabulary size is unknown (no padded_vocab_size or vocab_size)")
-    linear_bias = bool(full.get("add_bias_linear", True))
-    arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
-    return ModelSpec(
-        arch=arch, num_layers=int(full["num_layers"]), hidden=hidden,
-        ffn_hidden=int(full.get("ffn_hidden_size") or 4 * hidden), heads=heads, kv_groups=groups,
-        head_dim=int(full.get("kv_channels") or hidden // heads), vocab=int(vocab), padded_vocab=int(padded),
-        max_positions=int(full.get("max_position_embeddings") or full.get("seq_length") or 0) or 2048,
-        norm=norm, norm_eps=float(full.get("norm_epsilon") or 1e-5), activation=activation, position=position,
-        rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
-        qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
-        dtype=dtype or full.get("params_dtype") or "float32")
-
-
-def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
-                   divisible_by: int = 128) -> dict:
-    """Megatron args for `spec` at `layout`, on top of `base` (a source's args) or Megatron's defaults."""
-    if spec.qkv_bias and not spec.linear_bias:
-        add_qkv_bias = True
-    else:
-        add_qkv_bias = spec.qkv_bias
-    if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
-        raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
-    first = layout.stages[0][0]
-    per_stage = [sum(b - a for a, b in chunks) for chunks in layout.stages]
-    uneven = layout.vpp == 1 and layout.stages != _even_stages(spec.num_layers, layout)
-    model = {
-        "num_layers": spec.num_layers, "hidden_size": spec.hidden, "ffn_hidden_size": spec.ffn_hidden,
-        "num_attention_heads": spec.heads, "group_query_attention": spec.kv_groups != spec.heads,
-        "num_query_groups": spec.kv_groups, "kv_channels": spec.head_dim,
-        "max_position_embeddings": spec.max_positions, "normalization": NORMS_OUT[spec.norm],
-        "norm_epsilon": spec.norm_eps, "swiglu": spec.activation == "swiglu",
-        "openai_gelu": spec.activation == "gelu_tanh",
-        # the fused bias-GeLU is the tanh form: on only when that is the model's GeLU
-        "bias_gelu_fusion": spec.activation == "gelu_tanh" and spec.linear_bias,
-        "bias_swiglu_fusion": spec.activation == "swiglu",
-        "position_embedding_type": "rope" if spec.position == "rope" else "learned_absolute",
-        "add_position_embedding": spec.position == "learned", "use_rotary_position_embeddings": spec.position == "rope",
-        "rotary_base": int(spec.rope_base) if float(spec.rope_base).is_integer() else spec.rope_base,
-        "rotary_percent": 1.0, "rotary_interleaved": False,
-        "untie_embeddings_and_output_weights": not spec.tied_embeddings,
-        "add_bias_linear": spec.linear_bias, "add_qkv_bias": add_qkv_bias,
-        "vocab_size": spec.vocab, "padded_vocab_size": spec.padded_vocab,
-        "make_vocab_size_divisible_by": divisible_by,
-        "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
-        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
-        "num_layers_per_virtual_pipeline_stage": (first[1] - first[0]) if layout.vpp > 1 else None,
-        "decoder_first_pipeline_num_layers": per_stage[0] if uneven else None,
-        "decoder_last_pipeline_num_layers": per_stage[-1] if uneven else None,
-        "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
-        "transformer_impl": "local", "use_legacy_models": False, "use_mcore_models": True,
-    }
-    args = M.complete({}) if base is None else dict(base)
-    args.update(model)
-    args.pop("activation", None)  # derived by interop's table, not a Megatron argument
-    args.pop("hidden_act", None)
-    args.pop("compute_dtype", None)
-    args["params_dtype"] = DTYPE_NAMES[spec.dtype]
-    return args
-
-
-def _even_stages(num_layers: int, layout: ParallelLayout):
-    try:
-        return ParallelLayout.build(num_layers, layout.tp, layout.pp, layout.vpp).stages
-    except InteropError:
-        return None
-
-
-def vocab_divisor(vocab: int, padded: int, tp: int, default: int = 128) -> int | None:
-    """A make_vocab_size_divisible_by that makes Megatron pad `vocab` to exactly `padded` at `tp`."""
-    if padded_vocab_size(vocab, tp, default) == padded:
-        return default
-    d = default
-    while d * tp <= padded:
-        if padded % (d * tp) == 0 and padded_vocab_size(vocab, tp, d) == padded:
-            return d
-        d += default
-    return None
-
-
-# ------------------------------------------------------------------------------------------------
-# Name tables expanded over a layout
-
-class Row:
-    """One Megatron tensor of one pipeline stage's virtual chunk, and the canonical tensors it holds."""
-    __slots__ = ("stage", "chunk", "key", "kind", "parts")
-
-    def __init__(self, stage, chunk, key, kind, parts):
-        self.stage, self.chunk, self.key, self.kind, self.parts = stage, chunk, key, kind, tuple(parts)
-
-
-def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout) -> list[Row]:
-    """Every Megatron tensor of the model, per (stage, chunk), in Megatron's module order."""
-    present = param_index(spec)
-    last_stage, last_chunk = layout.pp - 1, layout.vpp - 1
-    rows = []
-    for p, chunks in enumerate(layout.stages):
-        for v, (start, stop) in enumerate(chunks):
-            seen = set()
-            for key, kind, parts in TABLES[scheme]:
-                if key in seen:
-                    continue
-                is_layer = "{i}" in key
-                if not is_layer:
-                    first = key.startswith(("embedding.", "language_model.embedding."))
-                    if first and (p, v) != (0, 0) or not first and (p, v) != (last_stage, last_chunk):
-                        continue
-                for i in (range(start, stop) if is_layer else [None]):
-                    names = [n.format(i=i) for n in parts]
-                    if all(n in present for n in names):
-                        rows.append(Row(p, v, key.format(i=None if i is None else i - start), kind, names))
-                        seen.add(key)
-            if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
-                rows.append(Row(p, v, TIED_HEAD[scheme], "tied", ["embed.word.weight"]))
-    return rows
-
-
-def rank_shapes(row: Row, index, tp: int, t: int) -> tuple[int, ...]:
-    """The shape TP rank `t` holds of `row`'s Megatron tensor."""
-    first = index[row.parts[0]]
-    if row.kind in ("qkv", "fc1"):
-        return (sum(index[n].shape[0] for n in row.parts) // tp,) + first.shape[1:]
-    return shard_box(first.shape, first.axis, t, tp).shape
-
-
-def to_rank(row: Row, tensors: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec) -> torch.Tensor:
-    """Rank `t`'s Megatron tensor from the row's full canonical tensors."""
-    shards = [x[shard_box(x.shape, index[n].axis, t, tp).slices()] for n, x in zip(row.parts, tensors)]
-    if row.kind == "qkv":
-        return fuse_qkv_grouped(*shards, spec.kv_groups // tp)
-    if row.kind == "fc1":
-        return fuse_concat(*shards)
-    return shards[0]
-
-
-def from_ranks(row: Row, shards: list[torch.Tensor], index, spec: ModelSpec) -> list[torch.Tensor]:
-    """The row's full canonical tensors from every TP rank's Megatron tensor."""
-    tp = len(shards)
-    if row.kind == "qkv":
-        per = [split_qkv_grouped(s, spec.kv_groups // tp, spec.heads // tp, spec.head_dim) for s in shards]
-    elif row.kind == "fc1":
-        per = [split_concat(s, [s.shape[0] // 2, s.shape[0] // 2]) for s in shards]
-    else:
-        per = [[s] for s in shards]
-    out = []
-    for j, name in enumerate(row.parts):
-        axis = index[name].axis
-        out.append(per[0][j].contiguous() if axis is None else torch.cat([p[j] for p in per], dim=axis))
-    return out
-
-
-def flatten(state, prefix: str = "") -> "OrderedDict[str, object]":
-    """Nested module dicts (legacy `model`) as one dict of dotted keys, in their stored order."""
-    out = OrderedDict()
-    for k, v in state.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def legacy_key(key: str) -> str:
-    return ".".join(LEGACY_ALIASES.get(c, c) for c in key.split("."))
-
-
-def _ignored(key: str) -> str | None:
-    return next((why for suffix, why in IGNORED_SUFFIXES.items() if key.endswith(suffix)), None)
-
-
-def _args_dict(args) -> dict | None:
-    if args is None:
-        return None
-    if isinstance(args, (argparse.Namespace, types.SimpleNamespace)):
-        return dict(vars(args))
-    if isinstance(args, dict):
-        return dict(args)
-    if hasattr(args, "state") and isinstance(getattr(args, "state"), dict):  # a placeholder Namespace subclass
-        return dict(args.state)
-    return None
-
-
-def model_config_args(path) -> dict:
-    """Completed Megatron args from --model-config: HF config.json, Megatron args file or MindSpeed YAML."""
-    from .. import mapargs
-    source = mapargs.load(path)
-    return M.complete(source.explicit)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -354,14 +51,12 @@ class Reader:
     def __init__(self, path, iteration: int | None = None, model_config=None):
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
-        if _is_dist_dir(self.dir):
-            raise InteropError(f"{self.dir}: torch_dist checkpoints are not wired in yet")
         self._open_ranks()
         first = self.files[(0, 0)].obj
         if not isinstance(first, dict):
             raise InteropError(f"{self.files[(0, 0)].path}: expected a dict, found {type(first).__name__}")
         notes: list[str] = []
-        stored = _args_dict(first.get("args"))
+        stored = args_dict(first.get("args"))
         full = self._model_args(stored, model_config, notes)
         self.chunks = self._model_chunks()
         self.scheme = self._scheme()
@@ -379,7 +74,7 @@ class Reader:
         state = {
             "iteration": first.get("iteration") if isinstance(first.get("iteration"), int) else it,
             "megatron": {"checkpoint_version": to_plain(first.get("checkpoint_version")), "scheme": self.scheme,
-                         "args": {k: _plain_arg(v) for k, v in (stored or {}).items()},
+                         "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
                          "opt_param_scheduler": to_plain(first.get("opt_param_scheduler")),
                          "num_floating_point_operations_so_far": to_plain(
                              first.get("num_floating_point_operations_so_far"))},
@@ -398,7 +93,7 @@ class Reader:
             raise InteropError(f"{self.dir}: no mp_rank_* folders")
         with_pp = {k for k, name in found.items() if len(name) > len("mp_rank_00")}
         first = LazyTorchFile(self._rank_path(found, (0, 0)))
-        stored = _args_dict(first.obj.get("args")) if isinstance(first.obj, dict) else None
+        stored = args_dict(first.obj.get("args")) if isinstance(first.obj, dict) else None
         tp = int((stored or {}).get("tensor_model_parallel_size") or max(t for t, _ in found) + 1)
         pp = int((stored or {}).get("pipeline_model_parallel_size") or max(p for _, p in found) + 1)
         if (pp > 1) != bool(with_pp):
@@ -534,7 +229,7 @@ class Reader:
             for key, value in sd.items():
                 row = expected.get((p, v, key))
                 if row is None:
-                    why = _ignored(key)
+                    why = ignored_why(key)
                     if why is not None and key.endswith("_extra_state") and value is None:
                         why = "empty _extra_state slots (no Transformer Engine / fp8 metadata in them)"
                     if why is None:
@@ -594,18 +289,10 @@ class Reader:
 class Writer:
     """Writes a Megatron-LM `torch` checkpoint (megatron-core names) that Megatron can load."""
 
-    @staticmethod
-    def padded_vocab(spec: ModelSpec, tp: int) -> int:
-        """Megatron's padding of the true vocab at `tp`; the source's rows kept when they still divide."""
-        if spec.padded_vocab % (128 * tp) == 0 and vocab_divisor(spec.vocab, spec.padded_vocab, tp) is not None:
-            return spec.padded_vocab
-        return padded_vocab_size(spec.vocab, tp)
+    padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 format: str | None = None, iteration: int | None = None):
-        self.format = format or "torch"
-        if self.format != "torch":
-            raise InteropError(f"--format {self.format} is not supported for writing yet (torch is)")
+                 iteration: int | None = None):
         spec.check_tp(layout.tp)
         if layout.num_layers != spec.num_layers:
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
@@ -674,14 +361,10 @@ class Writer:
             raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
         state = state or {}
         meg = state.get("megatron") or {}
-        base = meg.get("args") or None
-        if base is not None:
-            base = M.complete(explicit_args(base)) | {k: v for k, v in base.items() if k not in M.ARGS}
+        base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = argparse.Namespace(**args_from_spec(self.spec, self.layout, base, divisor))
-        iteration = self.iteration if self.iteration is not None else state.get("iteration")
-        if not isinstance(iteration, int):
-            iteration = "release"
+        iteration = final_iteration(self.iteration, state)
         args.iteration = 0 if iteration == "release" else iteration
         for (t, p), f in self.files.items():
             obj = {"args": args, "checkpoint_version": CHECKPOINT_VERSION,
@@ -697,9 +380,8 @@ class Writer:
             if meg.get("num_floating_point_operations_so_far") is not None:
                 obj["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
             f.finish(obj)
-        final = self.root / ("release" if iteration == "release" else f"iter_{iteration:07d}")
-        self.dir.rename(final)
-        (self.root / TRACKER).write_text(f"{iteration}\n" if iteration != "release" else "release\n")
+        self.dir.rename(self.root / iteration_name(iteration))
+        write_tracker(self.root, iteration)
 
     def abort(self) -> None:
         for f in self.files.values():

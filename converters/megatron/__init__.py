@@ -1,0 +1,64 @@
+"""Megatron-LM checkpoints <-> canonical tensors: one `megatron` format, two on-disk layouts.
+
+- `torch` (rank files `iter_*/mp_rank_TT[_PPP]/model_optim_rng.pt`): `torch_format.py`
+- `torch_dist` (PyTorch DCP + `common.pt` + `metadata.json`): `torch_dist.py`
+
+The Reader picks by what is on disk; the Writer by its `format` option (`--format`, default
+torch).  What both share: the name rows (`rows.py`), args <-> ModelSpec (`args.py`) and the
+tracker / iteration folders (`checkpoint.py`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import InteropError
+from ...io import megatron_dist as dist
+from . import torch_dist, torch_format
+from .args import padded_vocab as _padded_vocab
+from .checkpoint import TRACKER, has_rank_dirs, is_dist_dir
+
+WRITERS = {"torch": torch_format.Writer, "torch_dist": torch_dist.Writer}
+
+
+def detect(path) -> bool:
+    root = Path(path)
+    return root.is_dir() and ((root / TRACKER).is_file() or has_rank_dirs(root) or is_dist_dir(root))
+
+
+def _is_torch_dist(path, iteration: int | None) -> bool:
+    try:
+        dist.checkpoint_dir(path, iteration)
+    except InteropError:
+        return False
+    return True
+
+
+class Reader:
+    """The torch_dist reader for a DCP iteration directory, the torch (rank files) reader otherwise."""
+
+    def __init__(self, path, iteration: int | None = None, model_config=None):
+        cls = torch_dist.Reader if _is_torch_dist(path, iteration) else torch_format.Reader
+        self.impl = cls(path, iteration=iteration, model_config=model_config)
+
+    def __getattr__(self, name):  # source, spec, metas, read, close: the chosen reader's
+        return getattr(self.impl, name)
+
+
+class Writer:
+    """Writes the `format` asked for (torch or torch_dist) through that layout's writer."""
+
+    padded_vocab = staticmethod(_padded_vocab)
+
+    def __init__(self, root, spec, layout, metas, format: str | None = None, iteration: int | None = None):
+        if (format or "torch") not in WRITERS:
+            raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(WRITERS)})")
+        self.impl = WRITERS[format or "torch"](root, spec, layout, metas, iteration=iteration)
+
+    def write(self, name, tensor) -> None:
+        self.impl.write(name, tensor)
+
+    def finish(self, state: dict | None = None) -> None:
+        self.impl.finish(state)
+
+    def abort(self) -> None:
+        self.impl.abort()

@@ -1,0 +1,183 @@
+"""Megatron args <-> ModelSpec for checkpoints, on top of the shared argument table.
+
+`interop.mappings.megatron_spec` answers the same question for args files (partial flags,
+strict about contradictions); a checkpoint's args come complete and are the fact of how the
+model was built, so here the rules are lenient where checkpoints from other tools differ.
+"""
+from __future__ import annotations
+
+import argparse
+import types
+
+import torch
+
+from ...errors import InteropError
+from ...io.safe_pickle import to_plain
+from ...layout import ParallelLayout
+from ...mappings import megatron_args as M
+from ...spec import ModelSpec, padded_vocab_size
+from ...tensors import DTYPE_NAMES, NAME_OF_DTYPE
+
+UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
+    "num_experts": None, "qk_layernorm": False, "rotary_interleaved": False, "multi_latent_attention": False,
+    "apply_residual_connection_post_layernorm": False, "squared_relu": False,
+}
+NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
+NORMS_OUT = {v: k for k, v in NORMS.items()}
+
+
+def explicit_args(stored: dict) -> dict:
+    """Stored checkpoint args in the shared table's terms (plain values, known dests only)."""
+    out = {}
+    for key, value in stored.items():
+        dest = M.CHECKPOINT_ALIASES.get(key, key)
+        if dest in M.ARGS and value is not None:
+            out[dest] = plain_arg(value)
+    return out
+
+
+def plain_arg(value):
+    if isinstance(value, torch.dtype):
+        return NAME_OF_DTYPE.get(value, str(value))
+    return to_plain(value)
+
+
+def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpec:
+    """A ModelSpec from completed Megatron args (`megatron_args.complete`)."""
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if not full.get(k)]
+    if missing:
+        raise InteropError(f"{where}: the model description lacks {', '.join(missing)}")
+    for dest, ok in UNSUPPORTED_ARGS.items():
+        if full.get(dest, ok) not in (ok, None) and full.get(dest) != ok:
+            raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported")
+    if full.get("rotary_percent", 1.0) not in (None, 1.0):
+        raise InteropError(f"{where}: rotary_percent={full['rotary_percent']} is not supported (1.0 is)")
+    norm = NORMS.get(full.get("normalization") or "LayerNorm")
+    if norm is None:
+        raise InteropError(f"{where}: normalization={full['normalization']!r} is not supported")
+    pos_type = full.get("position_embedding_type") or "learned_absolute"
+    if full.get("use_rotary_position_embeddings"):
+        pos_type = "rope"
+    if pos_type not in ("learned_absolute", "rope"):
+        raise InteropError(f"{where}: position_embedding_type={pos_type!r} is not supported")
+    position = "rope" if pos_type == "rope" else "learned"
+    heads, hidden = int(full["num_attention_heads"]), int(full["hidden_size"])
+    groups = int(full.get("num_query_groups") or heads) if full.get("group_query_attention") else heads
+    activation = full.get("activation") or ("swiglu" if full.get("swiglu") else "gelu")
+    padded = full.get("padded_vocab_size") or full.get("vocab_size")
+    vocab = full.get("vocab_size") or padded
+    if not padded:
+        raise InteropError(f"{where}: the vocabulary size is unknown (no padded_vocab_size or vocab_size)")
+    linear_bias = bool(full.get("add_bias_linear", True))
+    arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
+    return ModelSpec(
+        arch=arch, num_layers=int(full["num_layers"]), hidden=hidden,
+        ffn_hidden=int(full.get("ffn_hidden_size") or 4 * hidden), heads=heads, kv_groups=groups,
+        head_dim=int(full.get("kv_channels") or hidden // heads), vocab=int(vocab), padded_vocab=int(padded),
+        max_positions=int(full.get("max_position_embeddings") or full.get("seq_length") or 0) or 2048,
+        norm=norm, norm_eps=float(full.get("norm_epsilon") or 1e-5), activation=activation, position=position,
+        rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
+        qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
+        dtype=dtype or full.get("params_dtype") or "float32")
+
+
+def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
+                   divisible_by: int = 128) -> dict:
+    """Megatron args for `spec` at `layout`, on top of `base` (a source's args) or Megatron's defaults."""
+    if spec.qkv_bias and not spec.linear_bias:
+        add_qkv_bias = True
+    else:
+        add_qkv_bias = spec.qkv_bias
+    if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
+        raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
+    first = layout.stages[0][0]
+    per_stage = [sum(b - a for a, b in chunks) for chunks in layout.stages]
+    uneven = layout.vpp == 1 and layout.stages != _even_stages(spec.num_layers, layout)
+    model = {
+        "num_layers": spec.num_layers, "hidden_size": spec.hidden, "ffn_hidden_size": spec.ffn_hidden,
+        "num_attention_heads": spec.heads, "group_query_attention": spec.kv_groups != spec.heads,
+        "num_query_groups": spec.kv_groups, "kv_channels": spec.head_dim,
+        "max_position_embeddings": spec.max_positions, "normalization": NORMS_OUT[spec.norm],
+        "norm_epsilon": spec.norm_eps, "swiglu": spec.activation == "swiglu",
+        "openai_gelu": spec.activation == "gelu_tanh",
+        # the fused bias-GeLU is the tanh form: on only when that is the model's GeLU
+        "bias_gelu_fusion": spec.activation == "gelu_tanh" and spec.linear_bias,
+        "bias_swiglu_fusion": spec.activation == "swiglu",
+        "position_embedding_type": "rope" if spec.position == "rope" else "learned_absolute",
+        "add_position_embedding": spec.position == "learned", "use_rotary_position_embeddings": spec.position == "rope",
+        "rotary_base": int(spec.rope_base) if float(spec.rope_base).is_integer() else spec.rope_base,
+        "rotary_percent": 1.0, "rotary_interleaved": False,
+        "untie_embeddings_and_output_weights": not spec.tied_embeddings,
+        "add_bias_linear": spec.linear_bias, "add_qkv_bias": add_qkv_bias,
+        "vocab_size": spec.vocab, "padded_vocab_size": spec.padded_vocab,
+        "make_vocab_size_divisible_by": divisible_by,
+        "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
+        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
+        "num_layers_per_virtual_pipeline_stage": (first[1] - first[0]) if layout.vpp > 1 else None,
+        "decoder_first_pipeline_num_layers": per_stage[0] if uneven else None,
+        "decoder_last_pipeline_num_layers": per_stage[-1] if uneven else None,
+        "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
+        "transformer_impl": "local", "use_legacy_models": False, "use_mcore_models": True,
+    }
+    args = M.complete({}) if base is None else dict(base)
+    args.update(model)
+    args.pop("activation", None)  # derived by interop's table, not a Megatron argument
+    args.pop("hidden_act", None)
+    args.pop("compute_dtype", None)
+    args["params_dtype"] = DTYPE_NAMES[spec.dtype]
+    return args
+
+
+def _even_stages(num_layers: int, layout: ParallelLayout):
+    try:
+        return ParallelLayout.build(num_layers, layout.tp, layout.pp, layout.vpp).stages
+    except InteropError:
+        return None
+
+
+def vocab_divisor(vocab: int, padded: int, tp: int, default: int = 128) -> int | None:
+    """A make_vocab_size_divisible_by that makes Megatron pad `vocab` to exactly `padded` at `tp`."""
+    if padded_vocab_size(vocab, tp, default) == padded:
+        return default
+    d = default
+    while d * tp <= padded:
+        if padded % (d * tp) == 0 and padded_vocab_size(vocab, tp, d) == padded:
+            return d
+        d += default
+    return None
+
+
+
+def args_dict(args) -> dict | None:
+    if args is None:
+        return None
+    if isinstance(args, (argparse.Namespace, types.SimpleNamespace)):
+        return dict(vars(args))
+    if isinstance(args, dict):
+        return dict(args)
+    if hasattr(args, "state") and isinstance(getattr(args, "state"), dict):  # a placeholder Namespace subclass
+        return dict(args.state)
+    return None
+
+
+def model_config_args(path) -> dict:
+    """Completed Megatron args from --model-config: HF config.json, Megatron args file or MindSpeed YAML."""
+    from ... import mapargs
+    source = mapargs.load(path)
+    return M.complete(source.explicit)
+
+
+
+def base_args(meg: dict) -> dict | None:
+    """The source checkpoint's args (from `Source.state["megatron"]`), completed, unknown keys kept."""
+    base = meg.get("args") or None
+    if base is not None:
+        base = M.complete(explicit_args(base)) | {k: v for k, v in base.items() if k not in M.ARGS}
+    return base
+
+
+def padded_vocab(spec: ModelSpec, tp: int) -> int:
+    """Megatron's padding of the true vocab at `tp`; the source's rows kept when they still divide."""
+    if spec.padded_vocab % (128 * tp) == 0 and vocab_divisor(spec.vocab, spec.padded_vocab, tp) is not None:
+        return spec.padded_vocab
+    return padded_vocab_size(spec.vocab, tp)

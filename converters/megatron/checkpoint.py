@@ -1,0 +1,70 @@
+"""Where a Megatron checkpoint's files are: the tracker file, iteration folders, rank folders.
+
+Shared by the torch and torch_dist formats, which lay out `save/` the same way.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ...errors import InteropError
+
+TRACKER = "latest_checkpointed_iteration.txt"
+RANK_FILE = "model_optim_rng.pt"
+DISTRIB_OPTIM_FILE = "distrib_optim.pt"
+RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
+CHECKPOINT_VERSION = 3.0
+
+
+def rank_dir_name(t: int, p: int, pp: int) -> str:
+    return f"mp_rank_{t:02d}" if pp == 1 else f"mp_rank_{t:02d}_{p:03d}"
+
+
+def is_dist_dir(path: Path) -> bool:
+    return (path / "metadata.json").is_file() and (path / ".metadata").is_file()
+
+
+def has_rank_dirs(path: Path) -> bool:
+    return path.is_dir() and any(RANK_DIR.match(c.name) and c.is_dir() for c in path.iterdir())
+
+
+def iteration_dir(path, iteration: int | None = None) -> tuple[Path, int | str | None]:
+    """The iteration directory to read: the tracker's (or `iteration`'s) under a save root, or `path` itself."""
+    root = Path(path)
+    if iteration is not None:
+        sub = root / f"iter_{int(iteration):07d}"
+        if not sub.is_dir():
+            found = sorted(c.name for c in root.iterdir() if c.name.startswith("iter_")) if root.is_dir() else []
+            raise InteropError(f"{sub}: no such iteration directory (found: {', '.join(found) or 'none'})")
+        return sub, int(iteration)
+    if has_rank_dirs(root) or is_dist_dir(root):
+        name = root.name
+        it = int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else ("release" if name == "release" else None)
+        return root, it
+    tracker = root / TRACKER
+    if not tracker.is_file():
+        raise InteropError(f"{root}: not a Megatron checkpoint (no {TRACKER}, no mp_rank_* folders)")
+    text = tracker.read_text().strip()
+    if text == "release":
+        sub, it = root / "release", "release"
+    elif text.isdigit():
+        sub, it = root / f"iter_{int(text):07d}", int(text)
+    else:
+        raise InteropError(f"{tracker}: expected an iteration number or 'release', got {text!r}")
+    if not sub.is_dir():
+        raise InteropError(f"{tracker}: names {sub.name}, which does not exist")
+    return sub, it
+
+
+def iteration_name(iteration) -> str:
+    return "release" if iteration == "release" else f"iter_{iteration:07d}"
+
+
+def final_iteration(asked: int | None, state: dict) -> int | str:
+    """The iteration to save as: the one asked for, the source's, or `release`."""
+    iteration = asked if asked is not None else state.get("iteration")
+    return iteration if isinstance(iteration, int) else "release"
+
+
+def write_tracker(root: Path, iteration) -> None:
+    (root / TRACKER).write_text(f"{iteration}\n")
