@@ -73,7 +73,7 @@ def load_optimizer(optimizer: torch.optim.Optimizer, stage, reader: StoreReader,
         box = _box(spec, name, grid)
         state = {"step": torch.tensor(float(step))}
         for m in MOMENTS:
-            state[m] = reader.read(f"optim.{m}.{name}", box).to(p.dtype).clone()
+            state[m] = reader.read(f"optim.{m}.{name}", box).to(device=p.device, dtype=p.dtype).clone()
         optimizer.state[p] = state
 
 
@@ -87,8 +87,8 @@ def _metas(spec, with_optim: bool) -> list[TensorMeta]:
 def _local_tensor(name: str, params: dict, optimizer) -> torch.Tensor:
     if name.startswith("optim."):
         _, moment, base = name.split(".", 2)
-        return optimizer.state[params[base]][moment]
-    return params[name].detach()
+        return optimizer.state[params[base]][moment].cpu()
+    return params[name].detach().cpu()
 
 
 def _fail_hook(step: int, where: str, grid) -> None:

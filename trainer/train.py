@@ -131,8 +131,13 @@ def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
     return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh)
 
 
-def _device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
+def _device(local_rank: int, local_world: int) -> torch.device:
+    """One GPU per rank when this machine has enough of them (NCCL), else every rank on CPU (gloo).
+
+    INTEROP_DEVICE=cpu forces the CPU.  The choice depends only on the machine, so all ranks agree.
+    """
+    if os.environ.get("INTEROP_DEVICE") != "cpu" and torch.cuda.is_available() \
+            and torch.cuda.device_count() >= local_world:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -141,7 +146,8 @@ def _device(local_rank: int) -> torch.device:
 def run(plan: Plan, rank: int = 0, world: int = 1, local_rank: int | None = None) -> list[dict]:
     """Train on this rank; returns the per-step metrics (rank 0's view; loss is the global mean)."""
     cfg, spec, layout = plan.cfg, plan.spec, plan.layout
-    device = _device(rank if local_rank is None else local_rank)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    device = _device(rank if local_rank is None else local_rank, local_world)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
     try:
