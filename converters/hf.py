@@ -17,7 +17,7 @@ from ..fused import fuse_concat, split_concat
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, TABLES
-from ..params import param_index, param_table
+from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 
@@ -184,7 +184,7 @@ class Writer:
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))
-        self.row_of, self.pending = {}, {}
+        self.row_of, self.pending, self.dropped_optim = {}, {}, set()
         shards, size = [[]], 0
         for hf_key, kind, parts in rows:
             first = meta_of[parts[0]]
@@ -211,6 +211,9 @@ class Writer:
                 self.file_of[key] = name
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only
+            self.dropped_optim.add(name.split(".")[1])
+            return
         hf_key, kind, parts = self.row_of[name]
         got = self.pending.setdefault(hf_key, {})
         got[name] = tensor
@@ -227,6 +230,13 @@ class Writer:
             index = {"metadata": {"total_size": total},
                      "weight_map": {key: name for name, entries in self.shard_files for key, _, _ in entries}}
             (self.root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+    @property
+    def notes(self) -> list[str]:
+        if not self.dropped_optim:
+            return []
+        return [f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): "
+                "a Hugging Face checkpoint holds weights only"]
 
     def abort(self) -> None:
         for writer in self.writers.values():

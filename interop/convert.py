@@ -128,6 +128,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                 if hasattr(reader, "confirm"):
                     reader.confirm()  # e.g. checksums verified in the background while we read
                 writer.finish(reader.source.state)
+                summary.notes += getattr(writer, "notes", [])  # what the writer could not write, and why
             except BaseException:
                 if hasattr(writer, "abort"):
                     writer.abort()

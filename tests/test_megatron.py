@@ -508,3 +508,106 @@ def test_torch_dist_through_the_megatron_format(tmp_path, models, kind):
     assert_same_megatron(src, tmp_path / "back")
     convert(tmp_path / "dist", tmp_path / "hf", dst_format="hf")  # detected as megatron
     assert_same_hf(hf, tmp_path / "hf")
+
+
+def add_optimizer(root, tp, pp, step=40, scheduler=None, distrib=False):
+    """Give each rank file of a hand-built checkpoint Megatron's non-distributed Adam state: params
+    numbered in model order within [decay, no-decay] groups; replicated (1-D) moments equal over TP."""
+    import zlib
+
+    scheduler = scheduler or {"max_lr": 3e-4, "num_steps": step * 8, "warmup_steps": 10}
+    for f in sorted(root.glob("*/mp_rank_*/model_optim_rng.pt")):
+        obj = torch.load(f, weights_only=False)
+        t = int(f.parent.name[8:10])
+        params = [(k, v) for c in sorted(k for k in obj if k.startswith("model")) for k, v in obj[c].items()
+                  if isinstance(v, torch.Tensor)]
+        groups = [[(k, v) for k, v in params if v.dim() > 1], [(k, v) for k, v in params if v.dim() == 1]]
+        state, ids, masters, i = {}, [], [], 0
+        for members in groups:
+            ids.append([])
+            masters.append([])
+            for k, v in members:
+                g = torch.Generator().manual_seed(zlib.crc32(f"{f.parent.name if v.dim() > 1 else f.parent.name[10:]}/{k}".encode()))
+                state[i] = {"step": torch.tensor(float(step)), "exp_avg": torch.randn(v.shape, generator=g),
+                            "exp_avg_sq": torch.rand(v.shape, generator=g)}
+                masters[-1].append(torch.randn(v.shape, generator=g))
+                ids[-1].append(i)
+                i += 1
+        base = {"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+        obj["optimizer"] = {"optimizer": {"state": state, "param_groups": [
+            dict(base, wd_mult=1.0, params=ids[0]), dict(base, wd_mult=0.0, params=ids[1])]},
+            "fp32_from_fp16_params": masters}
+        obj["opt_param_scheduler"] = scheduler
+        torch.save(obj, f)
+        if distrib:
+            torch.save({"param_state": torch.zeros(10)}, f.parent / "distrib_optim.pt")
+        assert t < tp
+    return root
+
+
+def optimizer_of(root):
+    """{(rank folder, param key): {kind: tensor}} plus every rank's step and scheduler."""
+    out, steps, scheds = {}, set(), []
+    for f in sorted(root.glob("*/mp_rank_*/model_optim_rng.pt")):
+        obj = torch.load(f, weights_only=False)
+        keys = [k for c in sorted(k for k in obj if k.startswith("model")) for k, v in obj[c].items()
+                if isinstance(v, torch.Tensor)]
+        opt = obj["optimizer"]
+        by_index = {}
+        for g, group in enumerate(opt["optimizer"]["param_groups"]):
+            for j, idx in enumerate(group["params"]):
+                by_index[idx] = dict(opt["optimizer"]["state"][idx], fp32_param=opt["fp32_from_fp16_params"][g][j],
+                                     group=g)
+        kinds = {}
+        decay = [k for k in keys if "norm" not in k]
+        for pos, k in enumerate(decay + [k for k in keys if "norm" in k]):
+            kinds[k] = by_index[pos]
+        for k, v in kinds.items():
+            steps.add(float(v.pop("step")))
+            out[(f.parent.name, k)] = v
+        scheds.append(obj["opt_param_scheduler"])
+    return out, steps, scheds
+
+
+def test_optimizer_state_round_trips(tmp_path, models):
+    """Llama tp2/pp2 (fused QKV, swiglu fc1) with Adam state -> common format -> Megatron: moments,
+    fp32 masters, step and scheduler come back exactly; weights too."""
+    model, _ = models["llama"]
+    src = add_optimizer(hand_built(tmp_path / "m", model, "llama", tp=2, pp=2, iteration=40), 2, 2)
+    summary = convert(src, tmp_path / "store", dst_format="interop", tp=2, pp=2)
+    assert any("converted the optimizer state (exp_avg, exp_avg_sq, fp32_param), step 40" in n for n in summary.notes)
+    assert any(p.name.startswith("optim-") for p in (tmp_path / "store").iterdir())
+    convert(tmp_path / "store", tmp_path / "back", dst_format="megatron", tp=2, pp=2)
+    assert_same_megatron(src, tmp_path / "back")
+    want, want_steps, want_sched = optimizer_of(src)
+    got, got_steps, got_sched = optimizer_of(tmp_path / "back")
+    assert sorted(got) == sorted(want) and got_steps == want_steps == {40.0} and got_sched == want_sched
+    for k in want:
+        assert sorted(got[k]) == sorted(want[k]), k
+        for kind in ("exp_avg", "exp_avg_sq", "fp32_param", "group"):
+            x, y = got[k][kind], want[k][kind]
+            assert (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y), (k, kind)
+    # resharded through another layout and back: still exact
+    convert(src, tmp_path / "m14", dst_format="megatron", tp=1, pp=4)
+    convert(tmp_path / "m14", tmp_path / "m22", dst_format="megatron", tp=2, pp=2)
+    got, _, _ = optimizer_of(tmp_path / "m22")
+    for k in want:
+        assert all(torch.equal(got[k][kind], want[k][kind]) for kind in ("exp_avg", "exp_avg_sq", "fp32_param")), k
+
+
+def test_optimizer_state_dropped_is_reported(tmp_path, models):
+    model, hf = models["llama"]
+    src = add_optimizer(hand_built(tmp_path / "m", model, "llama", tp=2, pp=2, iteration=40), 2, 2)
+    summary = convert(src, tmp_path / "hf", dst_format="hf")
+    assert any("optimizer state not written" in n and "Hugging Face" in n for n in summary.notes)
+    assert_same_hf(hf, tmp_path / "hf")
+    summary = convert(src, tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist"})
+    assert any("optimizer state not written" in n and "torch_dist" in n for n in summary.notes)
+
+
+def test_distrib_optim_is_reported_weights_converted(tmp_path, models):
+    model, hf = models["llama"]
+    src = add_optimizer(hand_built(tmp_path / "m", model, "llama", tp=2, pp=2), 2, 2, distrib=True)
+    summary = convert(src, tmp_path / "hf", dst_format="hf")
+    assert any("distrib_optim.pt" in n and "cannot be mapped" in n and "weights converted" in n for n in summary.notes)
+    assert_same_hf(hf, tmp_path / "hf")

@@ -62,3 +62,7 @@ class Writer:
 
     def abort(self) -> None:
         self.impl.abort()
+
+    @property
+    def notes(self) -> list[str]:
+        return list(getattr(self.impl, "notes", []))

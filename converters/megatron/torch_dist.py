@@ -158,13 +158,15 @@ class Writer:
             shape = tuple(rank_shapes(row, self.index, 1, 0))
             self.planned[key] = (dtype_of[row.parts[0]], (spec.num_layers, *shape) if layer is not None else shape)
         self.pending: dict[tuple, dict] = {}
+        self.dropped_optim: set[str] = set()
         self.spool = self.root / ".spool"
         self.spool.mkdir(parents=True)
         self.spooled: dict[tuple[str, int | None], Path] = {}
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if name.startswith(OPTIM_PREFIXES):
-            return  # weights only, as the torch writer
+            self.dropped_optim.add(name.split(".")[1])  # not written yet: reported in `notes`
+            return
         row = self.row_of[name]
         got = self.pending.setdefault(row.parts, {})
         got[name] = tensor
@@ -205,6 +207,13 @@ class Writer:
         dist.write_dist_checkpoint(folder, tensors, common=common, objects=objects)
         shutil.rmtree(self.spool)
         write_tracker(self.root, iteration)
+
+    @property
+    def notes(self) -> list[str]:
+        if not self.dropped_optim:
+            return []
+        return [f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): the torch_dist writer "
+                "writes weights only; use --format torch for a resumable optimizer"]
 
     def abort(self) -> None:
         shutil.rmtree(self.spool, ignore_errors=True)

@@ -31,12 +31,13 @@ from ...io.torch_file import LazyTorchFile, TorchFileWriter
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import EXTRA_STATE_MODULES, TABLES, scheme_of
-from ...params import OPTIM_PREFIXES, param_index, param_table
+from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from .args import args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, is_dist_dir,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
+from .optimizer import KINDS, pack, unpack
 from .rows import expand_rows, flatten, from_ranks, ignored_why, legacy_key, rank_shapes, to_rank
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -67,15 +68,17 @@ class Reader:
         self.rows = expand_rows(self.scheme, spec, self.layout)
         self._check_tensors(notes)
         self.row_of = {n: (r, j) for r in self.rows if r.kind != "tied" for j, n in enumerate(r.parts)}
-        if "optimizer" in first or (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file():
-            notes.append(self._optimizer_note(first))
+        self.moments: dict[str, dict] = {}  # optim kind -> {(t, p, v): {key: stored tensor}}
+        hyper, note = self._load_optimizer(first)
+        if note:
+            notes.append(note)
         if "rng_state" in first:
             notes.append("dropped the rng state (per-rank random generator states do not survive resharding)")
         state = {
             "iteration": first.get("iteration") if isinstance(first.get("iteration"), int) else it,
             "megatron": {"checkpoint_version": to_plain(first.get("checkpoint_version")), "scheme": self.scheme,
                          "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
-                         "opt_param_scheduler": to_plain(first.get("opt_param_scheduler")),
+                         "opt_param_scheduler": to_plain(first.get("opt_param_scheduler")), "optimizer": hyper,
                          "num_floating_point_operations_so_far": to_plain(
                              first.get("num_floating_point_operations_so_far"))},
         }
@@ -251,29 +254,60 @@ class Reader:
         if tied:
             notes.append("dropped the last stage's copy of the tied embedding (it equals the input embedding)")
 
-    def _optimizer_note(self, first: dict) -> str:
+    def _load_optimizer(self, first: dict) -> tuple[dict | None, str | None]:
+        """Map the non-distributed optimizer's state to parameters: (hyperparameters, note)."""
         if (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file():
-            return (f"optimizer state not converted: {DISTRIB_OPTIM_FILE} (distributed optimizer) stores it in "
-                    "gradient-bucket order, which cannot be mapped back to parameters; weights converted")
-        return "optimizer state not converted (weights only)"
+            return None, (f"optimizer state not converted: {DISTRIB_OPTIM_FILE} (distributed optimizer) stores it in "
+                          "gradient-bucket order, which cannot be mapped back to parameters; weights converted")
+        if "optimizer" not in first:
+            return None, None
+        found, hyper = {k: {} for k in KINDS}, None
+        for (t, p), f in self.files.items():
+            params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
+                      for key, x in self.state_dicts[(t, p, v)].items()
+                      if isinstance(x, torch.Tensor) and ignored_why(key) is None]
+            got = unpack(f.obj.get("optimizer"), params, f.read)
+            if isinstance(got, str):
+                return None, f"optimizer state not converted ({f.path}: {got}); weights converted"
+            by_param, hyper = got
+            for (v, key), kinds in by_param.items():
+                for kind, stored in kinds.items():
+                    found[kind].setdefault((t, p, v), {})[key] = stored
+        kinds = [k for k in KINDS if found[k]]
+        for kind in kinds:
+            for r in self.rows:
+                for t in range(self.tp):
+                    if r.kind != "tied" and r.key not in found[kind].get((t, r.stage, r.chunk), {}):
+                        return None, (f"optimizer state not converted ({self.files[(t, r.stage)].path}: no {kind} "
+                                      f"for {r.key}); weights converted")
+        self.moments = {k: found[k] for k in kinds}
+        if not kinds:
+            return None, "optimizer state not converted (the optimizer holds no Adam state yet)"
+        return hyper, f"converted the optimizer state ({', '.join(kinds)}), step {hyper.get('step')}"
 
     # -- the Reader contract -------------------------------------------------------------------
+    def _stored(self, name: str) -> tuple[dict, str]:
+        """The per-rank dicts `name` lives in (weights, or one optimizer kind's), and its parameter."""
+        base = base_param_name(name)
+        return (self.state_dicts, base) if base == name else (self.moments[name.split(".")[1]], base)
+
     def metas(self) -> list[TensorMeta]:
         out = []
-        for p in param_table(self.spec):
-            row, _ = self.row_of[p.name]
-            dtype = self.state_dicts[(0, row.stage, row.chunk)][row.key].dtype
-            out.append(TensorMeta(p.name, dtype, p.shape))
+        for prefix in [""] + [f"optim.{k}." for k in self.moments]:
+            for p in param_table(self.spec):
+                dicts, _ = self._stored(prefix + p.name)
+                row, _ = self.row_of[p.name]
+                out.append(TensorMeta(prefix + p.name, dicts[(0, row.stage, row.chunk)][row.key].dtype, p.shape))
         return out
 
     def read(self, name: str) -> torch.Tensor:
-        row, j = self.row_of[name]
-        ident = (row.stage, row.chunk, row.key)
+        dicts, base = self._stored(name)
+        row, j = self.row_of[base]
+        ident = (name[:len(name) - len(base)], row.stage, row.chunk, row.key)
         if ident not in self._cache:
             replicated = row.kind == "copy" and self.index[row.parts[0]].axis is None
             ranks = [0] if replicated else range(self.tp)
-            shards = [self.files[(t, row.stage)].read(self.state_dicts[(t, row.stage, row.chunk)][row.key])
-                      for t in ranks]
+            shards = [self.files[(t, row.stage)].read(dicts[(t, row.stage, row.chunk)][row.key]) for t in ranks]
             self._cache[ident] = from_ranks(row, shards, self.index, self.spec) if not replicated else [shards[0]]
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
@@ -302,8 +336,8 @@ class Writer:
         self.row_of = {n: r for r in self.rows if r.kind != "tied" for n in r.parts}
         self.tied_rows = [r for r in self.rows if r.kind == "tied"]
         self.names = {m.name for m in metas}
-        unknown = sorted(n for n in self.names if n.startswith(OPTIM_PREFIXES))
-        self.optim_names = unknown
+        self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
+        self.notes: list[str] = []
         self.pending: dict[tuple, dict] = {}
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
         self.dir = self.root / "iter_pending"
@@ -314,19 +348,19 @@ class Writer:
             self.files[(t, p)] = TorchFileWriter(path)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(OPTIM_PREFIXES):
-            return  # handled by the optimizer mapping (see finish)
-        row = self.row_of[name]
-        got = self.pending.setdefault(row.parts, {})
-        got[name] = tensor
+        base = base_param_name(name)
+        kind = name.split(".")[1] if base != name else ""  # optimizer moments: fused like their weight
+        row = self.row_of[base]
+        got = self.pending.setdefault((kind, row.parts), {})
+        got[base] = tensor
         if len(got) < len(row.parts):
             return
-        del self.pending[row.parts]
+        del self.pending[(kind, row.parts)]
         parts = [got[n] for n in row.parts]
-        for r in [row] + ([t for t in self.tied_rows] if name == "embed.word.weight" else []):
+        for r in [row] + ([t for t in self.tied_rows] if base == "embed.word.weight" else []):
             for t in range(self.layout.tp):
                 piece = to_rank(row, parts, self.index, self.layout.tp, t, self.spec)
-                self.refs[(t, r.stage, r.chunk, r.key)] = self.files[(t, r.stage)].add(piece)
+                self.refs[(kind, t, r.stage, r.chunk, r.key)] = self.files[(t, r.stage)].add(piece)
 
     def _model_dict(self, t: int, p: int, v: int) -> OrderedDict:
         out = OrderedDict()
@@ -346,7 +380,7 @@ class Writer:
                 out[pending_extra + "._extra_state"] = None
                 extra.discard(pending_extra)
                 pending_extra = None
-            out[r.key] = self.refs[(t, p, v, r.key)]
+            out[r.key] = self.refs[("", t, p, v, r.key)]
             if module in extra:
                 pending_extra = module
         if pending_extra is not None:
@@ -370,6 +404,12 @@ class Writer:
             obj = {"args": args, "checkpoint_version": CHECKPOINT_VERSION,
                    "iteration": 0 if iteration == "release" else iteration}
             chunks = [self._model_dict(t, p, v) for v in range(self.layout.vpp)]
+            if self.optim_kinds:
+                params = [(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, key)] for k in self.optim_kinds})
+                          for v, sd in enumerate(chunks) for key, ref in sd.items() if ref is not None]
+                hyper = meg.get("optimizer") or {}
+                step = hyper.get("step") if hyper.get("step") is not None else args.iteration
+                obj["optimizer"] = pack(params, hyper, step, f.add)
             if self.layout.vpp == 1:
                 obj["model"] = chunks[0]
             else:

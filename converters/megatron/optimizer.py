@@ -1,0 +1,101 @@
+"""Megatron's non-distributed optimizer state (in `model_optim_rng.pt`) <-> per-parameter moments.
+
+Megatron saves `optimizer` as {"optimizer": a torch Adam state_dict, "fp32_from_fp16_params":
+[[fp32 master per param] per group], ...} with mixed precision, or the torch state_dict itself
+(FP32Optimizer).  Torch numbers the parameters 0.. across `param_groups` in group order; within
+a group they follow the model's parameter order (model chunks in order, each in state-dict
+order).  Megatron puts biases and 1-D parameters (norms) in a no-weight-decay group
+(`wd_mult` 0, or `weight_decay` 0 in older saves).  The distributed optimizer's
+`distrib_optim.pt` is bucket-ordered and cannot be mapped back: the reader says so.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...io.safe_pickle import to_plain
+
+KINDS = ("exp_avg", "exp_avg_sq", "fp32_param")  # optim.<kind>.<canonical name>
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def no_decay(key: str, shape) -> bool:
+    return len(shape) == 1 or key.endswith(".bias")
+
+
+def _is_no_decay_group(group: dict) -> bool:
+    if "wd_mult" in group:
+        return float(group["wd_mult"]) == 0.0
+    return float(group.get("weight_decay", 0.0)) == 0.0
+
+
+def unpack(saved, params: list[tuple[object, str, tuple]], read) -> tuple[dict, dict] | str:
+    """{param id: {kind: tensor}} and the JSON-able hyperparameters, or why it cannot be mapped.
+
+    `params` are (id, key, shape) of the rank's trainable parameters in model order; `read`
+    turns a stored (lazy) tensor into its value.
+    """
+    if not isinstance(saved, dict):
+        return "the optimizer entry is not a dict"
+    inner = saved.get("optimizer", saved)
+    if not isinstance(inner, dict) or "state" not in inner or "param_groups" not in inner:
+        return "the optimizer entry is not a torch optimizer state_dict"
+    groups = inner["param_groups"]
+    if len(groups) == 1:
+        members = [params]
+    elif len(groups) == 2 and _is_no_decay_group(groups[0]) != _is_no_decay_group(groups[1]):
+        members = [[p for p in params if no_decay(p[1], p[2]) == _is_no_decay_group(g)] for g in groups]
+    else:
+        return f"{len(groups)} parameter groups (only weight-decay / no-weight-decay grouping is understood)"
+    masters = saved.get("fp32_from_fp16_params") if "optimizer" in saved else None
+    out, step = {}, None
+    for g, (group, mine) in enumerate(zip(groups, members)):
+        if len(group["params"]) != len(mine):
+            return f"group {g} holds {len(group['params'])} parameters, the model {len(mine)} of its kind"
+        for j, (idx, (pid, key, shape)) in enumerate(zip(group["params"], mine)):
+            state = inner["state"].get(idx, {})
+            got = {k: state[k] for k in MOMENTS if k in state}
+            if masters is not None:
+                got["fp32_param"] = masters[g][j]
+            for k, t in got.items():
+                if tuple(t.shape) != tuple(shape):
+                    return f"{k} of parameter {idx} has shape {list(t.shape)}, {key} is {list(shape)}"
+            if got:
+                out[pid] = got
+            if "step" in state and step is None:
+                value = state["step"]
+                step = int(read(value).item() if isinstance(value, torch.Tensor) else value)
+    hyper = {"param_groups": [{k: to_plain(v) for k, v in g.items() if k != "params"} for g in groups],
+             "step": step}
+    return out, hyper
+
+
+def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add) -> dict:
+    """A resumable Megatron optimizer entry from (key, shape, {kind: tensor or ref}) in model order.
+
+    `add` stores a tensor in the rank file being written and returns its reference.
+    """
+    hyper = hyper or {}
+    step_ref = add(torch.tensor(float(step or 0)))
+    saved_groups = hyper.get("param_groups") or [{"wd_mult": 1.0}, {"wd_mult": 0.0}]
+    if len(saved_groups) == 1:
+        members = [params]
+    else:
+        members = [[p for p in params if no_decay(p[0], p[1]) == _is_no_decay_group(g)] for g in saved_groups]
+    state, groups, masters, i = {}, [], [], 0
+    for saved, mine in zip(saved_groups, members):
+        ids = []
+        masters.append([])
+        for key, shape, kinds in mine:
+            entry = {k: kinds[k] for k in MOMENTS if k in kinds}
+            if entry:
+                entry = {"step": step_ref, **entry}
+                state[i] = entry
+            if "fp32_param" in kinds:
+                masters[-1].append(kinds["fp32_param"])
+            ids.append(i)
+            i += 1
+        groups.append({**saved, "params": ids})
+    inner = {"state": state, "param_groups": groups}
+    if any(masters):
+        return {"optimizer": inner, "fp32_from_fp16_params": masters}
+    return {"optimizer": inner}
