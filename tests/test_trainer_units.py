@@ -109,3 +109,32 @@ def test_tp1_pp1_trains_like_hf_transformers(kind, hf_checkpoints):
     assert result.max_diff < 1e-5, result.table()
     losses = result.runs["torch 1x1"]
     assert len(losses) == 10 and len(set(losses)) > 1  # the weights really move
+
+
+def test_map_args_yaml_drives_the_trainer(tmp_path):
+    """Megatron launch script -> `interop map-args --to mindspeed` -> TrainConfig: the same run."""
+    from click.testing import CliRunner
+    from interop.cli.main import main
+    script = tmp_path / "train.sh"
+    script.write_text("TP=2\nARGS=\"--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16 "
+                      "--max-position-embeddings 64 --tensor-model-parallel-size $TP --pipeline-model-parallel-size 2 "
+                      "--micro-batch-size 2 --train-iters 7 --lr 2e-4 --min-lr 2e-5 --lr-warmup-iters 2 "
+                      "--lr-decay-style cosine --weight-decay 0.1 --clip-grad 0.5 --seed 11 --save-interval 3\"\n"
+                      "torchrun --nproc_per_node 4 pretrain_gpt.py $ARGS\n")
+    result = CliRunner().invoke(main, ["map-args", str(script), "--to", "mindspeed", "-o", str(tmp_path / "run.yaml")])
+    assert result.exit_code == 0, result.output
+    from_yaml, from_script = load_config(tmp_path / "run.yaml"), load_config(script)
+    for cfg in (from_yaml, from_script):
+        assert (cfg.tp, cfg.pp, cfg.micro_batch_size, cfg.steps, cfg.seq_length, cfg.seed) == (2, 2, 2, 7, 16, 11)
+        assert (cfg.lr, cfg.min_lr, cfg.warmup, cfg.decay_style, cfg.weight_decay, cfg.clip_grad, cfg.save_interval) \
+            == (2e-4, 2e-5, 2, "cosine", 0.1, 0.5, 3)
+
+
+def test_bf16_tracks_fp32(tmp_path):
+    """bf16 autocast (fp32 weights and Adam) stays within bf16 rounding of the fp32 run."""
+    from interop.trainer.launch import train
+    spec = write_spec(tmp_path / "llama.yaml", LLAMA)
+    base = TrainConfig(init_spec=str(spec), steps=4, global_batch_size=4, seq_length=16, quiet=True)
+    fp32 = [r["loss"] for r in train(base)]
+    bf16 = [r["loss"] for r in train(base.replace(bf16=True))]
+    assert fp32 != bf16 and max(abs(a - b) for a, b in zip(fp32, bf16)) < 2e-2

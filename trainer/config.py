@@ -3,13 +3,12 @@
 The YAML has the shape `interop map-args` writes (sections model_config,
 training_config, optimizer_config, parallel_config, dataset_config, keys as in the
 MindSpeed-Core-MS table); the args file holds Megatron command-line flags
-(`--tensor-model-parallel-size 2 --lr 3e-4 ...`, shell line continuations allowed).
+(`--tensor-model-parallel-size 2 --lr 3e-4 ...`), or a launch script, read by `interop.argsfile`.
 Only the keys that drive training are read; the model itself comes from the checkpoint.
 """
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +86,12 @@ YAML_KEYS = {
     ("model_config", "seq_length"): "seq_length",
 }
 
+# What each framework assumes when its file does not say (Megatron-LM's argparse defaults;
+# the MindSpeed-Core-MS table's defaults), so a file means what it means in its own framework.
+MEGATRON_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01, "decay_style": "linear",
+                     "clip_grad": 1.0, "min_lr": 0.0, "warmup": 0}
+MINDSPEED_DEFAULTS = {"lr": 1e-3, "min_lr": 0.0, "warmup": 0, "decay_style": "constant", "weight_decay": 0.0}
+
 # Megatron flag -> TrainConfig field (flags without a value are booleans)
 MEGATRON_FLAGS = {
     "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
@@ -122,7 +127,7 @@ def from_yaml(path) -> dict:
         raise InteropError(f"{path}: cannot read YAML ({exc})") from None
     if not isinstance(data, dict):
         raise InteropError(f"{path}: expected a mapping of config sections")
-    out = {}
+    out = dict(MINDSPEED_DEFAULTS)
     for (section, key), field in YAML_KEYS.items():
         value = (data.get(section) or {}).get(key)
         if value is not None and value != "":
@@ -140,13 +145,10 @@ def from_yaml(path) -> dict:
 
 
 def from_args_file(path) -> dict:
-    path = Path(path)
-    try:
-        text = path.read_text().replace("\\\n", " ")
-    except OSError as exc:
-        raise InteropError(f"{path}: cannot read ({exc.strerror})") from None
-    tokens = [t for line in text.splitlines() if not line.lstrip().startswith("#") for t in shlex.split(line)]
-    out, i = {}, 0
+    """Megatron flags from an args file or a whole launch script (variables, arrays, continuations)."""
+    from interop.argsfile import parse_file
+    tokens = parse_file(path).tokens
+    out, i = dict(MEGATRON_DEFAULTS), 0
     while i < len(tokens):
         flag = tokens[i].replace("_", "-") if tokens[i].startswith("--") else tokens[i]
         field = MEGATRON_FLAGS.get(flag)

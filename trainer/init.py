@@ -1,7 +1,7 @@
 """A fresh, randomly initialised checkpoint in the common format, for a ModelSpec and a seed.
 
 GPT-2's scheme: matrices ~ N(0, 0.02), the two residual projections (attn.o, mlp.down)
-scaled by 1/sqrt(2 * layers), norm weights 1, biases 0.  Tensors are drawn one at a
+scaled by 1/sqrt(2 * layers), norm weights 1, biases 0, vocabulary padding rows 0.  Tensors are drawn one at a
 time from one generator in the canonical table's order, so the same spec and seed
 give the same weights on any machine, independent of any later layout.
 """
@@ -42,7 +42,10 @@ def init_tensor(name: str, shape, spec: ModelSpec, gen: torch.Generator) -> torc
     std = 0.02
     if name.endswith(("attn.o.weight", "mlp.down.weight")):
         std /= math.sqrt(2 * spec.num_layers)
-    return torch.randn(shape, generator=gen) * std
+    out = torch.randn(shape, generator=gen) * std
+    if name in ("embed.word.weight", "lm_head.weight"):
+        out[spec.vocab:] = 0.0  # padding rows: never looked up, masked out of the loss
+    return out
 
 
 def init_checkpoint(spec: ModelSpec, dst, seed: int = 1234, force: bool = False) -> Path:

@@ -67,6 +67,16 @@ def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
     `world` is the number of processes when someone else launched them (torchrun);
     None when `interop train` launches dp * tp * pp ranks itself.
     """
+    fresh = []
+    try:
+        return _prepare(cfg, world, fresh)
+    except BaseException:
+        for path in fresh:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     cfg = TrainConfig(**cfg.to_dict())
     for name in ("tp", "pp", "steps", "micro_batch_size", "seq_length", "log_interval"):
         if getattr(cfg, name) < (0 if name == "steps" else 1):
@@ -86,7 +96,7 @@ def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
                            f"micro batch {cfg.micro_batch_size} x dp {cfg.dp}")
     cfg.optim()  # validates the schedule
 
-    start_step, consumed, resumed, fresh = 0, 0, False, None
+    start_step, consumed, resumed = 0, 0, False
     if not cfg.resume and cfg.save and newest_checkpoint(cfg.save) is not None:
         raise InteropError(f"{cfg.save} already holds checkpoints: add --resume to continue, or choose another --save")
     if cfg.resume:
@@ -109,8 +119,8 @@ def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
         start = cfg.load
     elif cfg.init_spec:
         spec = read_spec(cfg.init_spec)
-        fresh = tempfile.mkdtemp(prefix="interop-init-")
-        start = init_checkpoint(spec, Path(fresh) / "init", seed=cfg.seed)
+        fresh.append(tempfile.mkdtemp(prefix="interop-init-"))
+        start = init_checkpoint(spec, Path(fresh[0]) / "init", seed=cfg.seed)
         reader = open_checkpoint(start)
     else:
         raise InteropError("nothing to train: give --load CKPT, --init-spec SPEC.yaml or --resume with --save DIR")
@@ -128,7 +138,7 @@ def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
             Path(cfg.save).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InteropError(f"{cfg.save}: cannot create the save directory ({exc.strerror})") from None
-    return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh)
+    return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh[0] if fresh else None)
 
 
 def _device(local_rank: int, local_world: int) -> torch.device:
