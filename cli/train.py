@@ -82,7 +82,8 @@ def train(config_path, **flags):
 @click.option("--layouts", default="1x1,2x1,1x2,2x2", show_default=True,
               help="Reference-trainer layouts TPxPP[xDP], comma separated.")
 @click.option("--frameworks", default="torch,hf", show_default=True,
-              help="Comma separated: torch (the reference trainer at each layout), hf, mindspore.")
+              help="Comma separated: torch (the reference trainer at each layout), hf, mindspore, "
+                   "megatron (megatron-core, when installed).")
 @click.option("--tolerance", type=float, default=1e-5, show_default=True, help="Largest allowed loss difference.")
 @click.option("--plot", type=click.Path(), help="Write a PNG of the loss curves here.")
 @user_errors

@@ -87,13 +87,11 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
            frameworks=("torch", "hf"), tolerance: float = 1e-5, plot=None) -> ParityResult:
     """Run `cfg.steps` updates of every layout (torch) and framework from `ckpt`; compare the losses."""
     from .frameworks import hf_losses, mindspore_losses
+    from .megatron_framework import megatron_losses
     from .launch import train
     unknown = [f for f in frameworks if f not in FRAMEWORKS]
     if unknown:
         raise InteropError(f"unknown framework {unknown[0]!r} (known: {', '.join(FRAMEWORKS)})")
-    if "megatron" in frameworks:
-        raise InteropError("framework megatron is not wired into parity yet (megatron-core training is not "
-                           "driven by interop); compare Megatron checkpoints by converting them and using torch/hf")
     if cfg.steps < 1:
         raise InteropError("parity needs --steps >= 1")
     # Default: two micro-batches per replica, so pipelined layouts really interleave them.
@@ -112,6 +110,8 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
             runs["hf"] = hf_losses(start, base)
         if "mindspore" in frameworks:
             runs["mindspore"] = mindspore_losses(start, base)
+        if "megatron" in frameworks:
+            runs["megatron"] = megatron_losses(start, base)
     if not runs:
         raise InteropError("nothing to compare: give at least one framework")
     result = ParityResult(runs, tolerance)

@@ -1,0 +1,152 @@
+"""megatron-core as a parity framework: its own GPTModel trains the run, when megatron-core is installed.
+
+The checkpoint is converted to Megatron's `torch` format (tp 1) with `interop.convert`,
+loaded into an mcore `GPTModel` (local layer spec, no Transformer Engine) with
+`load_state_dict(strict=True)`, and trained on the same batches with the same update
+rule (`optim.py`) over mcore's gradients.  It runs in a child process of its own:
+mcore needs torch.distributed and model-parallel state, and on a machine without
+CUDA three calls are patched to CPU stand-ins (as megatron-core's own CPU tests do),
+none of which should leak into the caller.
+
+Megatron computes the loss over its whole padded vocabulary (padding rows give
+logits of 0, which enter the softmax), so parity with frameworks that use the true
+vocabulary needs a vocabulary with no padding (a multiple of 128 at tp 1).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from interop.errors import InteropError
+from interop.spec import ModelSpec
+
+from .config import TrainConfig
+from .data import TokenData
+from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
+
+
+def available() -> str | None:
+    """None when megatron-core can run here, else why not."""
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as exc:
+        return f"megatron-core is not installed ({exc})"
+    return None
+
+
+def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
+    why = available()
+    if why:
+        raise InteropError(f"framework megatron is not available: {why}")
+    from interop.store import StoreReader
+    spec = StoreReader(ckpt, verify=False).spec
+    from interop.converters.registry import converter
+    padded = converter("megatron").Writer.padded_vocab(spec, 1)
+    if padded != spec.vocab:
+        raise InteropError(f"framework megatron: the vocabulary ({spec.vocab}) is padded to {padded} rows, and "
+                           f"megatron-core's loss counts the padding; use a vocabulary that is a multiple of 128")
+    from .launch import free_port, start_method
+    import torch.multiprocessing as mp
+    ctx = mp.get_context(start_method())
+    results = ctx.Queue()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = ctx.Process(target=_child, args=(str(ckpt), cfg, results, env))
+    proc.start()
+    kind, value = results.get()
+    proc.join()
+    if kind == "error":
+        raise InteropError(value)
+    if kind == "crash":
+        raise RuntimeError(f"megatron-core run failed:\n{value}")
+    return value
+
+
+def _child(ckpt: str, cfg: TrainConfig, results, env: dict) -> None:
+    import traceback
+    os.environ.update(env)
+    try:
+        results.put(("ok", _train(ckpt, cfg)))
+    except InteropError as exc:
+        results.put(("error", str(exc)))
+    except BaseException:
+        results.put(("crash", traceback.format_exc()))
+
+
+def _patch_cpu() -> None:
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *a, **k: None
+    from megatron.core.tensor_parallel import random as mcore_random
+    mcore_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+
+
+def build_gpt_model(spec: ModelSpec):
+    """An mcore GPTModel for `spec` with every fused kernel off (plain torch ops, any device)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    norm = "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm"
+    act = {"swiglu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[spec.activation]
+    config = TransformerConfig(
+        num_layers=spec.num_layers, hidden_size=spec.hidden, num_attention_heads=spec.heads,
+        num_query_groups=spec.kv_groups, kv_channels=spec.head_dim, ffn_hidden_size=spec.ffn_hidden,
+        normalization=norm, layernorm_epsilon=spec.norm_eps, add_bias_linear=spec.linear_bias,
+        add_qkv_bias=spec.qkv_bias, gated_linear_unit=spec.gated_mlp, activation_func=act,
+        bias_activation_fusion=False, params_dtype=torch.float32, use_cpu_initialization=True,
+        bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+        persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0)
+    return GPTModel(config, get_gpt_layer_local_spec(normalization=norm), vocab_size=spec.padded_vocab,
+                    max_sequence_length=spec.max_positions,
+                    position_embedding_type="rope" if spec.position == "rope" else "learned_absolute",
+                    rotary_base=int(spec.rope_base), share_embeddings_and_output_weights=spec.tied_embeddings)
+
+
+def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from interop.convert import convert
+    from interop.io.safe_pickle import safe_torch_load
+    if not torch.cuda.is_available():
+        _patch_cpu()
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="interop-parity-megatron-") as tmp:
+            convert(ckpt, Path(tmp) / "meg", src_format="interop", dst_format="megatron", tp=1)
+            files = sorted((Path(tmp) / "meg").glob("*/mp_rank_00/model_optim_rng.pt"))
+            if len(files) != 1:
+                raise RuntimeError(f"expected one Megatron rank file, found {files}")
+            state = safe_torch_load(files[0])["model"]
+            spec = _spec_of(ckpt)
+            model = build_gpt_model(spec.replace(padded_vocab=spec.vocab))
+            model.load_state_dict(state, strict=True)
+        model.eval()  # dropout is 0 anyway; gradients are unaffected
+        optimizer = make_adamw(model.named_parameters(), cfg.optim())
+        params = list(model.parameters())
+        data = TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)
+        b, s = cfg.global_batch_size, cfg.seq_length
+        positions = torch.arange(s).unsqueeze(0).expand(b, s)
+        causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]  # True = masked
+        losses = []
+        for step in range(1, cfg.steps + 1):
+            tokens, targets = data.batch((step - 1) * b, b)
+            optimizer.zero_grad(set_to_none=False)
+            loss = model(input_ids=tokens, position_ids=positions, attention_mask=causal, labels=targets).mean()
+            loss.backward()
+            clip_grad_norm([(p.grad, True) for p in params], cfg.clip_grad)
+            set_lr(optimizer, lr_at(cfg.optim(), step, cfg.steps))
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        return losses
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _spec_of(ckpt) -> ModelSpec:
+    from interop.store import StoreReader
+    return StoreReader(ckpt, verify=False).spec
