@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import memory
 from .errors import InteropError
 
 
@@ -69,7 +70,7 @@ def assemble(box: Box, pieces, dtype: torch.dtype) -> torch.Tensor:
     for piece_box, read in pieces:
         if intersect(box, piece_box) == box:  # one piece holds all of it: no copy
             return read(box)
-    out = torch.empty(box.shape, dtype=dtype)
+    out = memory.empty(box.shape, dtype)
     covered = 0
     for piece_box, read in pieces:
         common = intersect(box, piece_box)

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from .. import memory
 from ..errors import InteropError
 from ..shards import Box
 
@@ -136,7 +137,7 @@ class SafetensorsFile:
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         start = pos - pos % mmap.ALLOCATIONGRANULARITY
-        region = mmap.mmap(self._fd, pos + nbytes - start, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
+        region = mmap.mmap(self._fd, pos + nbytes - start, flags=mmap.MAP_PRIVATE,
                            prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
         return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=pos - start).view(dtype).reshape(shape)
 
@@ -168,7 +169,7 @@ class _Scratch:
     def contiguous(self, tensor: torch.Tensor) -> torch.Tensor:
         nbytes = tensor.numel() * tensor.element_size()
         if self.buffer.numel() < nbytes:
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+            self.buffer = memory.empty((nbytes,), torch.uint8)
         out = self.buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
         out.copy_(tensor)
         return out
