@@ -120,7 +120,7 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     return result
 
 
-def plot_losses(result: ParityResult, path) -> Path:
+def plot_losses(result: ParityResult, path, title: str = "parity") -> Path:
     """Loss curves of every run (top) and each run's |difference| from the reference (bottom, log scale)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -135,7 +135,7 @@ def plot_losses(result: ParityResult, path) -> Path:
             bottom.semilogy(range(1, len(diffs) + 1), [max(d, 1e-12) for d in diffs], marker=".", label=label)
     bottom.axhline(result.tolerance, color="red", linewidth=1, label=f"tolerance {result.tolerance:.0e}")
     top.set_ylabel("loss")
-    top.set_title(f"parity: largest difference {result.max_diff:.2e}")
+    top.set_title(f"{title}: largest difference {result.max_diff:.2e}")
     top.legend()
     bottom.set_ylabel(f"|loss - {result.reference}|")
     bottom.set_xlabel("step")
