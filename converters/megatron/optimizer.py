@@ -7,6 +7,14 @@ a group they follow the model's parameter order (model chunks in order, each in 
 order).  Megatron puts biases and 1-D parameters (norms) in a no-weight-decay group
 (`wd_mult` 0, or `weight_decay` 0 in older saves).  The distributed optimizer's
 `distrib_optim.pt` is bucket-ordered and cannot be mapped back: the reader says so.
+
+torch_dist (megatron-core's `sharded_state_dict` of the same optimizers) stores each moment as
+a tensor of its own, `optimizer.state.<kind>.<weight key>`, with the weight's global (stacked,
+fused) layout; what is not a tensor goes to `common.pt` as `optimizer`: the torch state_dict
+with `params` dropped from each group and the shared step as `state.common_step`
+({"param_groups", "state"} for FP32Optimizer; wrapped in {"optimizer": ...} by the mixed-precision
+optimizer, whose fp32 masters are the `fp32_param` tensors).  `dist_hyper` / `dist_common` read
+and write that entry.
 """
 from __future__ import annotations
 
@@ -16,6 +24,10 @@ from ...io.safe_pickle import to_plain
 
 KINDS = ("exp_avg", "exp_avg_sq", "fp32_param")  # optim.<kind>.<canonical name>
 MOMENTS = ("exp_avg", "exp_avg_sq")
+# Megatron's grouping when nothing says otherwise: weight decay, then no weight decay, with the
+# keys megatron-core matches saved groups to its own by (`param_group_identifier_keys`).
+DEFAULT_GROUPS = [{"wd_mult": wd, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False}
+                  for wd in (1.0, 0.0)]
 
 
 def no_decay(key: str, shape) -> bool:
@@ -76,7 +88,7 @@ def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add) -
     """
     hyper = hyper or {}
     step_ref = add(torch.tensor(float(step or 0)))
-    saved_groups = hyper.get("param_groups") or [{"wd_mult": 1.0}, {"wd_mult": 0.0}]
+    saved_groups = hyper.get("param_groups") or DEFAULT_GROUPS
     if len(saved_groups) == 1:
         members = [params]
     else:
@@ -99,3 +111,27 @@ def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add) -
     if any(masters):
         return {"optimizer": inner, "fp32_from_fp16_params": masters}
     return {"optimizer": inner}
+
+
+def _step_value(value) -> int | None:
+    if isinstance(value, torch.Tensor):
+        return int(value.item())
+    return None if value is None else int(value)
+
+
+def dist_hyper(saved) -> dict:
+    """The hyperparameters (param_groups, step) from a torch_dist `common.pt`'s `optimizer` entry."""
+    inner = saved.get("optimizer", saved) if isinstance(saved, dict) else {}
+    inner = inner if isinstance(inner, dict) else {}
+    groups = inner.get("param_groups") or []
+    state = inner.get("state") if isinstance(inner.get("state"), dict) else {}
+    return {"param_groups": [{k: to_plain(v) for k, v in g.items() if k != "params"} for g in groups if isinstance(g, dict)],
+            "step": _step_value(state.get("common_step"))}
+
+
+def dist_common(hyper: dict | None, step, kinds) -> dict:
+    """The `optimizer` entry of `common.pt` that megatron-core's optimizer `load_state_dict` expects."""
+    hyper = hyper or {}
+    inner = {"state": {"common_step": torch.tensor(float(step or 0))},
+             "param_groups": [dict(g) for g in (hyper.get("param_groups") or DEFAULT_GROUPS)]}
+    return {"optimizer": inner} if "fp32_param" in kinds else inner

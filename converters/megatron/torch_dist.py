@@ -10,6 +10,10 @@ model, with the homogeneous layers stacked on a leading axis
 table and the Megatron args <-> ModelSpec rules are the `torch` converter's
 (`rows.py`, `args.py` beside this file, `mappings/megatron_names.py`); only the stacking is added here.
 
+Adam state of the non-distributed optimizer is stored by megatron-core as tensors of the same
+layout under `optimizer.state.<kind>.<weight key>` (`optimizer.py` has the common.pt side): it
+becomes `optim.<kind>.<canonical name>` through the same unfusing as the weights, and back.
+
 Reading goes one layer slice at a time; writing spools each finished Megatron tensor to a
 scratch file and streams them into DCP at the end, so memory stays at one tensor.
 """
@@ -28,12 +32,13 @@ from ...io import megatron_dist as dist
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
-from ...params import OPTIM_PREFIXES, param_index, param_table
+from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from .args import (args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg,
                    spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
+from .optimizer import KINDS, dist_common, dist_hyper
 from .rows import expand_rows, from_ranks, rank_shapes, to_rank
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
@@ -43,6 +48,16 @@ def stacked_key(key: str) -> tuple[str, int | None]:
     """`decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3)."""
     m = _LAYER.match(key)
     return (f"decoder.layers.{key[m.end():]}", int(m.group(1))) if m else (key, None)
+
+
+def optim_key(kind: str, key: str) -> str:
+    """megatron-core's key for optimizer state `kind` of weight `key` (same global layout as the weight)."""
+    return f"optimizer.state.{kind}.{key}"
+
+
+def _prefix(name: str) -> str:
+    """`optim.exp_avg.layers.0...` -> `optimizer.state.exp_avg.`; a weight's name -> ``."""
+    return f"optimizer.state.{name.split('.')[1]}." if name.startswith(OPTIM_PREFIXES) else ""
 
 
 def detect(path) -> bool:
@@ -109,25 +124,50 @@ class Reader:
         if unknown:
             raise InteropError(f"{self.dir}: tensor {unknown[0]} does not belong to this {spec.arch} model "
                                "(args describe a different model?)")
-        if len(model_keys) < len(keys):
-            notes.append(f"optimizer state not converted ({len(keys) - len(model_keys)} optimizer.* tensors; weights only)")
+        hyper = self._optimizer([k for k in keys if k.startswith("optimizer.")], expected, common, notes)
         if self.ckpt.objects():
             notes.append(f"ignored {len(self.ckpt.objects())} byte objects (_extra_state slots, rng state): not weights")
         it = common.get("iteration")
         state = {"iteration": it if isinstance(it, int) else None,
                  "megatron": {"checkpoint_version": plain_arg(common.get("checkpoint_version")), "scheme": scheme,
                               "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
-                              "opt_param_scheduler": plain_arg(common.get("opt_param_scheduler")),
+                              "opt_param_scheduler": plain_arg(common.get("opt_param_scheduler")), "optimizer": hyper,
                               "num_floating_point_operations_so_far": plain_arg(
                                   common.get("num_floating_point_operations_so_far"))}}
         self.source = Source(spec, ParallelLayout.build(spec.num_layers), state, notes)
         self._cache: OrderedDict = OrderedDict()
 
+    def _optimizer(self, optim: list[str], expected: dict, common: dict, notes: list[str]) -> dict | None:
+        """Which Adam state kinds map onto the weights (`self.kinds`), and the hyperparameters."""
+        self.kinds: list[str] = []
+        if not optim:
+            return None
+        kinds = [k for k in KINDS if any(key.startswith(optim_key(k, "")) for key in optim)]
+        mapped = {optim_key(k, key): shape for k in kinds for key, shape in expected.items()}
+        other = sorted(set(optim) - set(mapped))
+        why = (f"{other[0]} is not per-parameter Adam state (distributed optimizer?)" if other else
+               next((f"no {key}" for key in mapped if key not in self.ckpt), None) or
+               next((f"{key} has shape {list(self.ckpt.meta(key)[1])}, its weight {list(shape)}"
+                     for key, shape in mapped.items() if self.ckpt.meta(key)[1] != shape), None))
+        if why:
+            notes.append(f"optimizer state not converted ({len(optim)} optimizer.* tensors: {why}); weights converted")
+            return None
+        self.kinds = kinds
+        hyper = dist_hyper(common.get("optimizer"))
+        notes.append(f"converted the optimizer state ({', '.join(kinds)}), step {hyper['step']}")
+        return hyper
+
     def metas(self) -> list[TensorMeta]:
-        return [TensorMeta(p.name, self.ckpt.meta(self.row_of[p.name][1])[0], p.shape) for p in param_table(self.spec)]
+        out = []
+        for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
+            for p in param_table(self.spec):
+                key = _prefix(prefix + p.name) + self.row_of[p.name][1]
+                out.append(TensorMeta(prefix + p.name, self.ckpt.meta(key)[0], p.shape))
+        return out
 
     def read(self, name: str) -> torch.Tensor:
-        row, key, layer, j = self.row_of[name]
+        row, key, layer, j = self.row_of[base_param_name(name)]
+        key = _prefix(name) + key  # optimizer state: the weight's layout under its own key
         if (key, layer) not in self._cache:
             stored = self.ckpt.read(key, layer)
             self._cache[(key, layer)] = from_ranks(row, [stored], self.index, self.spec)
@@ -152,29 +192,30 @@ class Writer:
         self.rows = _rows(spec, "mcore_te")
         self.row_of = {n: r for r in self.rows for n in r.parts}
         dtype_of = {m.name: m.dtype for m in metas}
+        self.kinds = [k for k in KINDS if any(m.name.startswith(f"optim.{k}.") for m in metas)]
         self.planned: dict[str, tuple[torch.dtype, tuple]] = {}
-        for row in self.rows:
-            key, layer = stacked_key(row.key)
-            shape = tuple(rank_shapes(row, self.index, 1, 0))
-            self.planned[key] = (dtype_of[row.parts[0]], (spec.num_layers, *shape) if layer is not None else shape)
+        for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
+            for row in self.rows:
+                key, layer = stacked_key(row.key)
+                shape = tuple(rank_shapes(row, self.index, 1, 0))
+                self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]],
+                                                       (spec.num_layers, *shape) if layer is not None else shape)
         self.pending: dict[tuple, dict] = {}
-        self.dropped_optim: set[str] = set()
         self.spool = self.root / ".spool"
         self.spool.mkdir(parents=True)
         self.spooled: dict[tuple[str, int | None], Path] = {}
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(OPTIM_PREFIXES):
-            self.dropped_optim.add(name.split(".")[1])  # not written yet: reported in `notes`
-            return
-        row = self.row_of[name]
-        got = self.pending.setdefault(row.parts, {})
-        got[name] = tensor
+        base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
+        row = self.row_of[base]
+        got = self.pending.setdefault((prefix, row.parts), {})
+        got[base] = tensor
         if len(got) < len(row.parts):
             return
-        del self.pending[row.parts]
+        del self.pending[(prefix, row.parts)]
         fused = to_rank(row, [got[n] for n in row.parts], self.index, 1, 0, self.spec)
         key, layer = stacked_key(row.key)
+        key = prefix + key
         path = self.spool / f"{len(self.spooled)}.pt"
         torch.save(fused.contiguous(), path)
         self.spooled[(key, layer)] = path
@@ -197,6 +238,10 @@ class Writer:
         for k in ("opt_param_scheduler", "num_floating_point_operations_so_far"):
             if meg.get(k) is not None:
                 common[k] = meg[k]
+        if self.kinds:
+            hyper = meg.get("optimizer") or {}
+            step = hyper.get("step") if hyper.get("step") is not None else args.iteration
+            common["optimizer"] = dist_common(hyper, step, self.kinds)
         tensors = [(key, dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer)))
                    for key, (dtype, shape) in self.planned.items()]
         # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module.
@@ -207,13 +252,6 @@ class Writer:
         dist.write_dist_checkpoint(folder, tensors, common=common, objects=objects)
         shutil.rmtree(self.spool)
         write_tracker(self.root, iteration)
-
-    @property
-    def notes(self) -> list[str]:
-        if not self.dropped_optim:
-            return []
-        return [f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): the torch_dist writer "
-                "writes weights only; use --format torch for a resumable optimizer"]
 
     def abort(self) -> None:
         shutil.rmtree(self.spool, ignore_errors=True)
