@@ -206,7 +206,7 @@ class Writer:
         self.shard_files = list(zip(names, shards))
         self.writers, self.file_of = {}, {}
         for name, entries in self.shard_files:
-            self.writers[name] = SafetensorsWriter(self.root / name, entries, {"format": "pt"})
+            self.writers[name] = SafetensorsWriter(self.root / name, entries, {"format": "pt"}, checksum=False)
             for key, _, _ in entries:
                 self.file_of[key] = name
 

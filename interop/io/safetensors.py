@@ -183,10 +183,10 @@ class SafetensorsWriter:
     """Writes a safetensors file whose entries are known up front, one tensor at a time.
 
     `entries` is the plan: (key, dtype, shape) in the order the tensors will arrive.
-    The CRC-32 of the whole file is computed as it is written.
+    With `checksum` the CRC-32 of the whole file is computed as it is written.
     """
 
-    def __init__(self, path, entries, metadata: dict | None = None):
+    def __init__(self, path, entries, metadata: dict | None = None, checksum: bool = True):
         self.path = os.fspath(path)
         header, offset = {}, 0
         self._order = []
@@ -202,16 +202,18 @@ class SafetensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned
         self._file = open(self.path, "wb")
-        self._crc = 0
+        self._crc = 0 if checksum else None
         self.bytes = 0
         self._emit(struct.pack("<Q", len(raw)) + raw)
         self._next = 0
 
     def _emit(self, data) -> None:
-        # zlib.crc32 and write() both release the GIL: checksum on a second core while writing.
-        crc = _CRC_THREAD.submit(zlib.crc32, data, self._crc)
-        self._file.write(data)
-        self._crc = crc.result()
+        if self._crc is None:
+            self._file.write(data)
+        else:  # zlib.crc32 and write() both release the GIL: checksum on a second core while writing
+            crc = _CRC_THREAD.submit(zlib.crc32, data, self._crc)
+            self._file.write(data)
+            self._crc = crc.result()
         self.bytes += len(data)
 
     def write(self, key: str, tensor: torch.Tensor) -> None:
@@ -227,14 +229,14 @@ class SafetensorsWriter:
         self._next += 1
 
     def close(self) -> tuple[int, str]:
-        """Flush, fsync and close; returns (bytes, crc32 hex)."""
+        """Flush, fsync and close; returns (bytes, crc32 hex or None without `checksum`)."""
         if self._next != len(self._order):
             missing = [k for k, _, _ in self._order[self._next:]]
             raise ValueError(f"{self.path}: {len(missing)} planned tensors never written, e.g. {missing[0]}")
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        return self.bytes, f"{self._crc:08x}"
+        return self.bytes, None if self._crc is None else f"{self._crc:08x}"
 
     def abort(self) -> None:
         self._file.close()
