@@ -46,11 +46,17 @@ def test_clip_grad_norm_counts_shared_gradients_once():
     assert torch.allclose(a, torch.full((4,), 3.0 / (6.0 + 1e-6)))
 
 
-def test_vocab_parallel_cross_entropy_ignores_padded_vocab():
+@pytest.mark.parametrize("fused", [True, False], ids=["tp1-fused", "split-kernel"])
+def test_vocab_parallel_cross_entropy_ignores_padded_vocab(fused):
+    """Both paths (torch's kernel at tp 1, the split-vocabulary autograd function used at tp > 1)."""
+    from interop.trainer.tp import _VocabParallelCrossEntropy
     torch.manual_seed(0)
     logits = torch.randn(10, 16, requires_grad=True)
     target = torch.randint(0, 12, (10,))
-    loss = vocab_parallel_cross_entropy(logits, target, 0, 12, None)  # columns 12..15 are padding
+    if fused:
+        loss = vocab_parallel_cross_entropy(logits, target, 0, 12, None)  # columns 12..15 are padding
+    else:
+        loss = _VocabParallelCrossEntropy.apply(logits, target, 0, 12, None)
     ref_logits = logits.detach()[:, :12].clone().requires_grad_()
     ref = F.cross_entropy(ref_logits, target)
     assert float(loss.detach()) == pytest.approx(float(ref.detach()), abs=1e-6)

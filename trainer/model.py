@@ -12,8 +12,6 @@ tensors one to one; each tensor holds only this rank's tensor-parallel shard.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -82,10 +80,8 @@ class Attention(nn.Module):
         v = self.v(x).view(b, s, self.groups, self.d).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.groups != self.heads:  # GQA: each kv head serves heads/groups query heads
-            k = k.repeat_interleave(self.heads // self.groups, dim=1)
-            v = v.repeat_interleave(self.heads // self.groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # GQA: each kv head serves heads/groups query heads (enable_gqa repeats them without a copy)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.groups != self.heads)
         return self.o(y.transpose(1, 2).reshape(b, s, self.heads * self.d))
 
 
@@ -195,7 +191,3 @@ def check_model_layout(spec: ModelSpec, layout: ParallelLayout) -> None:
     if spec.position == "rope" and spec.head_dim % 2:
         raise InteropError(f"rotary embeddings need an even head_dim (got {spec.head_dim})")
 
-
-def param_count(spec: ModelSpec) -> int:
-    from interop.params import param_table
-    return sum(math.prod(p.shape) for p in param_table(spec))

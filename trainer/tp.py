@@ -146,4 +146,6 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 def vocab_parallel_cross_entropy(logits, target, start: int, true_vocab: int, group):
     """logits [n, V/tp] (this rank's vocabulary slice), target [n] global ids -> scalar mean loss."""
+    if group is None:  # one rank holds the whole vocabulary: torch's fused kernel on the true columns
+        return F.cross_entropy(logits[:, :true_vocab].float(), target)
     return _VocabParallelCrossEntropy.apply(logits, target, start, true_vocab, group)

@@ -198,20 +198,12 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     for step in range(plan.start_step + 1, last + 1):
         t0 = time.perf_counter()
-        first = consumed + grid.dp_rank * per_replica
-        micro = []
-        for m in range(plan.micro_batches):
-            tokens, targets = data.batch(first + m * cfg.micro_batch_size, cfg.micro_batch_size)
-            micro.append((tokens.to(device), targets.to(device)))
+        micro = _micro_batches(data, consumed + grid.dp_rank * per_replica, plan.micro_batches,
+                               cfg.micro_batch_size, device)
         optimizer.zero_grad(set_to_none=False)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             loss = train_step(stage, grid, micro, hidden_shape, device)
-        for _, p in named:
-            if grid.dp_group is not None:
-                dist.all_reduce(p.grad, group=grid.dp_group)
-                p.grad.div_(cfg.dp)
-        for p in tied_copy:
-            dist.all_reduce(p.grad, group=grid.embed_group)
+        _sync_gradients(named, grid, tied_copy)
         norm = clip_grad_norm([(p.grad, c) for (_, p), c in zip(named, counted)], cfg.clip_grad,
                               (grid.tp_group, grid.pp_group), device)
         lr = lr_at(cfg.optim(), step, cfg.steps)
@@ -236,6 +228,25 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     if cfg.save and plan.start_step >= last and not plan.resumed:
         save_checkpoint(cfg.save, plan.start_step, stage, optimizer, grid, layout, _state(plan, 0, consumed))
     return history
+
+
+def _micro_batches(data: TokenData, first: int, count: int, size: int, device) -> list:
+    """This replica's share of the step's batch: `count` micro-batches of `size` samples from sample `first`."""
+    out = []
+    for m in range(count):
+        tokens, targets = data.batch(first + m * size, size)
+        out.append((tokens.to(device), targets.to(device)))
+    return out
+
+
+def _sync_gradients(named, grid: Grid, tied_copy) -> None:
+    """Average gradients over data-parallel replicas; sum the tied embedding's first- and last-stage copies."""
+    if grid.dp_group is not None:
+        for _, p in named:
+            dist.all_reduce(p.grad, group=grid.dp_group)
+            p.grad.div_(grid.dp)
+    for p in tied_copy:
+        dist.all_reduce(p.grad, group=grid.embed_group)
 
 
 def _global_loss(loss, grid: Grid, device) -> float:
