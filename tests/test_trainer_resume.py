@@ -100,8 +100,9 @@ def test_cli_stop_and_resume(tmp_path):
     first = CliRunner().invoke(main, ["train", *common, "--stop-at", "2"])
     assert first.exit_code == 0, first.output
     assert "Epoch: 0, Step: 2, Loss: " in first.stdout and "Step: 3" not in first.stdout
-    second = CliRunner().invoke(main, ["train", *common, "--resume", "--pp", "2"])
+    second = CliRunner().invoke(main, ["train", *common, "--resume", "--pp", "2", "--lr", "2e-3"])
     assert second.exit_code == 0, second.output
+    assert "note: resuming" in second.stderr and "scheduler.lr 0.001 -> 0.002" in second.stderr
     lines = [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
     assert newest_checkpoint(tmp_path / "run").name == "step_000004"

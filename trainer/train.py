@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         if "iteration" not in state:
             raise InteropError(f"{found}: no training state to resume from (not saved by the trainer)")
         start_step, consumed, resumed, start = int(state["iteration"]), int(state["consumed_samples"]), True, found
+        _note_changes(state, cfg, found)
         if start_step and not has_moments(reader):
             raise InteropError(f"{found}: incomplete checkpoint, no optimizer moments to resume with")
     elif cfg.load:
@@ -139,6 +141,15 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         except OSError as exc:
             raise InteropError(f"{cfg.save}: cannot create the save directory ({exc.strerror})") from None
     return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh[0] if fresh else None)
+
+
+def _note_changes(state: dict, cfg: TrainConfig, where) -> None:
+    """Resuming with another schedule or update rule is allowed, but never silent: the curve will bend."""
+    now = _state(Plan(cfg, None, None, "", 0, 0, True), 0, 0)
+    changed = [f"{part}.{k} {old!r} -> {now[part][k]!r}" for part in ("scheduler", "optimizer")
+               for k, old in state.get(part, {}).items() if k != "step" and k in now[part] and now[part][k] != old]
+    if changed:
+        print(f"note: resuming {where} with a different {', '.join(changed)}", file=sys.stderr, flush=True)
 
 
 def _device(local_rank: int, local_world: int) -> torch.device:
