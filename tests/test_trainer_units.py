@@ -144,3 +144,16 @@ def test_bf16_tracks_fp32(tmp_path):
     fp32 = [r["loss"] for r in train(base)]
     bf16 = [r["loss"] for r in train(base.replace(bf16=True))]
     assert fp32 != bf16 and max(abs(a - b) for a, b in zip(fp32, bf16)) < 2e-2
+
+
+def test_megatron_indexed_dataset_prefix(tmp_path):
+    """A Megatron `--data-path` prefix (PREFIX.idx + PREFIX.bin, written by megatron-core) reads as one stream."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
+    prefix = str(tmp_path / "corpus")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=np.int32)
+    builder.add_document(torch.arange(20), [20])
+    builder.add_document(torch.arange(20, 41), [21])
+    builder.finalize(get_idx_path(prefix))
+    x, y = TokenData(50, 8, path=prefix).batch(1, 2)
+    assert x.tolist() == [list(range(8, 16)), list(range(16, 24))] and y[1].tolist() == list(range(17, 25))

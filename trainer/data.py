@@ -1,6 +1,7 @@
 """Token batches: a deterministic synthetic stream, or a tokenized file (.npy / .bin of token ids).
 
-A file is one stream of ids (.bin: uint16, or int32 past 65536 tokens; .npy: 1-d),
+A file is one stream of ids (.bin: uint16, or int32 past 65536 tokens; .npy: 1-d;
+a Megatron indexed-dataset prefix, PREFIX.bin typed by PREFIX.idx),
 cut into windows of seq + 1 that overlap by one token; or a 2-d .npy of explicit
 samples, one [seq + 1] row each (to replay another framework's exact batch).
 
@@ -58,7 +59,24 @@ class TokenData:
         return rows[:, :-1], rows[:, 1:]
 
 
+# Megatron's indexed dataset (`PREFIX.idx` + `PREFIX.bin`): the .idx header names the token dtype.
+_IDX_MAGIC = b"MMIDIDX\x00\x00"
+_IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+
+
+def _megatron_prefix(path: Path):
+    """Token ids of a Megatron `--data-path` prefix, read as one stream (document boundaries ignored)."""
+    idx, bin_ = path.with_name(path.name + ".idx"), path.with_name(path.name + ".bin")
+    head = idx.read_bytes()[:18]
+    if head[:9] != _IDX_MAGIC or head[17] not in _IDX_DTYPES:
+        raise InteropError(f"{idx}: not a Megatron indexed-dataset index (or an unknown token dtype)")
+    return np.memmap(bin_, dtype=_IDX_DTYPES[head[17]], mode="r")
+
+
 def _open_tokens(path: Path, vocab: int):
+    if not path.is_file() and path.with_name(path.name + ".idx").is_file() \
+            and path.with_name(path.name + ".bin").is_file():
+        return _megatron_prefix(path)
     if not path.is_file():
         raise InteropError(f"{path}: data file not found")
     if path.suffix == ".npy":
