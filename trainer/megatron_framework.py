@@ -32,11 +32,12 @@ from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
 
 def available() -> str | None:
     """None when megatron-core can run here, else why not."""
+    import importlib.util
     try:
-        import megatron.core  # noqa: F401
-    except ImportError as exc:
-        return f"megatron-core is not installed ({exc})"
-    return None
+        found = importlib.util.find_spec("megatron.core") is not None
+    except ImportError:
+        found = False
+    return None if found else "megatron-core is not installed (pip install megatron-core)"
 
 
 def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
@@ -68,7 +69,11 @@ def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
 
 def _child(ckpt: str, cfg: TrainConfig, results, env: dict) -> None:
     import traceback
+    import warnings
     os.environ.update(env)
+    # megatron-core announces every fused kernel it falls back from; we ask for the plain ones on purpose.
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed", category=UserWarning)
+    warnings.filterwarnings("ignore", message="full scope is deprecated", category=UserWarning)  # mcore's own default
     try:
         results.put(("ok", _train(ckpt, cfg)))
     except InteropError as exc:
