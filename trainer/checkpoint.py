@@ -50,6 +50,15 @@ def newest_checkpoint(root) -> Path | None:
     return max(steps)[1] if steps else None
 
 
+def remove_partial_saves(root) -> list[Path]:
+    """Delete the hidden directories saves killed midway left in `root` (never checkpoints); returns them."""
+    root = Path(root)
+    stale = [p for p in root.glob(".step_*.tmp") if p.is_dir()] if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
 def _box(spec, name: str, grid):
     param = param_index(spec)[name]
     return shard_box(param.shape, param.axis, grid.tp_rank, grid.tp)
@@ -137,9 +146,12 @@ def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict
         write_manifest(tmp, spec, layout, metas, placement, dict(sorted(all_files.items())), state)
         _fail_hook(step, "rename", grid)
         _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
+        old = root / f".step_{step:06d}.old"
+        if final.exists():  # a rerun of this step: move the old one aside, never leave a gap with neither
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
         fd = os.open(root, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -31,7 +31,7 @@ from interop.params import param_index
 from interop.spec import ModelSpec
 
 from .checkpoint import (has_moments, load_optimizer, load_weights, newest_checkpoint, open_checkpoint,
-                         save_checkpoint)
+                         remove_partial_saves, save_checkpoint)
 from .config import TrainConfig
 from .data import TokenData
 from .grid import Grid, build_grid
@@ -114,6 +114,8 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
             raise InteropError(f"{found}: no training state to resume from (not saved by the trainer)")
         start_step, consumed, resumed, start = int(state["iteration"]), int(state["consumed_samples"]), True, found
         _note_changes(state, cfg, found)
+        if cfg.save:
+            remove_partial_saves(cfg.save)
         if start_step and not has_moments(reader):
             raise InteropError(f"{found}: incomplete checkpoint, no optimizer moments to resume with")
     elif cfg.load:
