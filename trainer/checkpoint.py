@@ -167,5 +167,6 @@ def open_checkpoint(path, what: str = "checkpoint") -> StoreReader:
     if not path.exists():
         raise InteropError(f"{path}: {what} not found")
     if not is_store(path):
-        raise InteropError(f"{path}: not a complete interop checkpoint (no interop.json)")
+        raise InteropError(f"{path}: not a complete interop checkpoint (no interop.json); other formats: "
+                           f"interop convert {path} DST --to interop")
     return StoreReader(path)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import os
 import shutil
 import sys
