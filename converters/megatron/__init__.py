@@ -12,12 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import InteropError
-from ...io import megatron_dist as dist
-from . import torch_dist, torch_format
+from . import torch_format
 from .args import padded_vocab as _padded_vocab
-from .checkpoint import TRACKER, has_rank_dirs, is_dist_dir
+from .checkpoint import TRACKER, has_rank_dirs, is_dist_dir, iteration_dir
 
-WRITERS = {"torch": torch_format.Writer, "torch_dist": torch_dist.Writer}
+FORMATS = ("torch", "torch_dist")
+
+
+def _torch_dist():
+    """The torch_dist module, imported when used: torch.distributed.checkpoint takes a second to import."""
+    from . import torch_dist
+
+    return torch_dist
 
 
 def detect(path) -> bool:
@@ -27,17 +33,17 @@ def detect(path) -> bool:
 
 def _is_torch_dist(path, iteration: int | None) -> bool:
     try:
-        dist.checkpoint_dir(path, iteration)
+        folder, _ = iteration_dir(path, iteration)
     except InteropError:
         return False
-    return True
+    return is_dist_dir(folder)
 
 
 class Reader:
     """The torch_dist reader for a DCP iteration directory, the torch (rank files) reader otherwise."""
 
     def __init__(self, path, iteration: int | None = None, model_config=None):
-        cls = torch_dist.Reader if _is_torch_dist(path, iteration) else torch_format.Reader
+        cls = _torch_dist().Reader if _is_torch_dist(path, iteration) else torch_format.Reader
         self.impl = cls(path, iteration=iteration, model_config=model_config)
 
     def __getattr__(self, name):  # source, spec, metas, read, close: the chosen reader's
@@ -50,9 +56,10 @@ class Writer:
     padded_vocab = staticmethod(_padded_vocab)
 
     def __init__(self, root, spec, layout, metas, format: str | None = None, iteration: int | None = None):
-        if (format or "torch") not in WRITERS:
-            raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(WRITERS)})")
-        self.impl = WRITERS[format or "torch"](root, spec, layout, metas, iteration=iteration)
+        if (format or "torch") not in FORMATS:
+            raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
+        cls = _torch_dist().Writer if format == "torch_dist" else torch_format.Writer
+        self.impl = cls(root, spec, layout, metas, iteration=iteration)
 
     def write(self, name, tensor) -> None:
         self.impl.write(name, tensor)

@@ -6,11 +6,14 @@ Optimizer moments go through the same functions as the weights they belong to.
 """
 from __future__ import annotations
 
+import functools
+import math
+import mmap
+import sys
 from collections import OrderedDict
 
 import torch
 
-from ...fused import fuse_concat, fuse_qkv_grouped, split_concat, split_qkv_grouped
 from ...layout import ParallelLayout
 from ...mappings.megatron_names import IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TIED_HEAD
 from ...params import param_index
@@ -60,29 +63,129 @@ def rank_shapes(row: Row, index, tp: int, t: int) -> tuple[int, ...]:
     return shard_box(first.shape, first.axis, t, tp).shape
 
 
-def to_rank(row: Row, tensors: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec) -> torch.Tensor:
-    """Rank `t`'s Megatron tensor from the row's full canonical tensors."""
-    shards = [x[shard_box(x.shape, index[n].axis, t, tp).slices()] for n, x in zip(row.parts, tensors)]
+def rank_pieces(row: Row, full: list[torch.Tensor], shard: torch.Tensor, index, tp: int, t: int, spec: ModelSpec):
+    """(view of a full canonical tensor, view of rank `t`'s Megatron tensor) pairs holding the same values.
+
+    Both directions copy through these views, once per byte: no per-part splits, no concatenation.
+    QKV: per query group the rank holds [its q heads; k_g; v_g]; swiglu fc1: [gate_r; up_r].
+    """
     if row.kind == "qkv":
-        return fuse_qkv_grouped(*shards, spec.kv_groups // tp)
+        groups, d = spec.kv_groups, spec.head_dim
+        per_rank, q_rows = groups // tp, spec.heads // groups * d
+        rest = tuple(shard.shape[1:])
+        mine = slice(t * per_rank, (t + 1) * per_rank)
+        stored = shard.view(per_rank, q_rows + 2 * d, *rest)
+        q, k, v = (x.view(groups, -1, *rest)[mine] for x in full)
+        return [(q, stored[:, :q_rows]), (k, stored[:, q_rows:q_rows + d]), (v, stored[:, q_rows + d:])]
     if row.kind == "fc1":
-        return fuse_concat(*shards)
-    return shards[0]
+        half = shard.shape[0] // 2
+        return [(x[t * half:(t + 1) * half], shard[j * half:(j + 1) * half]) for j, x in enumerate(full)]
+    return [(full[0][shard_box(full[0].shape, index[row.parts[0]].axis, t, tp).slices()], shard)]
 
 
-def from_ranks(row: Row, shards: list[torch.Tensor], index, spec: ModelSpec) -> list[torch.Tensor]:
-    """The row's full canonical tensors from every TP rank's Megatron tensor."""
-    tp = len(shards)
+def one_thread(fn):
+    """Run `fn`'s tensor copies on one thread: they are memory-bound, and torch's thread pool spinning
+    on a busy machine made a strided copy 50x slower (measured on 2 shared cores)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return run
+
+
+def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec) -> list[tuple]:
+    """(full tensor, start, stop) element ranges of the (contiguous) full canonical tensors, in the order rank
+    `t`'s Megatron tensor stores the same elements: a rank file can be read straight into them
+    (`LazyTorchFile.read_into`)."""
     if row.kind == "qkv":
-        per = [split_qkv_grouped(s, spec.kv_groups // tp, spec.heads // tp, spec.head_dim) for s in shards]
-    elif row.kind == "fc1":
-        per = [split_concat(s, [s.shape[0] // 2, s.shape[0] // 2]) for s in shards]
-    else:
-        per = [[s] for s in shards]
-    out = []
-    for j, name in enumerate(row.parts):
-        axis = index[name].axis
-        out.append(per[0][j].contiguous() if axis is None else torch.cat([p[j] for p in per], dim=axis))
+        per_rank = spec.kv_groups // tp
+        sizes = [x.numel() // spec.kv_groups for x in full]  # elements per query group in q, k, v
+        return [(x, g * n, (g + 1) * n) for g in range(t * per_rank, (t + 1) * per_rank) for x, n in zip(full, sizes)]
+    if row.kind == "fc1":
+        n = full[0].numel() // tp
+        return [(x, t * n, (t + 1) * n) for x in full]
+    x = full[0]
+    box = shard_box(x.shape, index[row.parts[0]].axis, t, tp)
+    if box.shape[1:] == x.shape[1:]:  # whole rows: one range
+        n = x[0].numel()
+        return [(x, box.offset[0] * n, (box.offset[0] + box.shape[0]) * n)]
+    width, lo, hi = x.shape[1], box.offset[1], box.offset[1] + box.shape[1]  # split on dim 1: row by row
+    return [(x, r * width + lo, r * width + hi) for r in range(x.shape[0])]
+
+
+class Memory:
+    """Large result tensors in anonymous mappings of their own, reused once nothing refers to them.
+
+    Fresh pages cost the kernel a fault and a zeroing each: filling new memory took four times as
+    long as filling reused memory.  Plain heap tensors are reused, but freed between the writers'
+    small allocations they left the C heap fragmented, and the process's RSS climbed with the model
+    (0.6 of a 1 GB checkpoint).  A mapping here is reused when idle (no tensor keeps its buffer
+    exported) and unmapped when dropped; at most `keep` are held.
+    """
+
+    def __init__(self, keep: int = 8):
+        self.keep, self.buffers = keep, []
+
+    def _idle(self, i: int) -> bool:
+        return sys.getrefcount(self.buffers[i]) <= 2  # the list's reference and getrefcount's argument
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < 1 << 20:
+            return torch.empty(shape, dtype=dtype)
+        fits = [i for i in range(len(self.buffers)) if nbytes <= len(self.buffers[i]) <= 2 * nbytes and self._idle(i)]
+        if fits:
+            buf = self.buffers[min(fits, key=lambda i: len(self.buffers[i]))]
+        else:
+            idle = [i for i in range(len(self.buffers)) if self._idle(i)]
+            for i in reversed(idle[:max(0, len(self.buffers) + 1 - self.keep)]):
+                del self.buffers[i]  # unmapped: nothing else refers to it
+            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+            self.buffers.append(buf)
+        return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
+
+
+def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: ModelSpec,
+               memory: Memory) -> list[torch.Tensor]:
+    """The row's full canonical tensors, every TP rank's stored tensor read straight into its place.
+
+    `read_into(t, runs)` fills `runs` (see `rank_runs`) from rank `t`'s file.
+    """
+    out = [memory.empty(index[n].shape, dtype) for n in row.parts]
+    for t in range(tp):
+        read_into(t, rank_runs(row, out, index, tp, t, spec))
+    return out
+
+
+@one_thread
+def to_rank(row: Row, tensors: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rank `t`'s Megatron tensor from the row's full canonical tensors: a view when it is one contiguous
+    slice, else built in `out` (of the rank's shape; a caller that writes it at once can reuse it)."""
+    if row.kind not in ("qkv", "fc1"):
+        x = tensors[0]
+        piece = x[shard_box(x.shape, index[row.parts[0]].axis, t, tp).slices()]
+        return piece if piece.is_contiguous() else (piece.contiguous() if out is None else out.copy_(piece))
+    shard = torch.empty(rank_shapes(row, index, tp, t), dtype=tensors[0].dtype) if out is None else out
+    for full, stored in rank_pieces(row, tensors, shard, index, tp, t, spec):
+        stored.copy_(full)
+    return shard
+
+
+@one_thread
+def from_ranks(row: Row, shards: list[torch.Tensor], index, spec: ModelSpec) -> list[torch.Tensor]:
+    """The row's full canonical tensors from every TP rank's Megatron tensor, each rank copied straight into place."""
+    tp = len(shards)
+    if tp == 1 and row.kind not in ("qkv", "fc1"):
+        return [shards[0]]
+    out = [torch.empty(index[n].shape, dtype=shards[0].dtype) for n in row.parts]
+    for t, shard in enumerate(shards):
+        for full, stored in rank_pieces(row, out, shard, index, tp, t, spec):
+            full.copy_(stored)
     return out
 
 

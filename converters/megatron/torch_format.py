@@ -19,6 +19,7 @@ from __future__ import annotations
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -38,7 +39,7 @@ from .args import args_dict, args_from_spec, base_args, explicit_args, model_con
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, is_dist_dir,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from .optimizer import KINDS, pack, unpack
-from .rows import expand_rows, flatten, from_ranks, ignored_why, legacy_key, rank_shapes, to_rank
+from .rows import Memory, expand_rows, flatten, ignored_why, legacy_key, rank_shapes, read_ranks, to_rank
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -84,6 +85,7 @@ class Reader:
         }
         self.source = Source(spec, self.layout, state, notes)
         self._cache: OrderedDict = OrderedDict()
+        self.memory = Memory()
 
     # -- opening -------------------------------------------------------------------------------
     def _open_ranks(self) -> None:
@@ -305,10 +307,13 @@ class Reader:
         row, j = self.row_of[base]
         ident = (name[:len(name) - len(base)], row.stage, row.chunk, row.key)
         if ident not in self._cache:
-            replicated = row.kind == "copy" and self.index[row.parts[0]].axis is None
-            ranks = [0] if replicated else range(self.tp)
-            shards = [self.files[(t, row.stage)].read(dicts[(t, row.stage, row.chunk)][row.key]) for t in ranks]
-            self._cache[ident] = from_ranks(row, shards, self.index, self.spec) if not replicated else [shards[0]]
+            stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
+            if row.kind == "copy" and self.index[row.parts[0]].axis is None:  # replicated: rank 0's copy
+                self._cache[ident] = [self.files[(0, row.stage)].read(stored[0])]
+            else:
+                read_into = lambda t, runs: self.files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
+                self._cache[ident] = read_ranks(row, read_into, self.tp, stored[0].dtype, self.index, self.spec,
+                                               self.memory)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[ident][j]
@@ -339,6 +344,7 @@ class Writer:
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = []
         self.pending: dict[tuple, dict] = {}
+        self._buffer = torch.empty(0, dtype=torch.uint8)
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
         self.dir = self.root / "iter_pending"
         self.files = {}
@@ -357,10 +363,19 @@ class Writer:
             return
         del self.pending[(kind, row.parts)]
         parts = [got[n] for n in row.parts]
-        for r in [row] + ([t for t in self.tied_rows] if base == "embed.word.weight" else []):
-            for t in range(self.layout.tp):
-                piece = to_rank(row, parts, self.index, self.layout.tp, t, self.spec)
+        for t in range(self.layout.tp):
+            piece = to_rank(row, parts, self.index, self.layout.tp, t, self.spec,
+                            out=self._scratch(rank_shapes(row, self.index, self.layout.tp, t), parts[0].dtype))
+            for r in [row] + (self.tied_rows if base == "embed.word.weight" else []):
                 self.refs[(kind, t, r.stage, r.chunk, r.key)] = self.files[(t, r.stage)].add(piece)
+
+    def _scratch(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """One buffer, reused for every fused or strided rank tensor (each is written before the next is
+        built): fresh allocations per tensor leave the C heap fragmented and the process's RSS high."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._buffer.numel() < nbytes:
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffer[:nbytes].view(dtype).view(shape)
 
     def _model_dict(self, t: int, p: int, v: int) -> OrderedDict:
         out = OrderedDict()

@@ -83,6 +83,46 @@ class LazyTorchFile:
         return flat.as_strided(t.shape, t.stride()).clone()
 
 
+    def read_into(self, t: torch.Tensor, runs: list[tuple[torch.Tensor, int, int]]) -> None:
+        """Read tensor `t`'s elements straight into `runs`, (contiguous tensor, start, stop) element ranges
+        of their flattened targets in the order `t` stores its elements: scattered reads, no staging copy."""
+        if sum(stop - start for _, start, stop in runs) != t.numel() or any(
+                x.dtype != t.dtype or not x.is_contiguous() for x, _, _ in runs):
+            raise ValueError(f"{self.path}: runs do not match a {t.dtype} tensor of {t.numel()} elements")
+        if t.device.type != "meta" or not t.is_contiguous():
+            flat, at = self.read(t).reshape(-1), 0
+            for x, start, stop in runs:
+                x.view(-1)[start:stop].copy_(flat[at:at + stop - start])
+                at += stop - start
+            return
+        item = t.element_size()
+        offset = t.untyped_storage()._checkpoint_offset + t.storage_offset() * item
+        bytes_of = {}
+        views = []
+        for x, start, stop in runs:
+            if id(x) not in bytes_of:
+                bytes_of[id(x)] = memoryview(x.view(-1).view(torch.uint8).numpy())
+            for lo in range(start * item, stop * item, _CHUNK):
+                views.append(bytes_of[id(x)][lo:min(lo + _CHUNK, stop * item)])
+        with open(self.path, "rb", buffering=0) as f:
+            i = 0
+            while i < len(views):
+                batch, want = [], 0  # one preadv: at most IOV_MAX buffers, under Linux's 2 GiB per call
+                while i < len(views) and len(batch) < _IOV_MAX and want + views[i].nbytes <= 4 * _CHUNK:
+                    want += views[i].nbytes
+                    batch.append(views[i])
+                    i += 1
+                got = os.preadv(f.fileno(), batch, offset)
+                if got != want:
+                    raise InteropError(f"{self.path}: truncated (a tensor needs {want} bytes at offset {offset}, "
+                                       f"{got} there)")
+                offset += want
+
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
+_CHUNK = 256 << 20
+
+
 class _StorageRef:
     def __init__(self, key: str, dtype: torch.dtype, numel: int):
         self.key, self.dtype, self.numel = key, dtype, numel
@@ -133,12 +173,14 @@ class TorchFileWriter:
         if tensor.dtype not in STORAGE_TYPES:
             raise InteropError(f"{self.path}: cannot store dtype {tensor.dtype}")
         t = tensor.detach().cpu().contiguous()
-        if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset():
-            t = t.clone()  # a view into a larger tensor: store just its elements
         key = str(self._count)
         self._count += 1
         nbytes = t.numel() * t.element_size()
-        self._zip.write_record(f"data/{key}", t.untyped_storage(), nbytes)
+        storage = t.untyped_storage()
+        if storage.nbytes() != nbytes:  # a view into a larger tensor (a TP slice): its bytes, without a copy
+            start = t.storage_offset() * t.element_size()
+            storage = storage[start:start + nbytes]
+        self._zip.write_record(f"data/{key}", storage, nbytes)
         self.nbytes += nbytes
         return TensorRef(_StorageRef(key, t.dtype, t.numel()), t.shape)
 
