@@ -110,7 +110,7 @@ def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict
     """Write the checkpoint of update `step` collectively (every rank calls this); returns its path."""
     spec, root = stage.spec, Path(root)
     final, tmp = step_dir(root, step), root / f".step_{step:06d}.tmp"
-    distributed = dist.is_initialized()
+    distributed = grid.world > 1  # a one-rank run never touches torch.distributed (even if the caller did)
     if grid.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
