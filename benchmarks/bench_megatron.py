@@ -1,63 +1,35 @@
 """Convert a ~1 GB Megatron tp 2 / pp 2 checkpoint to HF and to Megatron tp 4 / pp 1.
 
-    .venv/bin/python benchmarks/bench_megatron.py [--layers 36] [--keep DIR]
+    .venv/bin/python benchmarks/bench_megatron.py [--layers 36] [--repeat 2] [--keep DIR]
 
 The checkpoint is a GPT2-style model (hidden 1024, ffn 4096, vocab 32000 padded to
-32256, bf16), written with interop's Megatron writer.  In one run it reports, for each
-conversion, the time relative to a plain copy of the same bytes (copy + fsync, since
-the conversion fsyncs its output too; target <= 1.5) and the peak RSS above the
-starting point relative to the checkpoint size (target <= 0.25).  Files live in a
-temporary directory removed at the end.
+32256, bf16), written with interop's Megatron writer.  Each conversion runs in a fresh
+interpreter (`common.measured_convert`); it reports the time relative to a plain copy of
+the same bytes (copy + fsync, since the conversion fsyncs its output too; target <= 1.5)
+and the peak RSS the conversion added relative to the checkpoint size (target <= 0.25).
+The machine may be shared: every round prints the load average, and `--repeat` runs the
+copy and both conversions again.  Files live in a temporary directory removed at the end.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from interop.convert import convert
-from interop.converters.megatron import Writer
-from interop.layout import ParallelLayout
-from interop.params import param_table
-from interop.spec import ModelSpec
-from interop.tensors import TensorMeta
+sys.path.insert(0, str(Path(__file__).parent))
+from common import measured_convert, report  # noqa: E402
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
-class PeakRss:
-    """Samples this process's RSS every 2 ms while the block runs."""
-
-    def __enter__(self):
-        self.base = self.peak = rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, rss())
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss())
-
-    @property
-    def extra(self) -> int:
-        return self.peak - self.base
+from interop.converters.megatron import Writer  # noqa: E402
+from interop.layout import ParallelLayout  # noqa: E402
+from interop.params import param_table  # noqa: E402
+from interop.spec import ModelSpec  # noqa: E402
+from interop.tensors import TensorMeta  # noqa: E402
 
 
 def make_checkpoint(root: Path, layers: int) -> int:
@@ -74,7 +46,9 @@ def make_checkpoint(root: Path, layers: int) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
-def plain_copy(src: Path, dst: Path) -> None:
+def plain_copy(src: Path, dst: Path) -> float:
+    """Seconds to copy the checkpoint tree and fsync every file."""
+    started = time.perf_counter()
     for f in sorted(src.rglob("*")):
         target = dst / f.relative_to(src)
         if f.is_dir():
@@ -85,43 +59,34 @@ def plain_copy(src: Path, dst: Path) -> None:
             fd = os.open(target, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-
-
-def timed(fn):
-    with PeakRss() as m:
-        t0 = time.perf_counter()
-        fn()
-        seconds = time.perf_counter() - t0
-    return seconds, m.extra
+    seconds = time.perf_counter() - started
+    shutil.rmtree(dst)
+    return seconds
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keep", help="work in this directory and keep it")
     opts = ap.parse_args()
     work = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="bench_megatron-"))
     try:
         src = work / "megatron-tp2pp2"
         if not src.exists():
-            size = make_checkpoint(src, opts.layers)
-        else:
-            size = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
-        for d in ("copy", "hf", "tp4"):
-            shutil.rmtree(work / d, ignore_errors=True)
-        plain_copy(src, work / "warm")  # page cache warm for every reader alike
-        shutil.rmtree(work / "warm")
-        copy_s, copy_rss = timed(lambda: plain_copy(src, work / "copy"))
+            make_checkpoint(src, opts.layers)
+        size = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
         print(f"checkpoint: {size / 1e9:.2f} GB (megatron tp2 pp2, {opts.layers} layers, bf16)")
-        print(f"plain copy + fsync: {copy_s:.2f} s")
-        rows = []
-        for name, kwargs in (("hf", {"dst_format": "hf"}),
-                             ("tp4", {"dst_format": "megatron", "tp": 4, "pp": 1})):
-            seconds, extra = timed(lambda: convert(src, work / name, **kwargs))
-            rows.append((name, seconds, extra))
-            print(f"megatron tp2 pp2 -> {'HF' if name == 'hf' else 'megatron tp4 pp1'}: {seconds:.2f} s "
-                  f"= {seconds / copy_s:.2f} x copy (target <= 1.5), peak RSS +{extra / 1e6:.0f} MB "
-                  f"= {extra / size:.3f} x checkpoint (target <= 0.25)")
+        plain_copy(src, work / "warm")  # page cache warm for every reader alike
+        for _ in range(opts.repeat):
+            print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+            copy_s = plain_copy(src, work / "copy")
+            print(f"{'plain copy + fsync':<34} {copy_s:6.2f} s")
+            for label, kwargs in (("megatron tp2 pp2 -> HF", {"dst_format": "hf"}),
+                                  ("megatron tp2 pp2 -> megatron tp4 pp1", {"dst_format": "megatron", "tp": 4, "pp": 1})):
+                shutil.rmtree(work / "out", ignore_errors=True)
+                result = measured_convert(src=src, dst=work / "out", **kwargs)
+                print(report(label, result, copy_s, size))
     finally:
         if not opts.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -97,10 +97,10 @@ def one_thread(fn):
     return run
 
 
-def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec) -> list[tuple]:
+def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec) -> list[tuple] | None:
     """(full tensor, start, stop) element ranges of the (contiguous) full canonical tensors, in the order rank
     `t`'s Megatron tensor stores the same elements: a rank file can be read straight into them
-    (`LazyTorchFile.read_into`)."""
+    (`LazyTorchFile.read_into`).  None for a split on dim 1, whose runs are single rows."""
     if row.kind == "qkv":
         per_rank = spec.kv_groups // tp
         sizes = [x.numel() // spec.kv_groups for x in full]  # elements per query group in q, k, v
@@ -110,11 +110,10 @@ def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: 
         return [(x, t * n, (t + 1) * n) for x in full]
     x = full[0]
     box = shard_box(x.shape, index[row.parts[0]].axis, t, tp)
-    if box.shape[1:] == x.shape[1:]:  # whole rows: one range
-        n = x[0].numel()
-        return [(x, box.offset[0] * n, (box.offset[0] + box.shape[0]) * n)]
-    width, lo, hi = x.shape[1], box.offset[1], box.offset[1] + box.shape[1]  # split on dim 1: row by row
-    return [(x, r * width + lo, r * width + hi) for r in range(x.shape[0])]
+    if box.shape[1:] != x.shape[1:]:
+        return None  # split on dim 1: a short run per row
+    n = x[0].numel()
+    return [(x, box.offset[0] * n, (box.offset[0] + box.shape[0]) * n)]
 
 
 class Memory:
@@ -149,6 +148,7 @@ class Memory:
         return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
+@one_thread
 def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: ModelSpec,
                memory: Memory) -> list[torch.Tensor]:
     """The row's full canonical tensors, every TP rank's stored tensor read straight into its place.
@@ -157,7 +157,14 @@ def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: Mo
     """
     out = [memory.empty(index[n].shape, dtype) for n in row.parts]
     for t in range(tp):
-        read_into(t, rank_runs(row, out, index, tp, t, spec))
+        runs = rank_runs(row, out, index, tp, t, spec)
+        if runs is None:  # one read into a reused buffer and one strided copy beat a read per row
+            shard = memory.empty(rank_shapes(row, index, tp, t), dtype)
+            read_into(t, [(shard, 0, shard.numel())])
+            for full, stored in rank_pieces(row, out, shard, index, tp, t, spec):
+                full.copy_(stored)
+        else:
+            read_into(t, runs)
     return out
 
 

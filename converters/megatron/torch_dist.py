@@ -14,14 +14,14 @@ Adam state of the non-distributed optimizer is stored by megatron-core as tensor
 layout under `optimizer.state.<kind>.<weight key>` (`optimizer.py` has the common.pt side): it
 becomes `optim.<kind>.<canonical name>` through the same unfusing as the weights, and back.
 
-Reading goes one layer slice at a time; writing spools each finished Megatron tensor to a
-scratch file and streams them into DCP at the end, so memory stays at one tensor.
+Reading goes one layer slice at a time; writing appends each finished Megatron tensor's raw bytes
+to a scratch file and streams them into DCP at the end, so memory stays at one tensor.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
-import shutil
 from collections import OrderedDict
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from .args import (args_dict, args_from_spec, base_args, explicit_args, model_co
                    spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from .optimizer import KINDS, dist_common, dist_hyper
-from .rows import expand_rows, from_ranks, rank_shapes, to_rank
+from .rows import Memory, expand_rows, from_ranks, rank_shapes, to_rank
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
@@ -201,9 +201,12 @@ class Writer:
                 self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]],
                                                        (spec.num_layers, *shape) if layer is not None else shape)
         self.pending: dict[tuple, dict] = {}
+        # Finished Megatron tensors wait here as raw bytes until DCP asks for them in its own order.
         self.spool = self.root / ".spool"
-        self.spool.mkdir(parents=True)
-        self.spooled: dict[tuple[str, int | None], Path] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.spool_file = open(self.spool, "wb")
+        self.spooled: dict[tuple[str, int | None], int] = {}  # (key, layer) -> byte offset
+        self.memory = Memory()
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
@@ -216,12 +219,15 @@ class Writer:
         fused = to_rank(row, [got[n] for n in row.parts], self.index, 1, 0, self.spec)
         key, layer = stacked_key(row.key)
         key = prefix + key
-        path = self.spool / f"{len(self.spooled)}.pt"
-        torch.save(fused.contiguous(), path)
-        self.spooled[(key, layer)] = path
+        self.spooled[(key, layer)] = self.spool_file.tell()
+        self.spool_file.write(_bytes(fused.contiguous()))
 
-    def _load(self, key: str, layer: int | None) -> torch.Tensor:
-        return torch.load(self.spooled[(key, layer)], map_location="cpu", weights_only=True)
+    def _load(self, key: str, layer: int | None, fd: int) -> torch.Tensor:
+        dtype, shape = self.planned[key]
+        out = self.memory.empty(shape[1:] if layer is not None else shape, dtype)
+        if out.numel() and os.preadv(fd, [_bytes(out)], self.spooled[(key, layer)]) != out.numel() * dtype.itemsize:
+            raise InteropError(f"{self.spool}: truncated")
+        return out
 
     def finish(self, state: dict | None = None) -> None:
         if self.pending:
@@ -242,16 +248,27 @@ class Writer:
             hyper = meg.get("optimizer") or {}
             step = hyper.get("step") if hyper.get("step") is not None else args.iteration
             common["optimizer"] = dist_common(hyper, step, self.kinds)
-        tensors = [(key, dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer)))
+        self.spool_file.close()
+        fd = os.open(self.spool, os.O_RDONLY)
+        tensors = [(key, dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer, fd)))
                    for key, (dtype, shape) in self.planned.items()]
         # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module.
         n = self.spec.num_layers
         objects = {f"{stacked_key(m.format(i=i))[0]}._extra_state/shard_{i}_{n}": None
                    for m in EXTRA_STATE_MODULES if "{i}" in m for i in range(n)}
         folder = self.root / iteration_name(iteration)
-        dist.write_dist_checkpoint(folder, tensors, common=common, objects=objects)
-        shutil.rmtree(self.spool)
+        try:
+            dist.write_dist_checkpoint(folder, tensors, common=common, objects=objects)
+        finally:
+            os.close(fd)
+        self.spool.unlink()
         write_tracker(self.root, iteration)
 
     def abort(self) -> None:
-        shutil.rmtree(self.spool, ignore_errors=True)
+        self.spool_file.close()
+        self.spool.unlink(missing_ok=True)
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of contiguous tensor `t`, without a copy."""
+    return memoryview(t.view(-1).view(torch.uint8).numpy())
