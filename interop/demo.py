@@ -1,11 +1,17 @@
-"""The README demo on tiny models: convert, reshard, convert back, and prove nothing changed.
+"""The README demo on tiny models, end to end:
 
-Run with `interop demo` (or `python -m interop.demo`).  Builds its own tiny HF Llama
-(GQA, untied), so nothing is downloaded.
+  HF Llama -> Megatron tp 2 / pp 2 -> MindSpore tp 4 -> common format (and back to HF, identical)
+  -> parity across layouts and frameworks -> train, stop, resume at another layout -> the curve continues.
+
+Run with `interop demo [--workdir DIR]`.  Builds its own tiny HF Llama (GQA, untied), so
+nothing is downloaded.  Each step prints the command a user would type for it.
 """
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,8 +19,13 @@ import click
 import torch
 
 from .convert import convert
-from .inspect import describe, render
 from .io.safetensors import SafetensorsFile
+
+# vocab 1024 has no Megatron padding at tp <= 8, so megatron-core can join parity
+# (it counts padded vocabulary entries in its loss).
+TINY_LLAMA = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=4,
+                  intermediate_size=128, vocab_size=1024, max_position_embeddings=128, tie_word_embeddings=False,
+                  bos_token_id=0, eos_token_id=0)
 
 
 def quiet_transformers():
@@ -28,11 +39,7 @@ def quiet_transformers():
 def build_tiny_llama(path: Path, seed: int = 0) -> None:
     transformers = quiet_transformers()
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=4,
-                                      num_hidden_layers=4, intermediate_size=128, vocab_size=1000,
-                                      max_position_embeddings=128, tie_word_embeddings=False,
-                                      bos_token_id=0, eos_token_id=0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA)).save_pretrained(path)
 
 
 def same_tensors(a: Path, b: Path) -> tuple[int, list[str]]:
@@ -43,10 +50,9 @@ def same_tensors(a: Path, b: Path) -> tuple[int, list[str]]:
     return len(x.keys()), differ
 
 
-def logits_match(a: Path, b: Path) -> float:
+def logits_difference(a: Path, b: Path) -> float:
     transformers = quiet_transformers()
-
-    tokens = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(0))
     outs = []
     for path in (a, b):
         model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
@@ -55,42 +61,80 @@ def logits_match(a: Path, b: Path) -> float:
     return float((outs[0] - outs[1]).abs().max())
 
 
-def run_demo(workdir: Path, echo=click.echo) -> bool:
-    hf = workdir / "llama-hf"
-    common = workdir / "llama-interop-tp2pp2"
-    back = workdir / "llama-hf-again"
-    echo(f"== 1. a tiny HF Llama (GQA 8 heads / 4 groups, untied) in {hf}")
+def interop_cli(*args, echo=click.echo) -> None:
+    """Run one `interop` command in a child process (training spawns its own ranks), echoing it."""
+    echo("$ interop " + " ".join(str(a) for a in args))
+    proc = subprocess.run([sys.executable, "-m", "interop", *map(str, args)], text=True)
+    if proc.returncode:
+        raise click.ClickException(f"`interop {args[0]}` failed with exit code {proc.returncode}")
+
+
+def step(echo, title: str, summary=None) -> None:
+    echo(f"\n== {title}")
+    if summary is not None:
+        echo("\n".join(summary.lines()))
+
+
+def run_demo(work: Path, echo=click.echo) -> bool:
+    hf, megatron, mindspore = work / "llama-hf", work / "megatron-tp2pp2", work / "mindspore-tp4"
+    common, back = work / "common", work / "llama-hf-again"
+    step(echo, f"1. a tiny HF Llama (GQA 8 heads / 4 groups, untied, vocab 1024) in {hf}")
     build_tiny_llama(hf)
-    echo("== 2. HF -> common format at tp 2 / pp 2")
-    echo("\n".join(convert(hf, common, dst_format="interop", tp=2, pp=2, force=True).lines()))
-    echo(render(describe(common), show_tensors=False))
-    echo("== 3. common format -> HF")
-    echo("\n".join(convert(common, back, dst_format="hf", force=True).lines()))
+    step(echo, "2. interop convert llama-hf megatron-tp2pp2 --to megatron --tp 2 --pp 2",
+         convert(hf, megatron, dst_format="megatron", tp=2, pp=2, force=True))
+    step(echo, "3. interop convert megatron-tp2pp2 mindspore-tp4 --from megatron --to mindspore --tp 4",
+         convert(megatron, mindspore, src_format="megatron", dst_format="mindspore", tp=4, force=True))
+    step(echo, "4. interop convert mindspore-tp4 common --to interop",
+         convert(mindspore, common, dst_format="interop", force=True))
+    step(echo, "5. interop convert common llama-hf-again --to hf  (proof: nothing changed on the way)",
+         convert(common, back, dst_format="hf", force=True))
     count, differ = same_tensors(hf, back)
-    max_diff = logits_match(hf, back)
-    ok = not differ and max_diff == 0.0
-    echo(f"== result: {count} tensors compared, {len(differ)} differ; max |logit difference| = {max_diff:g}"
-         f" -> {'IDENTICAL' if ok else 'MISMATCH'}")
-    return ok
+    logits = logits_difference(hf, back)
+    identical = not differ and logits == 0.0
+    echo(f"   {count} tensors compared, {len(differ)} differ; max |logit difference| = {logits:g}"
+         f" -> {'IDENTICAL' if identical else 'MISMATCH'}")
+
+    frameworks = "torch,hf,mindspore" + (",megatron" if importlib.util.find_spec("megatron.core") else "")
+    step(echo, "6. parity: the same weights and batches at four layouts and in other frameworks")
+    interop_cli("parity", common, "--steps", 10, "--layouts", "1x1,2x1,1x2,2x2", "--frameworks", frameworks,
+                "--plot", work / "parity.png", echo=echo)
+
+    step(echo, "7. train 30 steps at tp 2 / pp 2, stop at step 15, resume at tp 1 / pp 2")
+    common_args = ["--load", common, "--steps", 30, "--global-batch-size", 8, "--lr", "1e-2", "--warmup", 3,
+                   "--save-interval", 5, "--log-interval", 5]
+    interop_cli("train", *common_args, "--save", work / "run", "--tp", 2, "--pp", 2, "--stop-at", 15, echo=echo)
+    interop_cli("train", *common_args, "--save", work / "run", "--tp", 1, "--pp", 2, "--resume", echo=echo)
+    interop_cli("train", *common_args, "--save", work / "straight", "--tp", 2, "--pp", 2, echo=echo)
+    from .trainer.metrics import compare_runs
+
+    result = compare_runs({"uninterrupted 2x2": work / "straight", "stop 15, resume 1x2": work / "run"},
+                          plot=work / "resume.png")
+    echo(result.table())
+    echo(f"\n== done: round trip {'identical' if identical else 'MISMATCH'}; resumed curve "
+         f"{'continues' if result.ok else 'DIVERGES'} (largest difference {result.max_diff:.1e}); "
+         f"plots: {work / 'parity.png'}, {work / 'resume.png'}")
+    return identical and result.ok
 
 
 @click.command()
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where to leave the demo's checkpoints (default: a temporary directory, removed after).")
-def demo(workdir):
-    """Run the end-to-end demo on tiny models.
+              help="Where to leave the demo's checkpoints and plots (default: ./demo-out).")
+@click.option("--clean", is_flag=True, help="Remove the work directory afterwards.")
+def demo(workdir, clean):
+    """Run the end-to-end demo on tiny models (a few minutes on 2 CPU cores).
 
     \b
     Example:
       interop demo --workdir ./demo-out
     """
-    keep = workdir is not None
-    workdir = workdir or Path(tempfile.mkdtemp(prefix="interop-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = workdir or Path("demo-out")
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
     try:
         ok = run_demo(workdir)
     finally:
-        if not keep:
+        if clean:
             shutil.rmtree(workdir, ignore_errors=True)
     raise SystemExit(0 if ok else 1)
 
