@@ -6,7 +6,6 @@ Optimizer moments go through the same functions as the weights they belong to.
 """
 from __future__ import annotations
 
-import functools
 import math
 import mmap
 import sys
@@ -83,20 +82,6 @@ def rank_pieces(row: Row, full: list[torch.Tensor], shard: torch.Tensor, index, 
     return [(full[0][shard_box(full[0].shape, index[row.parts[0]].axis, t, tp).slices()], shard)]
 
 
-def one_thread(fn):
-    """Run `fn`'s tensor copies on one thread: they are memory-bound, and torch's thread pool spinning
-    on a busy machine made a strided copy 50x slower (measured on 2 shared cores)."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return run
-
-
 def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec) -> list[tuple] | None:
     """(full tensor, start, stop) element ranges of the (contiguous) full canonical tensors, in the order rank
     `t`'s Megatron tensor stores the same elements: a rank file can be read straight into them
@@ -148,7 +133,6 @@ class Memory:
         return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
-@one_thread
 def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: ModelSpec,
                memory: Memory) -> list[torch.Tensor]:
     """The row's full canonical tensors, every TP rank's stored tensor read straight into its place.
@@ -168,7 +152,6 @@ def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: Mo
     return out
 
 
-@one_thread
 def to_rank(row: Row, tensors: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """Rank `t`'s Megatron tensor from the row's full canonical tensors: a view when it is one contiguous
@@ -183,7 +166,6 @@ def to_rank(row: Row, tensors: list[torch.Tensor], index, tp: int, t: int, spec:
     return shard
 
 
-@one_thread
 def from_ranks(row: Row, shards: list[torch.Tensor], index, spec: ModelSpec) -> list[torch.Tensor]:
     """The row's full canonical tensors from every TP rank's Megatron tensor, each rank copied straight into place."""
     tp = len(shards)
