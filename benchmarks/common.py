@@ -45,6 +45,25 @@ def write_synthetic_hf(path: Path, config: dict, seed: int = 0) -> int:
     return size
 
 
+def warm_memory(work: Path, gigabytes: int = 3) -> None:
+    """Touch memory and page cache once before measuring.
+
+    On the virtual machines we run on, the first touch of never-used guest memory costs
+    ~2 s per GB (the host maps it in); after that it is ~10x cheaper.  Without this, whichever
+    side of a comparison runs first pays for it.  Both sides then run on warm memory.
+    """
+    block = torch.ones(1 << 30, dtype=torch.uint8)
+    for _ in range(gigabytes):
+        block.add_(1)
+    del block
+    path = work / "warm.bin"
+    data = memoryview(torch.zeros(64 << 20, dtype=torch.uint8).numpy())
+    with open(path, "wb") as f:
+        for _ in range(gigabytes * 16):
+            f.write(data)
+    path.unlink()
+
+
 def timed_copy(src: Path, dst: Path) -> float:
     """Seconds to copy every file of `src` into `dst` and fsync them (conversion output is fsynced too)."""
     started = time.perf_counter()
@@ -85,8 +104,16 @@ def measured_convert(**kwargs) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def median_run(results: list[dict]) -> dict:
+    """The run with the median time (its RSS figures come with it); the worst peak RSS is kept."""
+    middle = sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
+    return {**middle, "peak_rss": max(r["peak_rss"] for r in results),
+            "base_rss": min(r["base_rss"] for r in results), "all_seconds": [r["seconds"] for r in results]}
+
+
 def report(label: str, result: dict, copy_seconds: float, size: int) -> str:
     added = result["peak_rss"] - result["base_rss"]
-    return (f"{label:<34} {result['seconds']:6.2f} s  time/copy {result['seconds'] / copy_seconds:4.2f}  "
+    runs = ", ".join(f"{s:.2f}" for s in result.get("all_seconds", [result["seconds"]]))
+    return (f"{label:<24} {result['seconds']:5.2f} s (runs: {runs})  time/copy {result['seconds'] / copy_seconds:4.2f}  "
             f"peak RSS {result['peak_rss'] / 2**20:6.0f} MiB ({result['peak_rss'] / size:4.2f} of size)  "
             f"added by the conversion {added / 2**20:5.0f} MiB ({added / size:4.2f} of size)")

@@ -61,16 +61,17 @@ def intersect(a: Box, b: Box) -> Box | None:
     return Box(tuple(offset), tuple(shape))
 
 
-def assemble(box: Box, pieces, dtype: torch.dtype) -> torch.Tensor:
+def assemble(box: Box, pieces, dtype: torch.dtype, empty=memory.empty) -> torch.Tensor:
     """Fill `box` from (piece_box, read_piece) pairs; each piece is read only where it overlaps.
 
     `read_piece(common)` returns the part `common` of its piece; `read_piece(common, out)`
     writes it into `out` instead (so a reader can fill the result without a staging copy).
+    `empty(shape, dtype)` allocates the result (a `memory.BufferPool` reuses memory).
     """
     for piece_box, read in pieces:
         if intersect(box, piece_box) == box:  # one piece holds all of it: no copy
             return read(box)
-    out = memory.empty(box.shape, dtype)
+    out = empty(box.shape, dtype)
     covered = 0
     for piece_box, read in pieces:
         common = intersect(box, piece_box)

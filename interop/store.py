@@ -21,6 +21,7 @@ import torch
 from .errors import InteropError
 from .io.safetensors import SafetensorsFile, SafetensorsWriter, file_crc32
 from .layout import ParallelLayout
+from .memory import BufferPool
 from .params import base_param_name, param_index
 from .shards import Box, assemble, shard_box
 from .spec import ModelSpec
@@ -69,6 +70,7 @@ class StoreReader:
         self.source = Source(spec, layout, state=manifest.get("state") or {})
         self._check_files(verify)
         self._files: dict[str, SafetensorsFile] = {}
+        self._memory = BufferPool()
 
     @property
     def spec(self) -> ModelSpec:
@@ -127,7 +129,7 @@ class StoreReader:
             f, key = self._file(shard["file"]), shard["key"]
             pieces.append((shard_box_, lambda common, out=None, f=f, key=key, b=shard_box_:
                            f.read(key, common.relative_to(b), out)))
-        return assemble(box, pieces, _dtype(entry["dtype"], name))
+        return assemble(box, pieces, _dtype(entry["dtype"], name), self._memory.empty)
 
     def close(self) -> None:
         for f in self._files.values():

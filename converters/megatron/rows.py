@@ -7,13 +7,12 @@ Optimizer moments go through the same functions as the weights they belong to.
 from __future__ import annotations
 
 import math
-import mmap
-import sys
 from collections import OrderedDict
 
 import torch
 
 from ...layout import ParallelLayout
+from ...memory import BufferPool
 from ...mappings.megatron_names import IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TIED_HEAD
 from ...params import param_index
 from ...shards import shard_box
@@ -101,40 +100,8 @@ def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: 
     return [(x, box.offset[0] * n, (box.offset[0] + box.shape[0]) * n)]
 
 
-class Memory:
-    """Large result tensors in anonymous mappings of their own, reused once nothing refers to them.
-
-    Fresh pages cost the kernel a fault and a zeroing each: filling new memory took four times as
-    long as filling reused memory.  Plain heap tensors are reused, but freed between the writers'
-    small allocations they left the C heap fragmented, and the process's RSS climbed with the model
-    (0.6 of a 1 GB checkpoint).  A mapping here is reused when idle (no tensor keeps its buffer
-    exported) and unmapped when dropped; at most `keep` are held.
-    """
-
-    def __init__(self, keep: int = 8):
-        self.keep, self.buffers = keep, []
-
-    def _idle(self, i: int) -> bool:
-        return sys.getrefcount(self.buffers[i]) <= 2  # the list's reference and getrefcount's argument
-
-    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < 1 << 20:
-            return torch.empty(shape, dtype=dtype)
-        fits = [i for i in range(len(self.buffers)) if nbytes <= len(self.buffers[i]) <= 2 * nbytes and self._idle(i)]
-        if fits:
-            buf = self.buffers[min(fits, key=lambda i: len(self.buffers[i]))]
-        else:
-            idle = [i for i in range(len(self.buffers)) if self._idle(i)]
-            for i in reversed(idle[:max(0, len(self.buffers) + 1 - self.keep)]):
-                del self.buffers[i]  # unmapped: nothing else refers to it
-            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-            self.buffers.append(buf)
-        return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
-
-
 def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: ModelSpec,
-               memory: Memory) -> list[torch.Tensor]:
+               memory: BufferPool) -> list[torch.Tensor]:
     """The row's full canonical tensors, every TP rank's stored tensor read straight into its place.
 
     `read_into(t, runs)` fills `runs` (see `rank_runs`) from rank `t`'s file.

@@ -35,11 +35,12 @@ from ...mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
+from ...memory import BufferPool
 from .args import (args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg,
                    spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from .optimizer import KINDS, dist_common, dist_hyper
-from .rows import Memory, expand_rows, from_ranks, rank_shapes, to_rank
+from .rows import expand_rows, from_ranks, rank_shapes, to_rank
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
@@ -206,7 +207,7 @@ class Writer:
         self.root.mkdir(parents=True, exist_ok=True)
         self.spool_file = open(self.spool, "wb")
         self.spooled: dict[tuple[str, int | None], int] = {}  # (key, layer) -> byte offset
-        self.memory = Memory()
+        self.memory = BufferPool()
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight

@@ -35,11 +35,12 @@ from ...mappings.megatron_names import EXTRA_STATE_MODULES, TABLES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
+from ...memory import BufferPool
 from .args import args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, is_dist_dir,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from .optimizer import KINDS, pack, unpack
-from .rows import Memory, expand_rows, flatten, ignored_why, legacy_key, rank_shapes, read_ranks, to_rank
+from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_shapes, read_ranks, to_rank
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -85,7 +86,7 @@ class Reader:
         }
         self.source = Source(spec, self.layout, state, notes)
         self._cache: OrderedDict = OrderedDict()
-        self.memory = Memory()
+        self.memory = BufferPool()
 
     # -- opening -------------------------------------------------------------------------------
     def _open_ranks(self) -> None:
