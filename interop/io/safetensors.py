@@ -243,8 +243,10 @@ class SafetensorsWriter:
 
 
 def file_crc32(path, chunk: int = 4 << 20) -> str:
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            crc = zlib.crc32(block, crc)
+    """CRC-32 of a whole file, read into one reused buffer (no fresh memory per block)."""
+    crc, buf = 0, bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
     return f"{crc:08x}"
