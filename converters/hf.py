@@ -15,6 +15,7 @@ import torch
 from ..errors import InteropError
 from ..fused import fuse_concat, split_concat
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
+from ..memory import BufferPool
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
@@ -43,9 +44,17 @@ def hf_rows(spec: ModelSpec) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def _to_hf(kind: str, parts: list[torch.Tensor]) -> torch.Tensor:
-    fused = parts[0] if len(parts) == 1 else fuse_concat(*parts)
-    return fused.t().contiguous() if kind == "conv1d" else fused
+def _to_hf(kind: str, parts: list[torch.Tensor], empty=None) -> torch.Tensor:
+    """The HF tensor; a Conv1D transpose stays a view (the safetensors writer gathers it in a reused
+    buffer), and `empty(shape, dtype)` may provide reusable memory for a concatenation."""
+    if len(parts) == 1:
+        fused = parts[0]
+    elif empty is None:
+        fused = fuse_concat(*parts)
+    else:
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        fused = torch.cat(parts, out=empty(shape, parts[0].dtype))
+    return fused.t() if kind == "conv1d" else fused
 
 
 def _from_hf(kind: str, tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -185,6 +194,7 @@ class Writer:
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))
         self.row_of, self.pending, self.dropped_optim = {}, {}, set()
+        self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
         for hf_key, kind, parts in rows:
             first = meta_of[parts[0]]
@@ -219,7 +229,7 @@ class Writer:
         got[name] = tensor
         if len(got) == len(parts):
             del self.pending[hf_key]
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(kind, [got[p] for p in parts]))
+            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(kind, [got[p] for p in parts], self.memory.empty))
 
     def finish(self, state: dict | None = None) -> None:
         total = 0
