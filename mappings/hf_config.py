@@ -83,8 +83,19 @@ def _llama_spec(config: dict, dtype: str, where: str) -> ModelSpec:
         qkv_bias=attention_bias, linear_bias=mlp_bias, dtype=dtype, **f)
 
 
+# What each HF architecture can express; a spec outside it would load as a different model.
+HF_SHAPES = {
+    "gpt2": {"norm": ("layernorm",), "position": ("learned",), "activation": ("gelu", "gelu_tanh")},
+    "llama": {"norm": ("rmsnorm",), "position": ("rope",), "activation": ("swiglu",)},
+}
+
+
 def hf_config_from_spec(spec: ModelSpec) -> dict:
     """A config.json that `AutoModelForCausalLM.from_pretrained` builds the same model from."""
+    for field, allowed in HF_SHAPES[spec.arch].items():
+        if getattr(spec, field) not in allowed:
+            raise InteropError(f"HF {spec.arch} cannot hold a model with {field}={getattr(spec, field)} "
+                               f"(it has {' or '.join(allowed)})")
     if spec.arch == "gpt2":
         if spec.kv_groups != spec.heads or spec.head_dim * spec.heads != spec.hidden:
             raise InteropError("HF GPT2 needs multi-head attention with head_dim * heads == hidden")

@@ -75,3 +75,14 @@ def test_shape_disagreeing_with_config(tmp_path):
     (tmp_path / "src" / "config.json").write_text(json.dumps(config))
     with pytest.raises(InteropError, match="gate_proj.weight has shape \\[96, 64\\], config.json implies \\[128, 64\\]"):
         convert(tmp_path / "src", tmp_path / "out", dst_format="interop")
+
+
+def test_model_hf_cannot_express_is_refused(tmp_path):
+    """A Megatron-style LayerNorm + RoPE model must not be written as a (RMSNorm) HF Llama."""
+    from interop.mappings.hf_config import hf_config_from_spec
+    from interop.spec import ModelSpec
+    spec = ModelSpec(arch="llama", num_layers=2, hidden=64, ffn_hidden=128, heads=8, kv_groups=8, head_dim=8,
+                     vocab=100, padded_vocab=100, max_positions=64, norm="layernorm", norm_eps=1e-5,
+                     activation="swiglu", position="rope")
+    with pytest.raises(InteropError, match="HF llama cannot hold a model with norm=layernorm"):
+        hf_config_from_spec(spec)
