@@ -25,7 +25,8 @@ from ..errors import InteropError
 from ..fused import deinterleave_rows, fuse_qkv_grouped, interleave_rows, split_qkv_grouped
 from ..io.ms_ckpt import CkptFile, CkptWriter
 from ..layout import ParallelLayout
-from ..mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES, TABLES)
+from ..mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, MINDSPEED_TIED_HEAD,
+                                        OPTIM_PREFIXES, TABLES)
 from ..params import param_index, param_table
 from ..shards import shard_box
 from ..spec import ModelSpec
@@ -393,7 +394,7 @@ class Reader:
         if self.dialect == "mindspeed" and self.spec.tied_embeddings:
             for t in range(self.layout.tp):
                 optional[(t, self.layout.pp - 1)].add(MINDSPEED_TIED_HEAD)
-        scalars, self.optim = set(), True
+        scalars, buffers, self.optim = set(), set(), True
         for key, f in self.files.items():
             for name, shape in expected[key].items():
                 if name not in f:
@@ -413,9 +414,13 @@ class Reader:
                 if dtype is None or shape == ():
                     scalars.add(tag)
                     continue
+                why = next((why for suffix, why in IGNORED_SUFFIXES.items() if tag.endswith(suffix)), None)
+                if why:
+                    buffers.add(why)
+                    continue
                 raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect} {self.spec.arch} "
                                    f"model at tp={self.layout.tp} pp={self.layout.pp} (unknown tag layout)")
-        notes = []
+        notes = [f"dropped buffers that are not parameters ({why})" for why in sorted(buffers)]
         if scalars:
             notes.append(f"dropped {len(scalars)} scalar entries that are not parameters "
                          f"({', '.join(sorted(scalars)[:5])})")

@@ -124,3 +124,11 @@ DIALECT_MARKERS = {
     "model.tok_embeddings.": "mindformers",
     "backbone.": "mindformers",
 }
+
+
+# Buffers some MindFormers checkpoints carry that are not parameters (GPT2's converter writes HF's
+# attention mask buffers as attention.beta / masked_beta): dropped with this reason.
+IGNORED_SUFFIXES = {
+    ".attention.beta": "GPT2 causal-mask buffer, rebuilt by the model",
+    ".attention.masked_beta": "GPT2 mask-fill buffer, rebuilt by the model",
+}

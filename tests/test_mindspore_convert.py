@@ -218,3 +218,19 @@ def test_missing_rank_file(hf_checkpoints, tmp_path):
             options={"dialect": "mindspeed"})
     (tmp_path / "ms" / "release" / "mp_rank_01_001" / "model_optim_rng.ckpt").unlink()
     assert_clean_failure(tmp_path / "ms", tmp_path / "out", "tp rank 1, stage 1 is missing")
+
+
+def test_mindformers_gpt2_mask_buffers_are_dropped_with_a_note(hf_checkpoints, tmp_path):
+    """MindFormers' own GPT2 converter carries HF's mask buffers as attention.beta / masked_beta."""
+    from interop.io.ms_ckpt import CkptFile, save_ckpt
+    convert(hf_checkpoints["gpt2"], tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
+    path = tmp_path / "ms" / "model.ckpt"
+    f = CkptFile(path)
+    tensors = {k: f.read(k) for k in f.keys()}
+    f.close()
+    tensors["backbone.blocks.0.attention.beta"] = torch.ones(1, 1, 8, 8)
+    tensors["backbone.blocks.0.attention.masked_beta"] = torch.tensor([-1e4])
+    save_ckpt(path, tensors)
+    summary = convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    assert any("causal-mask buffer" in n for n in summary.notes)
+    assert_same_hf(hf_checkpoints["gpt2"], tmp_path / "back")
