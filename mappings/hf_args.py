@@ -1,7 +1,7 @@
 """Megatron args <-> Hugging Face config.json, for GPT2 and Llama.
 
 The architecture is the model's: "llama" when RMSNorm + SwiGLU + RoPE, else
-"gpt2" (as in `megatron_spec`). What a config.json cannot say (a GPT2 without
+"gpt2". What a config.json cannot say (a GPT2 without
 biases, a Llama with GeLU) is not forced: it shows up as a loss in the report.
 `vocab_size` is the padded vocabulary, the rows the weights really have.
 """

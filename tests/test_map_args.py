@@ -14,7 +14,9 @@ from interop import argsfile, mapargs
 from interop.cli.main import main
 from interop.errors import InteropError
 from interop.mappings import megatron_args as M
-from interop.mappings.megatron_spec import megatron_args_from_spec, spec_from_megatron_args
+from interop.converters.megatron.args import args_from_spec, explicit_args, spec_from_args
+from interop.layout import ParallelLayout
+from interop.mappings import megatron_args as M
 
 FIXTURES = Path(__file__).parent / "fixtures" / "args"
 GPT3 = FIXTURES / "gpt3_small.sh"
@@ -92,16 +94,17 @@ def test_contradictions_are_errors_naming_the_flags(tmp_path, extra, message):
 
 
 def test_spec_from_args_and_back():
-    spec = spec_from_megatron_args(mapargs.load(LLAMA).explicit)
+    """A launch script's args describe the same ModelSpec the Megatron converter reads from a checkpoint."""
+    spec = spec_from_args(M.complete(mapargs.load(LLAMA).explicit), "llama")
     assert (spec.arch, spec.kv_groups, spec.head_dim, spec.padded_vocab, spec.dtype) == ("llama", 8, 128, 32000, "bfloat16")
     assert spec.norm_eps == 1e-6 and not spec.tied_embeddings and not spec.linear_bias
-    gpt = spec_from_megatron_args(mapargs.load(GPT3, {"1": "/c"}).explicit)
+    gpt = spec_from_args(M.complete(mapargs.load(GPT3, {"1": "/c"}).explicit), "gpt3")
     assert (gpt.arch, gpt.activation, gpt.ffn_hidden, gpt.padded_vocab, gpt.dtype) == (
         "gpt2", "gelu_tanh", 4096, 50432, "float16")
     for s in (spec, gpt):
         for tp in (1, 2):
-            assert spec_from_megatron_args(megatron_args_from_spec(s, tp=tp)) == s.replace(
-                padded_vocab=megatron_args_from_spec(s, tp=tp)["padded_vocab_size"])
+            written = args_from_spec(s, ParallelLayout.build(s.num_layers, tp, 1))
+            assert spec_from_args(M.complete(explicit_args(written)), "written") == s
 
 
 # ---------------------------------------------------------------- round trips

@@ -1,8 +1,8 @@
-"""Megatron args <-> ModelSpec for checkpoints, on top of the shared argument table.
+"""Megatron args <-> ModelSpec, on top of the shared argument table (`mappings.megatron_args`).
 
-`interop.mappings.megatron_spec` answers the same question for args files (partial flags,
-strict about contradictions); a checkpoint's args come complete and are the fact of how the
-model was built, so here the rules are lenient where checkpoints from other tools differ.
+The one place this is decided, for checkpoints' stored args and for args files alike
+(`--model-config`, after `megatron_args.complete`).  A checkpoint's args are the fact of how
+the model was built, so the rules are lenient where checkpoints from other tools differ.
 """
 from __future__ import annotations
 
