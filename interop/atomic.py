@@ -23,7 +23,8 @@ def check_destination(dst, force: bool) -> Path:
     return dst
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root`, so a rename publishes complete data."""
     for dirpath, _, files in os.walk(root):
         for name in files:
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
@@ -46,7 +47,7 @@ def atomic_directory(dst, force: bool = False):
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
         yield tmp
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if dst.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
             os.replace(dst, old / dst.name)

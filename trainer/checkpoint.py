@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from interop.atomic import _fsync_tree
+from interop.atomic import fsync_tree
 from interop.errors import InteropError
 from interop.io.safetensors import SafetensorsWriter
 from interop.params import param_index, param_table
@@ -145,7 +145,7 @@ def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict
             raise RuntimeError(f"checkpoint files never written: {missing}")
         write_manifest(tmp, spec, layout, metas, placement, dict(sorted(all_files.items())), state)
         _fail_hook(step, "rename", grid)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         old = root / f".step_{step:06d}.old"
         if final.exists():  # a rerun of this step: move the old one aside, never leave a gap with neither
             shutil.rmtree(old, ignore_errors=True)
