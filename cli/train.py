@@ -54,6 +54,8 @@ def _failed(exc) -> None:
 @click.option("--tp", type=int, help="Tensor-parallel size. [1]")
 @click.option("--pp", type=int, help="Pipeline-parallel size. [1]")
 @click.option("--dp", type=int, help="Data-parallel size. [1, or WORLD_SIZE/(tp*pp) under torchrun]")
+@click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
+@click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
 @click.option("--stop-at", type=int, help="Stop after this update (saving first), as if interrupted.")
 @click.option("--log-interval", type=int, help="Print a line every N updates. [1]")
 @click.option("--bf16", is_flag=True, default=None, help="Compute in bfloat16 (autocast; fp32 weights and Adam).")

@@ -79,3 +79,21 @@ def test_megatron_core_joins_when_installed(start, tmp_path):
     assert result.max_diff < 1e-5, result.table()
     bad = CliRunner().invoke(main, ["parity", str(start["gpt2"]), "--frameworks", "megatron"])
     assert bad.exit_code == 2 and "padded to 256 rows" in bad.stderr and "multiple of 128" in bad.stderr
+
+
+def test_uneven_pipeline_stages_train_like_one_process(start, tmp_path):
+    """pp 2 with 1 layer on the first stage and 3 on the last (Megatron's decoder_first/last_pipeline_num_layers)
+    follows the single-process run within 1e-5, and its checkpoint records the uneven stages."""
+    from interop.store import StoreReader
+    from interop.trainer.launch import train
+    from interop.trainer.metrics import read_losses
+
+    base = TrainConfig(load=str(start["llama"]), steps=6, micro_batch_size=2, global_batch_size=4, seq_length=16,
+                       lr=3e-3, quiet=True)
+    train(base.replace(save=str(tmp_path / "flat")))
+    train(base.replace(save=str(tmp_path / "uneven"), pp=2, first_stage_layers=1, last_stage_layers=3))
+    flat, uneven = read_losses(tmp_path / "flat"), read_losses(tmp_path / "uneven")
+    assert len(flat) == len(uneven) == 6
+    assert max(abs(a - b) for a, b in zip(flat, uneven)) < 1e-5, (flat, uneven)
+    saved = sorted((tmp_path / "uneven").glob("step_*"))[-1]
+    assert StoreReader(saved).layout.stages == (((0, 1),), ((1, 4),))

@@ -27,6 +27,8 @@ class TrainConfig:
     resume: bool = False  # continue from the newest checkpoint in `save` (else `load`)
     tp: int = 1
     pp: int = 1
+    first_stage_layers: int | None = None  # uneven pipelines: layers on the first / last stage,
+    last_stage_layers: int | None = None  # the rest split evenly (Megatron's decoder_*_pipeline_num_layers)
     dp: int | None = None  # None: 1 when we launch the ranks, world / (tp * pp) under torchrun
     steps: int = 10  # length of the run (the lr schedule spans it)
     stop_at: int | None = None  # stop after this update, as if interrupted (saves first when --save)
@@ -95,6 +97,7 @@ MINDSPEED_DEFAULTS = {"lr": 1e-3, "min_lr": 0.0, "warmup": 0, "decay_style": "co
 # Megatron flag -> TrainConfig field (flags without a value are booleans)
 MEGATRON_FLAGS = {
     "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+    "--decoder-first-pipeline-num-layers": "first_stage_layers", "--decoder-last-pipeline-num-layers": "last_stage_layers",
     "--micro-batch-size": "micro_batch_size", "--global-batch-size": "global_batch_size",
     "--train-iters": "steps", "--seq-length": "seq_length", "--seed": "seed",
     "--lr": "lr", "--min-lr": "min_lr", "--lr-warmup-iters": "warmup", "--lr-decay-iters": "decay_steps",

@@ -130,7 +130,8 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     spec = reader.spec
     reader.close()
 
-    layout = ParallelLayout.build(spec.num_layers, cfg.tp, cfg.pp)
+    layout = ParallelLayout.build(spec.num_layers, cfg.tp, cfg.pp, first_stage_layers=cfg.first_stage_layers,
+                                  last_stage_layers=cfg.last_stage_layers)
     check_model_layout(spec, layout)
     if spec.position == "learned" and cfg.seq_length > spec.max_positions:
         raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
