@@ -128,6 +128,17 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     return args
 
 
+def layout_from_args(full: dict, num_layers: int) -> ParallelLayout:
+    """The tp/pp/vpp layout the args say the checkpoint was saved at (tp 1 / pp 1 when they don't say)."""
+    try:
+        return ParallelLayout.build(
+            num_layers, int(full.get("tensor_model_parallel_size") or 1), int(full.get("pipeline_model_parallel_size") or 1),
+            int(full.get("virtual_pipeline_model_parallel_size") or 1), full.get("decoder_first_pipeline_num_layers"),
+            full.get("decoder_last_pipeline_num_layers"))
+    except (InteropError, TypeError, ValueError):
+        return ParallelLayout.build(num_layers)
+
+
 def _even_stages(num_layers: int, layout: ParallelLayout):
     try:
         return ParallelLayout.build(num_layers, layout.tp, layout.pp, layout.vpp).stages

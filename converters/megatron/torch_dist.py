@@ -36,8 +36,8 @@ from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...memory import BufferPool
-from .args import (args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg,
-                   spec_from_args, vocab_divisor)
+from .args import (args_dict, args_from_spec, base_args, explicit_args, layout_from_args, model_config_args,
+                   padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from .optimizer import KINDS, dist_common, dist_hyper
 from .rows import expand_rows, from_ranks, rank_shapes, to_rank
@@ -135,7 +135,8 @@ class Reader:
                               "opt_param_scheduler": plain_arg(common.get("opt_param_scheduler")), "optimizer": hyper,
                               "num_floating_point_operations_so_far": plain_arg(
                                   common.get("num_floating_point_operations_so_far"))}}
-        self.source = Source(spec, ParallelLayout.build(spec.num_layers), state, notes)
+        # torch_dist holds global tensors (readable at any layout); the layout shown is the one it was saved at
+        self.source = Source(spec, layout_from_args(full, spec.num_layers), state, notes)
         self._cache: OrderedDict = OrderedDict()
 
     def _optimizer(self, optim: list[str], expected: dict, common: dict, notes: list[str]) -> dict | None:
