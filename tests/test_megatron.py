@@ -503,6 +503,13 @@ def test_torch_dist_through_the_megatron_format(tmp_path, models, kind):
     folder = tmp_path / "dist" / "iter_0000040"
     assert {".metadata", "common.pt", "metadata.json"} <= {p.name for p in folder.iterdir()}
     assert (tmp_path / "dist" / "latest_checkpointed_iteration.txt").read_text().strip() == "40"
+    result = run("inspect", tmp_path / "dist", "--no-tensors")
+    assert result.exit_code == 0 and "layout: tp=1 pp=1" in result.output  # written at the default tp 1 / pp 1
+    result = run("convert", tmp_path / "m22", tmp_path / "dist22", "--from", "megatron", "--to", "megatron",
+                 "--format", "torch_dist", "--tp", 2, "--pp", 2)
+    assert result.exit_code == 0, result.output
+    result = run("inspect", tmp_path / "dist22", "--no-tensors")
+    assert "layout: tp=2 pp=2" in result.output, result.output  # the layout its args say it was saved at
     result = run("convert", tmp_path / "dist", tmp_path / "back", "--from", "megatron", "--to", "megatron",
                  "--tp", 2, "--pp", 2)
     assert result.exit_code == 0, result.output
