@@ -231,6 +231,15 @@ class Writer:
             del self.pending[hf_key]
             self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(kind, [got[p] for p in parts], self.memory.empty))
 
+    def write_ranges(self, name: str, ranges) -> bool:
+        """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
+        (a single-tensor row, not transposed); False when it must come through `write`."""
+        hf_key, kind, parts = self.row_of[name]
+        if kind != "copy" or len(parts) != 1:
+            return False
+        self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
+        return True
+
     def finish(self, state: dict | None = None) -> None:
         total = 0
         for writer in self.writers.values():

@@ -87,6 +87,17 @@ def one_torch_thread():
         torch.set_num_threads(threads)
 
 
+def _passed_through(reader, writer, m_in: TensorMeta, m_out: TensorMeta) -> bool:
+    """Bytes that need no change go from file to file in the kernel (copy_file_range), when the reader can
+    name them as file ranges and the writer stores them as they are."""
+    if m_in.dtype != m_out.dtype or m_in.shape != m_out.shape:
+        return False
+    if not (hasattr(reader, "byte_ranges") and hasattr(writer, "write_ranges")):
+        return False
+    ranges = reader.byte_ranges(m_in.name)
+    return ranges is not None and writer.write_ranges(m_out.name, ranges)
+
+
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
             force: bool = False, options: dict | None = None, progress=None) -> Summary:
@@ -127,6 +138,12 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
+                    if _passed_through(reader, writer, m_in, m_out):
+                        summary.tensors += 1
+                        summary.bytes += m_out.nbytes
+                        if progress:
+                            progress.update(m_in.nbytes)
+                        continue
                     tensor = reader.read(m_in.name)
                     if tuple(tensor.shape) != m_in.shape:
                         raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, expected {list(m_in.shape)}")

@@ -131,6 +131,22 @@ class StoreReader:
                            f.read(key, common.relative_to(b), out)))
         return assemble(box, pieces, _dtype(entry["dtype"], name), self._memory.empty)
 
+    def byte_ranges(self, name: str) -> list[tuple[str, int, int]] | None:
+        """The whole tensor's bytes as file ranges (path, offset, bytes) in row-major order, when its
+        shards are blocks of whole rows (replicated, or split on axis 0); None otherwise."""
+        entry = self.manifest["tensors"][name]
+        shards = sorted(entry["shards"], key=lambda sh: sh["offset"])
+        ranges, row = [], 0
+        for shard in shards:
+            if shard["offset"][0] != row or any(o != 0 for o in shard["offset"][1:]):
+                return None
+            where = self._file(shard["file"]).byte_range(shard["key"])
+            if where is None or list(shard["shape"][1:]) != list(entry["shape"][1:]):
+                return None
+            ranges.append((str(self.root / shard["file"]), *where))
+            row += shard["shape"][0]
+        return ranges if row == (entry["shape"] or [1])[0] else None
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()

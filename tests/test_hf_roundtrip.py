@@ -111,3 +111,26 @@ def test_dtype_cast(hf_checkpoints, tmp_path):
     key = "model.layers.0.self_attn.q_proj.weight"
     assert tensors[key].dtype == torch.bfloat16 and torch.equal(tensors[key], original[key].to(torch.bfloat16))
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_passthrough_copies_and_its_fallback(hf_checkpoints, tmp_path, monkeypatch):
+    """Unchanged row blocks go file-to-file (copy_file_range); where the kernel refuses (another
+    filesystem, an old kernel) the same bytes go through a buffer."""
+    import os
+
+    from interop.io import safetensors as st
+    src = hf_checkpoints["llama"]
+    convert(src, tmp_path / "mid", dst_format="interop", tp=4, pp=2)
+    calls = []
+    real = st._copy_range
+    monkeypatch.setattr(st, "_copy_range", lambda *a: (calls.append(a), real(*a))[1])
+    convert(tmp_path / "mid", tmp_path / "fast", dst_format="hf")
+    assert len(calls) > 30  # embeddings, head, q/k/v, gate/up, norms: every tensor but the row-split ones
+    assert_same_files(src, tmp_path / "fast")
+
+    def refuse(*args, **kwargs):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    convert(tmp_path / "mid", tmp_path / "slow", dst_format="hf")
+    assert_same_files(src, tmp_path / "slow")

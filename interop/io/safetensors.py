@@ -10,6 +10,7 @@ stays bounded by the largest tensor.  Files are plain safetensors that any loade
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -120,6 +121,15 @@ class SafetensorsFile:
             return out.copy_(block)
         return block if whole_rows else block.contiguous()
 
+    def byte_range(self, key, box: Box | None = None) -> tuple[int, int] | None:
+        """(file offset, bytes) of `box` when it is a block of whole rows (contiguous on disk), else None."""
+        dtype, shape, offset = self._entry(key)
+        box = box or Box.whole(shape)
+        if not shape or tuple(box.shape[1:]) != tuple(shape[1:]):
+            return None
+        row_bytes = dtype.itemsize * math.prod(shape[1:])
+        return offset + box.offset[0] * row_bytes, box.shape[0] * row_bytes
+
     def _read_into(self, pos: int, out: torch.Tensor) -> None:
         view, done = memoryview(out.view(-1).view(torch.uint8).numpy()), 0
         while done < len(view):
@@ -201,7 +211,7 @@ class SafetensorsWriter:
             header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}, **header}
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "wb", buffering=0)  # unbuffered: copy_ranges writes beside it
         self._crc = 0 if checksum else None
         self.bytes = 0
         self._emit(struct.pack("<Q", len(raw)) + raw)
@@ -209,10 +219,10 @@ class SafetensorsWriter:
 
     def _emit(self, data) -> None:
         if self._crc is None:
-            self._file.write(data)
+            self._write_all(data)
         else:  # zlib.crc32 and write() both release the GIL: checksum on a second core while writing
             crc = _CRC_THREAD.submit(zlib.crc32, data, self._crc)
-            self._file.write(data)
+            self._write_all(data)
             self._crc = crc.result()
         self.bytes += len(data)
 
@@ -228,6 +238,29 @@ class SafetensorsWriter:
             self._emit(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
         self._next += 1
 
+    def _write_all(self, data) -> None:
+        view, done = memoryview(data).cast("B"), 0
+        while done < len(view):
+            done += self._file.write(view[done:])
+
+    def copy_ranges(self, key: str, ranges: list[tuple[str, int, int]]) -> None:
+        """Write the next tensor as the concatenation of byte ranges (path, offset, bytes) of other files,
+        copied by the kernel (copy_file_range) without passing through this process's memory."""
+        want_key, dtype, shape = self._order[self._next]
+        if key != want_key or sum(n for _, _, n in ranges) != dtype.itemsize * math.prod(shape):
+            raise ValueError(f"{self.path}: byte ranges do not make up {want_key} {dtype} {shape}")
+        if self._crc is not None:
+            raise ValueError(f"{self.path}: copy_ranges cannot checksum what it does not read")
+        out = self._file.fileno()
+        for path, offset, nbytes in ranges:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                _copy_range(fd, out, offset, nbytes)
+            finally:
+                os.close(fd)
+            self.bytes += nbytes
+        self._next += 1
+
     def close(self) -> tuple[int, str]:
         """Flush, fsync and close; returns (bytes, crc32 hex or None without `checksum`)."""
         if self._next != len(self._order):
@@ -240,6 +273,24 @@ class SafetensorsWriter:
 
     def abort(self) -> None:
         self._file.close()
+
+
+def _copy_range(src: int, dst: int, offset: int, nbytes: int) -> None:
+    """Append `nbytes` of `src` from `offset` to `dst`, in the kernel where it can, else through a buffer."""
+    done = 0
+    try:
+        while done < nbytes:
+            got = os.copy_file_range(src, dst, nbytes - done, offset + done)
+            if got <= 0:
+                raise OSError("copy_file_range copied nothing")
+            done += got
+    except (OSError, AttributeError):  # another filesystem, an old kernel, or no copy_file_range
+        while done < nbytes:
+            block = os.pread(src, min(16 << 20, nbytes - done), offset + done)
+            if not block:
+                raise InteropError(f"unexpected end of file while copying {nbytes} bytes")
+            os.write(dst, block)
+            done += len(block)
 
 
 def file_crc32(path, chunk: int = 4 << 20) -> str:
