@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (llama_config, measured_convert, median_run, report, timed_copy, warm_memory,  # noqa: E402
-                    write_synthetic_hf)
+from common import (llama_config, measured_convert, median_run, report, settle, timed_copy,  # noqa: E402
+                    warm_memory, write_synthetic_hf)
 
 
 def main():
@@ -39,11 +39,13 @@ def main():
         for _ in range(args.repeat):
             copies.append(timed_copy(hf, work / "copy"))
             forward.append(measured_convert(src=hf, dst=work / "tp4pp2", dst_format="interop", tp=4, pp=2))
+            settle()
             copies.append(timed_copy(hf, work / "copy"))
             backward.append(measured_convert(src=work / "tp4pp2", dst=work / "hf-again", dst_format="hf"))
             same = (hf / "model.safetensors").read_bytes() == (work / "hf-again" / "model.safetensors").read_bytes()
             shutil.rmtree(work / "tp4pp2")
             shutil.rmtree(work / "hf-again")
+            settle()
         copy = statistics.median(copies)
         print(f"plain copy + fsync: median {copy:.2f} s of {', '.join(f'{c:.2f}' for c in copies)}")
         print(report("HF -> interop tp4/pp2", median_run(forward), copy, size))
