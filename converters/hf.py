@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InteropError
-from ..fused import fuse_concat, split_concat
+from ..fused import split_concat
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..memory import BufferPool
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
@@ -44,13 +44,11 @@ def hf_rows(spec: ModelSpec) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def _to_hf(kind: str, parts: list[torch.Tensor], empty=None) -> torch.Tensor:
+def _to_hf(kind: str, parts: list[torch.Tensor], empty) -> torch.Tensor:
     """The HF tensor; a Conv1D transpose stays a view (the safetensors writer gathers it in a reused
-    buffer), and `empty(shape, dtype)` may provide reusable memory for a concatenation."""
+    buffer), and `empty(shape, dtype)` provides reusable memory for a concatenation."""
     if len(parts) == 1:
         fused = parts[0]
-    elif empty is None:
-        fused = fuse_concat(*parts)
     else:
         shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
         fused = torch.cat(parts, out=empty(shape, parts[0].dtype))

@@ -138,19 +138,14 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
-                    if _passed_through(reader, writer, m_in, m_out):
-                        summary.tensors += 1
-                        summary.bytes += m_out.nbytes
-                        if progress:
-                            progress.update(m_in.nbytes)
-                        continue
-                    tensor = reader.read(m_in.name)
-                    if tuple(tensor.shape) != m_in.shape:
-                        raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, expected {list(m_in.shape)}")
-                    if index[base_param_name(m_in.name)].split == "vocab":
-                        tensor = fit_vocab(tensor, m_out.shape[0], spec.vocab, m_in.name, summary.notes)
-                    tensor = tensor.to(m_out.dtype)
-                    writer.write(m_out.name, tensor)
+                    if not _passed_through(reader, writer, m_in, m_out):
+                        tensor = reader.read(m_in.name)
+                        if tuple(tensor.shape) != m_in.shape:
+                            raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, "
+                                               f"expected {list(m_in.shape)}")
+                        if index[base_param_name(m_in.name)].split == "vocab":
+                            tensor = fit_vocab(tensor, m_out.shape[0], spec.vocab, m_in.name, summary.notes)
+                        writer.write(m_out.name, tensor.to(m_out.dtype))
                     summary.tensors += 1
                     summary.bytes += m_out.nbytes
                     if progress:

@@ -232,8 +232,3 @@ def write_manifest(root, spec: ModelSpec, layout: ParallelLayout, metas: list[Te
         "tensors": tensors, "files": files, "state": state or {},
     }
     (Path(root) / MANIFEST).write_text(json.dumps(manifest, indent=1))
-
-
-def read_state(path) -> dict:
-    """The training state recorded in a checkpoint's manifest (empty when there is none)."""
-    return StoreReader(path, verify=False).source.state

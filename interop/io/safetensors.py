@@ -106,7 +106,7 @@ class SafetensorsFile:
         if box is None:
             box = Box.whole(shape)
         if not shape:
-            block = self._pread(offset, dtype, ())
+            block = self._map(offset, dtype, ())
             return block if out is None else out.copy_(block)
         row_bytes = dtype.itemsize
         for s in shape[1:]:
@@ -116,7 +116,7 @@ class SafetensorsFile:
         if out is not None and whole_rows and out.is_contiguous() and out.dtype == dtype:
             self._read_into(offset + first * row_bytes, out)
             return out
-        block = self._pread(offset + first * row_bytes, dtype, (rows, *shape[1:]))
+        block = self._map(offset + first * row_bytes, dtype, (rows, *shape[1:]))
         if not whole_rows:
             block = block[(slice(None),) + box.slices()[1:]]
         if out is not None:
@@ -140,7 +140,7 @@ class SafetensorsFile:
                 raise InteropError(f"{self.path}: unexpected end of file")
             done += got
 
-    def _pread(self, pos: int, dtype: torch.dtype, shape) -> torch.Tensor:
+    def _map(self, pos: int, dtype: torch.dtype, shape) -> torch.Tensor:
         """A tensor over a private (copy-on-write) mapping of bytes [pos, pos + size) of the file."""
         numel = 1
         for s in shape:
