@@ -45,22 +45,23 @@ def write_synthetic_hf(path: Path, config: dict, seed: int = 0) -> int:
     return size
 
 
-def warm_memory(work: Path, gigabytes: int = 3) -> None:
-    """Touch memory and page cache once before measuring.
+def warm_page_cache(scratch: Path, nbytes: int) -> None:
+    """Write `nbytes` to a scratch file and delete it (no fsync): run right before each timed step.
 
-    On the virtual machines we run on, the first touch of never-used guest memory costs
-    ~2 s per GB (the host maps it in); after that it is ~10x cheaper.  Without this, whichever
-    side of a comparison runs first pays for it.  Both sides then run on warm memory.
+    The virtual machines we measure on hand freed memory back to the host (virtio-balloon
+    free page reporting, about 2 s after it is freed), and the host charges for the next
+    first touch of such a page: writing 1 GB into new page cache took 2.3-2.6 s there,
+    against 0.24 s into pages freed a moment before (a plain os.write loop, same run).
+    Which of the two a step got depended on how long ago the previous step had freed its
+    output (for a conversion, on how long its interpreter took to import torch), so copies
+    and conversions were charged the host's cost at random.  Every timed step, copy and
+    conversion alike, now starts in a fresh interpreter right after this.
     """
-    block = torch.ones(1 << 30, dtype=torch.uint8)
-    for _ in range(gigabytes):
-        block.add_(1)
-    del block
-    path = work / "warm.bin"
-    data = memoryview(torch.zeros(64 << 20, dtype=torch.uint8).numpy())
-    with open(path, "wb") as f:
-        for _ in range(gigabytes * 16):
-            f.write(data)
+    block = memoryview(bytearray(64 << 20))
+    path = scratch / ".warm-page-cache"
+    with open(path, "wb", buffering=0) as f:
+        for done in range(0, nbytes, len(block)):
+            f.write(block[:min(len(block), nbytes - done)])
     path.unlink()
 
 
@@ -70,23 +71,30 @@ def settle() -> None:
     time.sleep(0.2)
 
 
-def timed_copy(src: Path, dst: Path) -> float:
-    """Seconds to copy every file of `src` into `dst` and fsync them (conversion output is fsynced too)."""
-    started = time.perf_counter()
-    dst.mkdir(parents=True)
-    for f in sorted(src.iterdir()):
-        shutil.copyfile(f, dst / f.name)
-        fd = os.open(dst / f.name, os.O_RDONLY)
+def tree_size(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """The plain copy a conversion is compared with: every file copied (sendfile) and fsynced."""
+    for f in sorted(src.rglob("*")):
+        target = dst / f.relative_to(src)
+        if f.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+        fd = os.open(target, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
-    seconds = time.perf_counter() - started
-    shutil.rmtree(dst)
-    settle()
-    return seconds
 
 
 CHILD = """
 import json, sys, time
+from pathlib import Path
+task = json.loads(sys.argv[1])
+sys.path.insert(0, task["benchmarks"])
+from common import copy_tree, warm_page_cache
 from interop.convert import convert
 
 def status(field):
@@ -94,21 +102,37 @@ def status(field):
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
 
+warm_page_cache(Path(task["scratch"]), task["warm"])
 base = status("VmRSS")  # the interpreter with torch and interop imported
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
-args = json.loads(sys.argv[1])
 t = time.perf_counter()
-convert(**args)
+if task["copy"]:
+    copy_tree(Path(task["copy"][0]), Path(task["copy"][1]))
+else:
+    convert(**task["convert"])
 seconds = time.perf_counter() - t
 print(json.dumps({"seconds": seconds, "peak_rss": status("VmHWM"), "base_rss": base}))
 """
 
 
-def measured_convert(**kwargs) -> dict:
+def _child(task: dict, warm: int, scratch: Path) -> dict:
+    task = {**task, "benchmarks": str(Path(__file__).parent), "warm": warm, "scratch": str(scratch)}
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(task)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measured_copy(src: Path, dst: Path, warm: int) -> float:
+    """Seconds of `copy_tree(src, dst)` in a fresh interpreter set up as a conversion's is; dst removed after."""
+    result = _child({"copy": [str(src), str(dst)]}, warm, dst.parent)
+    shutil.rmtree(dst)
+    settle()
+    return result["seconds"]
+
+
+def measured_convert(warm: int, **kwargs) -> dict:
     """Run one conversion in a fresh interpreter: its seconds, peak RSS and the RSS before it began."""
     kwargs = {k: str(v) if isinstance(v, Path) else v for k, v in kwargs.items()}
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(kwargs)], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _child({"copy": None, "convert": kwargs}, warm, Path(kwargs["dst"]).parent)
 
 
 def median_run(results: list[dict]) -> dict:
