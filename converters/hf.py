@@ -95,6 +95,13 @@ class _WeightFiles:
     def read(self, key) -> torch.Tensor:
         return self.where[key].read(key)
 
+    def read_into(self, key, out: torch.Tensor) -> None:
+        handle = self.where[key]
+        if isinstance(handle, SafetensorsFile):
+            handle.read(key, out=out)  # straight from the file, no mapping
+        else:
+            out.copy_(handle.tensors[key])
+
 
 class _BinFile:
     """A `pytorch_model.bin`, memory-mapped and loaded without running code (weights_only)."""
@@ -172,6 +179,14 @@ class Reader:
             sizes = [index[p].shape[0] for p in parts]
             self._cached = (hf_key, _from_hf(kind, self.files.read(hf_key), sizes))
         return self._cached[1][i]
+
+    def read_into(self, name: str, out: torch.Tensor) -> bool:
+        """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
+        hf_key, kind, parts, _ = self.part_of[name]
+        if kind != "copy" or len(parts) != 1:
+            return False
+        self.files.read_into(hf_key, out)
+        return True
 
     def close(self) -> None:
         self._cached = (None, None)

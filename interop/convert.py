@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from . import memory
 from .atomic import atomic_directory, check_destination
 from .converters.registry import converter, detect_format
 from .errors import InteropError
@@ -98,6 +99,18 @@ def _passed_through(reader, writer, m_in: TensorMeta, m_out: TensorMeta) -> bool
     return ranges is not None and writer.write_ranges(m_out.name, ranges)
 
 
+def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | None:
+    """A vocab tensor that the target pads, read straight into its padded buffer when the reader can
+    (`read_into`): padding by concatenation would hold the model's largest tensor twice.  None otherwise."""
+    if m_out.shape[0] <= m_in.shape[0] or m_in.dtype != m_out.dtype or not hasattr(reader, "read_into"):
+        return None
+    out = memory.empty(m_out.shape, m_out.dtype)
+    if not reader.read_into(m_in.name, out[:m_in.shape[0]]):
+        return None
+    out[m_in.shape[0]:].zero_()
+    return out
+
+
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
             force: bool = False, options: dict | None = None, progress=None) -> Summary:
@@ -139,12 +152,15 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
                     if not _passed_through(reader, writer, m_in, m_out):
-                        tensor = reader.read(m_in.name)
-                        if tuple(tensor.shape) != m_in.shape:
-                            raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, "
-                                               f"expected {list(m_in.shape)}")
-                        if index[base_param_name(m_in.name)].split == "vocab":
-                            tensor = fit_vocab(tensor, m_out.shape[0], spec.vocab, m_in.name, summary.notes)
+                        vocab = index[base_param_name(m_in.name)].split == "vocab"
+                        tensor = _read_padded(reader, m_in, m_out) if vocab else None
+                        if tensor is None:
+                            tensor = reader.read(m_in.name)
+                            if tuple(tensor.shape) != m_in.shape:
+                                raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, "
+                                                   f"expected {list(m_in.shape)}")
+                            if vocab:
+                                tensor = fit_vocab(tensor, m_out.shape[0], spec.vocab, m_in.name, summary.notes)
                         writer.write(m_out.name, tensor.to(m_out.dtype))
                     summary.tensors += 1
                     summary.bytes += m_out.nbytes

@@ -117,7 +117,8 @@ class StoreReader:
             self._files[name] = SafetensorsFile(self.root / name)
         return self._files[name]
 
-    def read(self, name: str, box: Box | None = None) -> torch.Tensor:
+    def read(self, name: str, box: Box | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Tensor `name` (or the part in `box`), assembled from its shards; into `out` when given."""
         try:
             entry = self.manifest["tensors"][name]
         except KeyError:
@@ -129,7 +130,14 @@ class StoreReader:
             f, key = self._file(shard["file"]), shard["key"]
             pieces.append((shard_box_, lambda common, out=None, f=f, key=key, b=shard_box_:
                            f.read(key, common.relative_to(b), out)))
-        return assemble(box, pieces, _dtype(entry["dtype"], name), self._memory.empty)
+        if out is None:
+            return assemble(box, pieces, _dtype(entry["dtype"], name), self._memory.empty)
+        got = assemble(box, pieces, _dtype(entry["dtype"], name), lambda shape, dtype: out)
+        return got if got is out else out.copy_(got)
+
+    def read_into(self, name: str, out: torch.Tensor) -> bool:
+        self.read(name, out=out)
+        return True
 
     def byte_ranges(self, name: str) -> list[tuple[str, int, int]] | None:
         """The whole tensor's bytes as file ranges (path, offset, bytes) in row-major order, when its

@@ -330,6 +330,38 @@ def test_round_trips_bit_exact(tmp_path, models, kind):
     assert (tmp_path / "a22" / "latest_checkpointed_iteration.txt").read_text().strip() == "40"
 
 
+def test_vocab_padding_grows_exactly(tmp_path, models, monkeypatch):
+    """Padding vocab rows (HF 250 -> Megatron tp 2's 256 -> tp 4's 512) reads the rows straight into the padded
+    tensor: the source's rows (its padding included), then zeros; every step gives the same HF model."""
+    from interop.converters import hf as hf_converter
+    from interop.converters.megatron.torch_format import Reader
+    from interop.store import StoreReader
+    model, hf = models["gpt2"]
+    filled = []
+    for cls in (Reader, hf_converter.Reader):
+        original = cls.read_into
+        monkeypatch.setattr(cls, "read_into", lambda self, name, out, original=original:
+                            filled.append((type(self).__module__, name)) or original(self, name, out))
+    convert(hf, tmp_path / "m22", dst_format="megatron", tp=2, pp=2)
+    convert(tmp_path / "m22", tmp_path / "m41", dst_format="megatron", tp=4, pp=1)
+    assert [m for m, n in filled if n == "embed.word.weight"] == [hf_converter.__name__, Reader.__module__]
+    before, after = rank_tensors(tmp_path / "m22"), rank_tensors(tmp_path / "m41")
+    key = "embedding.word_embeddings.weight"
+    old = torch.cat([before[(f"mp_rank_{t:02d}_000", "model", key)] for t in range(2)])
+    new = torch.cat([after[(f"mp_rank_{t:02d}", "model", key)] for t in range(4)])
+    assert old.shape[0] == 256 and new.shape[0] == 512
+    assert torch.equal(new[:256], old) and not new[256:].any()
+    convert(tmp_path / "m41", tmp_path / "hf-again", dst_format="hf")
+    assert_same_hf(hf, tmp_path / "hf-again")
+    convert(hf, tmp_path / "store", dst_format="interop", tp=2)  # the common format keeps HF's 250 rows
+    filled.clear()
+    monkeypatch.setattr(StoreReader, "read_into", lambda self, name, out, original=StoreReader.read_into:
+                        filled.append(name) or original(self, name, out))
+    convert(tmp_path / "store", tmp_path / "m22-again", dst_format="megatron", tp=2, pp=2)
+    assert "embed.word.weight" in filled
+    assert_same_megatron(tmp_path / "m22", tmp_path / "m22-again")
+
+
 def test_written_checkpoint_is_complete(tmp_path, models):
     model, hf = models["llama"]
     convert(hf, tmp_path / "m", dst_format="megatron", tp=2, pp=2)

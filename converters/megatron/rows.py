@@ -101,12 +101,13 @@ def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: 
 
 
 def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: ModelSpec,
-               memory: BufferPool) -> list[torch.Tensor]:
+               memory: BufferPool, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """The row's full canonical tensors, every TP rank's stored tensor read straight into its place.
 
-    `read_into(t, runs)` fills `runs` (see `rank_runs`) from rank `t`'s file.
+    `read_into(t, runs)` fills `runs` (see `rank_runs`) from rank `t`'s file; `out`, when given,
+    are the (contiguous) tensors to fill.
     """
-    out = [memory.empty(index[n].shape, dtype) for n in row.parts]
+    out = out or [memory.empty(index[n].shape, dtype) for n in row.parts]
     for t in range(tp):
         runs = rank_runs(row, out, index, tp, t, spec)
         if runs is None:  # one read into a reused buffer and one strided copy beat a read per row

@@ -303,21 +303,34 @@ class Reader:
                 out.append(TensorMeta(prefix + p.name, dicts[(0, row.stage, row.chunk)][row.key].dtype, p.shape))
         return out
 
+    def _read_row(self, dicts: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
+        if row.kind == "copy" and self.index[row.parts[0]].axis is None:  # replicated: rank 0's copy
+            tensor = self.files[(0, row.stage)].read(stored[0])
+            return [tensor if out is None else out[0].copy_(tensor)]
+        read_into = lambda t, runs: self.files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
+        return read_ranks(row, read_into, self.tp, stored[0].dtype, self.index, self.spec, self.memory, out)
+
     def read(self, name: str) -> torch.Tensor:
         dicts, base = self._stored(name)
         row, j = self.row_of[base]
+        if len(row.parts) == 1:
+            return self._read_row(dicts, row)[0]
         ident = (name[:len(name) - len(base)], row.stage, row.chunk, row.key)
-        if ident not in self._cache:
-            stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
-            if row.kind == "copy" and self.index[row.parts[0]].axis is None:  # replicated: rank 0's copy
-                self._cache[ident] = [self.files[(0, row.stage)].read(stored[0])]
-            else:
-                read_into = lambda t, runs: self.files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
-                self._cache[ident] = read_ranks(row, read_into, self.tp, stored[0].dtype, self.index, self.spec,
-                                               self.memory)
+        if ident not in self._cache:  # fused: the row's other tensors are asked for next
+            self._cache[ident] = self._read_row(dicts, row)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[ident][j]
+
+    def read_into(self, name: str, out: torch.Tensor) -> bool:
+        """Fill `out` with `name` when its Megatron tensor holds nothing else (not fused); else False."""
+        dicts, base = self._stored(name)
+        row, _ = self.row_of[base]
+        if len(row.parts) != 1:
+            return False
+        self._read_row(dicts, row, [out])
+        return True
 
     def close(self) -> None:
         self._cache.clear()
