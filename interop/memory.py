@@ -76,3 +76,9 @@ class BufferPool:
                 buf.madvise(mmap.MADV_HUGEPAGE)
             self.buffers.append(buf)
         return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
+
+    def release_idle(self) -> None:
+        """Unmap every idle buffer: before the model's largest tensor (the vocab rows, read before the
+        first layer and after the last) the layers' buffers would only add to the peak."""
+        for i in reversed([i for i in range(len(self.buffers)) if self._idle(i)]):
+            del self.buffers[i]

@@ -124,6 +124,8 @@ class StoreReader:
         except KeyError:
             raise InteropError(f"{self.root}: no tensor {name!r} in the checkpoint") from None
         box = box or Box.whole(entry["shape"])
+        if entry.get("split") == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
+            self._memory.release_idle()
         pieces = []
         for shard in entry["shards"]:
             shard_box_ = Box(tuple(shard["offset"]), tuple(shard["shape"]))

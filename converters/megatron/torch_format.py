@@ -304,6 +304,9 @@ class Reader:
         return out
 
     def _read_row(self, dicts: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
+            self._cache.clear()
+            self.memory.release_idle()
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
         if row.kind == "copy" and self.index[row.parts[0]].axis is None:  # replicated: rank 0's copy
             tensor = self.files[(0, row.stage)].read(stored[0])
