@@ -9,8 +9,6 @@ stays bounded by the largest tensor.  Files are plain safetensors that any loade
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import math
 import mmap
@@ -24,6 +22,7 @@ import torch
 from .. import memory
 from ..errors import InteropError
 from ..shards import Box
+from .writeback import Writeback
 
 DTYPE_CODES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -215,7 +214,8 @@ class SafetensorsWriter:
         raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned
         self._file = open(self.path, "wb", buffering=0)  # unbuffered: copy_ranges writes beside it
         self._crc = 0 if checksum else None
-        self.bytes = self._flushed = 0
+        self._writeback = Writeback(self._file.fileno())
+        self.bytes = 0
         self._emit(struct.pack("<Q", len(raw)) + raw)
         self._next = 0
 
@@ -227,7 +227,7 @@ class SafetensorsWriter:
             self._write_all(data)
             self._crc = crc.result()
         self.bytes += len(data)
-        self._start_writeback()
+        self._writeback.wrote(self.bytes)
 
     def write(self, key: str, tensor: torch.Tensor) -> None:
         want_key, dtype, shape = self._order[self._next]
@@ -262,13 +262,8 @@ class SafetensorsWriter:
             finally:
                 os.close(fd)
             self.bytes += nbytes
-        self._start_writeback()
+        self._writeback.wrote(self.bytes)
         self._next += 1
-
-    def _start_writeback(self) -> None:
-        if self.bytes - self._flushed >= _WRITEBACK_BYTES:
-            start_writeback(self._file.fileno(), self._flushed, self.bytes - self._flushed)
-            self._flushed = self.bytes
 
     def close(self) -> tuple[int, str]:
         """Flush, fsync and close; returns (bytes, crc32 hex or None without `checksum`)."""
@@ -276,34 +271,14 @@ class SafetensorsWriter:
             missing = [k for k, _, _ in self._order[self._next:]]
             raise ValueError(f"{self.path}: {len(missing)} planned tensors never written, e.g. {missing[0]}")
         self._file.flush()
+        self._writeback.wait()
         os.fsync(self._file.fileno())
         self._file.close()
         return self.bytes, None if self._crc is None else f"{self._crc:08x}"
 
     def abort(self) -> None:
+        self._writeback.wait()
         self._file.close()
-
-
-_WRITEBACK_BYTES = 64 << 20
-
-
-def _sync_file_range():
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return fn
-
-
-_SYNC_FILE_RANGE = _sync_file_range()
-
-
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Ask Linux to start writing a range to disk now (SYNC_FILE_RANGE_WRITE: it does not wait), so the
-    fsync at the end finds less left to do.  Elsewhere, nothing."""
-    if _SYNC_FILE_RANGE is not None:
-        _SYNC_FILE_RANGE(fd, offset, nbytes, 2)
 
 
 def _copy_range(src: int, dst: int, offset: int, nbytes: int) -> None:

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import InteropError
 from .safe_pickle import plan_globals, safe_torch_load
+from .writeback import Writeback
 
 STORAGE_TYPES = {
     torch.float32: "FloatStorage", torch.float64: "DoubleStorage", torch.float16: "HalfStorage",
@@ -165,6 +166,8 @@ class TorchFileWriter:
     def __init__(self, path):
         self.path = Path(path)
         self._zip = torch._C.PyTorchFileWriter(str(self.path), False, torch.serialization._get_storage_alignment())
+        self._fd = os.open(self.path, os.O_RDONLY)  # to start writeback early: torch's writer keeps its own
+        self._writeback = Writeback(self._fd)
         self._count = 0
         self.nbytes = 0
 
@@ -182,6 +185,7 @@ class TorchFileWriter:
             storage = storage[start:start + nbytes]
         self._zip.write_record(f"data/{key}", storage, nbytes)
         self.nbytes += nbytes
+        self._writeback.wrote(self.nbytes)
         return TensorRef(_StorageRef(key, t.dtype, t.numel()), t.shape)
 
     def finish(self, obj) -> None:
@@ -196,6 +200,14 @@ class TorchFileWriter:
         self._zip.write_record("byteorder", "little", len("little"))
         self._zip.write_end_of_file()
         self._zip = None
+        self._close_fd()
 
     def abort(self) -> None:
         self._zip = None
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            self._writeback.wait()
+            os.close(self._fd)
+            self._fd = None
