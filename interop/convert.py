@@ -18,6 +18,7 @@ from . import memory
 from .atomic import atomic_directory, check_destination
 from .converters.registry import converter, detect_format
 from .errors import InteropError
+from .io.safetensors import background_writes
 from .layout import ParallelLayout
 from .params import base_param_name, param_index
 from .tensors import DTYPE_NAMES, TensorMeta
@@ -147,7 +148,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         if progress:
             progress.start(sum(m.nbytes for m in metas_in))
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.describe(), notes=list(reader.source.notes))
-        with atomic_directory(dst, force) as tmp, one_torch_thread():
+        with atomic_directory(dst, force) as tmp, one_torch_thread(), background_writes():
             writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
             try:
                 for m_in, m_out in zip(metas_in, metas_out):

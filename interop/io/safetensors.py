@@ -9,11 +9,13 @@ stays bounded by the largest tensor.  Files are plain safetensors that any loade
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import mmap
 import os
 import struct
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -170,9 +172,9 @@ class SafetensorsFile:
             pass
 
 
-class _Scratch:
-    """One growing buffer for making slices contiguous before they are written (allocating a
-    fresh one per tensor costs a page fault per 4 KiB)."""
+class _Scratch(threading.local):
+    """A growing buffer (one per thread) for making slices contiguous before they are written
+    (allocating a fresh one per tensor costs a page fault per 4 KiB)."""
 
     def __init__(self):
         self.buffer = torch.empty(0, dtype=torch.uint8)
@@ -188,6 +190,34 @@ class _Scratch:
 
 _SCRATCH = _Scratch()
 _CRC_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-crc")
+_WRITE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-write")
+
+
+class _Background:
+    """Whether new writers write on a helper thread, and the one write in flight (of any writer)."""
+    enabled = False
+    pending = None
+
+    @classmethod
+    def wait(cls) -> None:
+        if cls.pending is not None:
+            pending, cls.pending = cls.pending, None
+            pending.result()  # a failed write raises here, in the caller's thread
+
+
+@contextlib.contextmanager
+def background_writes():
+    """Writers created in this block gather (a transpose, a column slice) and write each tensor on a
+    helper thread while the caller reads and prepares the next one: write() and the CPU work before it
+    both release the GIL, so two cores share the work.  One tensor is in flight at a time, and the
+    caller must not change a tensor once it has handed it over (the conversion engine never does)."""
+    before, _Background.enabled = _Background.enabled, True
+    try:
+        yield
+    finally:
+        _Background.enabled = before
+        with contextlib.suppress(Exception):  # only when leaving on an error: writers' close() waited
+            _Background.wait()
 
 
 class SafetensorsWriter:
@@ -213,6 +243,7 @@ class SafetensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned
         self._file = open(self.path, "wb", buffering=0)  # unbuffered: copy_ranges writes beside it
+        self._background = _Background.enabled
         self._crc = 0 if checksum else None
         self._writeback = Writeback(self._file.fileno())
         self.bytes = 0
@@ -235,11 +266,18 @@ class SafetensorsWriter:
             raise ValueError(
                 f"{self.path}: expected {want_key} {dtype} {shape}, got {key} {tensor.dtype} {tuple(tensor.shape)}")
         tensor = tensor.detach()
+        if self._background:
+            _Background.wait()
+            _Background.pending = _WRITE_THREAD.submit(self._put, tensor)
+        else:
+            self._put(tensor)
+        self._next += 1
+
+    def _put(self, tensor: torch.Tensor) -> None:
         if not tensor.is_contiguous():  # a column slice: gather it in a reused buffer, not a fresh one
             tensor = _SCRATCH.contiguous(tensor)
         if tensor.numel():
             self._emit(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
-        self._next += 1
 
     def _write_all(self, data) -> None:
         view, done = memoryview(data).cast("B"), 0
@@ -254,6 +292,8 @@ class SafetensorsWriter:
             raise ValueError(f"{self.path}: byte ranges do not make up {want_key} {dtype} {shape}")
         if self._crc is not None:
             raise ValueError(f"{self.path}: copy_ranges cannot checksum what it does not read")
+        if self._background:
+            _Background.wait()  # appends at the file's end: the tensor before it must be there
         out = self._file.fileno()
         for path, offset, nbytes in ranges:
             fd = os.open(path, os.O_RDONLY)
@@ -270,6 +310,8 @@ class SafetensorsWriter:
         if self._next != len(self._order):
             missing = [k for k, _, _ in self._order[self._next:]]
             raise ValueError(f"{self.path}: {len(missing)} planned tensors never written, e.g. {missing[0]}")
+        if self._background:
+            _Background.wait()
         self._file.flush()
         self._writeback.wait()
         os.fsync(self._file.fileno())
@@ -277,6 +319,9 @@ class SafetensorsWriter:
         return self.bytes, None if self._crc is None else f"{self._crc:08x}"
 
     def abort(self) -> None:
+        if self._background:
+            with contextlib.suppress(Exception):
+                _Background.wait()
         self._writeback.wait()
         self._file.close()
 
