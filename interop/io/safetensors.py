@@ -9,6 +9,7 @@ stays bounded by the largest tensor.  Files are plain safetensors that any loade
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -194,23 +195,40 @@ _WRITE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-write")
 
 
 class _Background:
-    """Whether new writers write on a helper thread, and the one write in flight (of any writer)."""
+    """Whether new writers write on a helper thread, and the writes in flight (of any writer).
+
+    Writes queue up to `LIMIT` bytes, so that the small tensors between two large ones (norms,
+    biases) need not wait for the large one to be written; more than that waits for the oldest."""
+    LIMIT = 64 << 20
     enabled = False
-    pending = None
+    pending: collections.deque = collections.deque()  # (future, bytes), oldest first
+    gathered = memory.BufferPool(keep=4)  # slices gathered by the caller while the helper was busy
+
+    @classmethod
+    def busy(cls) -> bool:
+        return any(not f.done() for f, _ in cls.pending)
+
+    @classmethod
+    def submit(cls, job, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        while cls.pending and (cls.pending[0][0].done() or sum(n for _, n in cls.pending) + nbytes > cls.LIMIT):
+            cls.pending.popleft()[0].result()  # a failed write raises here, in the caller's thread
+        cls.pending.append((_WRITE_THREAD.submit(job, tensor), nbytes))
 
     @classmethod
     def wait(cls) -> None:
-        if cls.pending is not None:
-            pending, cls.pending = cls.pending, None
-            pending.result()  # a failed write raises here, in the caller's thread
+        while cls.pending:
+            cls.pending.popleft()[0].result()
 
 
 @contextlib.contextmanager
 def background_writes():
     """Writers created in this block gather (a transpose, a column slice) and write each tensor on a
-    helper thread while the caller reads and prepares the next one: write() and the CPU work before it
-    both release the GIL, so two cores share the work.  One tensor is in flight at a time, and the
-    caller must not change a tensor once it has handed it over (the conversion engine never does)."""
+    helper thread while the caller reads and prepares the next one: write() and the copies before it
+    both release the GIL, so two cores share the work (a slice that arrives while the helper is still
+    busy is gathered by the caller, which would otherwise wait).  Up to `_Background.LIMIT` bytes are in
+    flight, and the caller must not change a tensor once it has handed it over (the conversion engine
+    never does)."""
     before, _Background.enabled = _Background.enabled, True
     try:
         yield
@@ -267,8 +285,9 @@ class SafetensorsWriter:
                 f"{self.path}: expected {want_key} {dtype} {shape}, got {key} {tensor.dtype} {tuple(tensor.shape)}")
         tensor = tensor.detach()
         if self._background:
-            _Background.wait()
-            _Background.pending = _WRITE_THREAD.submit(self._put, tensor)
+            if _Background.busy() and not tensor.is_contiguous():  # share the gathering: do it here meanwhile
+                tensor = _Background.gathered.empty(tensor.shape, tensor.dtype).copy_(tensor)
+            _Background.submit(self._put, tensor)
         else:
             self._put(tensor)
         self._next += 1
