@@ -92,6 +92,10 @@ def test_megatron_style_args_load_with_placeholders(tmp_path):
     finally:
         for name in parents + [mod.__name__]:
             sys.modules.pop(name, None)
+    lazy = LazyTorchFile(path)
+    assert lazy.placeholders == ["notinstalled_megatron.core.enums.ModelType"]
+    assert lazy.obj["args"].model_type.interop_name == "notinstalled_megatron.core.enums.ModelType"
+    assert torch.equal(lazy.read(lazy.obj["model"]["w"]), torch.arange(4.0))
     loaded = safe_torch_load(path)
     a = loaded["args"]
     assert isinstance(a, argparse.Namespace) and a.num_layers == 2 and a.exit_signal is signal.SIGTERM
@@ -113,6 +117,15 @@ def test_lazy_file_reads_views_and_plain_files(tmp_path):
     assert torch.equal(f.read(f.obj["view"]), base[:, 1:3])
     assert torch.equal(f.read(f.obj["whole"]), base)
     assert torch.equal(f.read(f.obj["half"]), base.to(torch.bfloat16)[2:])
+    raw = torch.arange(8, dtype=torch.uint8)
+    torch.save({"param": torch.nn.Parameter(base.clone()), "bytes": raw.untyped_storage(), "shape": base.shape,
+                "same": [base, base[1:]]}, tmp_path / "b.pt")
+    g = LazyTorchFile(tmp_path / "b.pt")
+    assert torch.equal(g.read(g.obj["param"]), base) and g.obj["shape"] == torch.Size([4, 6])
+    assert "Storage" in type(g.obj["bytes"]).__name__  # a bare storage loads too
+    a, b = g.obj["same"]
+    assert a.untyped_storage()._checkpoint_offset == b.untyped_storage()._checkpoint_offset  # one storage, two views
+    assert torch.equal(g.read(b), base[1:])
 
 
 def test_not_a_checkpoint(tmp_path):

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InteropError
-from .safe_pickle import plan_globals, safe_torch_load
+from .safe_pickle import SafeUnpickler, safe_torch_load
 from .writeback import Writeback
 
 STORAGE_TYPES = {
@@ -31,13 +31,6 @@ STORAGE_TYPES = {
     torch.bfloat16: "BFloat16Storage", torch.int64: "LongStorage", torch.int32: "IntStorage",
     torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage", torch.bool: "BoolStorage",
 }
-
-
-def _globals_in(path: Path) -> list[str]:
-    try:
-        return torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    except Exception as exc:  # damaged zip or pickle: many exception types
-        raise InteropError(f"{path}: not a readable torch checkpoint ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
 class LazyTorchFile:
@@ -51,12 +44,18 @@ class LazyTorchFile:
         if not self.lazy:  # the pre-1.6 format: no offsets to read from, load it whole
             self.obj = safe_torch_load(self.path, mmap=False)
             return
-        entries, self.placeholders = plan_globals(self.path, _globals_in(self.path))
         try:
-            with torch.serialization.safe_globals(entries):
-                self.obj = torch.load(self.path, map_location="meta", weights_only=True)
-        except Exception as exc:
-            raise InteropError(f"{self.path}: cannot load safely ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+            archive = torch._C.PyTorchFileReader(str(self.path))
+            if archive.has_record("byteorder") and bytes(archive.get_record("byteorder")) != b"little":
+                raise InteropError(f"{self.path}: a big-endian checkpoint (not supported)")
+            unpickler = SafeUnpickler(io.BytesIO(archive.get_record("data.pkl")), self.path, _Storages(archive))
+            self.obj = unpickler.load()
+        except InteropError:
+            raise
+        except Exception as exc:  # a damaged zip or pickle raises many types
+            raise InteropError(f"{self.path}: not a readable torch checkpoint "
+                               f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        self.placeholders = sorted(unpickler.placeholders)
 
     def read(self, t: torch.Tensor) -> torch.Tensor:
         """The real contents of tensor `t` from this file's structure (a fresh CPU tensor)."""
@@ -118,6 +117,25 @@ class LazyTorchFile:
                     raise InteropError(f"{self.path}: truncated (a tensor needs {want} bytes at offset {offset}, "
                                        f"{got} there)")
                 offset += want
+
+
+class _Storages:
+    """`persistent_load` for a torch.save zip: each storage once, on the meta device, with the file
+    offset of its record (`_checkpoint_offset`, where `LazyTorchFile.read` finds the bytes)."""
+
+    def __init__(self, archive):
+        self.archive, self.made = archive, {}
+
+    def __call__(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise InteropError(f"unexpected persistent id {str(pid)[:80]!r} in the pickle")
+        _, storage_type, key, _location, numel = pid
+        if key not in self.made:
+            dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type._dtype
+            storage = torch.UntypedStorage(numel * dtype.itemsize, device="meta")
+            storage._checkpoint_offset = self.archive.get_record_offset(f"data/{key}")
+            self.made[key] = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+        return self.made[key]
 
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
