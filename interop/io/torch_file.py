@@ -17,13 +17,14 @@ import collections
 import io
 import os
 import pickle
+import struct
 import zipfile
 from pathlib import Path
 
 import torch
 
 from ..errors import InteropError
-from .safe_pickle import SafeUnpickler, safe_torch_load
+from .safe_pickle import MetaStorage, SafeUnpickler, safe_torch_load
 from .writeback import Writeback
 
 STORAGE_TYPES = {
@@ -45,10 +46,10 @@ class LazyTorchFile:
             self.obj = safe_torch_load(self.path, mmap=False)
             return
         try:
-            archive = torch._C.PyTorchFileReader(str(self.path))
-            if archive.has_record("byteorder") and bytes(archive.get_record("byteorder")) != b"little":
+            records = _records(self.path)
+            if "byteorder" in records and self._record(records["byteorder"]) != b"little":
                 raise InteropError(f"{self.path}: a big-endian checkpoint (not supported)")
-            unpickler = SafeUnpickler(io.BytesIO(archive.get_record("data.pkl")), self.path, _Storages(archive))
+            unpickler = SafeUnpickler(io.BytesIO(self._record(records["data.pkl"])), self.path, _Storages(records))
             self.obj = unpickler.load()
         except InteropError:
             raise
@@ -56,6 +57,14 @@ class LazyTorchFile:
             raise InteropError(f"{self.path}: not a readable torch checkpoint "
                                f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         self.placeholders = sorted(unpickler.placeholders)
+
+    def _record(self, where: tuple[int, int]) -> bytes:
+        offset, size = where
+        with open(self.path, "rb", buffering=0) as f:
+            data = os.pread(f.fileno(), size, offset)
+        if len(data) != size:
+            raise InteropError(f"{self.path}: truncated")
+        return data
 
     def read(self, t: torch.Tensor) -> torch.Tensor:
         """The real contents of tensor `t` from this file's structure (a fresh CPU tensor)."""
@@ -119,12 +128,29 @@ class LazyTorchFile:
                 offset += want
 
 
+def _records(path: Path) -> dict[str, tuple[int, int]]:
+    """Each record of a torch.save zip, named without the archive's top folder: (file offset of its bytes,
+    size).  torch stores records uncompressed, right after their local header; their CRC may be
+    absent (torch's `compute_crc32` setting), so the bytes are read here, not through zipfile."""
+    out = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb", buffering=0) as f:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise InteropError(f"{path}: {info.filename} is compressed (not a torch.save file)")
+            head = os.pread(f.fileno(), 30, info.header_offset)
+            if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                raise InteropError(f"{path}: damaged zip (no local header for {info.filename})")
+            name_len, extra_len = struct.unpack("<HH", head[26:30])
+            out[info.filename.split("/", 1)[-1]] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
+    return out
+
+
 class _Storages:
     """`persistent_load` for a torch.save zip: each storage once, on the meta device, with the file
     offset of its record (`_checkpoint_offset`, where `LazyTorchFile.read` finds the bytes)."""
 
-    def __init__(self, archive):
-        self.archive, self.made = archive, {}
+    def __init__(self, records: dict[str, tuple[int, int]]):
+        self.records, self.made = records, {}
 
     def __call__(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
@@ -133,8 +159,11 @@ class _Storages:
         if key not in self.made:
             dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type._dtype
             storage = torch.UntypedStorage(numel * dtype.itemsize, device="meta")
-            storage._checkpoint_offset = self.archive.get_record_offset(f"data/{key}")
-            self.made[key] = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+            try:
+                storage._checkpoint_offset = self.records[f"data/{key}"][0]
+            except KeyError:
+                raise InteropError(f"the pickle names storage {key!r}, which the file does not hold") from None
+            self.made[key] = MetaStorage(dtype, storage)
         return self.made[key]
 
 
@@ -179,7 +208,10 @@ class _Pickler(pickle.Pickler):
 
 
 class TorchFileWriter:
-    """Writes a torch.save zip whose tensors arrive one by one before the object that holds them."""
+    """Writes a torch.save zip whose tensors arrive one by one before the object that holds them.
+
+    Records carry no CRC-32, as with torch's own `compute_crc32=False` setting: torch.load never
+    checks it, and computing it cost a third of a Megatron conversion's time."""
 
     def __init__(self, path):
         self.path = Path(path)
