@@ -132,3 +132,33 @@ def test_not_a_checkpoint(tmp_path):
     (tmp_path / "x.pt").write_bytes(b"PK\x03\x04garbage")
     with pytest.raises(InteropError, match="x.pt"):
         safe_torch_load(tmp_path / "x.pt")
+
+
+def _offsets_by_zipfile(path):
+    import struct
+    import zipfile
+    out = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            f.seek(info.header_offset)
+            name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
+            out[info.filename.split("/", 1)[-1]] = (info.header_offset + 30 + name_len + extra_len, info.file_size)
+    return out
+
+
+def test_zip_directory_is_read_like_zipfile(tmp_path):
+    """LazyTorchFile finds records from the zip's central directory itself: the same offsets as zipfile's,
+    for a torch.save file and for a zip64 archive (more than 65535 entries, zip64 extra fields)."""
+    import zipfile
+    from interop.io.torch_file import _records
+    torch.save({"a": torch.arange(10), "b": torch.ones(3, 3)}, tmp_path / "t.pt")
+    with zipfile.ZipFile(tmp_path / "z.zip", "w", zipfile.ZIP_STORED) as z:
+        for i in range(70000):
+            with z.open(f"archive/data/{i}", "w", force_zip64=i % 1000 == 0) as entry:
+                entry.write(bytes([i % 256]) * (i % 7))
+    for path in (tmp_path / "t.pt", tmp_path / "z.zip"):
+        assert _records(path) == _offsets_by_zipfile(path)
+    records = _records(tmp_path / "z.zip")
+    with open(tmp_path / "z.zip", "rb") as f:
+        f.seek(records["data/69999"][0])
+        assert f.read(records["data/69999"][1]) == bytes([69999 % 256]) * (69999 % 7)
