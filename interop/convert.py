@@ -7,6 +7,8 @@ into the target layout's shards.
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -89,6 +91,22 @@ def one_torch_thread():
         torch.set_num_threads(threads)
 
 
+def without_gc_pauses(fn):
+    """Run `fn` with Python's cyclic garbage collector off.  A full collection walks every object
+    torch created on import, ~0.1 s each time (measured), and a conversion allocates enough to
+    set off several; it makes no cycles worth collecting early, so collection resumes afterwards."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+    return wrapper
+
+
 def _passed_through(reader, writer, m_in: TensorMeta, m_out: TensorMeta) -> bool:
     """Bytes that need no change go from file to file in the kernel (copy_file_range), when the reader can
     name them as file ranges and the writer stores them as they are."""
@@ -112,6 +130,7 @@ def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | 
     return out
 
 
+@without_gc_pauses
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
             force: bool = False, options: dict | None = None, progress=None) -> Summary:
