@@ -10,7 +10,8 @@ from ..errors import InteropError
 
 
 def user_errors(fn):
-    """Run a command body; an InteropError prints `error: ...` and exits 2 (bugs keep their traceback)."""
+    """Run a command body; an InteropError prints `error: ...` and exits 2, an OSError (disk full,
+    permission denied) likewise with exit 1; bugs keep their traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -18,6 +19,10 @@ def user_errors(fn):
         except InteropError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except OSError as exc:  # the machine's trouble (a full disk, no permission), not the input's: exit 1
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(1)
         except KeyboardInterrupt:
             click.echo("error: interrupted", err=True)
             sys.exit(130)

@@ -134,3 +134,41 @@ def test_passthrough_copies_and_its_fallback(hf_checkpoints, tmp_path, monkeypat
     monkeypatch.setattr(os, "copy_file_range", refuse)
     convert(tmp_path / "mid", tmp_path / "slow", dst_format="hf")
     assert_same_files(src, tmp_path / "slow")
+
+
+def test_failed_background_write_surfaces_and_leaves_nothing(hf_checkpoints, tmp_path, monkeypatch):
+    """Tensors are written on a helper thread during a conversion: a write that fails there (here: the disk
+    fills up a few tensors in) is raised in the caller, the CLI says so in one line, and no output is left."""
+    import errno
+    import subprocess
+    import sys
+
+    from interop.io import safetensors as st
+    real = st.SafetensorsWriter._write_all
+    written = {"calls": 0}
+
+    def filling_up(self, data):
+        written["calls"] += 1
+        if written["calls"] > 5:
+            raise OSError(errno.ENOSPC, "No space left on device", self.path)
+        real(self, data)
+
+    monkeypatch.setattr(st.SafetensorsWriter, "_write_all", filling_up)
+    with pytest.raises(OSError, match="No space left"):
+        convert(hf_checkpoints["gpt2"], tmp_path / "out", dst_format="interop", tp=2, pp=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert not st._Background.pending  # nothing left in flight for the next conversion
+    monkeypatch.undo()
+    convert(hf_checkpoints["gpt2"], tmp_path / "out", dst_format="interop", tp=2, pp=2)  # the next one works
+    assert (tmp_path / "out" / "interop.json").is_file()
+
+    code = ("import errno, sys; from interop.io import safetensors as st\n"
+            "def full(self, data): raise OSError(errno.ENOSPC, 'No space left on device', self.path)\n"
+            "st.SafetensorsWriter._write_all = full\n"
+            "from interop.cli.main import main; sys.argv = ['interop'] + sys.argv[1:]; main()")
+    run = subprocess.run([sys.executable, "-c", code, "convert", str(hf_checkpoints["gpt2"]), str(tmp_path / "cli"),
+                          "--to", "interop", "-q"], capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.strip().startswith("error: ") and "No space left on device" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "cli").exists()
