@@ -20,7 +20,7 @@ from . import memory
 from .atomic import atomic_directory, check_destination
 from .converters.registry import converter, detect_format
 from .errors import InteropError
-from .io.safetensors import background_writes
+from .io.background import background_writes
 from .layout import ParallelLayout
 from .params import base_param_name, param_index
 from .tensors import DTYPE_NAMES, TensorMeta

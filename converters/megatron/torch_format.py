@@ -16,10 +16,8 @@ disk (`interop.io.torch_file`): a read costs the tensor's bytes, not the file's.
 The writer streams each rank file the same way, tensor by tensor.
 """
 from __future__ import annotations
-from __future__ import annotations
 
 import argparse
-import math
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -32,10 +30,10 @@ from ...io.torch_file import LazyTorchFile, TorchFileWriter
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import EXTRA_STATE_MODULES, TABLES, scheme_of
+from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ...memory import BufferPool
 from .args import args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, is_dist_dir,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
@@ -361,7 +359,7 @@ class Writer:
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = []
         self.pending: dict[tuple, dict] = {}
-        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self.memory = BufferPool()  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
         self.dir = self.root / "iter_pending"
         self.files = {}
@@ -382,17 +380,9 @@ class Writer:
         parts = [got[n] for n in row.parts]
         for t in range(self.layout.tp):
             piece = to_rank(row, parts, self.index, self.layout.tp, t, self.spec,
-                            out=self._scratch(rank_shapes(row, self.index, self.layout.tp, t), parts[0].dtype))
+                            out=self.memory.empty(rank_shapes(row, self.index, self.layout.tp, t), parts[0].dtype))
             for r in [row] + (self.tied_rows if base == "embed.word.weight" else []):
                 self.refs[(kind, t, r.stage, r.chunk, r.key)] = self.files[(t, r.stage)].add(piece)
-
-    def _scratch(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """One buffer, reused for every fused or strided rank tensor (each is written before the next is
-        built): fresh allocations per tensor leave the C heap fragmented and the process's RSS high."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        if self._buffer.numel() < nbytes:
-            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
-        return self._buffer[:nbytes].view(dtype).view(shape)
 
     def _model_dict(self, t: int, p: int, v: int) -> OrderedDict:
         out = OrderedDict()

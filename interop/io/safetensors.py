@@ -9,7 +9,6 @@ stays bounded by the largest tensor.  Files are plain safetensors that any loade
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import math
@@ -25,6 +24,7 @@ import torch
 from .. import memory
 from ..errors import InteropError
 from ..shards import Box
+from . import background
 from .writeback import Writeback
 
 DTYPE_CODES = {
@@ -191,51 +191,6 @@ class _Scratch(threading.local):
 
 _SCRATCH = _Scratch()
 _CRC_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-crc")
-_WRITE_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-write")
-
-
-class _Background:
-    """Whether new writers write on a helper thread, and the writes in flight (of any writer).
-
-    Writes queue up to `LIMIT` bytes, so that the small tensors between two large ones (norms,
-    biases) need not wait for the large one to be written; more than that waits for the oldest."""
-    LIMIT = 64 << 20
-    enabled = False
-    pending: collections.deque = collections.deque()  # (future, bytes), oldest first
-    gathered = memory.BufferPool(keep=4)  # slices gathered by the caller while the helper was busy
-
-    @classmethod
-    def busy(cls) -> bool:
-        return any(not f.done() for f, _ in cls.pending)
-
-    @classmethod
-    def submit(cls, job, tensor: torch.Tensor) -> None:
-        nbytes = tensor.numel() * tensor.element_size()
-        while cls.pending and (cls.pending[0][0].done() or sum(n for _, n in cls.pending) + nbytes > cls.LIMIT):
-            cls.pending.popleft()[0].result()  # a failed write raises here, in the caller's thread
-        cls.pending.append((_WRITE_THREAD.submit(job, tensor), nbytes))
-
-    @classmethod
-    def wait(cls) -> None:
-        while cls.pending:
-            cls.pending.popleft()[0].result()
-
-
-@contextlib.contextmanager
-def background_writes():
-    """Writers created in this block gather (a transpose, a column slice) and write each tensor on a
-    helper thread while the caller reads and prepares the next one: write() and the copies before it
-    both release the GIL, so two cores share the work (a slice that arrives while the helper is still
-    busy is gathered by the caller, which would otherwise wait).  Up to `_Background.LIMIT` bytes are in
-    flight, and the caller must not change a tensor once it has handed it over (the conversion engine
-    never does)."""
-    before, _Background.enabled = _Background.enabled, True
-    try:
-        yield
-    finally:
-        _Background.enabled = before
-        with contextlib.suppress(Exception):  # only when leaving on an error: writers' close() waited
-            _Background.wait()
 
 
 class SafetensorsWriter:
@@ -261,7 +216,7 @@ class SafetensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned
         self._file = open(self.path, "wb", buffering=0)  # unbuffered: copy_ranges writes beside it
-        self._background = _Background.enabled
+        self._background = background.enabled()
         self._crc = 0 if checksum else None
         self._writeback = Writeback(self._file.fileno())
         self.bytes = 0
@@ -285,9 +240,9 @@ class SafetensorsWriter:
                 f"{self.path}: expected {want_key} {dtype} {shape}, got {key} {tensor.dtype} {tuple(tensor.shape)}")
         tensor = tensor.detach()
         if self._background:
-            if _Background.busy() and not tensor.is_contiguous():  # share the gathering: do it here meanwhile
-                tensor = _Background.gathered.empty(tensor.shape, tensor.dtype).copy_(tensor)
-            _Background.submit(self._put, tensor)
+            if background.busy() and not tensor.is_contiguous():  # share the gathering: do it here meanwhile
+                tensor = background.gathered.empty(tensor.shape, tensor.dtype).copy_(tensor)
+            background.submit(tensor.numel() * tensor.element_size(), self._put, tensor)
         else:
             self._put(tensor)
         self._next += 1
@@ -312,7 +267,7 @@ class SafetensorsWriter:
         if self._crc is not None:
             raise ValueError(f"{self.path}: copy_ranges cannot checksum what it does not read")
         if self._background:
-            _Background.wait()  # appends at the file's end: the tensor before it must be there
+            background.wait()  # appends at the file's end: the tensor before it must be there
         out = self._file.fileno()
         for path, offset, nbytes in ranges:
             fd = os.open(path, os.O_RDONLY)
@@ -330,7 +285,7 @@ class SafetensorsWriter:
             missing = [k for k, _, _ in self._order[self._next:]]
             raise ValueError(f"{self.path}: {len(missing)} planned tensors never written, e.g. {missing[0]}")
         if self._background:
-            _Background.wait()
+            background.wait()
         self._file.flush()
         self._writeback.wait()
         os.fsync(self._file.fileno())
@@ -340,7 +295,7 @@ class SafetensorsWriter:
     def abort(self) -> None:
         if self._background:
             with contextlib.suppress(Exception):
-                _Background.wait()
+                background.wait()
         self._writeback.wait()
         self._file.close()
 

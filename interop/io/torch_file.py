@@ -14,6 +14,7 @@ it with `torch.load` (even with mmap) keeps every page it touches resident, and
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import os
 import pickle
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InteropError
+from . import background
 from .safe_pickle import MetaStorage, SafeUnpickler, safe_torch_load
 from .writeback import Writeback
 
@@ -263,11 +265,13 @@ class TorchFileWriter:
         self._zip = torch._C.PyTorchFileWriter(str(self.path), False, torch.serialization._get_storage_alignment())
         self._fd = os.open(self.path, os.O_RDONLY)  # to start writeback early: torch's writer keeps its own
         self._writeback = Writeback(self._fd)
+        self._background = background.enabled()
         self._count = 0
         self.nbytes = 0
 
     def add(self, tensor: torch.Tensor) -> TensorRef:
-        """Write `tensor`'s bytes now; returns the reference to place in the final object."""
+        """Write `tensor`'s bytes (now, or on the helper thread within `background.background_writes`);
+        returns the reference to place in the final object."""
         if tensor.dtype not in STORAGE_TYPES:
             raise InteropError(f"{self.path}: cannot store dtype {tensor.dtype}")
         t = tensor.detach().cpu().contiguous()
@@ -278,12 +282,21 @@ class TorchFileWriter:
         if storage.nbytes() != nbytes:  # a view into a larger tensor (a TP slice): its bytes, without a copy
             start = t.storage_offset() * t.element_size()
             storage = storage[start:start + nbytes]
-        self._zip.write_record(f"data/{key}", storage, nbytes)
         self.nbytes += nbytes
-        self._writeback.wrote(self.nbytes)
+        if self._background:
+            background.submit(nbytes, self._write, f"data/{key}", storage, nbytes, self.nbytes, t)
+        else:
+            self._write(f"data/{key}", storage, nbytes, self.nbytes, t)
         return TensorRef(_StorageRef(key, t.dtype, t.numel()), t.shape)
 
+    def _write(self, name: str, storage, nbytes: int, total: int, owner: torch.Tensor) -> None:
+        """One record; `owner` keeps the memory under `storage` alive (and out of its pool) until written."""
+        self._zip.write_record(name, storage, nbytes)
+        self._writeback.wrote(total)
+
     def finish(self, obj) -> None:
+        if self._background:
+            background.wait()
         buf = io.BytesIO()
         _Pickler(buf, protocol=2).dump(obj)
         data = buf.getvalue()
@@ -298,6 +311,9 @@ class TorchFileWriter:
         self._close_fd()
 
     def abort(self) -> None:
+        if self._background:
+            with contextlib.suppress(Exception):
+                background.wait()
         self._zip = None
         self._close_fd()
 
