@@ -746,3 +746,24 @@ def test_mcore_torch_dist_optimizer_state(tmp_path):
                                              tmp_path / out / "iter_0000002"))
         assert result == {"weights_equal": True, "state_equal": True, "groups_equal": True, "steps": [2.0],
                           "moments": 15}, out
+
+
+def test_failed_background_write_leaves_nothing(tmp_path, models, monkeypatch):
+    """Rank records are written on a helper thread during a conversion: a failure there reaches the caller
+    and the half-written checkpoint is removed."""
+    import errno
+
+    from interop.io import background
+    from interop.io.torch_file import TorchFileWriter
+    real, calls = TorchFileWriter._write, []
+
+    def failing(self, *args):
+        calls.append(args[0])
+        if len(calls) > 3:
+            raise OSError(errno.EIO, "Input/output error", str(self.path))
+        real(self, *args)
+
+    monkeypatch.setattr(TorchFileWriter, "_write", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        convert(models["llama"][1], tmp_path / "m", dst_format="megatron", tp=2, pp=2)
+    assert list(tmp_path.iterdir()) == [] and not background.busy()
