@@ -378,6 +378,8 @@ class Writer:
             return
         del self.pending[(kind, row.parts)]
         parts = [got[n] for n in row.parts]
+        if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
+            self.memory.release_idle()
         for t in range(self.layout.tp):
             piece = to_rank(row, parts, self.index, self.layout.tp, t, self.spec,
                             out=self.memory.empty(rank_shapes(row, self.index, self.layout.tp, t), parts[0].dtype))
