@@ -247,6 +247,9 @@ class Writer:
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
         (a single-tensor row, not transposed); False when it must come through `write`."""
+        if name.startswith(OPTIM_PREFIXES):
+            self.write(name, None)  # not kept: no need to read it
+            return True
         hf_key, kind, parts = self.row_of[name]
         if kind != "copy" or len(parts) != 1:
             return False

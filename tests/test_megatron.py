@@ -767,3 +767,21 @@ def test_failed_background_write_leaves_nothing(tmp_path, models, monkeypatch):
     with pytest.raises(OSError, match="Input/output error"):
         convert(models["llama"][1], tmp_path / "m", dst_format="megatron", tp=2, pp=2)
     assert list(tmp_path.iterdir()) == [] and not background.busy()
+
+
+def test_row_blocks_pass_from_rank_files_to_hf(tmp_path, models, monkeypatch):
+    """Megatron -> HF copies q, k, v (out of the fused QKV), gate, up and the norms file to file (copy_file_range);
+    o and down (split on dim 1) and the padded vocab are read and written; the result is bit-exact."""
+    from interop.io.safetensors import SafetensorsWriter
+    model, hf = models["llama"]
+    src = hand_built(tmp_path / "m22", model, "llama", tp=2, pp=2)
+    copied, real = [], SafetensorsWriter.copy_ranges
+    monkeypatch.setattr(SafetensorsWriter, "copy_ranges", lambda self, key, ranges: copied.append(key) or
+                        real(self, key, ranges))
+    convert(src, tmp_path / "hf", dst_format="hf")
+    assert_same_hf(hf, tmp_path / "hf")
+    layer = {k.split("layers.0.")[1] for k in copied if "layers.0." in k}
+    assert layer == {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                     "self_attn.v_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+                     "mlp.up_proj.weight"}
+    assert "model.embed_tokens.weight" not in copied  # 256 padded rows -> 250: read, trimmed, written

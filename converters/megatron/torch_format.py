@@ -38,7 +38,7 @@ from .args import args_dict, args_from_spec, base_args, explicit_args, model_con
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, is_dist_dir,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from .optimizer import KINDS, pack, unpack
-from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_shapes, read_ranks, to_rank
+from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_runs, rank_shapes, read_ranks, to_rank
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -323,6 +323,41 @@ class Reader:
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[ident][j]
+
+    def byte_ranges(self, name: str) -> list[tuple[str, int, int]] | None:
+        """`name`'s bytes as ranges (path, offset, bytes) of the rank files in row-major order, when every
+        rank holds its part as runs of whole rows (q, k, v of a fused QKV, gate and up, vocab blocks,
+        replicated norms); None for a split on dim 1 or a file without record offsets."""
+        dicts, base = self._stored(name)
+        row, j = self.row_of[base]
+        replicated = row.kind == "copy" and self.index[row.parts[0]].axis is None
+        ranks = [0] if replicated else range(self.tp)
+        stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in ranks}
+        if any(x.device.type != "meta" or not x.is_contiguous() for x in stored.values()):
+            return None
+        full = [torch.empty(self.index[n].shape, dtype=stored[0].dtype, device="meta") for n in row.parts]
+        pieces = []  # (first element, path, file offset, bytes) of the runs that belong to `name`
+        for t in ranks:
+            runs = [(full[0], 0, full[0].numel())] if replicated else rank_runs(row, full, self.index, self.tp, t,
+                                                                                 self.spec)
+            if runs is None:
+                return None
+            x, item = stored[t], stored[t].element_size()
+            pos = x.untyped_storage()._checkpoint_offset + x.storage_offset() * item
+            for target, start, stop in runs:
+                if target is full[j]:
+                    pieces.append((start, str(self.files[(t, row.stage)].path), pos, (stop - start) * item))
+                pos += (stop - start) * item
+        ranges, at = [], 0
+        for start, path, pos, nbytes in sorted(pieces):
+            if start != at:
+                return None
+            if ranges and ranges[-1][0] == path and ranges[-1][1] + ranges[-1][2] == pos:
+                ranges[-1] = (path, ranges[-1][1], ranges[-1][2] + nbytes)
+            else:
+                ranges.append((path, pos, nbytes))
+            at += nbytes // full[j].element_size()
+        return ranges if at == full[j].numel() else None
 
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when its Megatron tensor holds nothing else (not fused); else False."""

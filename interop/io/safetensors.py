@@ -266,8 +266,13 @@ class SafetensorsWriter:
             raise ValueError(f"{self.path}: byte ranges do not make up {want_key} {dtype} {shape}")
         if self._crc is not None:
             raise ValueError(f"{self.path}: copy_ranges cannot checksum what it does not read")
-        if self._background:
-            background.wait()  # appends at the file's end: the tensor before it must be there
+        if self._background:  # in order after the tensors before it (no memory held meanwhile)
+            background.submit(0, self._copy, ranges)
+        else:
+            self._copy(ranges)
+        self._next += 1
+
+    def _copy(self, ranges: list[tuple[str, int, int]]) -> None:
         out = self._file.fileno()
         for path, offset, nbytes in ranges:
             fd = os.open(path, os.O_RDONLY)
@@ -277,7 +282,6 @@ class SafetensorsWriter:
                 os.close(fd)
             self.bytes += nbytes
         self._writeback.wrote(self.bytes)
-        self._next += 1
 
     def close(self) -> tuple[int, str]:
         """Flush, fsync and close; returns (bytes, crc32 hex or None without `checksum`)."""
