@@ -158,7 +158,7 @@ def test_failed_background_write_surfaces_and_leaves_nothing(hf_checkpoints, tmp
     with pytest.raises(OSError, match="No space left"):
         convert(hf_checkpoints["gpt2"], tmp_path / "out", dst_format="interop", tp=2, pp=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
-    assert not background.busy()  # nothing left in flight for the next conversion
+    assert background.idle()  # nothing left in flight for the next conversion
     monkeypatch.undo()
     convert(hf_checkpoints["gpt2"], tmp_path / "out", dst_format="interop", tp=2, pp=2)  # the next one works
     assert (tmp_path / "out" / "interop.json").is_file()

@@ -766,7 +766,10 @@ def test_failed_background_write_leaves_nothing(tmp_path, models, monkeypatch):
     monkeypatch.setattr(TorchFileWriter, "_write", failing)
     with pytest.raises(OSError, match="Input/output error"):
         convert(models["llama"][1], tmp_path / "m", dst_format="megatron", tp=2, pp=2)
-    assert list(tmp_path.iterdir()) == [] and not background.busy()
+    assert list(tmp_path.iterdir()) == [] and background.idle()
+    monkeypatch.undo()
+    convert(models["llama"][1], tmp_path / "m", dst_format="megatron", tp=2, pp=2)  # the next one is unaffected
+    assert (tmp_path / "m" / "latest_checkpointed_iteration.txt").is_file()
 
 
 def test_row_blocks_pass_from_rank_files_to_hf(tmp_path, models, monkeypatch):

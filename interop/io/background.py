@@ -45,9 +45,21 @@ def submit(nbytes: int, job, *args) -> None:
 
 
 def wait() -> None:
-    """Until every submitted job is done; the first that failed raises here."""
+    """Until every submitted job is done and collected; the first that failed raises here (after the
+    rest are collected, so that none is left for a later conversion to trip over)."""
+    error = None
     while _pending:
-        _pending.popleft()[0].result()
+        try:
+            _pending.popleft()[0].result()
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def idle() -> bool:
+    """Nothing submitted and not yet collected."""
+    return not _pending
 
 
 @contextlib.contextmanager
