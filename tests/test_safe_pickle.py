@@ -162,3 +162,26 @@ def test_zip_directory_is_read_like_zipfile(tmp_path):
     with open(tmp_path / "z.zip", "rb") as f:
         f.seek(records["data/69999"][0])
         assert f.read(records["data/69999"][1]) == bytes([69999 % 256]) * (69999 % 7)
+
+
+@pytest.mark.parametrize("module,name", [("argparse", "Namespace"), ("torch", "Tensor"), ("signal", "Signals"),
+                                         ("collections", "OrderedDict"), ("notinstalled_megatron.enums", "ModelType")])
+def test_a_pickle_cannot_change_the_classes_it_names(tmp_path, module, name):
+    """BUILD with slot state on a class the pickle names (GLOBAL) would setattr on that class for the whole
+    process, e.g. make torch.Tensor.t do nothing.  Every name resolves to something that cannot be changed
+    (refused, an immutable type, a stand-in function or a throwaway placeholder): the real classes stay."""
+    import io
+    import pickle
+
+    from interop.io.safe_pickle import SafeUnpickler
+    before = {c: dict(vars(c)) for c in (argparse.Namespace, torch.Tensor, signal.Signals)}
+    payload = (b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n"  # GLOBAL
+               b"N}X\x01\x00\x00\x00tc_codecs\nencode\ns\x86b.")             # (None, {"t": codecs.encode}) BUILD
+    try:
+        loaded = SafeUnpickler(io.BytesIO(payload), tmp_path / "x.pt", lambda pid: None).load()
+    except (InteropError, pickle.UnpicklingError, TypeError):
+        pass  # refused, or BUILD could not apply: either way nothing changed (checked below)
+    else:
+        assert callable(loaded) and not isinstance(loaded, type)  # a stand-in function took the attribute
+    assert {c: dict(vars(c)) for c in before} == before
+    assert torch.ones(2, 3).t().shape == (3, 2)

@@ -204,7 +204,9 @@ class _Storages:
             raise InteropError(f"unexpected persistent id {str(pid)[:80]!r} in the pickle")
         _, storage_type, key, _location, numel = pid
         if key not in self.made:
-            dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type._dtype
+            if not isinstance(storage_type, torch.dtype):  # LAZY_NAMES gives storage classes as their dtype
+                raise InteropError(f"unexpected storage type {storage_type!r} in the pickle")
+            dtype = storage_type
             storage = torch.UntypedStorage(numel * dtype.itemsize, device="meta")
             try:
                 storage._checkpoint_offset = self.records[f"data/{key}"][0]
