@@ -11,14 +11,10 @@ called on the pickle's say-so except the allow-list below.
 from __future__ import annotations
 
 import argparse
-import codecs
-import collections
 import io
 import pathlib
-import pickle
 import signal
 import types
-import typing
 import zipfile
 from pathlib import Path
 
@@ -78,8 +74,8 @@ class Placeholder:
         return f"{self.interop_name}({inner})"
 
 
-def placeholder_class(full_name: str, metaclass: type = type) -> type:
-    return metaclass(full_name.rsplit(".", 1)[-1], (Placeholder,), {"interop_name": full_name})
+def placeholder_class(full_name: str) -> type:
+    return type(full_name.rsplit(".", 1)[-1], (Placeholder,), {"interop_name": full_name})
 
 
 def _numpy_dtype_class(full_name: str):
@@ -118,132 +114,6 @@ def plan_globals(path, names: list[str]) -> tuple[list, list[str]]:
             raise InteropError(f"{path}: refused to load: the pickle calls {full_name}, which could run code "
                                "(a checkpoint never needs it; the file may be malicious)")
     return entries, placeholders
-
-
-class MetaStorage(typing.NamedTuple):
-    """What `SafeUnpickler`'s `persistent_load` returns for a storage: its dtype and a meta-device
-    stand-in (cheaper than torch's TypedStorage, ~0.1 ms each)."""
-    dtype: torch.dtype
-    untyped: torch.UntypedStorage
-
-
-class _Frozen(type):
-    """Classes that refuse attribute changes: a pickle may BUILD on a class it names (with slot state,
-    that is setattr), which would change the class for the rest of the process."""
-
-    def __setattr__(cls, name, value):
-        raise _Refused(f"the pickle changes {cls.__name__}.{name}")
-
-    def __delattr__(cls, name):
-        raise _Refused(f"the pickle deletes {cls.__name__}.{name}")
-
-
-class _Refused(InteropError):
-    pass
-
-
-class LoadedNamespace(argparse.Namespace, metaclass=_Frozen):
-    """An argparse.Namespace read from a checkpoint; it pickles again as a plain one."""
-
-    def __reduce__(self):
-        return argparse.Namespace, (), dict(vars(self))
-
-
-# The stand-ins below are plain functions, whose attributes a pickle may set without changing what
-# they do (they take no defaults), or immutable values: nothing a pickle names can be altered for
-# the rest of the process, as torch's weights-only unpickler also ensures.
-
-def _meta_tensor(storage: MetaStorage, storage_offset, size, stride, *_):
-    """torch's `_rebuild_tensor_v2`: a meta tensor over the stand-in storage (hooks and metadata dropped)."""
-    return torch.empty((0,), dtype=storage.dtype, device="meta").set_(storage.untyped, storage_offset, size, stride)
-
-
-def _tensor_of(func, new_type, args, *_):
-    """`torch._tensor._rebuild_from_type_v2` (a Parameter or tensor subclass): the plain tensor."""
-    return func(*args)
-
-
-def _parameter(data, *_):
-    return data
-
-
-def _not_called(*_):
-    raise _Refused("the pickle calls a tensor class directly (torch.save never does)")
-
-
-def _signal(value):
-    return signal.Signals(value)
-
-
-def _posix_path(*parts):
-    return pathlib.PosixPath(*parts)
-
-
-def _pure_posix_path(*parts):
-    return pathlib.PurePosixPath(*parts)
-
-
-# What `SafeUnpickler` gives for each name a pickle may use; storage classes become their dtype.
-LAZY_NAMES = {
-    **ALLOWED,
-    "argparse.Namespace": LoadedNamespace,
-    "signal.Signals": _signal,
-    "pathlib.PosixPath": _posix_path,
-    "pathlib.PurePosixPath": _pure_posix_path,
-    "torch._utils._rebuild_tensor_v2": _meta_tensor,
-    "torch._tensor._rebuild_from_type_v2": _tensor_of,
-    "torch._utils._rebuild_parameter": _parameter,
-    "torch._utils._rebuild_parameter_with_state": _parameter,
-    "torch.nn.parameter.Parameter": _not_called,
-    "torch.Tensor": _not_called,
-    "torch.Size": torch.Size,
-    "torch.device": torch.device,
-    "torch.UntypedStorage": torch.uint8,
-    "torch.storage.UntypedStorage": torch.uint8,
-    "collections.OrderedDict": collections.OrderedDict,
-    "builtins.set": set,
-    "builtins.frozenset": frozenset,
-    "builtins.bytearray": bytearray,
-    "builtins.complex": complex,
-    "builtins.slice": slice,
-    "_codecs.encode": codecs.encode,  # how protocol 2 stores bytes
-    **{f"torch.{name}": getattr(torch, name) for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)},
-    **{f"torch.{name}": getattr(torch, name)._dtype for name in dir(torch)
-       if name.endswith("Storage") and isinstance(getattr(getattr(torch, name), "_dtype", None), torch.dtype)},
-}
-
-
-class SafeUnpickler(pickle.Unpickler):
-    """The C unpickler (fast: a rank file's structure in milliseconds, where torch's pure-Python
-    weights-only unpickler took ~50 ms) with `find_class`, a pickle's only way to reach code,
-    limited as `plan_globals` decides: LAZY_NAMES, placeholders for other classes (frozen, like
-    LoadedNamespace), refusal of anything else.  `persistent_load(pid)` provides the storages."""
-
-    def __init__(self, file, path, persistent_load):
-        super().__init__(file)
-        self.path, self._storage, self.placeholders = path, persistent_load, {}
-
-    def find_class(self, module, name):
-        full_name = f"{module}.{name}"
-        obj = LAZY_NAMES.get(full_name)
-        if obj is None:
-            obj = _numpy_dtype_class(full_name)
-        if obj is not None:
-            return obj
-        if full_name not in self.placeholders:
-            plan_globals(self.path, [full_name])  # refuses functions and system modules
-            self.placeholders[full_name] = placeholder_class(full_name, _Frozen)
-        return self.placeholders[full_name]
-
-    def persistent_load(self, pid):
-        return self._storage(pid)
-
-    def load(self):
-        try:
-            return super().load()
-        except _Refused as exc:
-            raise InteropError(f"{self.path}: refused to load: {exc} (a checkpoint never does; the file may be "
-                               "malicious)") from None
 
 
 def safe_torch_load(path, mmap: bool = True):

@@ -18,7 +18,6 @@ import contextlib
 import io
 import os
 import pickle
-import struct
 import zipfile
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 
 from ..errors import InteropError
 from . import background
-from .safe_pickle import MetaStorage, SafeUnpickler, safe_torch_load
+from .safe_pickle import plan_globals, safe_torch_load
 from .writeback import Writeback
 
 STORAGE_TYPES = {
@@ -34,6 +33,13 @@ STORAGE_TYPES = {
     torch.bfloat16: "BFloat16Storage", torch.int64: "LongStorage", torch.int32: "IntStorage",
     torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage", torch.bool: "BoolStorage",
 }
+
+
+def _globals_in(path: Path) -> list[str]:
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception as exc:  # damaged zip or pickle: many exception types
+        raise InteropError(f"{path}: not a readable torch checkpoint ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
 class LazyTorchFile:
@@ -47,26 +53,12 @@ class LazyTorchFile:
         if not self.lazy:  # the pre-1.6 format: no offsets to read from, load it whole
             self.obj = safe_torch_load(self.path, mmap=False)
             return
+        entries, self.placeholders = plan_globals(self.path, _globals_in(self.path))
         try:
-            records = _records(self.path)
-            if "byteorder" in records and self._record(records["byteorder"]) != b"little":
-                raise InteropError(f"{self.path}: a big-endian checkpoint (not supported)")
-            unpickler = SafeUnpickler(io.BytesIO(self._record(records["data.pkl"])), self.path, _Storages(records))
-            self.obj = unpickler.load()
-        except InteropError:
-            raise
-        except Exception as exc:  # a damaged zip or pickle raises many types
-            raise InteropError(f"{self.path}: not a readable torch checkpoint "
-                               f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-        self.placeholders = sorted(unpickler.placeholders)
-
-    def _record(self, where: tuple[int, int]) -> bytes:
-        offset, size = where
-        with open(self.path, "rb", buffering=0) as f:
-            data = os.pread(f.fileno(), size, offset)
-        if len(data) != size:
-            raise InteropError(f"{self.path}: truncated")
-        return data
+            with torch.serialization.safe_globals(entries):
+                self.obj = torch.load(self.path, map_location="meta", weights_only=True)
+        except Exception as exc:
+            raise InteropError(f"{self.path}: cannot load safely ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
     def read(self, t: torch.Tensor) -> torch.Tensor:
         """The real contents of tensor `t` from this file's structure (a fresh CPU tensor)."""
@@ -128,92 +120,6 @@ class LazyTorchFile:
                     raise InteropError(f"{self.path}: truncated (a tensor needs {want} bytes at offset {offset}, "
                                        f"{got} there)")
                 offset += want
-
-
-def _records(path: Path) -> dict[str, tuple[int, int]]:
-    """Each record of a torch.save zip, named without the archive's top folder: (file offset of its bytes,
-    size).  Parsed straight from the zip's central directory (zipfile's per-entry objects cost ~0.1 ms
-    each, and a Megatron rank file has hundreds); torch stores records uncompressed, right after their
-    local header, and may leave their CRC out (its `compute_crc32` setting), so none is checked."""
-    with open(path, "rb", buffering=0) as f:
-        fd, size = f.fileno(), os.fstat(f.fileno()).st_size
-        tail = os.pread(fd, min(size, 22 + 65535), max(0, size - 22 - 65535))
-        at = tail.rfind(b"PK\x05\x06")
-        if at < 0 or len(tail) - at < 22:
-            raise InteropError(f"{path}: damaged zip (no end of central directory)")
-        count, cd_size, cd_offset = struct.unpack("<HII", tail[at + 10:at + 20])
-        if count == 0xFFFF or cd_offset == 0xFFFFFFFF:  # zip64: the locator sits right before
-            locator = tail[at - 20:at]
-            if at < 20 or locator[:4] != b"PK\x06\x07":
-                raise InteropError(f"{path}: damaged zip (no zip64 locator)")
-            end64 = os.pread(fd, 56, struct.unpack("<Q", locator[8:16])[0])
-            if end64[:4] != b"PK\x06\x06":
-                raise InteropError(f"{path}: damaged zip (no zip64 end of central directory)")
-            count, cd_size, cd_offset = struct.unpack("<QQQ", end64[32:56])
-        directory = os.pread(fd, cd_size, cd_offset)
-        out, pos = {}, 0
-        for _ in range(count):
-            if directory[pos:pos + 4] != b"PK\x01\x02":
-                raise InteropError(f"{path}: damaged zip (central directory)")
-            method, = struct.unpack("<H", directory[pos + 10:pos + 12])
-            packed_size, file_size, name_len, extra_len, comment_len = struct.unpack(
-                "<IIHHH", directory[pos + 20:pos + 34])
-            header, = struct.unpack("<I", directory[pos + 42:pos + 46])
-            name = directory[pos + 46:pos + 46 + name_len].decode()
-            file_size, header = _zip64_fields(directory[pos + 46 + name_len:pos + 46 + name_len + extra_len],
-                                              file_size, packed_size, header)
-            pos += 46 + name_len + extra_len + comment_len
-            if method != 0:
-                raise InteropError(f"{path}: {name} is compressed (not a torch.save file)")
-            local = os.pread(fd, 30, header)
-            if local[:4] != b"PK\x03\x04":
-                raise InteropError(f"{path}: damaged zip (no local header for {name})")
-            local_name, local_extra = struct.unpack("<HH", local[26:30])
-            out[name.split("/", 1)[-1]] = (header + 30 + local_name + local_extra, file_size)
-    return out
-
-
-def _zip64_fields(extra: bytes, file_size: int, packed_size: int, header: int) -> tuple[int, int]:
-    """The true size and local-header offset of an entry whose 32-bit fields say 0xFFFFFFFF: the zip64
-    extra field holds, in this order, each of size, packed size and header offset that overflowed."""
-    pos = 0
-    while pos + 4 <= len(extra):
-        tag, n = struct.unpack("<HH", extra[pos:pos + 4])
-        if tag == 1:
-            values = iter(struct.unpack(f"<{n // 8}Q", extra[pos + 4:pos + 4 + n // 8 * 8]))
-            if file_size == 0xFFFFFFFF:
-                file_size = next(values)
-            if packed_size == 0xFFFFFFFF:
-                next(values)
-            if header == 0xFFFFFFFF:
-                header = next(values)
-            break
-        pos += 4 + n
-    return file_size, header
-
-
-class _Storages:
-    """`persistent_load` for a torch.save zip: each storage once, on the meta device, with the file
-    offset of its record (`_checkpoint_offset`, where `LazyTorchFile.read` finds the bytes)."""
-
-    def __init__(self, records: dict[str, tuple[int, int]]):
-        self.records, self.made = records, {}
-
-    def __call__(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise InteropError(f"unexpected persistent id {str(pid)[:80]!r} in the pickle")
-        _, storage_type, key, _location, numel = pid
-        if key not in self.made:
-            if not isinstance(storage_type, torch.dtype):  # LAZY_NAMES gives storage classes as their dtype
-                raise InteropError(f"unexpected storage type {storage_type!r} in the pickle")
-            dtype = storage_type
-            storage = torch.UntypedStorage(numel * dtype.itemsize, device="meta")
-            try:
-                storage._checkpoint_offset = self.records[f"data/{key}"][0]
-            except KeyError:
-                raise InteropError(f"the pickle names storage {key!r}, which the file does not hold") from None
-            self.made[key] = MetaStorage(dtype, storage)
-        return self.made[key]
 
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
