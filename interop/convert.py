@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
+from . import memory
 from .atomic import atomic_directory, check_destination
 from .converters.registry import converter, detect_format
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
-from .memory import BufferPool
 from .params import base_param_name, param_index
 from .tensors import DTYPE_NAMES, TensorMeta
 
@@ -118,13 +118,12 @@ def _passed_through(reader, writer, m_in: TensorMeta, m_out: TensorMeta) -> bool
     return ranges is not None and writer.write_ranges(m_out.name, ranges)
 
 
-def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta, pool: BufferPool) -> torch.Tensor | None:
+def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | None:
     """A vocab tensor that the target pads, read straight into its padded buffer when the reader can
-    (`read_into`): padding by concatenation would hold the model's largest tensor twice.  None otherwise.
-    The buffer comes from `pool`, so the output layer reuses the embedding's."""
+    (`read_into`): padding by concatenation would hold the model's largest tensor twice.  None otherwise."""
     if m_out.shape[0] <= m_in.shape[0] or m_in.dtype != m_out.dtype or not hasattr(reader, "read_into"):
         return None
-    out = pool.empty(m_out.shape, m_out.dtype)
+    out = memory.empty(m_out.shape, m_out.dtype)
     if not reader.read_into(m_in.name, out[:m_in.shape[0]]):
         return None
     out[m_in.shape[0]:].zero_()
@@ -170,12 +169,11 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force) as tmp, one_torch_thread(), background_writes():
             writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
-            padded = BufferPool(keep=1)
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
                     if not _passed_through(reader, writer, m_in, m_out):
                         vocab = index[base_param_name(m_in.name)].split == "vocab"
-                        tensor = _read_padded(reader, m_in, m_out, padded) if vocab else None
+                        tensor = _read_padded(reader, m_in, m_out) if vocab else None
                         if tensor is None:
                             tensor = reader.read(m_in.name)
                             if tuple(tensor.shape) != m_in.shape:
