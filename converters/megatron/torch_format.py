@@ -394,7 +394,7 @@ class Writer:
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = []
         self.pending: dict[tuple, dict] = {}
-        self.memory = BufferPool()  # fused or strided rank tensors, reused once written
+        self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
         self.dir = self.root / "iter_pending"
         self.files = {}

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import memory
 
-LIMIT = 64 << 20
+LIMIT = 32 << 20
 _THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-write")
 _pending: collections.deque = collections.deque()  # (future, bytes), oldest first
 _enabled = False
