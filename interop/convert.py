@@ -1,8 +1,9 @@
 """The conversion engine: any reader -> canonical tensors -> any writer, one tensor at a time.
 
-Peak memory is one global tensor (plus the reader's and writer's view of it), never
-the model.  Resharding is the same operation: the writer cuts each global tensor
-into the target layout's shards.
+Peak memory is one global tensor (plus the reader's and writer's view of it, and up to
+`io.background.LIMIT` bytes still being written on the helper thread), never the model.
+Resharding is the same operation: the writer cuts each global tensor into the target
+layout's shards.
 """
 from __future__ import annotations
 
