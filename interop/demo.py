@@ -12,7 +12,6 @@ import importlib.util
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import click

@@ -12,8 +12,6 @@ from click.testing import CliRunner
 
 from interop import argsfile, mapargs
 from interop.cli.main import main
-from interop.errors import InteropError
-from interop.mappings import megatron_args as M
 from interop.converters.megatron.args import args_from_spec, explicit_args, spec_from_args
 from interop.layout import ParallelLayout
 from interop.mappings import megatron_args as M

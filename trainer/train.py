@@ -168,7 +168,7 @@ def _device(local_rank: int, local_world: int) -> torch.device:
 
 def run(plan: Plan, rank: int = 0, world: int = 1, local_rank: int | None = None) -> list[dict]:
     """Train on this rank; returns the per-step metrics (rank 0's view; loss is the global mean)."""
-    cfg, spec, layout = plan.cfg, plan.spec, plan.layout
+    cfg = plan.cfg
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     device = _device(rank if local_rank is None else local_rank, local_world)
     if world > 1 and not dist.is_initialized():

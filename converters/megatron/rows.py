@@ -6,7 +6,6 @@ Optimizer moments go through the same functions as the weights they belong to.
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 import torch

@@ -35,7 +35,7 @@ from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from .args import args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
-from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, is_dist_dir,
+from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from .optimizer import KINDS, pack, unpack
 from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_runs, rank_shapes, read_ranks, to_rank
@@ -301,12 +301,16 @@ class Reader:
                 out.append(TensorMeta(prefix + p.name, dicts[(0, row.stage, row.chunk)][row.key].dtype, p.shape))
         return out
 
+    def _replicated(self, row) -> bool:
+        """Every TP rank holds the whole tensor (norms, biases of row-parallel layers): rank 0's is read."""
+        return row.kind == "copy" and self.index[row.parts[0]].axis is None
+
     def _read_row(self, dicts: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
             self._cache.clear()
             self.memory.release_idle()
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
-        if row.kind == "copy" and self.index[row.parts[0]].axis is None:  # replicated: rank 0's copy
+        if self._replicated(row):  # rank 0's copy
             tensor = self.files[(0, row.stage)].read(stored[0])
             return [tensor if out is None else out[0].copy_(tensor)]
         read_into = lambda t, runs: self.files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
@@ -330,7 +334,7 @@ class Reader:
         replicated norms); None for a split on dim 1 or a file without record offsets."""
         dicts, base = self._stored(name)
         row, j = self.row_of[base]
-        replicated = row.kind == "copy" and self.index[row.parts[0]].axis is None
+        replicated = self._replicated(row)
         ranks = [0] if replicated else range(self.tp)
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in ranks}
         if any(x.device.type != "meta" or not x.is_contiguous() for x in stored.values()):

@@ -57,6 +57,13 @@ def wait() -> None:
         raise error
 
 
+def abandon() -> None:
+    """Wait for every submitted job, dropping failures: for a writer being aborted, whose caller is
+    already leaving on an error of its own."""
+    with contextlib.suppress(Exception):
+        wait()
+
+
 def idle() -> bool:
     """Nothing submitted and not yet collected."""
     return not _pending
@@ -70,5 +77,4 @@ def background_writes():
         yield
     finally:
         _enabled = before
-        with contextlib.suppress(Exception):  # only when leaving on an error: writers' close() waited
-            wait()
+        abandon()  # only ever waits when leaving on an error: writers' close() waited

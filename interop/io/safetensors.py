@@ -9,7 +9,6 @@ stays bounded by the largest tensor.  Files are plain safetensors that any loade
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import mmap
@@ -298,8 +297,7 @@ class SafetensorsWriter:
 
     def abort(self) -> None:
         if self._background:
-            with contextlib.suppress(Exception):
-                background.wait()
+            background.abandon()
         self._writeback.wait()
         self._file.close()
 

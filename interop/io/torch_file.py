@@ -14,7 +14,6 @@ it with `torch.load` (even with mmap) keeps every page it touches resident, and
 from __future__ import annotations
 
 import collections
-import contextlib
 import io
 import os
 import pickle
@@ -220,8 +219,7 @@ class TorchFileWriter:
 
     def abort(self) -> None:
         if self._background:
-            with contextlib.suppress(Exception):
-                background.wait()
+            background.abandon()
         self._zip = None
         self._close_fd()
 
