@@ -170,7 +170,9 @@ class Reader:
     def read(self, name: str) -> torch.Tensor:
         row, key, layer, j = self.row_of[base_param_name(name)]
         key = _prefix(name) + key  # optimizer state: the weight's layout under its own key
-        if (key, layer) not in self._cache:
+        if len(row.parts) == 1:  # holds nothing else: no reason to keep it
+            return from_ranks(row, [self.ckpt.read(key, layer)], self.index, self.spec)[0]
+        if (key, layer) not in self._cache:  # fused: the row's other tensors are asked for next
             stored = self.ckpt.read(key, layer)
             self._cache[(key, layer)] = from_ranks(row, [stored], self.index, self.spec)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
