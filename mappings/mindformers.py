@@ -21,6 +21,9 @@ def _dataset_dir(paths):
     return paths[0]
 
 
+# The same loader family as MindSpeed-Core-MS (init_configs_from_yaml): the same paths accept None.
+NULLABLE = mindspeed.NULLABLE | {"parallel_config.virtual_pipeline_model_parallel_size"}
+
 ROWS = [
     R("seed", "training_config.seed"),
     R("save", "training_config.output_dir", "./output", unset=True),
@@ -33,6 +36,7 @@ ROWS = [
     CONST("training_config.loss_reduction", "mean"),
     CONST("training_config.loss_func_kwargs.loss_func_type", "VocabParallelCrossEntropy"),
     R("use_distributed_optimizer", "training_config.use_distributed_optimizer", False),
+    *[row for row in mindspeed.ROWS if row.path == "training_config.wrap_with_ddp"],
     R("tensor_model_parallel_size", "parallel_config.tensor_model_parallel_size", 1),
     R("pipeline_model_parallel_size", "parallel_config.pipeline_model_parallel_size", 1),
     R("context_parallel_size", "parallel_config.context_parallel_size", 1),

@@ -243,7 +243,8 @@ def test_lossy_target_lists_what_it_drops(tmp_path):
     ("--num-layers two", "--num-layers expects an integer, got 'two'"),
     ("--num-layers 2 --hidden-size", "--hidden-size needs a value"),
     ("--num-layers 2 --swiglu=yes", "--swiglu is a switch and takes no value"),
-    ("--normalization BatchNorm", "--normalization must be one of LayerNorm, RMSNorm"),
+    ("--hidden-size 1e5000", "--hidden-size expects an integer, got '1e5000'"),
+    ("--norm-epsilon inf", "--norm-epsilon expects a number, got 'inf'"),
     ("--num-layers ${LAYERS}", "--num-layers ${LAYERS}: the variable is not set"),
     ("--num-layers 2 --hidden-size 8", "missing required value: --num-attention-heads, --max-position-embeddings"),
 ])
