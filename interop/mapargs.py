@@ -600,7 +600,14 @@ def load(path: str | Path, env: dict | None = None, fmt: str = "auto", values: d
         raise InteropError(f"{path}: too big to be a config file") from None
     if values:
         source.explicit.update(_set_values(values))
+    if source.format in MINDSPORE_FAMILY and "max_position_embeddings" not in source.explicit \
+            and source.explicit.get("seq_length"):
+        # These models size their position table by seq_length: it is max_position_embeddings.
+        source.explicit["max_position_embeddings"] = source.explicit["seq_length"]
     return source
+
+
+MINDSPORE_FAMILY = ("mindspeed", "mindformers", "mindformers-legacy", "mindspeed-nested")
 
 
 def _load(path: Path, env: dict | None, fmt: str) -> Source:
@@ -709,6 +716,8 @@ def check(source: Source) -> tuple[dict, list[str]]:
     """Completed args, or an InteropError naming contradicting or missing flags."""
     full = M.complete(source.explicit)
     missing = M.missing_required(full)
+    if source.format in MINDSPORE_FAMILY:
+        missing = ["--seq-length" if m == "--max-position-embeddings" else m for m in missing]
     if missing:
         given = " ".join(f"--set {m.lstrip('-').replace('-', '_')}=N" for m in missing)
         raise InteropError(f"{source.path}: missing required value: {', '.join(missing)} (the {source.format} "
@@ -731,12 +740,19 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Entr
     Values the user did not give are the target's business (its defaults apply); a given value
     the target re-derives exactly (a batch size from the micro-batch count) is not a loss.
     """
-    before, after = M.complete(explicit), M.complete(read_back)
+    before = M.complete(explicit)
     held = _held(target, before)
+    launch = {"world_size": explicit["world_size"]} if "world_size" in explicit and "world_size" not in held else {}
+    after = M.complete({**launch, **read_back})  # the job is launched on as many ranks as before
     same = SAME_VALUES.get(target, {})
     entries = []
     for dest, value in explicit.items():
-        lost = before.get(dest) != after.get(dest) and not {before.get(dest), after.get(dest)} <= same.get(dest, set())
+        if dest in launch:
+            continue  # the launcher's rank count, not a config value: what it implies is compared instead
+        if target == "megatron" and dest == "num_layer_list" and "--num-layer-list" not in why:
+            continue  # said as --decoder-first/last-pipeline-num-layers
+        lost = before.get(dest) != after.get(dest) and not (
+            dest in same and {before.get(dest), after.get(dest)} <= same[dest])
         value = True if M.ARGS[dest].kind == M.FALSE and value is False else value  # the switch was given
         flag = M.flag_of(dest)
         if dest in why or flag in why:

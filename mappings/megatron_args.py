@@ -1014,7 +1014,8 @@ CHECKS = [
     (("num_layers", "pipeline_model_parallel_size"),
      lambda a, e: a["decoder_first_pipeline_num_layers"] is None and a["decoder_last_pipeline_num_layers"] is None
      and a["num_layer_list"] is None and not _divides(a, "num_layers", "pipeline_model_parallel_size"),
-     "layers are not divisible by pipeline parallelism"),
+     "layers are not divisible by pipeline parallelism (give the split with --num-layer-list, "
+     "e.g. --set num_layer_list=16,16,16,14)"),
     (("num_layer_list", "num_layers", "pipeline_model_parallel_size"),
      lambda a, e: a["num_layer_list"] is not None and _bad_layer_list(a),
      "--num-layer-list must give one layer count per pipeline stage, adding up to --num-layers"),
