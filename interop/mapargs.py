@@ -743,12 +743,14 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Entr
     before = M.complete(explicit)
     held = _held(target, before)
     launch = {"world_size": explicit["world_size"]} if "world_size" in explicit and "world_size" not in held else {}
-    after = M.complete({**launch, **read_back})  # the job is launched on as many ranks as before
+    after = M.complete(M.normalize({**launch, **read_back}))  # launched on as many ranks as before
     same = SAME_VALUES.get(target, {})
     entries = []
     for dest, value in explicit.items():
         if dest in launch:
-            continue  # the launcher's rank count, not a config value: what it implies is compared instead
+            entries.append(Entry(M.flag_of(dest), value, f"the launcher's rank count: no {target} field for it "
+                                                         f"(launch the job on {value} ranks; the batch split assumes it)"))
+            continue
         if target == "megatron" and dest == "num_layer_list" and "--num-layer-list" not in why:
             continue  # said as --decoder-first/last-pipeline-num-layers
         lost = before.get(dest) != after.get(dest) and not (
