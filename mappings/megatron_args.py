@@ -448,7 +448,7 @@ MEGATRON = [
     A('num_layers_per_virtual_pipeline_stage', INT),
     A('num_virtual_stages_per_pipeline_rank', INT),
     A('overlap_p2p_comm', FALSE, True, '--no-overlap-p2p-communication'),
-    A('distributed_backend', STR, 'nccl', choices=('nccl', 'gloo', 'hccl')),  # hccl: MindSpeed on Ascend
+    A('distributed_backend', STR, 'nccl', choices=('nccl', 'gloo')),  # MindSpeed's 'hccl' passes as a fork value
     A('distributed_timeout_minutes', INT, 10),
     A('distributed_timeout_seconds_after_init', INT),
     A('overlap_grad_reduce', TRUE, False),
@@ -805,6 +805,8 @@ FORK_VALUES = {
     ("tokenizer_type", "PretrainedFromHF"): (
         "HuggingFaceTokenizer", "MindSpeed-LLM's Hugging Face AutoTokenizer (--tokenizer-name-or-path); "
         "Megatron-LM calls it HuggingFaceTokenizer"),
+    ("distributed_backend", "hccl"): (
+        "nccl", "Ascend's collective library (HCCL); Megatron-LM on GPUs uses NCCL"),
     ("moe_token_dispatcher_type", "alltoall_seq"): (
         "alltoall", "MindSpeed's sequence-sharded all-to-all dispatcher; Megatron-LM core_v0.16 has only 'alltoall' "
         "for it (same routing, different communication)"),

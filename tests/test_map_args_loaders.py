@@ -9,6 +9,7 @@ init_configs_from_yaml family, so the same rules stand in for it.
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from interop import mapargs
+from interop import argsfile, mapargs
 from interop.cli.main import main
 from interop.mappings import megatron_args as M
 
@@ -228,11 +229,56 @@ def test_set_gives_missing_values_and_the_error_names_the_flag():
 
 # ---------------------------------------------------------------- --to megatron: upstream flags only
 
-UPSTREAM = {f for a in M.ALL if a.origin == "megatron" for f in a.flags}
+# Every flag of Megatron-LM core_v0.16.1's real parser (megatron/training/arguments.py add_megatron_arguments,
+# built from the tag's source; see PROVENANCE.tsv), with its dest and choices.
+PARSER = json.loads((FIXTURES / "megatron_core_v0.16.1_parser.json").read_text())
+UPSTREAM = set(PARSER) - {"--help"}
+
+
+def test_the_args_table_is_megatron_core_v016s_parser():
+    """Flags, dests and choices of our upstream rows are the real parser's (two documented spellings aside)."""
+    ours = {f: a for a in M.ALL if a.origin == "megatron" for f in a.flags}
+    assert set(ours) == UPSTREAM
+    renamed = {"--norm-epsilon": "layernorm_epsilon"}  # kept as norm_epsilon (CHECKPOINT_ALIASES)
+    for flag, arg in ours.items():
+        assert PARSER[flag]["dest"] == renamed.get(flag, arg.dest), flag
+        real = PARSER[flag]["choices"]
+        if real and flag not in ("--attention-backend", "--exit-signal"):  # enums there (AttnBackend, signals)
+            assert set(map(str, arg.choices or ())) == set(real), flag
 
 
 def _flags(text):
     return [w for w in text.replace("\\\n", " ").split() if w.startswith("--")]
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM core_v0.16.1's parser as recorded in the fixture: same flags, actions, nargs, types, choices."""
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    types = {"int": int, "float": float}
+    for flag, a in PARSER.items():
+        kwargs = {"dest": a["dest"]}
+        if a["action"] == "_StoreTrueAction":
+            kwargs["action"] = "store_true"
+        elif a["action"] == "_StoreFalseAction":
+            kwargs["action"] = "store_false"
+        elif a["action"] == "BooleanOptionalAction":
+            kwargs["action"] = argparse.BooleanOptionalAction
+            if flag.startswith("--no-"):
+                continue  # added with its positive spelling
+        else:
+            kwargs.update(type=types.get(a["type"], str), nargs=a["nargs"])
+            if a["choices"] and a["type"] in (None, "str", "int"):
+                kwargs["choices"] = [types.get(a["type"], str)(c) for c in a["choices"]]
+        try:
+            parser.add_argument(flag, **kwargs)
+        except argparse.ArgumentError:
+            pass  # a second spelling of a flag already added
+    return parser
+
+
+def parse_megatron(text: str) -> argparse.Namespace:
+    tokens = argsfile.parse_text(text).tokens
+    return megatron_parser().parse_args(tokens)
 
 
 @pytest.mark.parametrize("script", REAL_SCRIPTS)
@@ -240,6 +286,13 @@ def test_megatron_output_has_only_core_v016_flags(script, tmp_path):
     code, out, err = run(FIXTURES / script, "--to", "megatron", "-e", "1=/c", "--report", tmp_path / "r.json")
     assert code == 0, err
     assert set(_flags(out)) <= UPSTREAM, set(_flags(out)) - UPSTREAM
+    args = parse_megatron(out)  # Megatron's own argparse accepts it (types, choices, nargs)
+    source = M.complete(mapargs.load(FIXTURES / script, {"1": "/c"}).explicit)
+    for dest in ("num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",
+                 "pipeline_model_parallel_size", "seq_length", "lr", "min_lr", "bf16", "fp16", "swiglu",
+                 "normalization", "position_embedding_type", "untie_embeddings_and_output_weights"):
+        value = getattr(args, dest)  # None: not given, Megatron's default applies
+        assert value == source[dest] or (value in (None, False) and source[dest] == M.ARGS[dest].default), dest
     report = json.loads((tmp_path / "r.json").read_text())
     for entry in report["unmapped"]:  # every fork flag not written is named
         assert entry["why"]
@@ -251,6 +304,8 @@ def test_mindformers_bf16_becomes_bf16_and_batch_is_said(tmp_path):
     assert code == 0 and "--bf16" in flags and "--compute-dtype" not in flags and "--micro-batch-num" not in flags
     assert "--global-batch-size" in flags and "assumed data-parallel size of 1" in err
     assert out.split("--global-batch-size ")[1].split()[0] == "2"  # micro_batch_num 2 * batch 1 * dp 1
+    args = parse_megatron(out)
+    assert args.bf16 and args.global_batch_size == 2 and args.num_layers == 6 and args.ffn_hidden_size == 11008
 
 
 def test_readme_example_and_back_keeps_the_global_batch(tmp_path):
@@ -259,6 +314,9 @@ def test_readme_example_and_back_keeps_the_global_batch(tmp_path):
     code, out, err = run(yaml_file, "--to", "megatron", "--set", "world_size=8")
     assert code == 0 and "--global-batch-size 256" in out and "--micro-batch-num" not in out
     assert "--add-dense-bias" not in out and "--compute-dtype" not in out and "--bf16" in out
+    args = parse_megatron(out)
+    assert (args.global_batch_size, args.micro_batch_size, args.pipeline_model_parallel_size) == (256, 1, 2)
+    assert args.use_distributed_optimizer and args.swiglu and args.add_bias_linear is False
 
 
 # ---------------------------------------------------------------- fork flags and values
@@ -288,6 +346,8 @@ def test_num_layer_list_as_first_and_last_stage(tmp_path):
     code, out, err = run(f, "--to", "megatron")
     assert code == 0 and "--decoder-first-pipeline-num-layers 16" in out
     assert "--decoder-last-pipeline-num-layers 14" in out and "num-layer-list" not in out + err
+    args = parse_megatron(out)
+    assert (args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers) == (16, 14)
     doc = yaml.safe_load(run(f, "--to", "mindspeed")[1])
     assert doc["parallel_config"]["num_layer_list"] == [16, 16, 16, 14]
     f.write_text(base + "--pipeline-model-parallel-size 4 --num-layer-list 15,17,16,14\n")
@@ -310,6 +370,8 @@ def test_seed001_nested_llm_yaml():
     assert full["norm_epsilon"] == 1e-5 and full["rotary_base"] == 10000 and full["bf16"]
     assert (full["tensor_model_parallel_size"], full["pipeline_model_parallel_size"]) == (8, 4)
     assert full["padded_vocab_size"] == 165664 and full["untie_embeddings_and_output_weights"]
+    args = parse_megatron(result.text)
+    assert args.num_layers == 62 and args.padded_vocab_size == 165664 and args.decoder_last_pipeline_num_layers == 14
     code, _, err = run(FIXTURES / "seed001_model_38BV3.yaml")
     assert code == 2 and "--set num_layer_list=" in err and err.count("error:") == 1
 
