@@ -51,6 +51,7 @@ def _recompute(granularity):
 
 
 ROWS = [
+    CONST("run_mode", "train"),  # MindFormerConfig applies its training template (sections it checks) for it
     R("seed", "seed"),
     R("save", "output_dir", "./output", unset=True),
     CONST("context.mode", 0),

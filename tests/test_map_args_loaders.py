@@ -3,14 +3,18 @@
 MindSpeed-Core-MS is not installable here: its loader's rules are read from
 Ascend/MindSpeed-Core-MS r0.1.0 `mindspeed_ms/core/config.py` (init_configs_from_yaml ->
 init_configs_from_dict -> the `@XConfig.validator` functions) and encoded in `ms_validate` below.
-MindFormers 2.1.0 installs with --no-deps but cannot be imported on CPU here (its package imports
-datasets, mindpet, hyper-parallel, ...); its dynamic-graph YAML (seed 000) is the same
-init_configs_from_yaml family, so the same rules stand in for it.
+MindFormers 2.1.0 (pip --no-deps) is used as it is: its MindFormerConfig loads the mindformers-legacy
+(run_*.yaml) output and refuses keys its sections lack (the package __init__ needs datasets, mindpet, ...
+that are absent on CPU, so the config module is imported past it). 2.1.0 no longer has the r1.3
+dynamic-graph `init_configs_from_yaml` of seed 000 (the `mindformers` target): that loader is the same
+family as MindSpeed-Core-MS's, so the MindSpeed rules below stand in for it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -488,3 +492,75 @@ def test_deeply_nested_documents_one_line(tmp_path, name, text):
     f.write_text(text)
     code, out, err = run(f)
     assert code == 2 and err.count("error:") == 1 and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- MindFormers 2.1.0's own MindFormerConfig
+
+def mindformer_config(path):
+    """MindFormers 2.1.0's MindFormerConfig(path) (mindformers/tools/register/config.py): it loads a run_*.yaml,
+    applies its template for run_mode and raises KeyError on a key a section does not have. Imported with
+    stand-ins for the package __init__s (which pull in datasets, tokenizers, ... a CPU test machine lacks);
+    sys.modules is restored afterwards, so a real `import mindformers` elsewhere is unaffected."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+    spec = importlib.util.find_spec("mindformers")
+    if spec is None:
+        pytest.skip("mindformers 2.1.0 is not installed (scripts/setup.sh installs it with --no-deps)")
+    root = Path(spec.origin).parent
+    saved = {k: v for k, v in sys.modules.items() if k == "mindformers" or k.startswith("mindformers.")}
+    for k in saved:
+        sys.modules.pop(k)
+    log_dir = os.environ.get("LOCAL_DEFAULT_PATH")
+    os.environ["LOCAL_DEFAULT_PATH"] = tempfile.mkdtemp(prefix="mindformers-log-")  # its logger's files
+    try:
+        for name in ("mindformers", "mindformers.tools", "mindformers.core", "mindformers.tools.register"):
+            module = types.ModuleType(name)
+            module.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+            sys.modules[name] = module
+        sys.modules["mindformers.tools"].logger = importlib.import_module("mindformers.tools.logger").logger
+        try:
+            config_class = importlib.import_module("mindformers.tools.register.config").MindFormerConfig
+        except ImportError as exc:
+            pytest.skip(f"mindformers 2.1.0 cannot be imported here: {exc}")
+        return config_class(str(path))
+    finally:
+        for k in [k for k in sys.modules if k == "mindformers" or k.startswith("mindformers.")]:
+            sys.modules.pop(k)
+        sys.modules.update(saved)
+        if log_dir is None:
+            os.environ.pop("LOCAL_DEFAULT_PATH", None)
+        else:
+            os.environ["LOCAL_DEFAULT_PATH"] = log_dir
+
+
+@pytest.mark.parametrize("script", ["gpt3_small.sh", "megatron_gpt345m_tp2pp2.sh"])
+def test_mindformers_legacy_yaml_loads_in_mindformers_2_1(script, tmp_path, caplog):
+    out = tmp_path / "run_gpt2.yaml"
+    code, _, err = run(FIXTURES / script, "--to", "mindformers-legacy", "-e", "1=/c", "-o", out)
+    assert code == 0, err
+    config = mindformer_config(out)  # raises on a key its sections do not know
+    source = M.complete(mapargs.load(FIXTURES / script, {"1": "/c"}).explicit)
+    assert config.run_mode == "train"
+    assert config.parallel_config.model_parallel == source["tensor_model_parallel_size"]
+    assert config.parallel_config.pipeline_stage == source["pipeline_model_parallel_size"]
+    assert config.parallel_config.data_parallel == source["data_parallel_size"]
+    assert config.parallel_config.micro_batch_num == source["micro_batch_num"]
+    assert config.model.model_config.num_layers == source["num_layers"]
+    assert config.model.model_config.embedding_size == source["hidden_size"]
+    assert config.lr_schedule.learning_rate == source["lr"]
+    assert config.runner_wrapper.scale_sense.scale_window == source["loss_scale_window"]
+
+
+def test_mindformer_config_is_a_real_check(tmp_path):
+    """The loader refuses a key its section lacks: the test above can fail."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run_mode: train\nparallel_config:\n  data_parallel: 2\n  no_such_key: 1\n")
+    with pytest.raises(KeyError):
+        mindformer_config(bad)
+
+
+def test_seed002_fixture_is_what_mindformers_reads():
+    config = mindformer_config(FIXTURES / "seed002_run_gpt2_13b.yaml")
+    assert config.parallel_config.pipeline_stage == 4 and config.parallel_config.micro_batch_num == 24
