@@ -85,6 +85,9 @@ def _convert(arg: M.Arg, flag: str, raw: str, where: str):
     kind = {M.INTS: M.INT, M.FLOATS: M.FLOAT, M.STRS: M.STR}.get(arg.kind, arg.kind)
     if ("${" in raw or raw.startswith("$(")) and kind != M.STR:
         shown = raw if len(raw) <= 40 else raw[:37] + "..."
+        if "$((" in raw:
+            raise InteropError(f"{where}: {flag} {shown}: arithmetic interop cannot evaluate (a variable the file "
+                               "does not set: pass -e NAME=VALUE; or beyond bash's 64 bits)")
         raise InteropError(f"{where}: {flag} {shown}: the variable is not set in the file (pass -e NAME=VALUE)")
     try:
         value = int(raw) if kind == M.INT else float(raw) if kind == M.FLOAT else raw

@@ -1022,6 +1022,11 @@ CHECKS = [
      lambda a, e: a["num_layer_list"] is not None and _bad_layer_list(a),
      "--num-layer-list must give one layer count per pipeline stage, adding up to --num-layers"),
     (("bf16", "fp16"), lambda a, e: a["bf16"] and a["fp16"], "--bf16 and --fp16 exclude each other"),
+    *[((dest,), lambda a, e, dest=dest: a[dest] is not None and a[dest] < 1, "must be a positive number")
+      for dest in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                   "seq_length", "max_position_embeddings", "micro_batch_size", "global_batch_size",
+                   "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                   "expert_model_parallel_size", "vocab_size", "padded_vocab_size")],
     (("seq_length", "max_position_embeddings"),
      lambda a, e: a["seq_length"] and a["max_position_embeddings"] and a["seq_length"] > a["max_position_embeddings"],
      "sequence length exceeds max position embeddings"),

@@ -85,7 +85,11 @@ ROWS = [
     R("num_layers", "model_config.num_layers"),
     rename("position_embedding_type", "model_config.position_embedding_type", POSITION, "absolute"),
     R("init_method_std", "model_config.init_method_std", 0.01),
-    R("normalization", "model_config.normalization", "LayerNorm"),
+    # mindspeed_ms/core/config.py (r0.1.0, modify_flatten_dict): --use-fused-rmsnorm is normalization FusedRMSNorm.
+    R(("normalization", "use_fused_rmsnorm"), "model_config.normalization", "LayerNorm",
+      to=lambda norm, fused: "FusedRMSNorm" if fused and norm == "RMSNorm" else norm,
+      back=lambda v, doc: {"normalization": "RMSNorm", "use_fused_rmsnorm": True} if v == "FusedRMSNorm"
+      else {"normalization": v}),
     R("norm_epsilon", "model_config.norm_epsilon", 1e-5),
     R("group_query_attention", "model_config.group_query_attention", False),
     R("num_attention_heads", "model_config.num_attention_heads"),
@@ -247,6 +251,19 @@ def _dtype_flags(value, doc):
     return flags[value]
 
 
+FUSED_OPERATORS = {"flash_attention": "use_flash_attn", "rope": "use_fused_rotary_pos_emb",
+                   "rmsnorm": "use_fused_rmsnorm", "swiglu": "use_fused_swiglu"}
+
+
+def _fused_operators(value, doc):
+    names = [n.strip() for n in str(value).split(",") if n.strip()]
+    flags = {FUSED_OPERATORS[n]: True for n in names if n in FUSED_OPERATORS}
+    unknown = [n for n in names if n not in FUSED_OPERATORS]
+    if unknown:
+        flags["_note"] = f"fused operators with no Megatron switch: {', '.join(unknown)}"
+    return flags
+
+
 L = "model_config.llm."
 P = "accelerate_config.parallelization."
 # The 38BV3 config of the MindSpeed-Core-MS GPT guide (seed 001): model_config.llm / accelerate_config /
@@ -293,6 +310,7 @@ NESTED_ROWS = [
     R("use_distributed_optimizer", P + "use_distributed_optimizer"),
     R("params_dtype", "accelerate_config.precision.param_init_dtype", back=lambda v, doc: {}),
     R("compute_dtype", "accelerate_config.precision.compute_dtype", back=_dtype_flags),
+    R("use_flash_attn", "accelerate_config.precision.fused_operators", back=_fused_operators),
     R("resume_training", "train_config.ms_training_config.resume_training"),
     R("wrap_with_ddp", "train_config.ms_training_config.wrap_with_ddp"),
     R("bucket_size", "train_config.ms_training_config.bucket_size"),

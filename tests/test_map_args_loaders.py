@@ -564,3 +564,45 @@ def test_mindformer_config_is_a_real_check(tmp_path):
 def test_seed002_fixture_is_what_mindformers_reads():
     config = mindformer_config(FIXTURES / "seed002_run_gpt2_13b.yaml")
     assert config.parallel_config.pipeline_stage == 4 and config.parallel_config.micro_batch_num == 24
+
+
+def test_hf_output_loads_in_transformers_with_its_values(tmp_path):
+    """transformers' own AutoConfig reads the written config.json: a Llama-3 rope base and bf16 survive."""
+    import transformers
+    args = tmp_path / "args.txt"
+    args.write_text("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention "
+                    "--num-query-groups 2 --ffn-hidden-size 160 --max-position-embeddings 128 --vocab-size 1000 "
+                    "--make-vocab-size-divisible-by 8 --normalization RMSNorm --swiglu --position-embedding-type rope "
+                    "--rotary-base 500000 --disable-bias-linear --untie-embeddings-and-output-weights --bf16\n")
+    (tmp_path / "hf").mkdir()
+    code, _, err = run(args, "--to", "hf", "-o", tmp_path / "hf" / "config.json")
+    assert code == 0, err
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    assert type(config).__name__ == "LlamaConfig"
+    assert config.rope_parameters["rope_theta"] == 500000 and str(config.dtype) == "torch.bfloat16"
+    assert (config.num_hidden_layers, config.num_key_value_heads, config.intermediate_size, config.vocab_size) == \
+        (2, 2, 160, 1000)
+    assert config.tie_word_embeddings is False and config.attention_bias is False and config.mlp_bias is False
+
+
+@pytest.mark.parametrize("text,message", [
+    ("--num-layers -2 --hidden-size 8 --num-attention-heads 2 --max-position-embeddings 8",
+     "must be a positive number: --num-layers -2"),
+    ("--num-layers 2 --hidden-size 8 --num-attention-heads 2 --max-position-embeddings 8 "
+     "--tensor-model-parallel-size 0", "must be a positive number: --tensor-model-parallel-size 0"),
+    ("--num-layers $((9999999999*9999999999*9999999999)) --hidden-size 8", "beyond bash's 64 bits"),
+])
+def test_nonsense_sizes_are_refused(tmp_path, text, message):
+    f = tmp_path / "args.txt"
+    f.write_text(text + "\n")
+    code, out, err = run(f, "--to", "megatron")
+    assert code == 2 and message in err and err.count("\n") == 1 and out == ""
+
+
+def test_fused_rmsnorm_is_mindspeeds_fused_rmsnorm():
+    doc = yaml.safe_load(mapargs.map_args(FIXTURES / "mscorems_llama2_7b.sh", "mindspeed").text)
+    assert doc["model_config"]["normalization"] == "FusedRMSNorm"  # as mindspeed_ms init_configs_from_args maps it
+    back, _, _ = mapargs.read_target(yaml.safe_dump(doc), "mindspeed")
+    assert back["normalization"] == "RMSNorm" and back["use_fused_rmsnorm"] is True
+    full = M.complete(mapargs.load(FIXTURES / "seed001_model_38BV3.yaml").explicit)
+    assert full["use_flash_attn"] and full["use_fused_rmsnorm"] and full["use_fused_swiglu"]
