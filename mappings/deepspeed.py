@@ -36,7 +36,8 @@ ROWS = [
     R("loss_scale", "ds_config.fp16.loss_scale", 0),  # 0: dynamic
     R("initial_loss_scale", "ds_config.fp16.initial_scale_power", to=_scale_power,
       back=lambda v, doc: {"initial_loss_scale": float(2 ** v)}),
-    R("loss_scale_window", "ds_config.fp16.loss_scale_window"),
+    R("loss_scale_window", "ds_config.fp16.loss_scale_window",
+      to=lambda v: int(v) if isinstance(v, float) and v.is_integer() else v),
     R("hysteresis", "ds_config.fp16.hysteresis"),
     R("min_loss_scale", "ds_config.fp16.min_loss_scale"),
     R("bf16", "ds_config.bf16.enabled", False),

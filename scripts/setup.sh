@@ -9,3 +9,5 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 .venv/bin/python -m pip install -q --no-deps mindformers==2.1.0
+# DeepSpeed's own config check for `map-args --to deepspeed` (tests): the CPU build, no native ops.
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --no-deps --no-build-isolation deepspeed==0.19.8 hjson py-cpuinfo msgpack einops

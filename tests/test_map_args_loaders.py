@@ -606,3 +606,43 @@ def test_fused_rmsnorm_is_mindspeeds_fused_rmsnorm():
     assert back["normalization"] == "RMSNorm" and back["use_fused_rmsnorm"] is True
     full = M.complete(mapargs.load(FIXTURES / "seed001_model_38BV3.yaml").explicit)
     assert full["use_flash_attn"] and full["use_fused_rmsnorm"] and full["use_fused_swiglu"]
+
+
+# ---------------------------------------------------------------- DeepSpeed's own DeepSpeedConfig
+
+class _DataParallel:
+    """The `mpu` DeepSpeedConfig asks for the data-parallel size (ATorch passes its 3D groups)."""
+
+    def __init__(self, dp):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self):
+        return self.dp
+
+
+@pytest.mark.parametrize("script", ["llama2_small.sh", "gpt3_small.sh", "megatron_gpt345m_tp2pp2.sh",
+                                    "mindspeedllm_mixtral_8x7b.sh"])
+def test_deepspeed_output_passes_deepspeed_config(script, monkeypatch):
+    """deepspeed.runtime.config.DeepSpeedConfig (0.19.8) checks batch sizes against the data-parallel size
+    (asked from `mpu` once a rank exists: rank 0 stands in for an initialised process group)."""
+    ds = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed is not installed (scripts/setup.sh)")
+    monkeypatch.setattr(ds.dist, "get_rank", lambda *a, **k: 0)
+    result = mapargs.map_args(FIXTURES / script, "deepspeed", env={"1": "/c"})
+    doc = json.loads(result.text)
+    config = ds.DeepSpeedConfig(doc["ds_config"], mpu=_DataParallel(doc["parallel_mode"]["data"]))
+    source = M.complete(result.source.explicit)
+    assert config.train_batch_size == source["global_batch_size"]
+    assert config.train_micro_batch_size_per_gpu == source["micro_batch_size"]
+    assert config.gradient_accumulation_steps == source["micro_batch_num"]
+    assert config.zero_optimization_stage == (1 if source["use_distributed_optimizer"] else 0)
+    assert config.gradient_clipping == source["clip_grad"]
+    assert bool(config.float16_config.enabled) == source["fp16"] and bool(config.bfloat16_config.enabled) == source["bf16"]
+
+
+def test_seed004_ds_config_passes_deepspeed_config():
+    ds = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed is not installed (scripts/setup.sh)")
+    doc = json.loads((FIXTURES / "ds_config.json").read_text())
+    config = ds.DeepSpeedConfig(doc)
+    full = M.complete(mapargs.load(FIXTURES / "ds_config.json").explicit)
+    assert (config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) == \
+        (full["micro_batch_size"], full["micro_batch_num"])
