@@ -316,7 +316,10 @@ def read_table(doc: dict, rows, target: str) -> tuple[dict, list[Entry]]:
         if row.unset and value == row.default:
             continue  # the target's own default standing in for Megatron's "not set"
         if row.back is not None:
-            back = dict(row.back(value, doc))
+            try:
+                back = dict(row.back(value, doc))
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError, ZeroDivisionError):
+                raise InteropError(f"{target} file: {row.path}: cannot read {_short(repr(value))}") from None
             note = back.pop("_note", None)
             if note:
                 notes.append(Entry(row.path, value, note))
@@ -450,11 +453,49 @@ def read_target(text: str, target: str, where: str = "input") -> tuple[dict, lis
     if target == "deepspeed" and "ds_config" not in doc and "parallel_mode" not in doc:
         doc = {"ds_config": doc}  # a plain DeepSpeed config, as DeepSpeed and ATorch read it
     rows = hf_args.rows_for_doc(doc, where) if target == "hf" else _table(target, {})
-    values, entries = read_table(doc, rows, target)
+    try:
+        values, entries = read_table(doc, rows, target)
+    except InteropError as exc:
+        raise InteropError(f"{where}: {exc}") from None
+    values = {dest: _typed(dest, value, where) for dest, value in values.items()}
     warnings = []
     if target == "mindformers-legacy":
         values, warnings = mindformers_legacy.complete_read(values, doc)
     return M.normalize(values), entries, warnings
+
+
+def _typed(dest: str, value, where: str):
+    """A value read from a document, as the type its Megatron argument has; anything else is the file's mistake."""
+    arg = M.ARGS.get(dest)
+    if arg is None:
+        return value
+    kind = {M.INTS: M.INT, M.FLOATS: M.FLOAT, M.STRS: M.STR}.get(arg.kind, arg.kind)
+    items = value if arg.kind in M.LISTS and isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        ok = item
+        if kind == M.INT:
+            if isinstance(item, float) and item.is_integer() and abs(item) < 2 ** 63:
+                ok = int(item)
+            elif not isinstance(item, int) or isinstance(item, bool):
+                ok = None
+        elif kind == M.FLOAT:
+            if isinstance(item, str):
+                try:
+                    ok = float(item)  # YAML 1.1 reads 1e-5 as a string
+                except ValueError:
+                    ok = None
+            elif not isinstance(item, (int, float)) or isinstance(item, bool) or not math.isfinite(item):
+                ok = None
+        elif kind in M.BOOLS:
+            ok = item if isinstance(item, bool) else None
+        elif kind == M.STR:
+            ok = str(item) if isinstance(item, (str, int, float)) and not isinstance(item, bool) else None
+        if ok is None and item is not None:
+            want = {M.INT: "an integer", M.FLOAT: "a number", M.STR: "a string"}.get(kind, "true or false")
+            raise InteropError(f"{where}: {M.flag_of(dest)} expects {want}, the file gives {_short(repr(item))}")
+        out.append(ok)
+    return out if arg.kind in M.LISTS and isinstance(value, list) else out[0]
 
 
 # ---------------------------------------------------------------- sources
@@ -601,6 +642,11 @@ def load(path: str | Path, env: dict | None = None, fmt: str = "auto", values: d
         raise InteropError(f"{path}: nested too deeply to be a config file") from None
     except MemoryError:
         raise InteropError(f"{path}: too big to be a config file") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, ZeroDivisionError) as exc:
+        # A value of the wrong shape where a reader expects another (a list for a number, a missing
+        # section): the file's mistake, said in one line.
+        raise InteropError(f"{path}: not a readable config: {exc.__class__.__name__}: "
+                           f"{_short(str(exc))}") from None
     if values:
         source.explicit.update(_set_values(values))
     if source.format in MINDSPORE_FAMILY and "max_position_embeddings" not in source.explicit \

@@ -646,3 +646,31 @@ def test_seed004_ds_config_passes_deepspeed_config():
     full = M.complete(mapargs.load(FIXTURES / "ds_config.json").explicit)
     assert (config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) == \
         (full["micro_batch_size"], full["micro_batch_num"])
+
+
+def test_mutated_inputs_exit_0_or_one_error_line(tmp_path):
+    """Seeded byte mutations of every fixture, to every target: a result or one `error:` line, never a traceback."""
+    import random
+    rng = random.Random(20261123)
+    files = sorted(p for p in FIXTURES.iterdir() if p.suffix in (".sh", ".yaml", ".json", ".py"))
+    inserts = [b"(", b"[", b"{", b"$((", b"${", b"'", b'"', b"\\", b"--", b"9" * 60, b"\n", b": ", b"- ", b"null",
+               b"1e999", b"[1, 2]", b"true"]
+    for case in range(150):
+        source = rng.choice(files)
+        data = bytearray(source.read_bytes())
+        for _ in range(rng.randint(1, 6)):
+            pos = rng.randrange(len(data))
+            roll = rng.random()
+            if roll < 0.3:
+                data[pos] = rng.randrange(256)
+            elif roll < 0.5:
+                del data[pos:pos + rng.randint(1, 40)]
+            else:
+                data[pos:pos] = rng.choice(inserts)
+        f = tmp_path / f"case{case}{source.suffix}"
+        f.write_bytes(bytes(data))
+        target = rng.choice(mapargs.TARGETS)
+        result = CliRunner().invoke(main, ["map-args", str(f), "--to", target, "-e", "1=/c", "--set", "vocab_size=64"])
+        assert result.exit_code in (0, 2), (case, source.name, target, result.exception)
+        if result.exit_code == 2:
+            assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr, (case, result.stderr)
