@@ -674,3 +674,12 @@ def test_mutated_inputs_exit_0_or_one_error_line(tmp_path):
         assert result.exit_code in (0, 2), (case, source.name, target, result.exception)
         if result.exit_code == 2:
             assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr, (case, result.stderr)
+
+
+@pytest.mark.parametrize("target", mapargs.TARGETS)
+def test_every_written_file_is_recognised_by_content(target, tmp_path):
+    """Issue 10: reading a written file back never depends on its extension."""
+    out = tmp_path / "written.out"
+    code, _, err = run(FIXTURES / "llama2_small.sh", "--to", target, "-o", out)
+    assert code == 0, err
+    assert mapargs.detect(out) == target
