@@ -196,6 +196,12 @@ ROWS = [
     R("min_lr", "optimizer_config.min_lr", 0.0),
     R("lr_warmup_iters", "optimizer_config.lr_warmup_iters", 0),
     R("lr_decay_iters", "optimizer_config.lr_decay_iters"),
+    # Beyond the seed table: OptimizerConfig (mindspeed_ms/core/config.py, r0.1.0) takes Megatron's other
+    # schedule arguments under their own names.
+    R("lr_warmup_fraction", "optimizer_config.lr_warmup_fraction"),
+    R("lr_warmup_samples", "optimizer_config.lr_warmup_samples", 0),
+    R("lr_warmup_init", "optimizer_config.lr_warmup_init", 0.0),
+    R("lr_decay_samples", "optimizer_config.lr_decay_samples"),
     R("use_checkpoint_opt_param_scheduler", "optimizer_config.use_checkpoint_opt_param_scheduler", True),
     R("override_opt_param_scheduler", "optimizer_config.override_opt_param_scheduler", False),
     R("weight_decay", "optimizer_config.weight_decay", 0.0),
@@ -230,6 +236,7 @@ NULLABLE = {
     "parallel_config.virtual_pipeline_model_parallel_size", "parallel_config.ulysses_degree_in_cp",
     "parallel_config.num_layer_list", "parallel_config.recompute", "parallel_config.select_recompute",
     "parallel_config.select_comm_recompute", "parallel_config.num_layers_per_virtual_pipeline_stage",
+    "optimizer_config.lr_warmup_fraction", "optimizer_config.lr_decay_samples",
 }
 
 
