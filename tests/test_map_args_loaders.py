@@ -687,3 +687,30 @@ def test_every_written_file_is_recognised_by_content(target, tmp_path):
     code, _, err = run(FIXTURES / "llama2_small.sh", "--to", target, "-o", out)
     assert code == 0, err
     assert mapargs.detect(out) == target
+
+
+@pytest.mark.parametrize("script", ["mscorems_llama2_7b.sh", "mindspeedllm_mixtral_8x7b.sh",
+                                    "megatron_gpt345m_tp2pp2.sh", "llama2_small.sh"])
+def test_mindspeed_yaml_holds_the_scripts_values(script):
+    """The semantic values a run depends on, read from the YAML as MindSpeed-Core-MS would."""
+    result = mapargs.map_args(FIXTURES / script, "mindspeed", env={"1": "/c"}, values={"vocab_size": "32000"})
+    doc = yaml.safe_load(result.text)
+    mc, tc, oc, pc, dc = (doc[k] for k in ("model_config", "training_config", "optimizer_config",
+                                          "parallel_config", "dataset_config"))
+    a = M.complete(result.source.explicit)
+    assert (mc["num_layers"], mc["hidden_size"], mc["num_attention_heads"], mc["ffn_hidden_size"]) == \
+        (a["num_layers"], a["hidden_size"], a["num_attention_heads"], a["ffn_hidden_size"])
+    assert mc["num_query_groups"] == a["num_query_groups"] and mc["group_query_attention"] == a["group_query_attention"]
+    assert mc["normalization"] in ({"RMSNorm": ("RMSNorm", "FusedRMSNorm")}.get(a["normalization"], (a["normalization"],)))
+    assert mc["gated_linear_unit"] == a["swiglu"] and (mc["hidden_act"] == "swiglu") == a["swiglu"]
+    assert mc["add_bias_linear"] == mc["mlp_has_bias"] == a["add_bias_linear"] and mc["qkv_has_bias"] == a["add_qkv_bias"]
+    assert mc["rotary_base"] == a["rotary_base"] and mc["compute_dtype"] == a["params_dtype"]
+    assert (tc["bf16"], tc["fp16"]) == (a["bf16"], a["fp16"])
+    assert (pc["tensor_model_parallel_size"], pc["pipeline_model_parallel_size"], pc["expert_model_parallel_size"],
+            pc["context_parallel_size"]) == (a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"],
+                                              a["expert_model_parallel_size"], a["context_parallel_size"])
+    assert (oc["lr_decay_style"], oc["learning_rate"], oc["min_lr"]) == (a["lr_decay_style"], a["lr"], a["min_lr"])
+    assert dc["batch_size"] == a["micro_batch_size"]
+    if a["micro_batch_num"] is not None:
+        assert dc["micro_batch_num"] == a["micro_batch_num"]
+    assert tc["use_distributed_optimizer"] == a["use_distributed_optimizer"]
