@@ -6,8 +6,9 @@ init_configs_from_dict -> the `@XConfig.validator` functions) and encoded in `ms
 MindFormers 2.1.0 (pip --no-deps) is used as it is: its MindFormerConfig loads the mindformers-legacy
 (run_*.yaml) output and refuses keys its sections lack (the package __init__ needs datasets, mindpet, ...
 that are absent on CPU, so the config module is imported past it). 2.1.0 no longer has the r1.3
-dynamic-graph `init_configs_from_yaml` of seed 000 (the `mindformers` target): that loader is the same
-family as MindSpeed-Core-MS's, so the MindSpeed rules below stand in for it.
+dynamic-graph `init_configs_from_yaml` of seed 000 (the `mindformers` target): MindFormers r1.3.0
+(mindspore-lab/mindformers f90b5b9, mindformers/experimental/parallel_core/pynative/config.py) registers a
+subset of the same validators as MindSpeed-Core-MS r0.1.0, so the rules below are its rules too.
 """
 from __future__ import annotations
 
