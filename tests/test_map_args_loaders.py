@@ -153,7 +153,10 @@ for _section, _keys in MS_BOOLS.items():
     MS_RULES.update({(_section, k): _bool for k in _keys})
 
 
-def ms_validate(doc: dict) -> list[str]:
+FA_LAYOUTS = {"mindspeed": ("BNSD", "SBH"), "mindformers": ("BNSD",)}  # check_fa_config of each release
+
+
+def ms_validate(doc: dict, target: str = "mindspeed") -> list[str]:
     """The problems mindspeed_ms init_configs_from_yaml would raise, plus the silent resets it applies."""
     problems = [f"{s}.{k}={doc[s][k]!r}" for (s, k), ok in MS_RULES.items()
                 if s in doc and k in doc[s] and not ok(doc[s][k])]
@@ -162,7 +165,7 @@ def ms_validate(doc: dict) -> list[str]:
         fa = mc["fa_config"]
         problems += [f"fa_config.{k}={v!r}" for k, v in fa.items()
                      if k in ("pre_tokens", "next_tokens") and not isinstance(v, int)
-                     or k == "input_layout" and v not in ("BNSD", "SBH")]
+                     or k == "input_layout" and v not in FA_LAYOUTS[target]]
     if tc.get("use_distributed_optimizer") and not tc.get("wrap_with_ddp"):
         problems.append("use_distributed_optimizer reset to False (wrap_with_ddp is False)")
     if tc.get("bucket_size") is not None and not tc.get("wrap_with_ddp"):
@@ -191,8 +194,21 @@ def test_real_scripts_give_yaml_the_loader_accepts(script, target):
     result = mapargs.map_args(FIXTURES / script, target, env={"1": "/c", "2": "/t", "3": "/v", "4": "/m", "5": "/d"},
                               values={"vocab_size": "32000"})
     doc = yaml.safe_load(result.text)
-    assert ms_validate(doc) == []
+    assert ms_validate(doc, target) == []
     assert "null" not in json.dumps(doc.get("model_config", {}).get("fa_config", {}))
+
+
+@pytest.mark.parametrize("target,layout,kept", [("mindspeed", "SBH", True), ("mindspeed", "BSH", False),
+                                                ("mindformers", "BNSD", True), ("mindformers", "SBH", False)])
+def test_flash_attention_layout_follows_each_loader(tmp_path, target, layout, kept):
+    f = tmp_path / "a.sh"
+    f.write_text("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
+                 f"--vocab-size 64 --use-flash-attn --pre-tockens 65536 --next-tockens 0 --shape-order {layout}\n")
+    result = mapargs.map_args(f, target)
+    doc = yaml.safe_load(result.text)
+    assert ms_validate(doc, target) == []
+    assert (doc["model_config"]["fa_config"].get("input_layout") == layout) == kept
+    assert kept or any(e.flag == "--shape-order" and e.lost for e in result.entries)
 
 
 def test_mindspeed_values_that_used_to_load_wrong():
