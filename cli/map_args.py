@@ -35,7 +35,8 @@ def _env(pairs, option: str = "-e") -> dict:
 @click.option("--to", "to", type=click.Choice(TARGETS), default=None,
               help=f"Target format (default: {DEFAULT_TARGET}, MindSpeed-Core-MS YAML).")
 @click.option("--from", "fmt", default="auto", show_default=True,
-              help="Source format: auto, megatron (script / args file), megatron-checkpoint, or a --to format.")
+              help="Source format (auto: told from the content): megatron (script / args file), "
+                   "megatron-checkpoint, a --to format, mindspeed-nested (the `llm:` YAML) or atorch (strategy .py).")
 @click.option("-e", "env", multiple=True, metavar="KEY=VALUE",
               help="Set a shell variable the file uses (wins over the file's own assignment).")
 @click.option("--set", "values", multiple=True, metavar="NAME=VALUE",
@@ -44,8 +45,9 @@ def _env(pairs, option: str = "-e") -> dict:
 @click.option("--report", type=click.Path(path_type=Path), help="Write the unmapped items as JSON here.")
 @click.option("--strict", is_flag=True, help="Exit 2 if any given value does not map.")
 def map_args(args_file, to, fmt, env, values, output, report, strict):
-    """Map Megatron arguments (a launch script, an args file, a checkpoint directory, a config.json,
-    or a file this command wrote) to another framework's config, and say what did not map."""
+    """Map a training configuration (a Megatron / MindSpeed-LLM launch script or args file, a checkpoint
+    directory, a MindSpeed / MindFormers YAML, a config.json, a ColossalAI or DeepSpeed config, or a file
+    this command wrote) to another framework's config, and say what did not map."""
     try:
         if to is None:
             to = DEFAULT_TARGET
