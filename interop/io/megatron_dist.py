@@ -28,7 +28,6 @@ import dataclasses
 import importlib
 import io
 import json
-import math
 import pathlib
 import pickle
 import re
@@ -55,6 +54,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWrite
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from ..errors import InteropError
+from ..shards import Box, tiling_error
 from .paths import inside
 
 METADATA_JSON = "metadata.json"
@@ -216,29 +216,9 @@ def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
                 raise InteropError(f"{file}: {key}: a chunk lies outside the tensor's shape {list(entry.size)}")
             if MetadataIndex(key, chunk.offsets) not in storage:
                 raise InteropError(f"{file}: {key}: chunk at {list(chunk.offsets)} has no storage entry")
-        _check_tiling(file, key, entry)
-
-
-def _check_tiling(file: Path, key: str, entry: TensorStorageMetadata) -> None:
-    """Every element of the tensor in exactly one chunk: no overlap (sweep along axis 0) and
-    the chunks' elements add up to the tensor's."""
-    total = math.prod(entry.size)
-    if sum(math.prod(c.sizes) for c in entry.chunks) != total:
-        raise InteropError(f"{file}: {key}: its chunks hold {sum(math.prod(c.sizes) for c in entry.chunks)} "
-                           f"elements, the tensor {total} (missing or repeated chunks)")
-    if not entry.size:
-        if len(entry.chunks) != 1:
-            raise InteropError(f"{file}: {key}: a scalar stored in {len(entry.chunks)} chunks")
-        return
-    active: list[ChunkStorageMetadata] = []
-    for chunk in sorted((c for c in entry.chunks if math.prod(c.sizes)), key=lambda c: tuple(c.offsets)):
-        start = chunk.offsets[0]
-        active = [a for a in active if a.offsets[0] + a.sizes[0] > start]
-        for a in active:
-            if all(max(ao, co) < min(ao + an, co + cn)
-                   for ao, an, co, cn in zip(a.offsets, a.sizes, chunk.offsets, chunk.sizes)):
-                raise InteropError(f"{file}: {key}: chunks at {list(a.offsets)} and {list(chunk.offsets)} overlap")
-        active.append(chunk)
+        why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
+        if why:
+            raise InteropError(f"{file}: {key}: {why}")
 
 
 class _ChunkLoadPlanner(DefaultLoadPlanner):
