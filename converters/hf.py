@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from ..errors import InteropError
-from ..io.paths import inside
 from ..fused import split_concat
+from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..memory import BufferPool
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
