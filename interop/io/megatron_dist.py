@@ -21,7 +21,6 @@ DCP's metadata classes.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import dataclasses
@@ -31,7 +30,6 @@ import json
 import pathlib
 import pickle
 import re
-import types
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
@@ -56,6 +54,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from ..errors import InteropError
 from ..shards import Box, tiling_error
 from .paths import inside
+from .safe_pickle import safe_torch_load
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -321,17 +320,7 @@ def _single_process():
 
 def _load_pickle(file: Path):
     """common.pt may hold megatron classes (args enums): the shared safe loader handles those."""
-    try:
-        from .safe_pickle import safe_torch_load
-    except ImportError:
-        safe_torch_load = None
-    if safe_torch_load is not None:
-        return safe_torch_load(file)
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace, types.SimpleNamespace]):
-            return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise InteropError(f"{file}: cannot load safely ({_first_line(exc)})") from None
+    return safe_torch_load(file)
 
 
 def _cause(exc: BaseException) -> BaseException:
