@@ -86,7 +86,7 @@ def checkpoint_dir(root, iteration: int | None = None) -> Path:
         if not tracker.is_file():
             raise InteropError(f"{root}: neither a torch_dist checkpoint (metadata.json + .metadata) "
                                "nor a Megatron save directory (latest_checkpointed_iteration.txt)")
-        text = tracker.read_text().strip()
+        text = tracker.read_text(errors="replace").strip()
         if text == "release":
             sub = root / "release"
         else:
