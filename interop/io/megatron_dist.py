@@ -174,9 +174,13 @@ class _Reader(FileSystemReader):
                 self._metadata = _MetadataUnpickler(f).load()
         except Exception as exc:  # a damaged or hostile pickle raises many types
             raise InteropError(f"{file}: not a readable DCP metadata file ({_first_line(exc)})") from None
-        if not isinstance(self._metadata, Metadata) or not isinstance(self._metadata.state_dict_metadata, dict):
+        if not isinstance(self._metadata, Metadata) or not isinstance(
+                getattr(self._metadata, "state_dict_metadata", None), dict):
             raise InteropError(f"{file}: not a DCP metadata file")
-        _check_metadata(Path(path), file, self._metadata)
+        try:
+            _check_metadata(Path(path), file, self._metadata)
+        except (AttributeError, TypeError, ValueError) as exc:  # a damaged pickle builds objects missing fields
+            raise InteropError(f"{file}: malformed DCP metadata ({_first_line(exc)})") from None
 
     def read_metadata(self, *args, **kwargs):
         return self._metadata
