@@ -407,3 +407,14 @@ def test_safetensors_header_list_is_refused(tmp_path):
     path.write_bytes(struct.pack("<Q", 2) + b"[]")
     with pytest.raises(InteropError, match="not a JSON object"):
         SafetensorsFile(path)
+
+
+def test_rank_file_with_another_dtype_than_its_peers_is_refused(sources, tmp_path):
+    """tp rank 1 stores one weight in float16 while rank 0 has float32: refused, not cast."""
+    src = copy(sources["torch"], tmp_path)
+    path = next(src.rglob("mp_rank_01_000/model_optim_rng.pt"))
+    state = torch.load(path, weights_only=False)
+    key = next(k for k in state["model"] if k.endswith("linear_fc1.weight"))
+    state["model"][key] = state["model"][key].half()
+    torch.save(state, path)
+    assert_one_error(*run("convert", src, tmp_path / "out", "--to", "interop"), key, "one dtype expected")
