@@ -339,3 +339,21 @@ def test_hostile_global_bytes_are_what_we_think():
                                           + pickle.dumps(1))).load()
     assert calls == [("torch.distributed.checkpoint.filesystem", "os.system")] * 2
     assert struct.calcsize("<I") == 4
+
+
+def test_metadata_from_older_torch_still_reads(sources, tmp_path):
+    """torch <= 2.2 pickled TensorProperties from `torch.distributed._shard.sharded_tensor.metadata`:
+    that exact pair is allowed too, and reads give the same tensors."""
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+    src = copy(sources["dist"], tmp_path)
+    meta = src / "release" / DCP_METADATA
+    with open(meta, "rb") as f:
+        md = _MetadataUnpickler(f).load()
+    for entry in md.state_dict_metadata.values():
+        if hasattr(entry, "properties"):
+            entry.properties = TensorProperties(dtype=entry.properties.dtype)
+    meta.write_bytes(pickle.dumps(md))
+    assert b"sharded_tensor.metadata" in meta.read_bytes()
+    old, new = DistCheckpoint(sources["dist"] / "release"), DistCheckpoint(src / "release")
+    for key in old.keys():
+        assert torch.equal(old.read(key), new.read(key)), key

@@ -137,6 +137,10 @@ _META_GLOBALS = {
     **{(f"{_DCP}.filesystem", n): _dcp_class("filesystem", n) for n in ("_StorageInfo", "_StoragePrefix")},
     **{(f"{_DCP}.planner", n): _dcp_class("planner", n) for n in (
         "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData", "SavePlan")},
+    # torch <= 2.2 pickled TensorProperties from here (the classes still exist, with the same fields)
+    **{("torch.distributed._shard.sharded_tensor.metadata", n): getattr(
+        importlib.import_module("torch.distributed._shard.sharded_tensor.metadata"), n)
+       for n in ("TensorProperties", "MEM_FORMAT_ENCODING")},
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # how torch pickles a layout
     (_MCORE_TORCH, "MCoreMetadata"): _MCoreMetadata,
