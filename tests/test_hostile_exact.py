@@ -418,3 +418,20 @@ def test_rank_file_with_another_dtype_than_its_peers_is_refused(sources, tmp_pat
     state["model"][key] = state["model"][key].half()
     torch.save(state, path)
     assert_one_error(*run("convert", src, tmp_path / "out", "--to", "interop"), key, "one dtype expected")
+
+
+def test_dcp_chunk_of_another_dtype_is_refused(sources, tmp_path):
+    """`.metadata` says float16, the stored chunk is float32: DCP alone would cast it silently."""
+    src = copy(sources["dist"], tmp_path)
+    key = []
+
+    def edit(md):
+        name, entry = next((k, v) for k, v in md.state_dict_metadata.items()
+                           if getattr(getattr(v, "properties", None), "dtype", None) == torch.float32)
+        entry.properties.dtype = torch.float16
+        key.append(name)
+    _edit_metadata(src, edit)
+    ckpt = DistCheckpoint(src / "release")
+    with pytest.raises(InteropError, match="holds torch.float32"):
+        ckpt.read(key[0])
+    assert_one_error(*run("convert", src, tmp_path / "out", "--to", "interop"), "holds torch.float32")

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
@@ -48,8 +49,17 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.checkpoint.utils import _create_file_view
+from torch.futures import Future
 
 from ..errors import InteropError
 from ..shards import Box, tiling_error
@@ -188,6 +198,42 @@ class _Reader(FileSystemReader):
 
     def read_metadata(self, *args, **kwargs):
         return self._metadata
+
+    def read_data(self, plan: LoadPlan, planner) -> Future:
+        """DCP's FileSystemReader.read_data, stricter: each stored chunk must be a tensor of exactly the
+        dtype and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
+        root = Path(self.path)
+        by_file: dict[str, list] = {}
+        for item in plan.items:
+            by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for relative_path, items in by_file.items():
+            with open(inside(root, relative_path, root / DCP_METADATA), "rb") as stream:
+                for item in items:
+                    info = self.storage_data[item.storage_index]
+                    view = _create_file_view(stream, info.offset, info.length)
+                    if item.type == LoadItemType.BYTE_IO:
+                        planner.load_bytes(item, io.BytesIO(view.read(-1)))
+                        continue
+                    tensor = torch.load(view, map_location="cpu", weights_only=True)
+                    key = item.storage_index.fqn
+                    entry = self._metadata.state_dict_metadata[key]
+                    sizes = next((c.sizes for c in entry.chunks if c.offsets == item.storage_index.offset), None)
+                    if not isinstance(tensor, torch.Tensor) or tensor.dtype != entry.properties.dtype \
+                            or sizes is None or tensor.shape != sizes:
+                        got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) \
+                            else type(tensor).__name__
+                        raise InteropError(f"{root / relative_path}: the chunk of {key} at "
+                                           f"{list(item.storage_index.offset)} holds {got}, .metadata says "
+                                           f"{entry.properties.dtype} {list(sizes or [])}")
+                    tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+                    target = planner.resolve_tensor(item).detach()
+                    if target.size() != tensor.size():
+                        raise InteropError(f"{root / relative_path}: {key}: a chunk read does not fit its place")
+                    target.copy_(tensor)
+                    planner.commit_tensor(item, target)
+        done: Future = Future()
+        done.set_result(None)
+        return done
 
 
 def _is_size(value) -> bool:
