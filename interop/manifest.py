@@ -72,6 +72,7 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
             fail(f"files[{name!r}] needs 'bytes' (a non-negative integer) and 'crc32' (8 hex digits)")
 
     index = param_index(spec)
+    used: dict[tuple[str, str], str] = {}  # (file, key) -> tensor: one stored entry never serves two shards
     for name, entry in tensors.items():
         param = index.get(base_param_name(name))
         if param is None:
@@ -96,6 +97,11 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
             if shard["file"] not in files:
                 fail(f"tensor {name!r}: shard file {shard['file']!r} is not listed under 'files' "
                      "(so it could not be verified)")
+            where_stored = (shard["file"], shard["key"])
+            if where_stored in used:
+                fail(f"tensor {name!r}: shard {shard['key']!r} in {shard['file']} is also a shard of "
+                     f"{used[where_stored]!r}")
+            used[where_stored] = name
             boxes.append(Box(tuple(shard["offset"]), tuple(shard["shape"])))
         why = tiling_error(shape, boxes)
         if why:

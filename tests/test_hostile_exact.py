@@ -215,8 +215,8 @@ def _extra_shard(m):
     t["shards"].append(dict(t["shards"][0]))
 
 
-@pytest.mark.parametrize("edit,words", [(_repeat, "overlap"), (_overlap, "elements"), (_uncovered, "elements"),
-                                        (_extra_shard, "elements")])
+@pytest.mark.parametrize("edit,words", [(_repeat, "also a shard"), (_overlap, "elements"), (_uncovered, "elements"),
+                                        (_extra_shard, "also a shard")])
 def test_store_shards_must_cover_exactly_once(sources, tmp_path, edit, words):
     src = copy(sources["store"], tmp_path)
     _edit_manifest(src, edit)
@@ -435,3 +435,27 @@ def test_dcp_chunk_of_another_dtype_is_refused(sources, tmp_path):
     with pytest.raises(InteropError, match="holds torch.float32"):
         ckpt.read(key[0])
     assert_one_error(*run("convert", src, tmp_path / "out", "--to", "interop"), "holds torch.float32")
+
+
+def test_one_stored_entry_never_serves_two_tensors(sources, tmp_path):
+    """A manifest pointing a tensor's shard at another tensor's entry of the same shape: refused."""
+    src = copy(sources["store"], tmp_path)
+
+    def edit(m):
+        q, k = m["tensors"]["layers.0.attn.q.weight"], m["tensors"]["layers.1.attn.q.weight"]
+        k["shards"][0]["key"] = q["shards"][0]["key"]
+    _edit_manifest(src, edit)
+    assert_one_error(*run("convert", src, tmp_path / "out", "--to", "interop"), "is also a shard of")
+
+
+def test_tiling_error_unit():
+    from interop.shards import Box, tiling_error
+    half = [Box((0, 0), (2, 4)), Box((2, 0), (2, 4))]
+    assert tiling_error((4, 4), half) is None
+    assert "overlap" in tiling_error((4, 4), [half[0], half[0]])  # repeated: equal count, half uncovered
+    assert "elements" in tiling_error((4, 4), half[:1])
+    assert "elements" in tiling_error((4, 4), half + [Box((0, 0), (1, 4))])
+    assert "outside" in tiling_error((4, 4), [Box((0, 0), (2, 4)), Box((3, 0), (2, 4))])
+    swept = tiling_error((4, 4), [Box((0, 0), (4, 2)), Box((1, 1), (2, 2)), Box((0, 3), (4, 1))])  # 16 elements
+    assert "shards at [0, 0] and [1, 1] overlap" == swept
+    assert tiling_error((), [Box((), ())]) is None and tiling_error((), []) is not None
