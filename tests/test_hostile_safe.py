@@ -166,7 +166,7 @@ def test_mcore_metadata_stand_in_keeps_mcore_data(tmp_path, monkeypatch):
     assert module.encode() in data and b"MCoreMetadata" in data
     (src / DCP_METADATA).write_bytes(data)
     ckpt = DistCheckpoint(src)
-    assert ckpt._reader.read_metadata().mcore_data == shape
+    assert ckpt._reader.read_metadata().mcore_data == shape and ckpt.mcore_data == shape
     assert torch.equal(ckpt.read("embedding.word_embeddings.weight"),
                        torch.arange(10, dtype=torch.bfloat16).reshape(5, 2))
 

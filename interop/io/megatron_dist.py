@@ -326,6 +326,12 @@ class DistCheckpoint:
                 raise InteropError(f"{file}: expected a dict, found {type(self._common).__name__}")
         return self._common
 
+    @property
+    def mcore_data(self) -> dict:
+        """megatron-core 0.15's per-key facts from `MCoreMetadata.mcore_data` (e.g.
+        `nd_reformulated_orig_global_shape`); {} for other writers."""
+        return getattr(self._reader.read_metadata(), "mcore_data", None) or {}
+
     def keys(self) -> list[str]:
         return list(self._tensors)
 
