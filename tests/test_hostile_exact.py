@@ -311,7 +311,8 @@ def test_shard_entry_disagreeing_with_its_file_is_refused(sources, tmp_path):
         shards = [(sh, tuple(sh["shape"])) for t in m["tensors"].values() for sh in t["shards"]
                   if sh["file"] == "model-tp00-pp00.safetensors"]
         first = shards[0][0]
-        first["key"] = next(sh["key"] for sh, shape in shards if shape != tuple(first["shape"]))
+        other = next(sh for sh, shape in shards if shape != tuple(first["shape"]))
+        first["key"], other["key"] = other["key"], first["key"]  # swapped: each entry still used once
     _edit_manifest(src, edit)
     assert_one_error(*run("convert", src, tmp_path / "out", "--to", "hf"), "the manifest says")
 
