@@ -10,13 +10,11 @@ turns such a loss into an error.
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import math
 import re
 import shlex
-import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -690,17 +688,11 @@ def _load(path: Path, env: dict | None, fmt: str) -> Source:
 
 
 def _torch_load(path: Path):
-    import torch
+    """The checkpoint's stored args, through the project's allow-listing unpickler (never plain torch.load)."""
+    from .io.safe_pickle import safe_torch_load
 
     try:
-        from .io.safe_pickle import safe_torch_load  # the project's allow-listing unpickler, when present
-    except ImportError:
-        safe_torch_load = None
-    try:
-        if safe_torch_load is not None:
-            return safe_torch_load(path)
-        with torch.serialization.safe_globals([argparse.Namespace, types.SimpleNamespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
+        return safe_torch_load(path)
     except InteropError:
         raise
     except Exception as exc:  # a pickle we refuse or cannot read is the user's file, not our bug
