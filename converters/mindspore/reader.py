@@ -253,6 +253,13 @@ class Reader:
             shape = self._local_shape(kind, parts, self.layout.tp)
             for t in range(self.layout.tp):
                 expected[(t, stage)][self.tag_of[name]] = shape
+        copies = {}  # convert_pt2ckpt.py's name -> the model's, where a file may hold both
+        for model, plain in converter_names(self.rows, self.spec, self.dialect).items():
+            if self.tag_of[model] == model:
+                copies[plain] = model
+                stage = self.layout.stage_of(self.index[self.row_of_name(model)[2][0]])
+                for t in range(self.layout.tp):
+                    optional[(t, stage)].add(plain)
         tied = []
         if self.spec.tied_embeddings:
             head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight")}
@@ -297,6 +304,7 @@ class Reader:
                                    f"model at tp={self.layout.tp} pp={self.layout.pp} (unknown tag layout)")
         self.optim = have_moments
         self._check_tied_copies(tied, notes)
+        self._check_name_copies(copies, moments if have_moments else [])
         notes += [f"dropped buffers that are not parameters ({why})" for why in sorted(buffers)]
         strings = scalars.pop("__strings__", [])
         if strings:
@@ -317,6 +325,18 @@ class Reader:
                                        "not tied (pass a --model-config with tie_word_embeddings false)")
                 if t == 0:
                     notes.append(f"{tag}: the tied head's copy of the embedding, checked equal and not read again")
+
+    def row_of_name(self, ms_name: str):
+        return next(row for row in self.rows if row[0] == ms_name)
+
+    def _check_name_copies(self, copies: dict[str, str], moments: list[str]) -> None:
+        """A tensor stored under both the model's and the converter's name must be the same tensor."""
+        for f in self.files.values():
+            for plain, model in copies.items():
+                for native in [""] + moments:
+                    if native + plain in f and not torch.equal(f.read(native + plain), f.read(native + model)):
+                        raise InteropError(f"{f.path}: {native + plain} and {native + model} name one parameter "
+                                           "but hold different values")
 
     # -- tensors --------------------------------------------------------------------------------
     def metas(self) -> list[TensorMeta]:

@@ -15,7 +15,7 @@ from ...shards import shard_box
 from ...spec import ModelSpec
 from ...tensors import TensorMeta
 from .files import SIDECAR, mindformers_file, mindspeed_file
-from .rows import fuse, ms_rows
+from .rows import converter_names, fuse, ms_rows
 from .scalars import state_to_scalars
 from .strategy import stage_strategy
 
@@ -66,6 +66,9 @@ class Writer:
         self.index = param_index(spec)
         self.row_of = {p: row for row in self.rows for p in row[2]}
         self.first_part = {name: parts[0] for name, _, parts in self.rows}
+        # LayerNorm / position-embedding tensors also under convert_pt2ckpt.py's names, which its reverse
+        # convert_ckpt2pt.py reads (MindSpeed's loader skips unknown names with a warning); a few KB.
+        self.copies = converter_names(self.rows, spec, dialect)
         self.prefixes = OPTIM_PREFIXES[dialect]
         self.metas = metas
         self.notes: list[str] = []
@@ -108,13 +111,21 @@ class Writer:
         tp = self.layout.tp
         for t in range(tp):
             shards = [part[shard_box(tuple(part.shape), first.axis, t, tp).slices()] for part in parts]
-            self.files[(t, stage)].write(ms_name, fuse(kind, shards, self.spec.kv_groups // tp))
+            fused = fuse(kind, shards, self.spec.kv_groups // tp)
+            self.files[(t, stage)].write(ms_name, fused)
+            native, base = self._native_split(ms_name)
+            if base in self.copies:
+                self.files[(t, stage)].write(native + self.copies[base], fused)
+
+    def _native_split(self, ms_name: str) -> tuple[str, str]:
+        for native in self.prefixes.values():
+            if ms_name.startswith(native):
+                return native, ms_name[len(native):]
+        return "", ms_name
 
     def _canonical_of(self, ms_name: str) -> str:
         """The first canonical part of a MindSpore name (moment prefixes and the tied head included)."""
-        for native in self.prefixes.values():
-            if ms_name.startswith(native):
-                ms_name = ms_name[len(native):]
+        ms_name = self._native_split(ms_name)[1]
         if ms_name == MINDSPEED_TIED_HEAD and ms_name not in self.first_part:
             return "embed.word.weight"
         return self.first_part[ms_name]
