@@ -202,3 +202,44 @@ def test_mindformers_convert_weight_output_biases_plain(hf_checkpoints, tmp_path
     assert not_loaded == [] and unused == []
     got = dict(model.parameters_and_names())["model.layers.1.attention.w_qkv.bias"].asnumpy().reshape(4, 4, 8)
     assert (got[:, 2].reshape(-1) == biases["layers.1.attn.k.bias"].numpy()).all()  # per group: q, q, k, v
+
+
+@pytest.fixture(scope="module")
+def attention_bias_llama(tmp_path_factory):
+    """HF Llama with attention_bias=True (q, k, v and o biases) and mlp_bias=False."""
+    import transformers
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=6,
+                                      intermediate_size=96, vocab_size=250, max_position_embeddings=64,
+                                      attention_bias=True, mlp_bias=False, tie_word_embeddings=False,
+                                      bos_token_id=0, eos_token_id=0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn_like(p))
+    path = tmp_path_factory.mktemp("hf") / "llama-attn-bias"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("qkv_concat", [False, True])
+def test_llama_attention_bias_without_mlp_bias_both_ways(attention_bias_llama, tmp_path, mindformers, qkv_concat):
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    convert(attention_bias_llama, tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
+            options={"dialect": "mindformers", "qkv_concat": qkv_concat})
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    assert_same_hf(attention_bias_llama, tmp_path / "back")
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (config["attention_bias"], config["mlp_bias"]) == (True, False)
+    convert(attention_bias_llama, tmp_path / "one", dst_format="mindspore",
+            options={"dialect": "mindformers", "qkv_concat": qkv_concat})
+    model = LlamaForCausalLM(LlamaConfig(
+        batch_size=1, seq_length=8, hidden_size=64, num_layers=6, num_heads=8, n_kv_heads=4, vocab_size=250,
+        intermediate_size=96, compute_dtype="float32", layernorm_compute_type="float32",
+        softmax_compute_type="float32", rotary_dtype="float32", param_init_type="float32", use_flash_attention=False,
+        qkv_concat=qkv_concat, use_past=False, fused_rms_norm=False, tie_word_embeddings=False, qkv_has_bias=True,
+        attn_proj_has_bias=True))
+    not_loaded, unused = ms.load_param_into_net(model, ms.load_checkpoint(str(tmp_path / "one" / "model.ckpt")),
+                                                strict_load=True)
+    assert not_loaded == [] and unused == []
