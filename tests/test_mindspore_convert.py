@@ -238,3 +238,33 @@ def test_mindformers_gpt2_mask_buffers_are_dropped_with_a_note(hf_checkpoints, t
     summary = convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
     assert any("causal-mask buffer" in n for n in summary.notes)
     assert_same_hf(hf_checkpoints["gpt2"], tmp_path / "back")
+
+
+@pytest.mark.parametrize("dialect", ["mindspeed", "mindformers"])
+def test_fp32_master_weights(hf_checkpoints, tmp_path, dialect):
+    """A mixed-precision source (bf16 weights + fp32 masters): MindSpeed gets the masters as its weights,
+    as convert_pt2ckpt.py writes them; MindFormers the weights; either way a note, never a traceback."""
+    from interop.layout import ParallelLayout
+    from interop.store import StoreReader, StoreWriter
+    from interop.tensors import TensorMeta
+    convert(hf_checkpoints["llama"], tmp_path / "plain", dst_format="interop")
+    reader = StoreReader(tmp_path / "plain")
+    metas = [TensorMeta(m.name, torch.bfloat16, m.shape) for m in reader.metas()]
+    masters = [TensorMeta("optim.fp32_param." + m.name, torch.float32, m.shape) for m in metas]
+    (tmp_path / "mixed").mkdir()
+    writer = StoreWriter(tmp_path / "mixed", reader.spec.replace(dtype="bfloat16"), ParallelLayout.build(6),
+                         metas + masters)
+    for m in metas:
+        writer.write(m.name, reader.read(m.name).to(torch.bfloat16))
+    for m in masters:
+        writer.write(m.name, reader.read(m.name[len("optim.fp32_param."):]))
+    writer.finish({})
+    summary = convert(tmp_path / "mixed", tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
+                      options={"dialect": dialect})
+    assert any("fp32 master" in n for n in summary.notes)
+    back = StoreReader(tmp_path / "plain")
+    convert(tmp_path / "ms", tmp_path / "again", dst_format="interop")
+    again = StoreReader(tmp_path / "again")
+    for m in back.metas():
+        want = back.read(m.name) if dialect == "mindspeed" else back.read(m.name).to(torch.bfloat16)
+        assert torch.equal(again.read(m.name), want), m.name

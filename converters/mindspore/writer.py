@@ -20,6 +20,7 @@ from .scalars import state_to_scalars
 from .strategy import stage_strategy
 
 FORMAT = "mindspore"
+MASTER_PREFIX = "optim.fp32_param."
 
 
 class Writer:
@@ -72,6 +73,14 @@ class Writer:
         self.prefixes = OPTIM_PREFIXES[dialect]
         self.metas = metas
         self.notes: list[str] = []
+        # Mixed precision: the optimizer's fp32 masters are the weights MindSpeed trains from, and what
+        # convert_pt2ckpt.py writes as the weights (its `param`, cast to float32).
+        self.masters = any(m.name.startswith(MASTER_PREFIX) for m in metas)
+        if self.masters:
+            self.notes.append("weights written from the optimizer's fp32 master copies, as MindSpeed's converter "
+                              "does (the low-precision model weights are their rounding)" if dialect == "mindspeed"
+                              else "dropped the optimizer's fp32 master copies (MindFormers keeps none); "
+                                   "the model weights are written")
         self.pending: dict[str, dict] = {}
         self.files: dict[tuple[int, int], CkptWriter] = {}
         for t, p in layout.ranks():
@@ -91,6 +100,12 @@ class Writer:
         return "", name
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if name.startswith(MASTER_PREFIX):
+            if self.dialect != "mindspeed":
+                return
+            name = name[len(MASTER_PREFIX):]
+        elif self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
+            return  # the master copy stands for it
         native_prefix, canonical = self._split(name)
         ms_name, kind, parts = self.row_of[canonical]
         got = self.pending.setdefault(native_prefix + ms_name, {})
