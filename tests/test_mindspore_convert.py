@@ -268,3 +268,18 @@ def test_fp32_master_weights(hf_checkpoints, tmp_path, dialect):
     for m in back.metas():
         want = back.read(m.name) if dialect == "mindspeed" else back.read(m.name).to(torch.bfloat16)
         assert torch.equal(again.read(m.name), want), m.name
+
+
+def test_earlier_interop_layout_still_read(hf_checkpoints, tmp_path):
+    """interop before the MindSpeed layout wrote `release/mp_rank_TT_PPP/model_optim_rng.ckpt`: still read."""
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
+            options={"dialect": "mindspeed"})
+    for p in range(2):
+        for t in range(2):
+            folder = tmp_path / "ms" / "release" / f"mp_rank_{t:02d}_{p:03d}"
+            folder.mkdir(parents=True)
+            (tmp_path / "ms" / f"rank_{p * 2 + t}" / "network.ckpt").rename(folder / "model_optim_rng.ckpt")
+            (tmp_path / "ms" / f"rank_{p * 2 + t}").rmdir()
+    (tmp_path / "ms" / "latest_checkpointed_iteration.txt").write_text("release")
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    assert_same_hf(hf_checkpoints["llama"], tmp_path / "back")
