@@ -76,6 +76,9 @@ class Writer:
         # Mixed precision: the optimizer's fp32 masters are the weights MindSpeed trains from, and what
         # convert_pt2ckpt.py writes as the weights (its `param`, cast to float32).
         self.masters = any(m.name.startswith(MASTER_PREFIX) for m in metas)
+        if dialect == "mindspeed" and spec.dtype != "float32" and not self.masters:
+            self.notes.append(f"weights written in {spec.dtype}; MindSpeed's convert_pt2ckpt.py writes float32 "
+                              "(pass --dtype fp32 for the same)")
         if self.masters:
             self.notes.append("weights written from the optimizer's fp32 master copies, as MindSpeed's converter "
                               "does (the low-precision model weights are their rounding)" if dialect == "mindspeed"
