@@ -522,3 +522,22 @@ def test_a_tied_head_that_differs_is_refused(hf_checkpoints, tmp_path):
     code, out = run("convert", tmp_path / "ms", tmp_path / "out", "--to", "hf", "--model-config",
                     src / "config.json", "-q")
     assert code == 2 and "word_embeddings_for_head.weight differs from the tied embedding" in out, out
+
+
+def test_reads_files_with_only_the_models_names(hf_checkpoints, tmp_path):
+    """MindSpeed's own save_checkpoint writes the model's names only (gamma / beta, embedding_table)."""
+    from interop.io.ms_ckpt import load_ckpt, save_ckpt
+    src = hf_checkpoints["gpt2"]
+    convert(src, tmp_path / "ms", dst_format="mindspore", tp=2, pp=2, options={"dialect": "mindspeed"})
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    for path in (tmp_path / "ms").glob("rank_*/network.ckpt"):
+        tensors = load_ckpt(path)
+        save_ckpt(path, {k: v for k, v in tensors.items()
+                         if not k.endswith(("_norm.weight", "_norm.bias", "position_embeddings.weight"))})
+    with CkptFile(tmp_path / "ms" / "rank_0" / "network.ckpt") as f:
+        assert "language_model.encoder.layers.0.input_norm.gamma" in f
+        assert "language_model.encoder.layers.0.input_norm.weight" not in f
+    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--to", "hf", "--model-config",
+                    src / "config.json", "-q")
+    assert code == 0, out
+    assert_same_hf(src, tmp_path / "back")

@@ -99,7 +99,7 @@ class Reader:
 
     # -- what the checkpoint is ----------------------------------------------------------------
     def _describe(self, path: Path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes: list[str]) -> None:
-        first = self.files.get((0, 0)) or self.files[("rank", 0)]
+        first = self.files[(0, 0)] if (0, 0) in self.files else self.files[("rank", 0)]
         tags = first.keys()
         float_dtypes = [first.meta(k)[0] for k in tags
                         if first.meta(k)[0] is not None and first.meta(k)[0].is_floating_point and first.meta(k)[1]]
