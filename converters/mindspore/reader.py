@@ -118,8 +118,8 @@ class Reader:
         qkv_concat = bool((sidecar or {}).get("qkv_concat", any(".w_qkv." in t for t in tags)))
         if qkv_concat and dialect == "mindformers":
             qkv_layout, qkv_bias_layout = self._qkv_layouts(first, sidecar, qkv_layout, qkv_bias_layout, notes)
-        elif qkv_layout or qkv_bias_layout:
-            raise InteropError(f"{path}: --qkv-layout applies to MindFormers checkpoints with a fused w_qkv only")
+        else:  # nothing fused to read (the flags may be the writer's, in a MindSpore -> MindSpore conversion)
+            qkv_layout = qkv_bias_layout = None
         self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
         self.dialect = dialect
         if any(key[0] == "rank" for key in self.files):

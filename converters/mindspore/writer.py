@@ -48,8 +48,9 @@ class Writer:
             raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
         if dialect == "mindformers" and layout.vpp > 1:
             raise InteropError("MindFormers checkpoints are written without virtual pipeline chunks: use --vpp 1")
-        if dialect != "mindformers" and (qkv_concat or qkv_layout or qkv_bias_layout):
-            raise InteropError("--qkv-concat / --qkv-layout apply to --dialect mindformers only")
+        if dialect != "mindformers" and qkv_concat:
+            raise InteropError("--qkv-concat applies to --dialect mindformers only")
+        # (--qkv-layout without --qkv-concat is the reader's: a MindSpore -> MindSpore conversion gives both)
         if dialect != "mindspeed" and dp is not None:
             raise InteropError("--dp numbers MindSpeed rank folders: it applies to --dialect mindspeed only")
         if dp is not None and dp < 1:
