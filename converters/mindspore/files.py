@@ -52,7 +52,7 @@ def old_mindspeed_tree(path: Path) -> tuple[dict[tuple[int, int], Path], int, in
     if not (tracker.is_file() or any(path.glob("*/mp_rank_*"))):
         return None
     if tracker.is_file():
-        it = tracker.read_text().strip()
+        it = tracker.read_text(errors="replace").strip()  # damaged: the error below, not a traceback
         folder = "release" if it == "release" else (f"iter_{int(it):07d}" if it.isdigit() else None)
         if folder is None:
             raise InteropError(f"{tracker}: expected an iteration number or 'release', found {it!r}")
