@@ -304,9 +304,9 @@ def test_reads_dp_copies_and_a_state_step_tp1_file(hf_checkpoints, tmp_path):
 
 @pytest.mark.parametrize("kind,tp,pp,vpp", CASES)
 def test_writer_equals_convert_pt2ckpt_plus_the_model_names(hf_checkpoints, tmp_path, kind, tp, pp, vpp):
-    """Same folders, names, shapes, dtypes and values as the real tool, except: LayerNorm also as gamma/beta
-    and the position embedding also as embedding_table (the model's names), and the tied head on the last
-    stage as language_model.output_layer.weight instead of Megatron's word_embeddings_for_head.weight."""
+    """Same folders, names, shapes, dtypes and values as the real tool, plus the model's names: LayerNorm also
+    as gamma/beta, the position embedding also as embedding_table, and the tied head on the last stage also
+    as language_model.output_layer.weight (besides Megatron's word_embeddings_for_head.weight)."""
     src = hf_checkpoints[kind]
     run_convert_pt2ckpt(megatron_legacy_ranks(src, kind, tp, pp, vpp), tmp_path / "real", 6, tp, pp, vpp)
     convert(src, tmp_path / "ours", dst_format="mindspore", tp=tp, pp=pp, vpp=vpp, options={"dialect": "mindspeed"})
@@ -315,22 +315,19 @@ def test_writer_equals_convert_pt2ckpt_plus_the_model_names(hf_checkpoints, tmp_
     for rank in real_ranks:
         real = ms.load_checkpoint(str(tmp_path / "real" / rank / "network.ckpt"))
         ours = ms.load_checkpoint(str(tmp_path / "ours" / rank / "network.ckpt"))  # mindspore reads our file
-        renamed = {}
-        for name in real:
-            if name == "word_embeddings_for_head.weight":
-                renamed[name] = "language_model.output_layer.weight"
-        expected = {renamed.get(n, n) for n in real}
-        extra = set(ours) - expected
-        assert all(n.endswith((".gamma", ".beta", ".embedding_table")) for n in extra), extra
+        assert set(real) <= set(ours), set(real) - set(ours)
+        extra = set(ours) - set(real)
         twins = ("_norm.weight", "_norm.bias", "position_embeddings.weight") if kind == "gpt2" else ()
-        assert len(extra) == sum(n.endswith(twins) for n in real) if twins else extra == set()
+        heads = {"language_model.output_layer.weight"} if "word_embeddings_for_head.weight" in real else set()
+        assert len(extra) == sum(n.endswith(twins) for n in real) + len(heads) if twins else extra == heads, extra
         for name in real:
             if name in ("step_num", "epoch_num"):
                 continue
-            a, b = real[name].asnumpy(), ours[renamed.get(name, name)].asnumpy()
+            a, b = real[name].asnumpy(), ours[name].asnumpy()
             assert a.shape == b.shape and a.dtype == b.dtype and (a == b).all(), (rank, name)
         for name in extra:
             twin = name.replace(".gamma", ".weight").replace(".beta", ".bias").replace(".embedding_table", ".weight")
+            twin = "word_embeddings_for_head.weight" if name in heads else twin
             assert (ours[name].asnumpy() == real[twin].asnumpy()).all(), name
 
 
@@ -441,7 +438,8 @@ def test_mindspeed_load_checkpoint_takes_every_parameter(hf_checkpoints, tmp_pat
 # ---------------------------------------------------------------- MindSpeed's reverse tool accepts it
 
 
-@pytest.mark.parametrize("kind,tp,pp,vpp", [("llama", 2, 2, 1), ("gpt2", 2, 1, 1), ("llama", 1, 2, 3)])
+@pytest.mark.parametrize("kind,tp,pp,vpp", [("llama", 2, 2, 1), ("gpt2", 2, 1, 1), ("llama", 1, 2, 3),
+                                            ("gpt2", 2, 3, 1), ("llama-tied", 1, 2, 3)])
 def test_convert_ckpt2pt_finds_every_key(hf_checkpoints, tmp_path, kind, tp, pp, vpp):
     """Every key convert_ckpt2pt.py reads from interop's output is there with the Megatron tensor's numel
     and a float dtype (it casts with astype(np.float32)), weights and Adam moments alike."""
@@ -473,8 +471,6 @@ def test_convert_ckpt2pt_finds_every_key(hf_checkpoints, tmp_path, kind, tp, pp,
                 vpp_ms_layers = np.split(vpp_layers, pp, axis=-1)[p].tolist()
                 chunk = megatron[(t, p)]["model" if vpp == 1 else f"model{v}"]
                 for key, value in chunk.items():
-                    if key == "word_embeddings_for_head.weight":
-                        continue  # not written: see test_writer_equals_convert_pt2ckpt_plus_the_model_names
                     ms_key = key  # (the param-name list's keys start with 'model.': that component is dropped)
                     if "layers" in ms_key:
                         parts = ms_key.split(".")

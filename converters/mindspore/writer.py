@@ -9,7 +9,7 @@ import torch
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptWriter
 from ...layout import ParallelLayout
-from ...mappings.mindspore_names import DIALECTS, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES
+from ...mappings.mindspore_names import DIALECTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES
 from ...params import param_index
 from ...shards import shard_box
 from ...spec import ModelSpec
@@ -120,8 +120,10 @@ class Writer:
         self._emit(native_prefix + ms_name, kind, [got[p] for p in parts])
         if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
                 and self.spec.tied_embeddings and self.layout.pp > 1):
-            # the last stage's output_layer is the tied embedding's copy (its moments too)
-            self._emit(native_prefix + MINDSPEED_TIED_HEAD, kind, [got[canonical]], stage=self.layout.pp - 1)
+            # the last stage's output_layer is the tied embedding's copy (its moments too); Megatron's name
+            # for it as well, which convert_pt2ckpt.py passes through and convert_ckpt2pt.py reads back
+            for head in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD):
+                self._emit(native_prefix + head, kind, [got[canonical]], stage=self.layout.pp - 1)
 
     def _emit(self, ms_name: str, kind: str, parts: list[torch.Tensor], stage: int | None = None) -> None:
         """Cut the parts into TP shards, fuse each rank's shards, append them to the stage's files."""
@@ -145,7 +147,7 @@ class Writer:
     def _canonical_of(self, ms_name: str) -> str:
         """The first canonical part of a MindSpore name (moment prefixes and the tied head included)."""
         ms_name = self._native_split(ms_name)[1]
-        if ms_name == MINDSPEED_TIED_HEAD and ms_name not in self.first_part:
+        if ms_name in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD) and ms_name not in self.first_part:
             return "embed.word.weight"
         return self.first_part[ms_name]
 
