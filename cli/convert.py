@@ -5,12 +5,12 @@ import json
 
 import click
 
-from ..convert import DTYPE_CHOICES, convert as run_convert
 from ..converters.registry import FORMATS
-from ..inspect import describe, render
 from .common import ProgressBar, user_errors
 
+# The engine (and torch) is imported inside the commands: `interop --help` starts without it.
 FORMAT_CHOICE = click.Choice(sorted(FORMATS))
+DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
 
 
 @click.command()
@@ -23,7 +23,7 @@ FORMAT_CHOICE = click.Choice(sorted(FORMATS))
 @click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")
 @click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
 @click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
-@click.option("--dtype", type=click.Choice(list(DTYPE_CHOICES)), default="keep", show_default=True,
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
               help="Cast the weights (optimizer state keeps its dtype).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @click.option("--format", "megatron_format", type=click.Choice(["torch", "torch_dist"]),
@@ -45,6 +45,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
       interop convert ./llama-hf ./llama-tp2pp2 --from hf --to interop --tp 2 --pp 2
       interop convert ./llama-tp2pp2 ./llama-hf-again --to hf
     """
+    from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp,
@@ -71,5 +72,6 @@ def inspect(path, fmt, as_json, no_tensors):
     Example:
       interop inspect ./llama-tp2pp2
     """
+    from ..describe import describe, render
     info = describe(path, fmt)
-    click.echo(json.dumps(info, indent=1) if as_json else render(info, show_tensors=not no_tensors))
+    click.echo(json.dumps(info.to_dict(), indent=1) if as_json else render(info, show_tensors=not no_tensors))

@@ -180,6 +180,11 @@ class Reader:
             self._cached = (hf_key, _from_hf(kind, self.files.read(hf_key), sizes))
         return self._cached[1][i]
 
+    def native_name(self, name: str) -> str:
+        """The HF tensor that holds canonical `name` (with its part when fused, e.g. GPT2's c_attn)."""
+        hf_key, kind, parts, i = self.part_of[name]
+        return hf_key if len(parts) == 1 else f"{hf_key} [part {i + 1}/{len(parts)}]"
+
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
         hf_key, kind, parts, _ = self.part_of[name]

@@ -15,10 +15,8 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 
-from .convert import convert
-from .io.safetensors import SafetensorsFile
+# torch and the engine are imported where tensors are touched: `interop --help` needs neither.
 
 # vocab 1024 has no Megatron padding at tp <= 8, so megatron-core can join parity
 # (it counts padded vocabulary entries in its loss).
@@ -36,6 +34,7 @@ def quiet_transformers():
 
 
 def build_tiny_llama(path: Path, seed: int = 0) -> None:
+    import torch
     transformers = quiet_transformers()
     torch.manual_seed(seed)
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA)).save_pretrained(path)
@@ -43,6 +42,8 @@ def build_tiny_llama(path: Path, seed: int = 0) -> None:
 
 def same_tensors(a: Path, b: Path) -> tuple[int, list[str]]:
     """(tensors compared, names that differ) between two HF model.safetensors files."""
+    import torch
+    from .io.safetensors import SafetensorsFile
     x, y = SafetensorsFile(a / "model.safetensors"), SafetensorsFile(b / "model.safetensors")
     differ = sorted(set(x.keys()) ^ set(y.keys()))
     differ += [k for k in sorted(set(x.keys()) & set(y.keys())) if not torch.equal(x.read(k), y.read(k))]
@@ -50,6 +51,7 @@ def same_tensors(a: Path, b: Path) -> tuple[int, list[str]]:
 
 
 def logits_difference(a: Path, b: Path) -> float:
+    import torch
     transformers = quiet_transformers()
     tokens = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(0))
     outs = []
@@ -75,6 +77,7 @@ def step(echo, title: str, summary=None) -> None:
 
 
 def run_demo(work: Path, echo=click.echo) -> bool:
+    from .convert import convert
     hf, megatron, mindspore = work / "llama-hf", work / "megatron-tp2pp2", work / "mindspore-tp4"
     common, back = work / "common", work / "llama-hf-again"
     step(echo, f"1. a tiny HF Llama (GQA 8 heads / 4 groups, untied, vocab 1024) in {hf}")
