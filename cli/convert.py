@@ -34,10 +34,12 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
 @click.option("--qkv-concat", is_flag=True, default=None,
               help="MindFormers: fuse q/k/v into w_qkv and gate/up into w_gate_hidden.")
+@click.option("--verify", "then_verify", is_flag=True,
+              help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
-            megatron_format, iteration, model_config, dialect, qkv_concat, quiet):
+            megatron_format, iteration, model_config, dialect, qkv_concat, then_verify, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -57,6 +59,11 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
     finally:
         bar.close()
     click.echo("\n".join(summary.lines()))
+    if then_verify:
+        from ..verify import verify
+        from .verify import report
+        report(verify(src, dst, src_format=summary.src_format, dst_format=dst_format, model_config=model_config,
+                      iteration=iteration))
 
 
 @click.command()

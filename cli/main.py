@@ -15,6 +15,10 @@ from .convert import convert, inspect  # noqa: E402
 main.add_command(convert)
 main.add_command(inspect)
 
+from .verify import verify  # noqa: E402
+
+main.add_command(verify)
+
 from ..demo import demo  # noqa: E402
 
 main.add_command(demo)
