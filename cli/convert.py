@@ -34,12 +34,18 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
 @click.option("--qkv-concat", is_flag=True, default=None,
               help="MindFormers: fuse q/k/v into w_qkv and gate/up into w_gate_hidden.")
+@click.option("--tokenizer", type=click.Path(), help="HF output: a tokenizer directory, or one "
+              "tokenizer file (Megatron's --tokenizer-model sentencepiece model, or a tokenizer.json). "
+              "An HF source's own tokenizer is carried without it.")
+@click.option("--max-shard-size", help="HF output: largest weight file, e.g. 5GB or 500MB (transformers' style); "
+              "sharded output gets model.safetensors.index.json. [5GiB]")
 @click.option("--verify", "then_verify", is_flag=True,
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
-            megatron_format, iteration, model_config, dialect, qkv_concat, then_verify, quiet):
+            megatron_format, iteration, model_config, dialect, qkv_concat, tokenizer, max_shard_size, then_verify,
+            quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -55,7 +61,8 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
                               dtype=dtype, force=force, progress=bar,
                               options={"format": megatron_format, "iteration": iteration,
                                        "model_config": model_config, "dialect": dialect,
-                                       "qkv_concat": qkv_concat})
+                                       "qkv_concat": qkv_concat, "tokenizer": tokenizer,
+                                       "max_shard_size": max_shard_size})
     finally:
         bar.close()
     click.echo("\n".join(summary.lines()))

@@ -205,6 +205,12 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                           layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force) as tmp, one_torch_thread(), background_writes():
             writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
+            carried = getattr(reader, "carried", None) or {}
+            if hasattr(writer, "carry"):
+                writer.carry(carried)  # e.g. an HF source's tokenizer and generation config
+            elif carried.get("files"):
+                summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (a {dst_format} checkpoint "
+                                     f"holds no tokenizer; give --tokenizer {src} when converting to hf)")
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
                     if not _passed_through(reader, writer, m_in, m_out):
