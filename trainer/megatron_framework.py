@@ -40,17 +40,24 @@ def available() -> str | None:
     return None if found else "megatron-core is not installed (pip install megatron-core)"
 
 
-def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
+def precondition(spec: ModelSpec) -> str | None:
+    """Why megatron-core cannot train this model here (for parity), or None."""
     why = available()
     if why:
-        raise InteropError(f"framework megatron is not available: {why}")
-    from interop.store import StoreReader
-    spec = StoreReader(ckpt, verify=False).spec
+        return f"not available: {why}"
     from interop.converters.registry import converter
     padded = converter("megatron").Writer.padded_vocab(spec, 1)
     if padded != spec.vocab:
-        raise InteropError(f"framework megatron: the vocabulary ({spec.vocab}) is padded to {padded} rows, and "
-                           f"megatron-core's loss counts the padding; use a vocabulary that is a multiple of 128")
+        return (f"the vocabulary ({spec.vocab}) is padded to {padded} rows, and megatron-core's loss counts "
+                f"the padding; use a vocabulary that is a multiple of 128")
+    return None
+
+
+def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
+    from interop.store import StoreReader
+    why = precondition(StoreReader(ckpt, verify=False).spec)
+    if why:
+        raise InteropError(f"framework megatron: {why}")
     return _in_child(_train, str(ckpt), cfg)
 
 
