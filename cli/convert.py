@@ -78,8 +78,13 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
 @click.option("--from", "fmt", type=FORMAT_CHOICE, help="Format (detected when omitted).")
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
 @click.option("--no-tensors", is_flag=True, help="Leave out the per-tensor table.")
+@click.option("--native", is_flag=True, help="Show each tensor's name in the checkpoint's own format next to "
+              "its canonical name.")
+@click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
+              "(HF config.json, Megatron args file or MindSpeed YAML).")
+@click.option("--iteration", type=int, help="Megatron iteration to describe (default: the tracker's).")
 @user_errors
-def inspect(path, fmt, as_json, no_tensors):
+def inspect(path, fmt, as_json, no_tensors, native, model_config, iteration):
     """Describe a checkpoint: format, model, layout, tensors and totals.
 
     \b
@@ -87,5 +92,6 @@ def inspect(path, fmt, as_json, no_tensors):
       interop inspect ./llama-tp2pp2
     """
     from ..describe import describe, render
-    info = describe(path, fmt)
-    click.echo(json.dumps(info.to_dict(), indent=1) if as_json else render(info, show_tensors=not no_tensors))
+    info = describe(path, fmt, native=native, model_config=model_config, iteration=iteration)
+    click.echo(json.dumps(info.to_dict(), indent=1) if as_json
+               else render(info, show_tensors=not no_tensors, native=native))

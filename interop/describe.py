@@ -103,7 +103,7 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
     try:
         from .tensors import NAME_OF_DTYPE
         source = reader.source
-        namer = getattr(reader, "native_name", None) if native else None
+        namer = _namer(reader, source) if native else None
         tensors = [TensorInfo(m.name, list(m.shape), NAME_OF_DTYPE.get(m.dtype, str(m.dtype)), m.nbytes,
                               namer(m.name) if namer else None) for m in reader.metas()]
     finally:
@@ -116,6 +116,30 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
     if native and namer is None:
         info.notes.append(f"the {fmt} reader does not report native names")
     return info
+
+
+def _namer(reader, source):
+    """canonical name -> the name the checkpoint stores it under: the reader's own `native_name` when it has
+    one, else from its name table rows (Megatron `torch` rank files: a stage-local key; MindSpore: a global
+    name), with the part when the stored tensor is fused.  None when neither is known (torch_dist)."""
+    if hasattr(reader, "native_name"):
+        return reader.native_name
+    rows = getattr(reader, "rows", None)
+    state = source.state.get("megatron") if isinstance(source.state.get("megatron"), dict) else {}
+    if not rows or state.get("format") == "torch_dist" or type(getattr(reader, "impl", reader)).__module__.endswith(
+            "torch_dist"):
+        return None
+    names = {}
+    for row in rows:
+        if hasattr(row, "stage"):  # Megatron: the key is local to its pipeline stage (and virtual chunk)
+            key, parts = row.key, row.parts
+            where = f"pp{row.stage}" + (f" chunk {row.chunk}" if source.layout and source.layout.vpp > 1 else "")
+            key = f"{key} ({where})"
+        else:
+            key, _, parts = row
+        for i, part in enumerate(parts):
+            names.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
+    return names.get
 
 
 def _describe_store(root: Path) -> Description:

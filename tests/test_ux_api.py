@@ -70,3 +70,41 @@ def test_describe_is_structured(hf_checkpoints, tmp_path):
     names = {t.name: t.native for t in hf.tensors}
     assert names["layers.0.attn.q.weight"] == "model.layers.0.self_attn.q_proj.weight"
     assert "model.layers.0.self_attn.q_proj.weight" in "\n".join(hf.lines(native=True))
+
+
+def test_inspect_native_names_and_training_state(hf_checkpoints, tmp_path):
+    from click.testing import CliRunner
+    from interop.cli.main import main
+    convert(hf_checkpoints["llama"], tmp_path / "meg", dst_format="megatron", tp=2, pp=2)
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2, dialect="mindspeed")
+    out = CliRunner().invoke(main, ["inspect", str(tmp_path / "meg"), "--native"]).output
+    # pipeline stage 1's first layer (global 3) is stored as its local layer 0, with q/k/v fused per group
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["layers.3.attn.k.weight"])
+    assert "decoder.layers.0.self_attention.linear_qkv.weight (pp1) [part 2/3]" in row
+    assert "training state: iteration" in out
+    out = CliRunner().invoke(main, ["inspect", str(tmp_path / "ms"), "--native"]).output
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["layers.4.mlp.down.weight"])
+    assert "language_model.encoder.layers.4." in row
+
+
+def test_inspect_model_config_and_state(hf_checkpoints, tmp_path):
+    """--model-config for a checkpoint without a description; the training state a trainer save holds."""
+    import shutil
+    from click.testing import CliRunner
+    from interop.cli.main import main
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore")
+    (tmp_path / "ms" / "mindspore_model.json").unlink()  # a bare .ckpt: no model description beside it
+    bare = CliRunner().invoke(main, ["inspect", str(tmp_path / "ms"), "--no-tensors"])
+    assert bare.exit_code == 2 and "--model-config" in bare.output
+    ok = CliRunner().invoke(main, ["inspect", str(tmp_path / "ms"), "--no-tensors", "--model-config",
+                                   str(hf_checkpoints["llama"] / "config.json")])
+    assert ok.exit_code == 0, ok.output
+    assert "arch=llama" in ok.output and "training state: none" in ok.output
+    from interop.trainer.config import TrainConfig
+    from interop.trainer.launch import train
+    convert(hf_checkpoints["gpt2"], tmp_path / "c", dst_format="interop")
+    train(TrainConfig(load=str(tmp_path / "c"), save=str(tmp_path / "run"), steps=2, seq_length=16, quiet=True))
+    info = describe(tmp_path / "run" / "step_000002")
+    state = info.training_state()
+    assert state["iteration"] == 2 and state["optimizer"] == "exp_avg, exp_avg_sq" and "decay_style=cosine" in state["scheduler"]
+    shutil.rmtree(tmp_path / "run")
