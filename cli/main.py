@@ -6,8 +6,14 @@ import click
 
 @click.group()
 @click.version_option(package_name="interop")
-def main():
-    """Convert checkpoints and configs between Megatron-LM, MindSpore and Hugging Face."""
+@click.option("-v", "--verbose", count=True, help="Tracebacks behind error lines and INFO logging (-vv: DEBUG).")
+def main(verbose):
+    """Convert checkpoints and configs between Megatron-LM, MindSpore and Hugging Face.
+
+    Shell completion (bash): eval "$(_INTEROP_COMPLETE=bash_source interop)"; zsh_source / fish_source likewise.
+    """
+    from .common import set_verbose
+    set_verbose(verbose)
 
 
 from .convert import convert, inspect  # noqa: E402

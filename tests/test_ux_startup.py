@@ -60,3 +60,25 @@ def test_package_import_is_torch_free():
     run = subprocess.run([sys.executable, "-c", "import sys, interop, interop.cli.main; print('torch' in sys.modules)"],
                          capture_output=True, text=True)
     assert run.stdout.strip() == "False", run.stderr
+
+
+def test_verbose_shows_the_traceback_behind_the_error_line(tmp_path):
+    argv = ["convert", str(tmp_path / "missing"), str(tmp_path / "out"), "--to", "hf"]
+    quiet = subprocess.run([sys.executable, "-m", "interop", *argv], capture_output=True, text=True)
+    assert quiet.returncode == 2 and quiet.stderr.strip().count("\n") == 0 and "Traceback" not in quiet.stderr
+    loud = subprocess.run([sys.executable, "-m", "interop", "-v", *argv], capture_output=True, text=True)
+    assert loud.returncode == 2 and "Traceback" in loud.stderr
+    assert loud.stderr.strip().splitlines()[-1] == quiet.stderr.strip()
+
+
+def test_shell_completion_script():
+    """The completion line the README and `interop --help` give works (click's own mechanism)."""
+    import os
+    from pathlib import Path
+    script = Path(sys.executable).parent / "interop"  # the console script the install puts beside python
+    run = subprocess.run([str(script)], capture_output=True, text=True, env={**os.environ, "_INTEROP_COMPLETE": "bash_source"})
+    assert "_interop_completion" in run.stdout and "complete " in run.stdout
+    words = subprocess.run([str(script)], capture_output=True, text=True,
+                           env={**os.environ, "_INTEROP_COMPLETE": "bash_complete", "COMP_WORDS": "interop con",
+                                "COMP_CWORD": "1"})
+    assert "plain,convert" in words.stdout
