@@ -210,7 +210,8 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                 writer.carry(carried)  # e.g. an HF source's tokenizer and generation config
             elif carried.get("files"):
                 summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (a {dst_format} checkpoint "
-                                     f"holds no tokenizer; give --tokenizer {src} when converting to hf)")
+                                     f"holds weights and the model's shape only; give --tokenizer {src} when "
+                                     f"converting to hf)")
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
                     if not _passed_through(reader, writer, m_in, m_out):
