@@ -191,15 +191,17 @@ def plot_losses(result: ParityResult, path, title: str = "parity", marks: dict |
     import matplotlib.pyplot as plt
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     styles = ["-", "--", ":", "-."]
+    color = {label: f"C{i % 10}" for i, label in enumerate(result.runs)}  # one colour per run on both plots
     for i, (label, losses) in enumerate(result.runs.items()):
         steps = range(1, len(losses) + 1)
-        top.plot(steps, losses, styles[i % len(styles)], marker="o", markersize=3, label=label)
+        top.plot(steps, losses, styles[i % len(styles)], marker="o", markersize=3, label=label, color=color[label])
     floor = 1e-12  # a log axis has no 0: exactly equal losses are drawn on this line
     exact = False
     for label, diffs in result.diffs().items():
         if label != result.reference:
             exact = exact or any(d == 0 for d in diffs)
-            bottom.semilogy(range(1, len(diffs) + 1), [max(d, floor) for d in diffs], marker=".", label=label)
+            bottom.semilogy(range(1, len(diffs) + 1), [max(d, floor) for d in diffs], marker=".", label=label,
+                            color=color[label])
     bottom.axhline(result.tolerance, color="red", linewidth=1, label=f"tolerance {result.tolerance:.0e}")
     for i, (at, text) in enumerate(sorted((marks or {}).items())):
         for ax in (top, bottom):
