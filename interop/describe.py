@@ -143,33 +143,18 @@ def _namer(reader, source):
 
 
 def _describe_store(root: Path) -> Description:
-    """The common store from its manifest alone (the names are its native names)."""
-    from .layout import ParallelLayout
-    from .spec import ModelSpec
+    """The common store from its manifest alone (the names are its native names), checked as the store's
+    reader checks it (`interop.manifest`), which needs no torch."""
+    from .manifest import check_files_exist, check_manifest
     manifest_path = root / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InteropError(f"{manifest_path}: unreadable manifest ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != "interop":
-        raise InteropError(f"{manifest_path}: not an interop manifest")
-    try:
-        spec = ModelSpec.from_dict(manifest["spec"])
-        layout = ParallelLayout.from_dict(manifest["layout"])
-        tensors = []
-        for name, t in manifest["tensors"].items():
-            if t["dtype"] not in ITEMSIZE:
-                raise InteropError(f"{manifest_path}: unsupported dtype {t['dtype']!r}")
-            tensors.append(TensorInfo(name, list(t["shape"]), t["dtype"], _numel(t["shape"]) * ITEMSIZE[t["dtype"]]))
-        files = manifest.get("files", {})
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise InteropError(f"{manifest_path}: unreadable manifest (missing {exc})") from None
-    for name, entry in files.items():
-        if not (root / name).is_file():
-            raise InteropError(f"{root}: manifest names {name}, which is missing")
-        if (root / name).stat().st_size != entry.get("bytes"):
-            raise InteropError(f"{root / name}: {(root / name).stat().st_size} bytes, the manifest says "
-                               f"{entry.get('bytes')} (truncated or replaced?)")
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InteropError(f"{manifest_path}: unreadable manifest ({str(exc)[:200]})") from None
+    spec, layout = check_manifest(root, manifest, manifest_path)
+    check_files_exist(root, manifest["files"], manifest_path)
+    tensors = [TensorInfo(name, list(t["shape"]), t["dtype"], _numel(t["shape"]) * ITEMSIZE[t["dtype"]])
+               for name, t in manifest["tensors"].items()]
     return Description(str(root), "interop", spec.to_dict(), layout.tp, layout.pp, layout.vpp, layout.describe(),
                        state=manifest.get("state") or {}, tensors=tensors)
 
