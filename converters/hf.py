@@ -338,10 +338,23 @@ class Writer:
                                       "(LlamaTokenizer, <s> </s> <unk>): check its special tokens")
         (self.root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
+    def _tokenizer_from_args(self, state: dict | None) -> None:
+        """No --tokenizer and none carried: a Megatron source's own `--tokenizer-model`, when that file
+        exists here, is what it was trained with; taken, and said so."""
+        if self.tokenizer is not None or set(self.carried.get("files", {})) & set(TOKENIZER_FILES):
+            return
+        args = ((state or {}).get("megatron") or {}).get("args") or {}
+        named = args.get("tokenizer_model") if isinstance(args, dict) else None
+        if isinstance(named, str) and named and Path(named).is_file():
+            self.tokenizer = Path(named)
+            self.written_notes.append(f"tokenizer: {named}, the checkpoint's --tokenizer-model "
+                                      "(--tokenizer overrides)")
+
     def finish(self, state: dict | None = None) -> None:
         total = 0
         for writer in self.writers.values():
             total += writer.close()[0]
+        self._tokenizer_from_args(state)
         files = self._model_files()
         for name, path in files.items():
             shutil.copyfile(path, self.root / name)

@@ -110,3 +110,24 @@ def test_max_shard_size(complete_hf, tmp_path):
     result = CliRunner().invoke(main, ["convert", str(complete_hf), str(tmp_path / "x"), "--to", "hf",
                                        "--max-shard-size", "lots"])
     assert result.exit_code == 2 and "expected a size such as 5GB" in result.output
+
+
+def test_megatron_tokenizer_model_from_its_args(tmp_path):
+    """A Megatron checkpoint whose args name a --tokenizer-model that exists: HF output gets it, with a note."""
+    spm = pytest.importorskip("sentencepiece")
+    from test_megatron import hand_built, megatron_args
+    (tmp_path / "corpus.txt").write_text("\n".join(f"a b c d e f g h {i}" for i in range(100)))
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "sp"),
+                                   vocab_size=30, model_type="bpe", minloglevel=2)
+    model = build("llama")
+    args = megatron_args(model, "llama", 1, 1)
+    args["tokenizer_model"] = str(tmp_path / "sp.model")
+    hand_built(tmp_path / "meg", model, "llama", tp=1, pp=1, args=args)
+    summary = convert(tmp_path / "meg", tmp_path / "hf", dst_format="hf")
+    assert any("the checkpoint's --tokenizer-model" in n for n in summary.notes), summary.notes
+    assert not any("no tokenizer" in n for n in summary.notes)
+    assert (tmp_path / "hf" / "tokenizer.model").read_bytes() == (tmp_path / "sp.model").read_bytes()
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("a b").input_ids[0] == 1  # <s> first
+    (tmp_path / "sp.model").unlink()  # named but gone: no tokenizer, said so
+    summary = convert(tmp_path / "meg", tmp_path / "hf2", dst_format="hf")
+    assert any("output has no tokenizer" in n for n in summary.notes)
