@@ -40,6 +40,7 @@ from .args import (args_dict, args_from_spec, base_args, explicit_args, layout_f
                    padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from .optimizer import KINDS, dist_common, dist_hyper
+from .training import from_megatron, to_megatron
 from .rows import expand_rows, from_ranks, rank_shapes, to_rank
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
@@ -129,10 +130,12 @@ class Reader:
         if self.ckpt.objects():
             notes.append(f"ignored {len(self.ckpt.objects())} byte objects (_extra_state slots, rng state): not weights")
         it = common.get("iteration")
+        scheduler = plain_arg(common.get("opt_param_scheduler"))
         state = {"iteration": it if isinstance(it, int) else None,
+                 **from_megatron(stored or {}, scheduler, (hyper or {}).get("step")),
                  "megatron": {"checkpoint_version": plain_arg(common.get("checkpoint_version")), "scheme": scheme,
                               "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
-                              "opt_param_scheduler": plain_arg(common.get("opt_param_scheduler")), "optimizer": hyper,
+                              "opt_param_scheduler": scheduler, "optimizer": hyper,
                               "num_floating_point_operations_so_far": plain_arg(
                                   common.get("num_floating_point_operations_so_far"))}}
         # torch_dist holds global tensors (readable at any layout); the layout shown is the one it was saved at
@@ -211,6 +214,7 @@ class Writer:
         self.spool_file = open(self.spool, "wb")
         self.spooled: dict[tuple[str, int | None], int] = {}  # (key, layer) -> byte offset
         self.memory = BufferPool()
+        self.notes: list[str] = []
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
@@ -240,14 +244,19 @@ class Writer:
         meg = state.get("megatron") or {}
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
-        args = argparse.Namespace(**args_from_spec(self.spec, self.layout, base, divisor))
-        args.ckpt_format = "torch_dist"
+        args = args_from_spec(self.spec, self.layout, base, divisor)
         iteration = final_iteration(self.iteration, state)
+        scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
+        if self.kinds:  # a schedule matters to a run that resumes its optimizer
+            self.notes += notes
+        args = argparse.Namespace(**args)
+        args.ckpt_format = "torch_dist"
         args.iteration = 0 if iteration == "release" else iteration
         common = {"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": args.iteration}
-        for k in ("opt_param_scheduler", "num_floating_point_operations_so_far"):
-            if meg.get(k) is not None:
-                common[k] = meg[k]
+        if scheduler is not None:
+            common["opt_param_scheduler"] = scheduler
+        if meg.get("num_floating_point_operations_so_far") is not None:
+            common["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
         if self.kinds:
             hyper = meg.get("optimizer") or {}
             step = hyper.get("step") if hyper.get("step") is not None else args.iteration

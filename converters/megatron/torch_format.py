@@ -38,6 +38,7 @@ from .args import args_dict, args_from_spec, base_args, explicit_args, model_con
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from .optimizer import KINDS, pack, unpack
+from .training import from_megatron, to_megatron
 from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_runs, rank_shapes, read_ranks, to_rank
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -74,11 +75,13 @@ class Reader:
             notes.append(note)
         if "rng_state" in first:
             notes.append("dropped the rng state (per-rank random generator states do not survive resharding)")
+        scheduler = to_plain(first.get("opt_param_scheduler"))
         state = {
             "iteration": first.get("iteration") if isinstance(first.get("iteration"), int) else it,
+            **from_megatron(stored or {}, scheduler, (hyper or {}).get("step")),
             "megatron": {"checkpoint_version": to_plain(first.get("checkpoint_version")), "scheme": self.scheme,
                          "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
-                         "opt_param_scheduler": to_plain(first.get("opt_param_scheduler")), "optimizer": hyper,
+                         "opt_param_scheduler": scheduler, "optimizer": hyper,
                          "num_floating_point_operations_so_far": to_plain(
                              first.get("num_floating_point_operations_so_far"))},
         }
@@ -460,8 +463,12 @@ class Writer:
         meg = state.get("megatron") or {}
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
-        args = argparse.Namespace(**args_from_spec(self.spec, self.layout, base, divisor))
+        args = args_from_spec(self.spec, self.layout, base, divisor)
         iteration = final_iteration(self.iteration, state)
+        scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
+        if self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
+            self.notes += notes
+        args = argparse.Namespace(**args)
         args.iteration = 0 if iteration == "release" else iteration
         for (t, p), f in self.files.items():
             obj = {"args": args, "checkpoint_version": CHECKPOINT_VERSION,
@@ -478,8 +485,8 @@ class Writer:
             else:
                 for v, sd in enumerate(chunks):
                     obj[f"model{v}"] = sd
-            if meg.get("opt_param_scheduler"):
-                obj["opt_param_scheduler"] = meg["opt_param_scheduler"]
+            if scheduler is not None:
+                obj["opt_param_scheduler"] = scheduler
             if meg.get("num_floating_point_operations_so_far") is not None:
                 obj["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
             f.finish(obj)
