@@ -163,6 +163,7 @@ class Writer:
         self.first_part = {name: parts[0] for name, _, parts in self.rows}
         self.prefixes = OPTIM_PREFIXES[dialect]
         self.metas = metas
+        self.dropped_optim: set[str] = set()
         self.pending: dict[str, dict] = {}
         self.files: dict[tuple[int, int], CkptWriter] = {}
         for t, p in layout.ranks():
@@ -183,6 +184,9 @@ class Writer:
         return "", name
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if name.startswith("optim.") and not name.startswith(tuple(self.prefixes)):  # e.g. Megatron's fp32 masters
+            self.dropped_optim.add(name.split(".")[1])
+            return
         native_prefix, canonical = self._split(name)
         ms_name, kind, parts = self.row_of[canonical]
         got = self.pending.setdefault(native_prefix + ms_name, {})
@@ -231,6 +235,14 @@ class Writer:
         sidecar = {"format": FORMAT, "dialect": self.dialect, "qkv_concat": self.qkv_concat,
                    "spec": self.spec.to_dict(), "layout": self.layout.to_dict(), "state": state}
         (self.root / SIDECAR).write_text(json.dumps(sidecar, indent=1) + "\n")
+
+    @property
+    def notes(self) -> list[str]:
+        if not self.dropped_optim:
+            return []
+        return [f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): a MindSpore checkpoint "
+                "holds the Adam moments only (Megatron's fp32 master weights have no place; the weights are "
+                f"written in {self.spec.dtype})"]
 
     def abort(self) -> None:
         for writer in self.files.values():
