@@ -47,7 +47,37 @@ def _cpu_device(fn):
     return wrapper
 
 
+def _patch_torch_api() -> None:
+    """megatron-core 0.12's async DCP writer predates torch's `serialization_format` argument (torch >= 2.7):
+    pass torch's default, so torch's own `_write_item` writes the items as it always does."""
+    import functools
+    import inspect
+
+    from torch.distributed.checkpoint import filesystem as dcp_fs
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if ("serialization_format" in inspect.signature(dcp_fs._write_item).parameters
+            and "serialization_format" not in inspect.getsource(filesystem_async)):
+        filesystem_async._write_item = functools.partial(dcp_fs._write_item,
+                                                         serialization_format=dcp_fs.SerializationFormat.TORCH_SAVE)
+
+
+def _patch_no_fp8() -> None:
+    """megatron-core 0.12's distributed optimizer calls its fp8 quantizer with no fp8 parameters at all, and
+    that quantizer raises when Transformer Engine is absent: with nothing to quantize it has nothing to do."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    real = distrib_optimizer.quantize_param_shard
+
+    def quantize(model_params, *args, **kwargs):
+        if len(model_params):
+            real(model_params, *args, **kwargs)
+    distrib_optimizer.quantize_param_shard = quantize
+
+
 def _patch_cpu() -> None:
+    _patch_torch_api()
+    _patch_no_fp8()
     for name in ("tensor", "zeros", "empty", "ones", "full", "arange", "zeros_like", "empty_like"):
         setattr(torch, name, _cpu_device(getattr(torch, name)))
     torch.Tensor.cuda = lambda self, *a, **k: self
@@ -223,7 +253,9 @@ def _sharded_metadata(version: str, distributed: bool) -> dict | None:
         return None
     meta = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if distributed:
-        meta["distrib_optim_sharding_type"] = "dp_reshardable" if minor >= 14 else "fully_sharded_model_space"
+        # 0.16's Megatron-LM default; before, per-parameter (`--dist-ckpt-optim-fully-reshardable` in 0.15:
+        # 0.14 knows no dp_reshardable, and 0.15's asserts on torch Adam's per-parameter `step` without TE)
+        meta["distrib_optim_sharding_type"] = "dp_reshardable" if minor >= 16 else "fully_sharded_model_space"
     return meta
 
 
@@ -279,6 +311,9 @@ def _worker(rank: int, world: int, port: int, out: str, distributed: bool) -> No
         losses.append(_train_step(ddp, optimizer, step, rank))
         scheduler.step(increment=gbs)
     state = _per_param_state(gpt, optimizer, distributed)
+    saved_scheduler = scheduler.state_dict()
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])[0].optimizer
+    saved_steps = sorted({int(s["step"]) for s in inner.state_dict()["state"].values()})
     root = Path(out)
     for fmt in ("torch", "torch_dist"):
         args = _args(distributed, fmt, world, STEPS * gbs)
@@ -286,20 +321,61 @@ def _worker(rank: int, world: int, port: int, out: str, distributed: bool) -> No
             _save_torch(root / fmt, gpt, optimizer, scheduler, args, distributed)
         else:
             _save_torch_dist(root / fmt, gpt, optimizer, scheduler, args, distributed, version)
-    # the loss of the next update from this state: what a resumed run must reproduce
-    next_loss = _train_step(ddp, optimizer, STEPS + 1, rank)
+    # the losses of the next two updates from this state: what a resumed run must reproduce (the second
+    # depends on the restored Adam moments, masters and learning rate)
+    next_losses = []
+    for step in (STEPS + 1, STEPS + 2):
+        next_losses.append(_train_step(ddp, optimizer, step, rank))
+        scheduler.step(increment=gbs)
     if rank == 0:
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in state.items()}, str(root / "expected.safetensors"))
-        inner = getattr(optimizer, "chained_optimizers", [optimizer])[0].optimizer
-        step = sorted({int(s["step"]) for s in inner.state_dict()["state"].values()} or {0})
         expected = {"megatron_core": version, "torch": torch.__version__, "dp": world, "distributed": distributed,
-                    "iteration": STEPS, "consumed_samples": STEPS * gbs, "step": step,
-                    "opt_param_scheduler": scheduler.state_dict(), "losses": losses, "next_loss": next_loss,
+                    "iteration": STEPS, "consumed_samples": STEPS * gbs, "step": saved_steps,
+                    "opt_param_scheduler": saved_scheduler, "losses": losses, "next_losses": next_losses,
                     "num_floating_point_operations_so_far": 12345}
         (root / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: bool, sharding: str | None) -> None:
+    """Megatron-LM's resume: load model, optimizer and scheduler from torch_dist `ckpt`, train 2 updates, print losses."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    _patch_cpu()
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    config = _config()
+    gpt, DDP = _model(config)
+    with torch.no_grad():  # other starting weights than the saved run's: the load must replace them all
+        for p in gpt.parameters():
+            p.add_(1.0)
+    ddp = DDP(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed,
+                                                    overlap_grad_reduce=False), gpt)
+    optimizer = _optimizer(ddp, distributed)
+    gbs = MBS * world
+    scheduler = _scheduler(optimizer, gbs)
+    meta = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if distributed:
+        meta["distrib_optim_sharding_type"] = sharding
+    model_sd = gpt.sharded_state_dict(metadata=dict(meta))
+    request = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True,
+                                                                            metadata=dict(meta))}
+    loaded = dist_checkpointing.load(request, ckpt)
+    gpt.load_state_dict(loaded["model"], strict=True)
+    optimizer.load_state_dict(loaded["optimizer"])
+    common = torch.load(Path(ckpt) / "common.pt", weights_only=False)
+    scheduler.load_state_dict(common["opt_param_scheduler"])
+    losses = []
+    for step in (STEPS + 1, STEPS + 2):
+        losses.append(_train_step(ddp, optimizer, step, rank))
+        scheduler.step(increment=gbs)
+    if rank == 0:
+        print(json.dumps({"losses": losses}))
     torch.distributed.destroy_process_group()
 
 
@@ -313,7 +389,17 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="fixtures root (a <version>/ folder is made in it)")
     parser.add_argument("--only", choices=("fp16opt", "distopt"), default=None)
+    parser.add_argument("--resume", action="store_true",
+                        help="OUT is a torch_dist iteration folder: load it (--only's optimizer), train 2 updates")
+    parser.add_argument("--sharding", default="fully_sharded_model_space",
+                        help="the distributed optimizer's sharding type to load with (--resume)")
     ns = parser.parse_args(argv)
+    if ns.resume:
+        distributed = ns.only == "distopt"
+        world = 2 if distributed else 1
+        torch.multiprocessing.spawn(_resume_worker, args=(world, _free_port(), str(ns.out), distributed, ns.sharding),
+                                    nprocs=world)
+        return
     import megatron.core  # noqa: F401 (fail early when PYTHONPATH lacks it)
 
     version = _version()

@@ -135,3 +135,19 @@ def dist_common(hyper: dict | None, step, kinds) -> dict:
     inner = {"state": {"common_step": torch.tensor(float(step or 0))},
              "param_groups": [dict(g) for g in (hyper.get("param_groups") or DEFAULT_GROUPS)]}
     return {"optimizer": inner} if "fp32_param" in kinds else inner
+
+
+def distrib_hyper(saved) -> dict:
+    """The hyperparameters of the distributed optimizer's rank-file entry (its moments are in distrib_optim.pt).
+
+    megatron-core's `DistributedOptimizer.state_dict()` keeps the torch param_groups (the step inside each
+    group in recent releases) without `state`; older releases kept the step under `state`."""
+    inner = saved.get("optimizer", saved) if isinstance(saved, dict) else {}
+    inner = inner if isinstance(inner, dict) else {}
+    groups = [g for g in inner.get("param_groups") or [] if isinstance(g, dict)]
+    step = next((g["step"] for g in groups if "step" in g), None)
+    state = inner.get("state") if isinstance(inner.get("state"), dict) else {}
+    if step is None:
+        step = state.get("common_step", next((s.get("step") for s in state.values() if isinstance(s, dict)), None))
+    return {"param_groups": [{k: to_plain(v) for k, v in g.items() if k not in ("params", "step")} for g in groups],
+            "step": _step_value(step)}

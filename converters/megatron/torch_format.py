@@ -18,6 +18,7 @@ The writer streams each rank file the same way, tensor by tensor.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -37,7 +38,8 @@ from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from .args import args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
-from .optimizer import KINDS, pack, unpack
+from . import distrib
+from .optimizer import KINDS, distrib_hyper, pack, unpack
 from .training import from_megatron, to_megatron
 from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_runs, rank_shapes, read_ranks, to_rank
 
@@ -70,6 +72,8 @@ class Reader:
         self._check_tensors(notes)
         self.row_of = {n: (r, j) for r in self.rows if r.kind != "tied" for j, n in enumerate(r.parts)}
         self.moments: dict[str, dict] = {}  # optim kind -> {(t, p, v): {key: stored tensor}}
+        self.moment_files = self.files  # the files the moments are stored in (distrib_optim.pt: their own)
+        self.stored_args = stored or {}
         hyper, note = self._load_optimizer(first)
         if note:
             notes.append(note)
@@ -260,17 +264,18 @@ class Reader:
 
     def _load_optimizer(self, first: dict) -> tuple[dict | None, str | None]:
         """Map the non-distributed optimizer's state to parameters: (hyperparameters, note)."""
-        if (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file():
-            return None, (f"optimizer state not converted: {DISTRIB_OPTIM_FILE} (distributed optimizer) stores it in "
-                          "gradient-bucket order, which cannot be mapped back to parameters; weights converted")
-        if "optimizer" not in first:
+        distributed = (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file()
+        if "optimizer" not in first and not distributed:
             return None, None
         found, hyper = {k: {} for k in KINDS}, None
         for (t, p), f in self.files.items():
             params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
                       for key, x in self.state_dicts[(t, p, v)].items()
                       if isinstance(x, torch.Tensor) and ignored_why(key) is None]
-            got = unpack(f.obj.get("optimizer"), params, f.read)
+            if distributed:
+                got = self._distributed(t, p, params, f)
+            else:
+                got = unpack(f.obj.get("optimizer"), params, f.read)
             if isinstance(got, str):
                 return None, f"optimizer state not converted ({f.path}: {got}); weights converted"
             by_param, hyper = got
@@ -287,19 +292,61 @@ class Reader:
         self.moments = {k: found[k] for k in kinds}
         if not kinds:
             return None, "optimizer state not converted (the optimizer holds no Adam state yet)"
-        return hyper, f"converted the optimizer state ({', '.join(kinds)}), step {hyper.get('step')}"
+        how = f" from {DISTRIB_OPTIM_FILE} (distributed optimizer)" if distributed else ""
+        return hyper, f"converted the optimizer state ({', '.join(kinds)}){how}, step {hyper.get('step')}"
+
+    def _distributed(self, t: int, p: int, params, rank_file) -> tuple[dict, dict] | str:
+        """The distributed optimizer's per-parameter state of rank (t, p), cut from its `distrib_optim.pt`
+        (`distrib.py` has the buffer layout), and the hyperparameters from the rank file."""
+        args = self.stored_args
+        dp = args.get("data_parallel_size")
+        if not isinstance(dp, int) or dp < 1:
+            return "the args do not say data_parallel_size, which lays out the distributed optimizer's buffers"
+        if self.pp > 1 and self.spec.tied_embeddings:
+            return "a tied embedding over several pipeline stages has a bucket of its own (not supported)"
+        path = self.dir / self.rank_dirs[(t, p)] / DISTRIB_OPTIM_FILE
+        if not path.is_file():
+            return f"{DISTRIB_OPTIM_FILE} is missing beside it"
+        dfile = LazyTorchFile(path)
+        state = dfile.obj
+        if not isinstance(state, dict) or state.get("buckets_coalesced") is not True:
+            return f"{path.name} is not megatron-core's coalesced parameter state (buckets_coalesced)"
+        if self.moment_files is self.files:
+            self.moment_files = {}
+        self.moment_files[(t, p)] = dfile
+        out = {}
+        for v in range(len(self.chunks[p])):
+            mine = [(key, math.prod(shape)) for (c, _), key, shape in params if c == v]
+            buffers = state.get(v)
+            if not isinstance(buffers, dict) or len(buffers) != 1:
+                return f"{path.name}: model chunk {v} has {len(buffers or {})} buffers (one dtype is understood)"
+            world = next(iter(buffers.values()))
+            buffer = distrib.layout(mine, dp, distrib.bucket_size(args, p, v))
+            if world.get("numel_unpadded") != sum(buffer.unpadded):
+                return (f"{path.name}: chunk {v} holds {world.get('numel_unpadded')} elements, megatron-core's "
+                        f"layout of its parameters at dp {dp} {sum(buffer.unpadded)}")
+            offsets = distrib.coalesced_offsets(buffer)
+            for (c, key), _, shape in params:
+                if c != v:
+                    continue
+                first, n = offsets[key], buffer.slots[key].numel
+                out[(v, key)] = {ours: world[theirs][first:first + n].view(shape)
+                                 for theirs, ours in distrib.KINDS.items()}
+        return out, distrib_hyper(rank_file.obj.get("optimizer"))
 
     # -- the Reader contract -------------------------------------------------------------------
-    def _stored(self, name: str) -> tuple[dict, str]:
-        """The per-rank dicts `name` lives in (weights, or one optimizer kind's), and its parameter."""
+    def _stored(self, name: str) -> tuple[dict, str, dict]:
+        """The per-rank dicts `name` lives in (weights, or one optimizer kind's), its parameter, and the files."""
         base = base_param_name(name)
-        return (self.state_dicts, base) if base == name else (self.moments[name.split(".")[1]], base)
+        if base == name:
+            return self.state_dicts, base, self.files
+        return self.moments[name.split(".")[1]], base, self.moment_files
 
     def metas(self) -> list[TensorMeta]:
         out = []
         for prefix in [""] + [f"optim.{k}." for k in self.moments]:
             for p in param_table(self.spec):
-                dicts, _ = self._stored(prefix + p.name)
+                dicts, _, _ = self._stored(prefix + p.name)
                 row, _ = self.row_of[p.name]
                 out.append(TensorMeta(prefix + p.name, dicts[(0, row.stage, row.chunk)][row.key].dtype, p.shape))
         return out
@@ -308,25 +355,25 @@ class Reader:
         """Every TP rank holds the whole tensor (norms, biases of row-parallel layers): rank 0's is read."""
         return row.kind == "copy" and self.index[row.parts[0]].axis is None
 
-    def _read_row(self, dicts: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def _read_row(self, dicts: dict, files: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
             self._cache.clear()
             self.memory.release_idle()
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
         if self._replicated(row):  # rank 0's copy
-            tensor = self.files[(0, row.stage)].read(stored[0])
+            tensor = files[(0, row.stage)].read(stored[0])
             return [tensor if out is None else out[0].copy_(tensor)]
-        read_into = lambda t, runs: self.files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
+        read_into = lambda t, runs: files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
         return read_ranks(row, read_into, self.tp, stored[0].dtype, self.index, self.spec, self.memory, out)
 
     def read(self, name: str) -> torch.Tensor:
-        dicts, base = self._stored(name)
+        dicts, base, files = self._stored(name)
         row, j = self.row_of[base]
         if len(row.parts) == 1:
-            return self._read_row(dicts, row)[0]
+            return self._read_row(dicts, files, row)[0]
         ident = (name[:len(name) - len(base)], row.stage, row.chunk, row.key)
         if ident not in self._cache:  # fused: the row's other tensors are asked for next
-            self._cache[ident] = self._read_row(dicts, row)
+            self._cache[ident] = self._read_row(dicts, files, row)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[ident][j]
@@ -335,7 +382,7 @@ class Reader:
         """`name`'s bytes as ranges (path, offset, bytes) of the rank files in row-major order, when every
         rank holds its part as runs of whole rows (q, k, v of a fused QKV, gate and up, vocab blocks,
         replicated norms); None for a split on dim 1 or a file without record offsets."""
-        dicts, base = self._stored(name)
+        dicts, base, files = self._stored(name)
         row, j = self.row_of[base]
         replicated = self._replicated(row)
         ranks = [0] if replicated else range(self.tp)
@@ -353,7 +400,7 @@ class Reader:
             pos = x.untyped_storage()._checkpoint_offset + x.storage_offset() * item
             for target, start, stop in runs:
                 if target is full[j]:
-                    pieces.append((start, str(self.files[(t, row.stage)].path), pos, (stop - start) * item))
+                    pieces.append((start, str(files[(t, row.stage)].path), pos, (stop - start) * item))
                 pos += (stop - start) * item
         ranges, at = [], 0
         for start, path, pos, nbytes in sorted(pieces):
@@ -368,11 +415,11 @@ class Reader:
 
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when its Megatron tensor holds nothing else (not fused); else False."""
-        dicts, base = self._stored(name)
+        dicts, base, files = self._stored(name)
         row, _ = self.row_of[base]
         if len(row.parts) != 1:
             return False
-        self._read_row(dicts, row, [out])
+        self._read_row(dicts, files, row, [out])
         return True
 
     def close(self) -> None:

@@ -1,0 +1,107 @@
+"""Checkpoints saved by real megatron-core releases (0.12 .. 0.16), read exactly.
+
+`tests/fixtures/megatron/<version>/<optim>/` were made by `scripts/make_megatron_fixtures.py`
+(see PROVENANCE there): a tiny Llama-style GPTModel trained 2 bf16 updates by that release's own
+DDP, optimizer (`fp16opt`: the mixed-precision optimizer with fp32 masters; `distopt`: the
+distributed optimizer at dp 2) and OptimizerParamScheduler, saved as Megatron-LM saves `--ckpt-format
+torch` and `torch_dist`.  `expected.safetensors` holds the live optimizer's per-parameter state under
+megatron-core's parameter names (weights, fp32 masters, Adam moments), `expected.json` the scalars and
+the losses of the next two updates: the values come from the tool, not from interop's readers.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from interop.converters.megatron import Reader
+from interop.convert import convert
+from interop.layout import ParallelLayout
+from interop.params import param_index
+
+from interop.converters.megatron.rows import expand_rows, to_rank
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures" / "megatron"
+CASES = sorted((v.name, k) for v in FIXTURES.iterdir() if v.is_dir()
+               for k in ("fp16opt", "distopt") if (v / k / "expected.json").is_file())
+VERSIONS = sorted({v for v, _ in CASES})
+
+
+def test_every_release_is_there():
+    """The matrix the fixtures cover (regenerate with the script if one is missing)."""
+    assert [v.rsplit(".", 1)[0] for v in VERSIONS] == ["0.12", "0.13", "0.14", "0.15", "0.16"]
+    assert all((FIXTURES / v / k / "expected.json").is_file() for v in VERSIONS for k in ("fp16opt", "distopt"))
+
+
+def _expected(version, kind):
+    root = FIXTURES / version / kind
+    return root, json.loads((root / "expected.json").read_text()), load_file(str(root / "expected.safetensors"))
+
+
+def _mcore_tensor(reader, row, prefix, spec, index):
+    """The megatron-core tensor of `row` (tp 1) rebuilt from what the reader returns for its canonical parts."""
+    return to_rank(row, [reader.read(prefix + n) for n in row.parts], index, 1, 0, spec)
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+@pytest.mark.parametrize("version,kind", CASES)
+def test_release_checkpoint_is_read_exactly(version, kind, fmt):
+    root, expected, tensors = _expected(version, kind)
+    reader = Reader(root / fmt)
+    try:
+        spec, index = reader.source.spec, param_index(reader.source.spec)
+        kinds = ("exp_avg", "exp_avg_sq", "fp32_param")
+        names = {m.name for m in reader.metas()}
+        assert all(f"optim.{k}.embed.word.weight" in names for k in kinds), reader.source.notes
+        rows = [r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.kind != "tied"]
+        assert {r.key for r in rows} == {k.split("/", 1)[1] for k in tensors if k.startswith("weight/")}
+        for row in rows:
+            assert torch.equal(_mcore_tensor(reader, row, "", spec, index), tensors[f"weight/{row.key}"]), row.key
+            for k in kinds:
+                got = _mcore_tensor(reader, row, f"optim.{k}.", spec, index)
+                assert got.dtype == torch.float32 and torch.equal(got, tensors[f"{k}/{row.key}"]), (k, row.key)
+        state = reader.source.state
+        meg = state["megatron"]
+        assert state["iteration"] == expected["iteration"]
+        assert state["consumed_samples"] == expected["consumed_samples"]
+        assert meg["opt_param_scheduler"] == expected["opt_param_scheduler"]
+        assert [meg["optimizer"]["step"]] == expected["step"]
+        assert meg["num_floating_point_operations_so_far"] == expected["num_floating_point_operations_so_far"]
+        assert any(f"step {expected['step'][0]}" in n and "converted the optimizer state" in n
+                   for n in reader.source.notes)
+    finally:
+        reader.close()
+
+
+def _resume(ckpt: Path, kind: str, pythonpath: str | None = None, sharding: str | None = None) -> list[float]:
+    """megatron-core (the installed one, or `pythonpath`'s) loads torch_dist `ckpt` and trains 2 updates."""
+    import os
+
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    cmd = [sys.executable, str(ROOT / "scripts" / "make_megatron_fixtures.py"), str(ckpt), "--resume", "--only", kind]
+    if sharding:
+        cmd += ["--sharding", sharding]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])["losses"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_interop_torch_dist_resumes_in_megatron_core(version, tmp_path):
+    """A release's mixed-precision checkpoint (torch format) -> common format at tp 2 -> torch_dist: the
+    installed megatron-core loads weights, fp32 masters, moments, step and scheduler and trains the next
+    two updates with the source run's losses."""
+    pytest.importorskip("megatron.core")
+    root, expected, _ = _expected(version, "fp16opt")
+    convert(root / "torch", tmp_path / "store", dst_format="interop", tp=2)
+    convert(tmp_path / "store", tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist"})
+    losses = _resume(tmp_path / "dist" / "iter_0000002", "fp16opt")
+    assert losses == expected["next_losses"]
