@@ -357,6 +357,30 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
     ddp = DDP(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed,
                                                     overlap_grad_reduce=False), gpt)
     optimizer = _optimizer(ddp, distributed)
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        # Without TE/apex, the distributed optimizer's state_dict() reads torch Adam's per-parameter `step`,
+        # which megatron-core's init_state_fn (run before a load) does not create: add it as torch would.
+        def init_state(opt, config=None, real=inner.init_state_fn):
+            real(opt, config)
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    opt.state[p].setdefault("step", torch.tensor(0.0))
+        inner.init_state_fn = init_state
+        if distributed:  # its sharded_state_dict(is_loading) reads the state before initialising it
+            init_state(inner.optimizer, getattr(inner, "config", None))
+            # ... and `fully_reshardable` loading then copies every state key, torch's `step` included, which
+            # no checkpoint holds per parameter (load_state_dict already set it from the param groups, as it
+            # is with TE's FusedAdam, which keeps no per-parameter step)
+            real_set = inner._set_main_param_and_optimizer_states
+
+            def set_states(model_param, tensors, real_set=real_set, inner=inner):
+                group, order = inner.model_param_group_index_map[model_param]
+                state = inner.optimizer.state[inner.optimizer.param_groups[group]["params"][order]]
+                step = state.pop("step", None)
+                real_set(model_param, tensors)
+                if step is not None:
+                    state["step"] = step
+            inner._set_main_param_and_optimizer_states = set_states
     gbs = MBS * world
     scheduler = _scheduler(optimizer, gbs)
     meta = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}

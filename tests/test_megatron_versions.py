@@ -105,3 +105,25 @@ def test_interop_torch_dist_resumes_in_megatron_core(version, tmp_path):
     convert(tmp_path / "store", tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist"})
     losses = _resume(tmp_path / "dist" / "iter_0000002", "fp16opt")
     assert losses == expected["next_losses"]
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+def test_distributed_optimizer_both_ways_resumes_at_dp2(fmt, tmp_path):
+    """megatron-core 0.16.1's distributed optimizer at dp 2 (distrib_optim.pt, or torch_dist dp_reshardable
+    buckets) -> common format at tp 2 -> torch_dist in the distributed optimizer's per-parameter layout
+    (`fully_reshardable`): megatron-core at dp 2 loads it and trains the next two updates with exactly the
+    losses it trains from its own checkpoint.  (Both differ slightly from the uninterrupted run's: megatron-core
+    without Transformer Engine restores torch Adam's step from the param groups.)"""
+    pytest.importorskip("megatron.core")
+    root = FIXTURES / "0.16.1" / "distopt"
+    summary = convert(root / fmt, tmp_path / "store", dst_format="interop", tp=2)
+    assert any("converted the optimizer state" in n and "distributed optimizer" in n for n in summary.notes)
+    convert(tmp_path / "store", tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist"})
+    from interop.io.megatron_dist import DistCheckpoint
+    ckpt = DistCheckpoint(tmp_path / "dist" / "iter_0000002")
+    assert ckpt.common["content_metadata"]["distrib_optim_sharding_type"] == "fully_reshardable"
+    assert "optimizer.state.param.output_layer.weight" in ckpt
+    ours = _resume(tmp_path / "dist" / "iter_0000002", "distopt", sharding="fully_reshardable")
+    own = _resume(root / "torch_dist" / "iter_0000002", "distopt", sharding="dp_reshardable")
+    assert ours == own
+    assert ours[0] == json.loads((root / "expected.json").read_text())["next_losses"][0]

@@ -151,3 +151,11 @@ def distrib_hyper(saved) -> dict:
         step = state.get("common_step", next((s.get("step") for s in state.values() if isinstance(s, dict)), None))
     return {"param_groups": [{k: to_plain(v) for k, v in g.items() if k not in ("params", "step")} for g in groups],
             "step": _step_value(step)}
+
+
+def dist_common_distributed(hyper: dict | None, step) -> dict:
+    """The `optimizer` entry of common.pt for megatron-core's distributed optimizer (`fully_reshardable`):
+    its `state_dict()` -- torch param groups with the step inside each, no per-parameter state."""
+    hyper = hyper or {}
+    groups = [dict(g, step=float(step or 0)) for g in (hyper.get("param_groups") or DEFAULT_GROUPS)]
+    return {"optimizer": {"param_groups": groups}, "param_state_sharding_type": "fully_reshardable"}

@@ -41,7 +41,7 @@ from .args import (args_dict, args_from_spec, base_args, explicit_args, layout_f
                    padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from . import distrib
-from .optimizer import KINDS, dist_common, dist_hyper, distrib_hyper
+from .optimizer import KINDS, dist_common, dist_common_distributed, dist_hyper, distrib_hyper
 from .training import from_megatron, to_megatron
 from .rows import expand_rows, from_ranks, rank_shapes, to_rank
 
@@ -296,9 +296,10 @@ class Writer:
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 iteration: int | None = None):
+                 iteration: int | None = None, distributed_optimizer: bool | None = None):
         spec.check_tp(layout.tp)
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
+        self.distributed_optimizer = distributed_optimizer  # None: as the source's args say
         self.index = param_index(spec)
         self.rows = _rows(spec, "mcore_te")
         self.row_of = {n: r for r in self.rows for n in r.parts}
@@ -361,13 +362,33 @@ class Writer:
             common["opt_param_scheduler"] = scheduler
         if meg.get("num_floating_point_operations_so_far") is not None:
             common["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
+        distributed = self.distributed_optimizer
+        if distributed is None:
+            distributed = bool((base or {}).get("use_distributed_optimizer"))
+        args.use_distributed_optimizer = distributed
+        renamed = {}
         if self.kinds:
             hyper = meg.get("optimizer") or {}
             step = hyper.get("step") if hyper.get("step") is not None else args.iteration
-            common["optimizer"] = dist_common(hyper, step, self.kinds)
+            if distributed:
+                # megatron-core 0.16's `fully_reshardable` layout: per-parameter tensors as the non-distributed
+                # optimizer's, the fp32 master under `param`; param groups carry the step
+                # (megatron/core/optimizer/distrib_optimizer.py, sharded_param_state_fully_reshardable)
+                if "fp32_param" not in self.kinds:
+                    raise InteropError("the distributed optimizer layout needs fp32 master weights, the source has "
+                                       "none (write the non-distributed optimizer's layout instead)")
+                renamed = {optim_key("fp32_param", ""): optim_key("param", "")}
+                common["optimizer"] = dist_common_distributed(hyper, step)
+                common["content_metadata"] = {"distrib_optim_sharding_type": "fully_reshardable",
+                                              "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+            else:
+                common["optimizer"] = dist_common(hyper, step, self.kinds)
         self.spool_file.close()
         fd = os.open(self.spool, os.O_RDONLY)
-        tensors = [(key, dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer, fd)))
+
+        def stored_as(key):
+            return next((new + key[len(old):] for old, new in renamed.items() if key.startswith(old)), key)
+        tensors = [(stored_as(key), dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer, fd)))
                    for key, (dtype, shape) in self.planned.items()]
         # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module.
         n = self.spec.num_layers
