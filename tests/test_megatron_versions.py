@@ -127,3 +127,51 @@ def test_distributed_optimizer_both_ways_resumes_at_dp2(fmt, tmp_path):
     own = _resume(root / "torch_dist" / "iter_0000002", "distopt", sharding="dp_reshardable")
     assert ours == own
     assert ours[0] == json.loads((root / "expected.json").read_text())["next_losses"][0]
+
+
+def _copy_torch(tmp_path, kind="fp16opt"):
+    import shutil
+
+    dst = tmp_path / "m"
+    shutil.copytree(FIXTURES / "0.16.1" / kind / "torch", dst)
+    return dst, dst / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt"
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("hidden_size", "16", "args.hidden_size is '16', not an integer"),
+    ("num_layers", 10 ** 5000, "model_optim_rng.pt: "),  # refused by the loader already, or by check_args
+    ("norm_epsilon", [1e-5], "args.norm_epsilon is [1e-05], not a number"),
+], ids=["string", "huge", "list"])
+def test_non_numeric_args_are_one_line(tmp_path, key, value, message):
+    """Hostile or damaged stored args (issue 10): one `error:` line naming the file and the arg, exit 2."""
+    from click.testing import CliRunner
+
+    from interop.cli.main import main
+
+    root, rank = _copy_torch(tmp_path)
+    obj = torch.load(rank, weights_only=False)
+    setattr(obj["args"], key, value)
+    torch.save(obj, rank)
+    result = CliRunner().invoke(main, ["convert", str(root), str(tmp_path / "out"), "--to", "interop"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_rank_tensor_of_another_dtype_is_refused(tmp_path):
+    """A tp rank whose tensor has another dtype than its peers' (issue 10): refused, not joined."""
+    import shutil
+
+    from interop.errors import InteropError
+
+    src = tmp_path / "tp2"
+    convert(FIXTURES / "0.16.1" / "fp16opt" / "torch", src, dst_format="megatron", tp=2)
+    rank = next(src.glob("iter_*/mp_rank_01/model_optim_rng.pt"))
+    obj = torch.load(rank, weights_only=False)
+    obj["model"]["decoder.layers.0.mlp.linear_fc2.weight"] = obj["model"]["decoder.layers.0.mlp.linear_fc2.weight"].half()
+    torch.save(obj, rank)
+    with pytest.raises(InteropError, match="linear_fc2.weight is torch.float16, its tp rank 0 copy"):
+        convert(src, tmp_path / "out", dst_format="interop")
+    assert not (tmp_path / "out").exists()
+    shutil.rmtree(src)

@@ -37,7 +37,7 @@ from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...memory import BufferPool
-from .args import (args_dict, args_from_spec, base_args, explicit_args, layout_from_args, model_config_args,
+from .args import (args_dict, args_from_spec, check_args, base_args, explicit_args, layout_from_args, model_config_args,
                    padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from . import distrib
@@ -86,6 +86,7 @@ class Reader:
         self.ckpt = dist.DistCheckpoint(self.dir)
         common, notes = self.ckpt.common, []
         stored = args_dict(common.get("args"))
+        check_args(stored, self.dir / dist.COMMON_PT)
         if model_config is not None:
             full = model_config_args(model_config)
             notes.append(f"model description taken from {model_config}")

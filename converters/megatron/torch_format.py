@@ -35,7 +35,7 @@ from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import args_dict, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
+from .args import args_dict, args_from_spec, check_args, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from . import distrib
@@ -61,6 +61,7 @@ class Reader:
             raise InteropError(f"{self.files[(0, 0)].path}: expected a dict, found {type(first).__name__}")
         notes: list[str] = []
         stored = args_dict(first.get("args"))
+        check_args(stored, self.files[(0, 0)].path)
         full = self._model_args(stored, model_config, notes)
         self.chunks = self._model_chunks()
         self.scheme = self._scheme()
@@ -253,6 +254,10 @@ class Reader:
                 want = rank_shapes(row, self.index, self.tp, t)
                 if tuple(value.shape) != tuple(want):
                     raise InteropError(f"{where}: {key} has shape {list(value.shape)}, args imply {list(want)}")
+                peer = self.state_dicts[(0, p, v)].get(key)
+                if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
+                    raise InteropError(f"{where}: {key} is {value.dtype}, its tp rank 0 copy "
+                                       f"({self.files[(0, p)].path}) {peer.dtype}")
                 tied += row.kind == "tied"
             for (p2, v2, key), row in expected.items():
                 if (p2, v2) == (p, v) and key not in sd:
