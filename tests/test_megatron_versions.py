@@ -175,3 +175,21 @@ def test_rank_tensor_of_another_dtype_is_refused(tmp_path):
         convert(src, tmp_path / "out", dst_format="interop")
     assert not (tmp_path / "out").exists()
     shutil.rmtree(src)
+
+
+def test_distributed_optimizer_to_torch_format_is_said(tmp_path):
+    """To the torch format the distributed optimizer's state goes as the non-distributed optimizer's (rank
+    files, no distrib_optim.pt), said in a note and in the args written; nothing is lost on the way."""
+    from interop.io.torch_file import LazyTorchFile
+
+    root, expected, tensors = _expected("0.16.1", "distopt")
+    summary = convert(root / "torch_dist", tmp_path / "m", dst_format="megatron")
+    assert any("written as the non-distributed optimizer's" in n for n in summary.notes)
+    rank = LazyTorchFile(next((tmp_path / "m").glob("iter_*/mp_rank_00/model_optim_rng.pt")))
+    assert rank.obj["args"].use_distributed_optimizer is False
+    reader = Reader(tmp_path / "m")
+    spec, index = reader.source.spec, param_index(reader.source.spec)
+    for row in (r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.kind != "tied"):
+        for k in ("exp_avg", "exp_avg_sq", "fp32_param"):
+            assert torch.equal(_mcore_tensor(reader, row, f"optim.{k}.", spec, index), tensors[f"{k}/{row.key}"])
+    assert reader.source.state["megatron"]["opt_param_scheduler"] == expected["opt_param_scheduler"]

@@ -520,6 +520,11 @@ class Writer:
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
             self.notes += notes
+            if args.get("use_distributed_optimizer"):
+                args["use_distributed_optimizer"] = False
+                self.notes.append("the distributed optimizer's state is written as the non-distributed optimizer's "
+                                  f"(in the rank files; no {DISTRIB_OPTIM_FILE}): resume without "
+                                  "--use-distributed-optimizer, or write --format torch_dist")
         args = argparse.Namespace(**args)
         args.iteration = 0 if iteration == "release" else iteration
         for (t, p), f in self.files.items():
