@@ -383,12 +383,17 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
             inner._set_main_param_and_optimizer_states = set_states
     gbs = MBS * world
     scheduler = _scheduler(optimizer, gbs)
-    meta = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    if distributed:
+    meta = _sharded_metadata(_version(), distributed)
+    if meta is not None and distributed:
         meta["distrib_optim_sharding_type"] = sharding
-    model_sd = gpt.sharded_state_dict(metadata=dict(meta))
-    request = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True,
-                                                                            metadata=dict(meta))}
+    if meta is None:  # before 0.13: no metadata argument
+        model_sd = gpt.sharded_state_dict()
+        kwargs = {"sharding_type": sharding} if distributed else {}
+        request = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True, **kwargs)}
+    else:
+        model_sd = gpt.sharded_state_dict(metadata=dict(meta))
+        request = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True,
+                                                                                metadata=dict(meta))}
     loaded = dist_checkpointing.load(request, ckpt)
     gpt.load_state_dict(loaded["model"], strict=True)
     optimizer.load_state_dict(loaded["optimizer"])

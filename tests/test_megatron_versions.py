@@ -193,3 +193,21 @@ def test_distributed_optimizer_to_torch_format_is_said(tmp_path):
         for k in ("exp_avg", "exp_avg_sq", "fp32_param"):
             assert torch.equal(_mcore_tensor(reader, row, f"optim.{k}.", spec, index), tensors[f"{k}/{row.key}"])
     assert reader.source.state["megatron"]["opt_param_scheduler"] == expected["opt_param_scheduler"]
+
+
+@pytest.mark.parametrize("version", [v for v in VERSIONS if not v.startswith("0.16.")])
+def test_older_release_loads_interop_torch_dist(version, tmp_path):
+    """Each older release's own `dist_checkpointing.load` resumes interop's torch_dist output (of that
+    release's mixed-precision checkpoint, via the common format at tp 2) with the source run's next two
+    losses.  Opt-in (CI keeps one live megatron-core): INTEROP_MCORE_RELEASES=DIR, where DIR/mcore-0.NN
+    holds `pip install --target DIR/mcore-0.NN megatron-core==0.NN.* --no-deps`."""
+    import os
+
+    base = os.environ.get("INTEROP_MCORE_RELEASES")
+    target = Path(base or "/nonexistent") / f"mcore-{version.rsplit('.', 1)[0]}"
+    if not (target / "megatron" / "core").is_dir():
+        pytest.skip(f"set INTEROP_MCORE_RELEASES to a folder with mcore-{version.rsplit('.', 1)[0]}/ to run this")
+    root, expected, _ = _expected(version, "fp16opt")
+    convert(root / "torch", tmp_path / "store", dst_format="interop", tp=2)
+    convert(tmp_path / "store", tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist"})
+    assert _resume(tmp_path / "dist" / "iter_0000002", "fp16opt", pythonpath=str(target)) == expected["next_losses"]

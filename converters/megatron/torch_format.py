@@ -303,12 +303,6 @@ class Reader:
     def _distributed(self, t: int, p: int, params, rank_file) -> tuple[dict, dict] | str:
         """The distributed optimizer's per-parameter state of rank (t, p), cut from its `distrib_optim.pt`
         (`distrib.py` has the buffer layout), and the hyperparameters from the rank file."""
-        args = self.stored_args
-        dp = args.get("data_parallel_size")
-        if not isinstance(dp, int) or dp < 1:
-            return "the args do not say data_parallel_size, which lays out the distributed optimizer's buffers"
-        if self.pp > 1 and self.spec.tied_embeddings:
-            return "a tied embedding over several pipeline stages has a bucket of its own (not supported)"
         path = self.dir / self.rank_dirs[(t, p)] / DISTRIB_OPTIM_FILE
         if not path.is_file():
             return f"{DISTRIB_OPTIM_FILE} is missing beside it"
@@ -316,6 +310,12 @@ class Reader:
         state = dfile.obj
         if not isinstance(state, dict) or state.get("buckets_coalesced") is not True:
             return f"{path.name} is not megatron-core's coalesced parameter state (buckets_coalesced)"
+        args = self.stored_args
+        dp = args.get("data_parallel_size")
+        if not isinstance(dp, int) or dp < 1:
+            return f"the args do not say data_parallel_size, which lays out the buffers of {path.name}"
+        if self.pp > 1 and self.spec.tied_embeddings:
+            return f"{path.name}: a tied embedding over several pipeline stages has a bucket of its own (not supported)"
         if self.moment_files is self.files:
             self.moment_files = {}
         self.moment_files[(t, p)] = dfile
