@@ -211,3 +211,16 @@ def test_older_release_loads_interop_torch_dist(version, tmp_path):
     convert(root / "torch", tmp_path / "store", dst_format="interop", tp=2)
     convert(tmp_path / "store", tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist"})
     assert _resume(tmp_path / "dist" / "iter_0000002", "fp16opt", pythonpath=str(target)) == expected["next_losses"]
+
+
+def test_fully_reshardable_is_read_back(tmp_path):
+    """interop's own distributed-optimizer torch_dist (0.16's `fully_reshardable`: fp32 masters under `param`)
+    reads back exactly, with the step from the param groups."""
+    root, expected, tensors = _expected("0.16.1", "distopt")
+    convert(root / "torch", tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist"})
+    reader = Reader(tmp_path / "dist")
+    assert any("fully_reshardable" in n and f"step {expected['step'][0]}" in n for n in reader.source.notes)
+    spec, index = reader.source.spec, param_index(reader.source.spec)
+    for row in (r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.kind != "tied"):
+        for k in ("exp_avg", "exp_avg_sq", "fp32_param"):
+            assert torch.equal(_mcore_tensor(reader, row, f"optim.{k}.", spec, index), tensors[f"{k}/{row.key}"])

@@ -164,8 +164,10 @@ class Reader:
             notes.append(f"converted the optimizer state ({', '.join(self.kinds)}) from the distributed optimizer's "
                          f"buckets (dp_reshardable), step {why['step']}")
             return why
-        kinds = [k for k in KINDS if any(key.startswith(optim_key(k, "")) for key in optim)]
-        mapped = {optim_key(k, key): shape for k in kinds for key, shape in expected.items()}
+        # megatron-core 0.16's distributed optimizer (`fully_reshardable`) keeps the fp32 master under `param`
+        self.native = {"fp32_param": "param"} if any(k.startswith(optim_key("param", "")) for k in optim) else {}
+        kinds = [k for k in KINDS if any(key.startswith(optim_key(self.native.get(k, k), "")) for key in optim)]
+        mapped = {optim_key(self.native.get(k, k), key): shape for k in kinds for key, shape in expected.items()}
         other = sorted(set(optim) - set(mapped))
         self.fragments = {key: _fragments(self.ckpt.meta(key)[1], shape, dist.is_stacked(key))
                           for key, shape in mapped.items() if key in self.ckpt and self.ckpt.meta(key)[1] != shape}
@@ -178,9 +180,11 @@ class Reader:
             return None
         self.kinds = kinds
         saved = common.get("optimizer")
-        # the distributed optimizer's `fully_sharded_model_space` keeps the step inside the param groups
-        hyper = distrib_hyper(saved) if self.fragments else dist_hyper(saved)
-        how = " (distributed optimizer, fully_sharded_model_space)" if self.fragments else ""
+        # the distributed optimizer's per-parameter layouts keep the step inside the param groups
+        distributed = bool(self.fragments or self.native)
+        hyper = distrib_hyper(saved) if distributed else dist_hyper(saved)
+        how = (" (distributed optimizer, fully_sharded_model_space)" if self.fragments else
+               " (distributed optimizer, fully_reshardable)" if self.native else "")
         notes.append(f"converted the optimizer state ({', '.join(kinds)}){how}, step {hyper['step']}")
         return hyper
 
@@ -238,7 +242,7 @@ class Reader:
                 if prefix and self.buckets is not None:
                     out.append(TensorMeta(prefix + p.name, torch.float32, p.shape))
                     continue
-                key = _prefix(prefix + p.name) + self.row_of[p.name][1]
+                key = self._key_prefix(prefix + p.name) + self.row_of[p.name][1]
                 out.append(TensorMeta(prefix + p.name, self.ckpt.meta(key)[0], p.shape))
         return out
 
@@ -246,7 +250,7 @@ class Reader:
         if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
             return self._read_distributed(name)
         row, key, layer, j = self.row_of[base_param_name(name)]
-        key = _prefix(name) + key  # optimizer state: the weight's layout under its own key
+        key = self._key_prefix(name) + key  # optimizer state: the weight's layout under its own key
         if len(row.parts) == 1:  # holds nothing else: no reason to keep it
             return from_ranks(row, [self._read_stored(key, layer)], self.index, self.spec)[0]
         if (key, layer) not in self._cache:  # fused: the row's other tensors are asked for next
@@ -255,6 +259,13 @@ class Reader:
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[(key, layer)][j]
+
+    def _key_prefix(self, name: str) -> str:
+        """`optimizer.state.<kind>.` of an optimizer tensor's name as this checkpoint spells the kind; `` for a weight."""
+        if not name.startswith(OPTIM_PREFIXES):
+            return ""
+        kind = name.split(".")[1]
+        return f"optimizer.state.{getattr(self, 'native', {}).get(kind, kind)}."
 
     def _read_stored(self, key: str, layer: int | None) -> torch.Tensor:
         """The Megatron tensor `key` (layer `layer`), reassembled when the distributed optimizer stored it flattened."""
