@@ -171,7 +171,7 @@ def test_rank_tensor_of_another_dtype_is_refused(tmp_path):
     obj = torch.load(rank, weights_only=False)
     obj["model"]["decoder.layers.0.mlp.linear_fc2.weight"] = obj["model"]["decoder.layers.0.mlp.linear_fc2.weight"].half()
     torch.save(obj, rank)
-    with pytest.raises(InteropError, match="linear_fc2.weight is torch.float16, its tp rank 0 copy"):
+    with pytest.raises(InteropError, match="linear_fc2.weight is stored as torch.float16 here, as torch.bfloat16 by tp rank 0: one dtype"):
         convert(src, tmp_path / "out", dst_format="interop")
     assert not (tmp_path / "out").exists()
     shutil.rmtree(src)

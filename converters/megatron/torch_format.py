@@ -256,8 +256,8 @@ class Reader:
                     raise InteropError(f"{where}: {key} has shape {list(value.shape)}, args imply {list(want)}")
                 peer = self.state_dicts[(0, p, v)].get(key)
                 if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
-                    raise InteropError(f"{where}: {key} is {value.dtype}, its tp rank 0 copy "
-                                       f"({self.files[(0, p)].path}) {peer.dtype}")
+                    raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
+                                       "one dtype expected")
                 tied += row.kind == "tied"
             for (p2, v2, key), row in expected.items():
                 if (p2, v2) == (p, v) and key not in sd:
@@ -365,6 +365,10 @@ class Reader:
             self._cache.clear()
             self.memory.release_idle()
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
+        dtypes = {t: s.dtype for t, s in stored.items()}
+        if len(set(dtypes.values())) > 1:  # never cast one rank's bytes to its peers' type
+            raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(d) for d in dtypes.values())} "
+                               "by the tp ranks (tp 0, 1, ...): one dtype expected")
         if self._replicated(row):  # rank 0's copy
             tensor = files[(0, row.stage)].read(stored[0])
             return [tensor if out is None else out[0].copy_(tensor)]
