@@ -5,8 +5,9 @@ Megatron saves `optimizer` as {"optimizer": a torch Adam state_dict, "fp32_from_
 (FP32Optimizer).  Torch numbers the parameters 0.. across `param_groups` in group order; within
 a group they follow the model's parameter order (model chunks in order, each in state-dict
 order).  Megatron puts biases and 1-D parameters (norms) in a no-weight-decay group
-(`wd_mult` 0, or `weight_decay` 0 in older saves).  The distributed optimizer's
-`distrib_optim.pt` is bucket-ordered and cannot be mapped back: the reader says so.
+(`wd_mult` 0, or `weight_decay` 0 in older saves).  The distributed optimizer keeps only the
+param groups in the rank file (`distrib_hyper`); its moments and masters are in `distrib_optim.pt`,
+in bucket order (`distrib.py`).
 
 torch_dist (megatron-core's `sharded_state_dict` of the same optimizers) stores each moment as
 a tensor of its own, `optimizer.state.<kind>.<weight key>`, with the weight's global (stacked,

@@ -13,6 +13,10 @@ table and the Megatron args <-> ModelSpec rules are the `torch` converter's
 Adam state of the non-distributed optimizer is stored by megatron-core as tensors of the same
 layout under `optimizer.state.<kind>.<weight key>` (`optimizer.py` has the common.pt side): it
 becomes `optim.<kind>.<canonical name>` through the same unfusing as the weights, and back.
+The distributed optimizer's layouts are read too: `fully_sharded_model_space` (the same keys, each
+tensor flattened per fragment), `fully_reshardable` (the same keys, the master under `param`; also
+written, for a source that used the distributed optimizer) and `dp_reshardable` (flat buckets,
+mapped to parameters by `distrib.py`).
 
 Reading goes one layer slice at a time; writing appends each finished Megatron tensor's raw bytes
 to a scratch file and streams them into DCP at the end, so memory stays at one tensor.
@@ -240,7 +244,8 @@ class Reader:
         for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
             for p in param_table(self.spec):
                 if prefix and self.buckets is not None:
-                    out.append(TensorMeta(prefix + p.name, torch.float32, p.shape))
+                    theirs = {v: k for k, v in distrib.KINDS.items()}[prefix.split(".")[1]]
+                    out.append(TensorMeta(prefix + p.name, self.ckpt.meta(self.buckets[(0, theirs)])[0], p.shape))
                     continue
                 key = self._key_prefix(prefix + p.name) + self.row_of[p.name][1]
                 out.append(TensorMeta(prefix + p.name, self.ckpt.meta(key)[0], p.shape))
