@@ -51,6 +51,14 @@ def _args_and_scheduler(path, fmt):
     return vars(obj["args"]), obj.get("opt_param_scheduler"), obj["iteration"]
 
 
+def _param_groups(path, fmt):
+    if fmt == "torch_dist":
+        saved = DistCheckpoint(next(path.glob("iter_*"))).common["optimizer"]
+    else:
+        saved = LazyTorchFile(next(path.glob("iter_*/mp_rank_*/model_optim_rng.pt"))).obj["optimizer"]
+    return saved.get("optimizer", saved)["param_groups"]
+
+
 def _mcore_lr(scheduler: dict) -> float:
     """The learning rate megatron-core's own scheduler computes after loading `scheduler`."""
     pytest.importorskip("megatron.core")
@@ -82,6 +90,10 @@ def test_state_survives_every_megatron_hop_and_resumes_exactly(run, tmp_path):
                                  "wd_incr_style": "constant", "wd_incr_steps": STEPS * GBS}
             # megatron-core's scheduler, loaded, is where the trainer's schedule is after K updates
             assert _mcore_lr(scheduler) == pytest.approx(lr_at(cfg.optim(), K, STEPS), rel=1e-12)
+            # the update rule goes into the groups megatron-core's optimizer load puts in place of its own
+            groups = _param_groups(dst, layout)
+            assert [(tuple(g["betas"]), g["eps"], g["weight_decay"], g["wd_mult"]) for g in groups] == [
+                ((cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay, 1.0), ((cfg.beta1, cfg.beta2), cfg.eps, 0.0, 0.0)]
             # the trainer's rng (hop 0) has no Megatron equivalent: said; later hops have none to lose
             assert any("rng state is not written" in n for n in summary.notes) == (i == 0)
         src = dst

@@ -46,7 +46,7 @@ from .args import (args_dict, args_from_spec, check_args, base_args, explicit_ar
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from . import distrib
 from .optimizer import KINDS, dist_common, dist_common_distributed, dist_hyper, distrib_hyper
-from .training import from_megatron, to_megatron
+from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows, from_ranks, rank_shapes, to_rank
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
@@ -385,7 +385,7 @@ class Writer:
         args.use_distributed_optimizer = distributed
         renamed = {}
         if self.kinds:
-            hyper = meg.get("optimizer") or {}
+            hyper = optimizer_hyper(state) or {}
             step = hyper.get("step") if hyper.get("step") is not None else args.iteration
             if distributed:
                 # megatron-core 0.16's `fully_reshardable` layout: per-parameter tensors as the non-distributed

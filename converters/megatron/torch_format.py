@@ -40,7 +40,7 @@ from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from . import distrib
 from .optimizer import KINDS, distrib_hyper, pack, unpack
-from .training import from_megatron, to_megatron
+from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_runs, rank_shapes, read_ranks, to_rank
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -538,7 +538,7 @@ class Writer:
             if self.optim_kinds:
                 params = [(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, key)] for k in self.optim_kinds})
                           for v, sd in enumerate(chunks) for key, ref in sd.items() if ref is not None]
-                hyper = meg.get("optimizer") or {}
+                hyper = optimizer_hyper(state) or {}
                 step = hyper.get("step") if hyper.get("step") is not None else args.iteration
                 obj["optimizer"] = pack(params, hyper, step, f.add)
             if self.layout.vpp == 1:

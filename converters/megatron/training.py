@@ -121,3 +121,31 @@ def from_megatron(args: dict, scheduler, optimizer_step) -> dict:
     if len(optimizer) > 1:
         out["optimizer"] = optimizer
     return out
+
+
+def optimizer_hyper(state: dict) -> dict | None:
+    """Megatron's optimizer hyperparameters for a source that is not Megatron (the trainer's update rule):
+    its [decay, no-decay] param groups with torch Adam's betas and eps (megatron-core's optimizer load
+    replaces its groups with the saved ones; the scheduler sets lr and weight decay), and the step."""
+    meg = state.get("megatron") or {}
+    if isinstance(meg.get("optimizer"), dict):
+        return meg["optimizer"]
+    opt = state.get("optimizer")
+    if not isinstance(opt, dict):
+        return None
+    from .optimizer import DEFAULT_GROUPS
+
+    groups = []
+    for group in DEFAULT_GROUPS:
+        g = dict(group)
+        betas = opt.get("betas")
+        if isinstance(betas, list) and len(betas) == 2:
+            g["betas"] = tuple(betas)
+        if _number(opt.get("eps")) is not None:
+            g["eps"] = opt["eps"]
+        if _number(opt.get("weight_decay")) is not None:
+            g["weight_decay"] = opt["weight_decay"] * g["wd_mult"]
+        g["decoupled_weight_decay"] = opt.get("type") == "adamw"
+        groups.append(g)
+    step = _whole(opt.get("step"))
+    return {"param_groups": groups, "step": step if step is not None else _whole(state.get("iteration"))}
