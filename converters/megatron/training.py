@@ -16,8 +16,12 @@ iterations, `optimizer` {type, step, betas, eps, weight_decay, clip_grad}, `data
 """
 from __future__ import annotations
 
-SCHEDULER_KEYS = ("max_lr", "lr_warmup_steps", "num_steps", "lr_decay_style", "lr_decay_steps", "min_lr",
-                  "start_wd", "end_wd", "wd_incr_style", "wd_incr_steps")
+from .optimizer import DEFAULT_GROUPS
+
+# OptimizerParamScheduler.load_state_dict's older spellings of its keys, as it accepts them
+SCHEDULER_ALIASES = {"max_lr": ("max_lr", "start_lr"), "lr_warmup_steps": ("lr_warmup_steps", "warmup_steps", "warmup_iter"),
+                     "lr_decay_steps": ("lr_decay_steps", "decay_steps", "end_iter"),
+                     "lr_decay_style": ("lr_decay_style", "decay_style"), "num_steps": ("num_steps", "num_iters")}
 
 
 def _number(value):
@@ -99,6 +103,9 @@ def from_megatron(args: dict, scheduler, optimizer_step) -> dict:
     if data:
         out["data"] = data
     if isinstance(scheduler, dict) and gbs:
+        scheduler = dict(scheduler, **{key: next((scheduler[a] for a in names if a in scheduler), None)
+                                       for key, names in SCHEDULER_ALIASES.items()})
+
         def iters(key):
             value = _whole(scheduler.get(key))
             return value // gbs if value is not None and value % gbs == 0 else None
@@ -133,8 +140,6 @@ def optimizer_hyper(state: dict) -> dict | None:
     opt = state.get("optimizer")
     if not isinstance(opt, dict):
         return None
-    from .optimizer import DEFAULT_GROUPS
-
     groups = []
     for group in DEFAULT_GROUPS:
         g = dict(group)
