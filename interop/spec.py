@@ -41,6 +41,7 @@ class ModelSpec:
     tied_embeddings: bool = True
     qkv_bias: bool = False  # biases on q, k, v
     linear_bias: bool = False  # biases on o, gate/up and down
+    mlp_bias: bool | None = None  # gate/up and down when unlike o (HF Llama attention_bias without mlp_bias)
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -64,8 +65,15 @@ class ModelSpec:
     def gated_mlp(self) -> bool:
         return self.activation == "swiglu"
 
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.linear_bias if self.mlp_bias is None else self.mlp_bias
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["mlp_bias"] is None:  # as before the field existed
+            del data["mlp_bias"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelSpec":
