@@ -127,8 +127,9 @@ class Reader:
             raise InteropError(f"{self.dir}: mp_rank_00_model_states.pt is missing (it holds the args)")
         engine = LazyTorchFile(mp_files[0]).obj
         args = _args(engine, mp_files[0])
-        if len(mp_files) != self.tp * self.pp:
-            raise InteropError(f"{self.dir}: {len(mp_files)} mp_rank_* files for tp {self.tp} x pp {self.pp}")
+        if len(mp_files) % self.tp or sorted(mp_files) != list(range(len(mp_files))):
+            raise InteropError(f"{self.dir}: mp_rank_* files {sorted(mp_files)} do not make whole pipeline stages "
+                               f"of tp {self.tp} (mp rank = stage * tp + tp rank)")
         dtype = NAME_OF_DTYPE.get(self._any_tensor().dtype)
         if dtype is None:
             raise InteropError(f"{self.dir}: weights stored as {self._any_tensor().dtype} (fp32, bf16, fp16 are read)")
@@ -145,7 +146,7 @@ class Reader:
         self.spec.check_tp(self.tp)
         self.index = param_index(self.spec)
         self._rows(notes)
-        self.layout = self._layout()
+        self.layout = self._layout(mp_files)
         self.moments: dict[str, dict] = {}
         notes.append(self._load_optimizer(mp_files, engine))
         iteration = engine.get("iteration") if isinstance(engine.get("iteration"), int) else engine.get("global_steps")
@@ -159,6 +160,10 @@ class Reader:
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
                                   "clip_grad": (engine.get("ds_config") or {}).get("gradient_clipping")}
+        notes.append(f"the true vocabulary size is not recorded (Megatron-DeepSpeed's args keep padded_vocab_size): "
+                     f"keeping all {self.spec.padded_vocab} rows")
+        if engine.get("rng_state") is not None:
+            notes.append("dropped the rng state (per-rank random generator states do not survive resharding)")
         if engine.get("lr_scheduler") is not None:
             notes.append("DeepSpeed's lr_scheduler state is not converted")
         self.source = Source(self.spec, self.layout, state, notes)
@@ -252,18 +257,23 @@ class Reader:
         shape[first.axis] //= self.tp
         return tuple(shape)
 
-    def _layout(self) -> ParallelLayout:
-        """The pipeline stages, from which mp_rank file holds which layer (param_shapes)."""
-        pp = self.pp
-        per = len(self.layer_indices) // pp if pp else 0
-        if pp < 1 or per * pp != len(self.layer_indices):
-            return ParallelLayout.build(self.spec.num_layers, self.tp, 1)
-        return ParallelLayout.build(self.spec.num_layers, self.tp, pp)
-
-    @property
-    def pp(self) -> int:
-        mp = [p for p in self.dir.iterdir() if MP_FILE.fullmatch(p.name)]
-        return max(1, len(mp) // self.tp)
+    def _layout(self, mp_files: dict) -> ParallelLayout:
+        """The pipeline stages: which transformer layers each stage's engine file lists (param_shapes)."""
+        pp = len(mp_files) // self.tp
+        stages, start = [], 0
+        for p in range(pp):
+            engine = LazyTorchFile(mp_files[p * self.tp]).obj
+            shapes = engine.get("param_shapes") if isinstance(engine, dict) else None
+            if not isinstance(shapes, list):
+                raise InteropError(f"{mp_files[p * self.tp]}: no param_shapes (which layers stage {p} holds)")
+            indices = {int(k.split(".", 1)[0]) for group in shapes for k in group if k.split(".", 1)[0].isdigit()}
+            count = len(indices & set(self.layer_indices))
+            stages.append(((start, start + count),))
+            start += count
+        if start != len(self.layer_indices):
+            raise InteropError(f"{self.dir}: the stages' param_shapes list {start} transformer layers, the files "
+                               f"{len(self.layer_indices)}")
+        return ParallelLayout(self.tp, pp, tuple(stages))
 
     # -- optimizer -----------------------------------------------------------------------------
     def _load_optimizer(self, mp_files: dict, engine: dict) -> str:
@@ -308,8 +318,7 @@ class Reader:
 
     def _zero_tensor(self, kind: str, idx: int, key: str, t: int) -> torch.Tensor:
         """The stored ZeRO slice of layer file (idx, t)'s `key`, shaped like the weight."""
-        stage = self._stage_of_index(idx)
-        mp = stage * self.tp + t
+        mp = self._stage_of_index(idx) * self.tp + t
         names = [f"{idx}.{key}"] + ([f"tied_modules.embed.{key}"] if self.kinds[idx] == "embedding" else [])
         for n in names:
             if f"{mp}/{n}" in self.zero_where:
