@@ -48,7 +48,10 @@ def _tag_dir(root: Path) -> Path | None:
         return root
     latest = root / LATEST
     if latest.is_file():
-        tag = latest.read_text().strip()
+        try:
+            tag = latest.read_bytes()[:4096].decode().strip()
+        except UnicodeDecodeError:
+            return None
         if tag and "/" not in tag and tag not in (".", ".."):
             return root / tag
     return None
@@ -94,7 +97,9 @@ def spec_from_args(args: dict, where, dtype: str, has_bias: bool, has_position: 
     if rope == has_position:
         raise InteropError(f"{where}: args say {'rotary' if rope else 'learned'} positions, the embedding file "
                            f"{'has' if has_position else 'has no'} position_embeddings")
-    activation = "swiglu" if args.get("swiglu") else ("gelu_tanh" if args.get("openai_gelu") else "gelu")
+    # megatron/model/transformer.py ParallelMLP: bias_gelu_fusion (with biases) is the tanh GeLU, else F.gelu (erf)
+    tanh = args.get("openai_gelu") or (args.get("bias_gelu_fusion") and has_bias)
+    activation = "swiglu" if args.get("swiglu") else ("gelu_tanh" if tanh else "gelu")
     padded = _int(args, "padded_vocab_size", where)
     arch = "gpt2" if (norm == "layernorm" and not rope and activation != "swiglu") else "llama"
     return ModelSpec(
@@ -136,6 +141,8 @@ class Reader:
         has_bias = any(k.endswith("dense.bias") for k in self.keys["layer"][0])
         has_position = "position_embeddings.weight" in self.keys["embedding"][0]
         self.spec = spec_from_args(args, mp_files[0], dtype, has_bias, has_position)
+        if self.spec.activation == "gelu" and "bias_gelu_fusion" not in args and not args.get("openai_gelu"):
+            notes.append("args do not say bias_gelu_fusion: assumed the exact (erf) GeLU")
         if len(self.layer_indices) != self.spec.num_layers:
             raise InteropError(f"{self.dir}: {len(self.layer_indices)} transformer layer files, args say "
                                f"num_layers={self.spec.num_layers}")
@@ -277,7 +284,11 @@ class Reader:
 
     # -- optimizer -----------------------------------------------------------------------------
     def _load_optimizer(self, mp_files: dict, engine: dict) -> str:
-        """ZeRO 1/2 masters and Adam moments per parameter (data-parallel size 1), or why not."""
+        """ZeRO 1/2 masters and Adam moments per parameter, or why not (the note for the summary).
+
+        Each parameter group's flat buffer (parameters in `param_shapes` order, padded at the end)
+        is cut in equal partitions, one per data-parallel rank (deepspeed/runtime/zero/stage_1_and_2.py);
+        `param_slice_mappings` says where each parameter's fragment lies in a rank's partition."""
         zero = {}
         for p in self.dir.iterdir():
             if m := ZERO_FILE.fullmatch(p.name):
@@ -286,47 +297,69 @@ class Reader:
             if engine.get("optimizer") is not None:
                 return "optimizer state not converted (DeepSpeed's non-ZeRO optimizer in mp_rank files); weights converted"
             return "optimizer state not converted (no zero_pp_rank_*_optim_states.pt files); weights converted"
-        if any(d > 0 for d, _ in zero):
-            return ("optimizer state not converted (ZeRO partitions over data-parallel size > 1 are not read); "
-                    "weights converted")
-        where: dict[str, tuple] = {}  # "{mp}/{ds name}" -> (file, group, fragment)
+        dp = max(d for d, _ in zero) + 1
+        where: dict[str, tuple] = {}  # "{mp}/{ds name}" -> (partitions, partition size, offset, numel)
         for mp in sorted(mp_files):
-            path = zero.get((0, mp))
-            if path is None:
-                return f"optimizer state not converted (zero_pp_rank_0_mp_rank_{mp:02d}_optim_states.pt is missing)"
-            f = LazyTorchFile(path)
-            osd = f.obj.get("optimizer_state_dict") if isinstance(f.obj, dict) else None
-            if not isinstance(osd, dict) or "param_slice_mappings" not in osd:
-                return f"optimizer state not converted ({path.name} is not ZeRO stage 1/2's state)"
-            if osd.get("partition_count") not in ([1], 1) and set(osd.get("partition_count") or [1]) != {1}:
-                return f"optimizer state not converted ({path.name}: partitioned over data-parallel ranks)"
-            base = osd.get("base_optimizer_state") or {}
-            for g, mapping in enumerate(osd["param_slice_mappings"]):
-                state = (base.get("state") or {}).get(g) or {}
-                if not all(k in state for k in MOMENTS):
-                    return "optimizer state not converted (the optimizer holds no Adam state yet); weights converted"
-                flats = {"fp32_param": osd["single_partition_of_fp32_groups"][g],
-                         **{k: state[k] for k in MOMENTS}}
-                step = state.get("step")
-                self.step = int(f.read(step).item() if isinstance(step, torch.Tensor) else step or 0)
-                for name, frag in mapping.items():
-                    fields = frag.state if isinstance(getattr(frag, "state", None), dict) else vars(frag)
-                    where[f"{mp}/{name}"] = (f, flats, int(fields["start"]), int(fields["numel"]))
+            shapes = LazyTorchFile(mp_files[mp]).obj.get("param_shapes")
+            parts = []
+            for d in range(dp):
+                path = zero.get((d, mp))
+                if path is None:
+                    return (f"optimizer state not converted (zero_pp_rank_{d}_mp_rank_{mp:02d}_optim_states.pt is "
+                            "missing); weights converted")
+                f = LazyTorchFile(path)
+                osd = f.obj.get("optimizer_state_dict") if isinstance(f.obj, dict) else None
+                if not isinstance(osd, dict) or "param_slice_mappings" not in osd:
+                    return f"optimizer state not converted ({path.name} is not ZeRO stage 1/2's state); weights converted"
+                parts.append((f, osd))
+            if not isinstance(shapes, list) or len(shapes) != len(parts[0][1]["param_slice_mappings"]):
+                return f"optimizer state not converted ({mp_files[mp].name}: param_shapes do not match its ZeRO groups)"
+            for g, group in enumerate(shapes):
+                partitions = []
+                for f, osd in parts:
+                    state = ((osd.get("base_optimizer_state") or {}).get("state") or {}).get(g) or {}
+                    if not all(k in state for k in MOMENTS):
+                        return "optimizer state not converted (the optimizer holds no Adam state yet); weights converted"
+                    partitions.append((f, {"fp32_param": osd["single_partition_of_fp32_groups"][g],
+                                           **{k: state[k] for k in MOMENTS}}))
+                    step = state.get("step")
+                    self.step = int(f.read(step).item() if isinstance(step, torch.Tensor) else step or 0)
+                size = partitions[0][1]["fp32_param"].numel()
+                offset = 0
+                for name, shape in group.items():
+                    numel = torch.Size(shape).numel()
+                    where[f"{mp}/{name}"] = (partitions, size, offset, numel)
+                    offset += numel
+                if offset > size * dp:
+                    return f"optimizer state not converted (ZeRO group {g} of mp rank {mp} is smaller than its parameters)"
+                for d, (f, osd) in enumerate(parts):  # DeepSpeed's own fragment map must agree with the offsets
+                    for name, frag in osd["param_slice_mappings"][g].items():
+                        fields = frag.state if isinstance(getattr(frag, "state", None), dict) else vars(frag)
+                        _, _, at, numel = where.get(f"{mp}/{name}", (None, None, -1, 0))
+                        if max(at - d * size, 0) != int(fields["start"]) or int(fields["numel"]) > numel:
+                            return (f"optimizer state not converted ({f.path.name}: {name}'s fragment is not where "
+                                    "the parameter order puts it); weights converted")
         self.zero_where = where
         self.moments = {k: {} for k in ("exp_avg", "exp_avg_sq", "fp32_param")}
-        return f"converted the ZeRO optimizer state (exp_avg, exp_avg_sq, fp32 masters), step {self.step}"
+        how = f" over {dp} data-parallel partitions" if dp > 1 else ""
+        return f"converted the ZeRO optimizer state (exp_avg, exp_avg_sq, fp32 masters){how}, step {self.step}"
 
     def _zero_tensor(self, kind: str, idx: int, key: str, t: int) -> torch.Tensor:
-        """The stored ZeRO slice of layer file (idx, t)'s `key`, shaped like the weight."""
+        """Layer file (idx, t)'s `key` in the ZeRO state, gathered from the partitions, shaped like the weight."""
         mp = self._stage_of_index(idx) * self.tp + t
         names = [f"{idx}.{key}"] + ([f"tied_modules.embed.{key}"] if self.kinds[idx] == "embedding" else [])
         for n in names:
             if f"{mp}/{n}" in self.zero_where:
-                f, flats, start, numel = self.zero_where[f"{mp}/{n}"]
+                partitions, size, offset, numel = self.zero_where[f"{mp}/{n}"]
                 shape = self.files[(idx, t)].obj[key].shape
                 if numel != shape.numel():
-                    raise InteropError(f"{f.path}: {n} holds {numel} elements, its weight {shape.numel()}")
-                return f.read(flats[kind][start:start + numel]).view(shape)
+                    raise InteropError(f"{self.dir}: ZeRO state of {n} holds {numel} elements, its weight {shape.numel()}")
+                pieces = []
+                for d, (f, flats) in enumerate(partitions):
+                    lo, hi = max(offset, d * size), min(offset + numel, (d + 1) * size)
+                    if lo < hi:
+                        pieces.append(f.read(flats[kind][lo - d * size:hi - d * size]))
+                return torch.cat(pieces).view(shape)
         raise InteropError(f"{self.dir}: no ZeRO optimizer state for {names[0]} (mp rank {mp})")
 
     def _stage_of_index(self, idx: int) -> int:
