@@ -25,6 +25,9 @@ from interop.verify import verify
 
 FIXTURE = Path(__file__).parent / "fixtures" / "deepspeed"
 REFERENCE = load_file(FIXTURE / "reference.safetensors")
+# GPT-2 style (LayerNorm, learned positions, biases, untied LMHeadPipe) at tp 1 x pp 2 x dp 2: file names
+# without `-model_YY`, ZeRO state cut over two data-parallel partitions
+GPT2 = Path(__file__).parent / "fixtures" / "deepspeed-gpt2"
 
 
 def run(*args):
@@ -62,6 +65,43 @@ def test_reads_weights_exactly():
         assert torch.equal(got, REFERENCE[m.name]), m.name
     assert reader.native_name("layers.2.attn.k.weight") == "layer_04-model_00..01: self_attention.query_key_value.weight [part 2/3]"
     reader.close()
+
+
+@pytest.mark.parametrize("fixture", [FIXTURE, GPT2], ids=["llama-tp2pp2", "gpt2-pp2dp2"])
+def test_every_tensor_exact_and_masters_equal_weights(fixture):
+    reference = load_file(fixture / "reference.safetensors")
+    reader = deepspeed.Reader(fixture)
+    metas = reader.metas()
+    assert sorted(m.name for m in metas if not m.name.startswith("optim.")) == sorted(reference)
+    assert {m.name.split(".")[1] for m in metas if m.name.startswith("optim.")} == {"exp_avg", "exp_avg_sq", "fp32_param"}
+    for name, want in reference.items():
+        assert torch.equal(reader.read(name), want), name
+        assert torch.equal(reader.read(f"optim.fp32_param.{name}"), want), name  # fp32 training: masters == weights
+
+
+def test_gpt2_layout_and_dp_partitions():
+    reader = deepspeed.Reader(GPT2)
+    spec = reader.source.spec
+    assert (spec.arch, spec.norm, spec.position, spec.activation, spec.tied_embeddings, spec.linear_bias) == (
+        "gpt2", "layernorm", "learned", "gelu", False, True)
+    assert reader.source.layout.describe() == "tp=1 pp=2 (pp0: layers 0-1; pp1: layers 2-3)"
+    assert any("over 2 data-parallel partitions" in n for n in reader.source.notes)
+    assert any("bias_gelu_fusion" in n for n in reader.source.notes)
+    # the first stage's group flat is partition 0 then partition 1; the word embedding is its first parameter
+    flats = []
+    for d in (0, 1):
+        osd = safe_torch_load(GPT2 / "global_step1" / f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
+        flats.append(osd["base_optimizer_state"]["state"][0]["exp_avg_sq"])
+    assert list(safe_torch_load(GPT2 / "global_step1" / "mp_rank_00_model_states.pt")["param_shapes"][0])[0] == "1.word_embeddings.weight"
+    want = torch.cat(flats)[:64 * 16].view(64, 16)
+    assert torch.equal(reader.read("optim.exp_avg_sq.embed.word.weight"), want) and want.abs().sum() > 0
+
+
+def test_gpt2_to_hf_verifies(tmp_path):
+    code, out = run("convert", GPT2, tmp_path / "hf", "--to", "hf")
+    assert code == 0, out
+    result = verify(GPT2, tmp_path / "hf")
+    assert result.ok, "\n".join(result.lines())
 
 
 def test_reads_zero_optimizer_state():
