@@ -118,6 +118,8 @@ class Reader:
 
     def __init__(self, path):
         root = Path(path)
+        if root.is_dir() and _tag_dir(root) is None and (root / LATEST).is_file():
+            raise InteropError(f"{root / LATEST}: does not name a tag folder of this checkpoint (e.g. global_step1000)")
         if not root.is_dir() or _tag_dir(root) is None:
             raise InteropError(f"{root}: not a DeepSpeed checkpoint (no `latest` tag file and no "
                                "layer_*-model_states.pt files)")
@@ -294,6 +296,9 @@ class Reader:
             if m := ZERO_FILE.fullmatch(p.name):
                 zero[(int(m.group(1)), int(m.group(2)))] = p
         if not zero:
+            if any(p.name.startswith("bf16_zero_pp_rank_") for p in self.dir.iterdir()):
+                return ("optimizer state not converted (DeepSpeed's bf16 optimizer files bf16_zero_pp_rank_* are not "
+                        "read); weights converted")
             if engine.get("optimizer") is not None:
                 return "optimizer state not converted (DeepSpeed's non-ZeRO optimizer in mp_rank files); weights converted"
             return "optimizer state not converted (no zero_pp_rank_*_optim_states.pt files); weights converted"

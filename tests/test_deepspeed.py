@@ -216,6 +216,18 @@ def test_bad_inputs_are_one_line(tmp_path):
     (ckpt / "global_step1" / "layer_02-model_00-model_states.pt").write_bytes(b"not a torch file")
     _fails(ckpt, tmp_path / "o4", "layer_02-model_00-model_states.pt")
 
+    ckpt = _copy(tmp_path / "e")
+    (ckpt / "latest").write_text("../../elsewhere")  # a tag is a folder name, never a path out
+    (ckpt / "global_step1").rename(ckpt / "moved")
+    _fails(ckpt, tmp_path / "o5", "latest: does not name a tag folder")
+
+    ckpt = _copy(tmp_path / "f")  # a hostile pickle in place of a layer file is refused, never run
+    import pickle
+    import os as os_module
+    with open(ckpt / "global_step1" / "layer_06-model_01-model_states.pt", "wb") as f:
+        pickle.dump(type("Boom", (), {"__reduce__": lambda self: (os_module.system, ("true",))})(), f)
+    _fails(ckpt, tmp_path / "o6", "layer_06-model_01-model_states.pt")
+
     empty = tmp_path / "empty"
     empty.mkdir()
     assert not deepspeed.detect(empty)
