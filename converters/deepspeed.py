@@ -101,11 +101,13 @@ def spec_from_args(args: dict, where, dtype: str, has_bias: bool, has_position: 
     tanh = args.get("openai_gelu") or (args.get("bias_gelu_fusion") and has_bias)
     activation = "swiglu" if args.get("swiglu") else ("gelu_tanh" if tanh else "gelu")
     padded = _int(args, "padded_vocab_size", where)
+    vocab = args.get("vocab_size")  # not a Megatron arg; some launchers record it
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and 0 < vocab <= padded else padded
     arch = "gpt2" if (norm == "layernorm" and not rope and activation != "swiglu") else "llama"
     return ModelSpec(
         arch=arch, num_layers=_int(args, "num_layers", where), hidden=hidden,
         ffn_hidden=_int(args, "ffn_hidden_size", where, 4 * hidden), heads=heads, kv_groups=groups,
-        head_dim=_int(args, "kv_channels", where, hidden // heads), vocab=padded, padded_vocab=padded,
+        head_dim=_int(args, "kv_channels", where, hidden // heads), vocab=vocab, padded_vocab=padded,
         max_positions=_int(args, "max_position_embeddings", where, 2048), norm=norm,
         norm_eps=float(args.get("layernorm_epsilon") or 1e-5), activation=activation,
         position="rope" if rope else "learned", rope_base=float(args.get("rope_theta") or 10000),
@@ -148,10 +150,11 @@ class Reader:
         if len(self.layer_indices) != self.spec.num_layers:
             raise InteropError(f"{self.dir}: {len(self.layer_indices)} transformer layer files, args say "
                                f"num_layers={self.spec.num_layers}")
-        if self.spec.tied_embeddings == ("lm_head" in self.kinds.values()):
+        has_head = "lm_head" in self.kinds.values()
+        if self.spec.tied_embeddings == has_head:
             raise InteropError(f"{self.dir}: args say untie_embeddings_and_output_weights="
-                               f"{not self.spec.tied_embeddings}, the files {'have' if not self.spec.tied_embeddings else 'also have'} "
-                               f"{'no ' if not self.spec.tied_embeddings else ''}lm_head")
+                               f"{not self.spec.tied_embeddings}, but the layer files {'do' if has_head else 'do not'} "
+                               "hold an lm_head")
         self.spec.check_tp(self.tp)
         self.index = param_index(self.spec)
         self._rows(notes)
@@ -169,8 +172,9 @@ class Reader:
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
                                   "clip_grad": (engine.get("ds_config") or {}).get("gradient_clipping")}
-        notes.append(f"the true vocabulary size is not recorded (Megatron-DeepSpeed's args keep padded_vocab_size): "
-                     f"keeping all {self.spec.padded_vocab} rows")
+        if self.spec.vocab == self.spec.padded_vocab:
+            notes.append(f"the true vocabulary size is not recorded (Megatron-DeepSpeed's args keep padded_vocab_size): "
+                         f"keeping all {self.spec.padded_vocab} rows")
         if engine.get("rng_state") is not None:
             notes.append("dropped the rng state (per-rank random generator states do not survive resharding)")
         if engine.get("lr_scheduler") is not None:

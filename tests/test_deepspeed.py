@@ -228,6 +228,20 @@ def test_bad_inputs_are_one_line(tmp_path):
         pickle.dump(type("Boom", (), {"__reduce__": lambda self: (os_module.system, ("true",))})(), f)
     _fails(ckpt, tmp_path / "o6", "layer_06-model_01-model_states.pt")
 
+    for what, change, words in (("g", lambda a: setattr(a, "num_layers", 6), ["args say num_layers=6"]),
+                                 ("h", None, ["no Megatron-DeepSpeed args"]),
+                                 ("i", lambda a: setattr(a, "untie_embeddings_and_output_weights", True),
+                                  ["untie_embeddings_and_output_weights=True", "do not hold an lm_head"])):
+        ckpt = _copy(tmp_path / what)
+        engine_file = ckpt / "global_step1" / "mp_rank_00_model_states.pt"
+        engine = torch.load(engine_file, weights_only=False)  # our own fixture, rewritten for the case
+        if change is None:
+            del engine["args"]
+        else:
+            change(engine["args"])
+        torch.save(engine, engine_file)
+        _fails(ckpt, tmp_path / f"o-{what}", *words)
+
     empty = tmp_path / "empty"
     empty.mkdir()
     assert not deepspeed.detect(empty)
