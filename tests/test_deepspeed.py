@@ -180,7 +180,12 @@ def test_to_interop_carries_the_optimizer(tmp_path):
     names = {m.name for m in back.metas()}
     assert {m.name for m in ours.metas()} == names
     for name in names:
-        assert torch.equal(back.read(name), ours.read(name)), name
+        got, want = back.read(name), ours.read(name)
+        if "embed.word" in name or "lm_head" in name:  # Megatron at tp 2 pads the vocabulary to 256 rows (zeros)
+            assert got.shape[0] == 256 and not got[64:].any()
+            got = got[:64]
+        assert torch.equal(got, want), name
+    assert back.source.state["optimizer"]["step"] == 1
 
 
 def _copy(tmp_path) -> Path:
@@ -257,3 +262,19 @@ def test_optimizer_files_missing_is_a_note(tmp_path):
     assert not [m for m in reader.metas() if m.name.startswith("optim.")]
     assert any("optimizer state not converted (no zero_pp_rank_*_optim_states.pt files)" in n for n in reader.source.notes)
     assert torch.equal(reader.read("layers.1.attn.q.weight"), REFERENCE["layers.1.attn.q.weight"])
+
+
+def test_to_megatron_keeps_moments_and_step(tmp_path):
+    """ZeRO's moments reach a Megatron torch checkpoint (resharded to tp 2 / pp 1) and read back unchanged."""
+    code, out = run("convert", GPT2, tmp_path / "meg", "--to", "megatron", "--tp", "2")
+    assert code == 0, out
+    from interop.converters import megatron
+    back, ours = megatron.Reader(tmp_path / "meg"), deepspeed.Reader(GPT2)
+    for name in ("optim.exp_avg.layers.1.attn.q.bias", "optim.exp_avg_sq.embed.word.weight",
+                 "optim.fp32_param.layers.3.mlp.down.weight", "optim.exp_avg.lm_head.weight"):
+        got, want = back.read(name), ours.read(name)
+        if "embed.word" in name or "lm_head" in name:  # Megatron at tp 2 pads the vocabulary to 256 rows (zeros)
+            assert got.shape[0] == 256 and not got[64:].any()
+            got = got[:64]
+        assert torch.equal(got, want), name
+    assert back.source.state["optimizer"]["step"] == 1
