@@ -180,12 +180,8 @@ def test_to_interop_carries_the_optimizer(tmp_path):
     names = {m.name for m in back.metas()}
     assert {m.name for m in ours.metas()} == names
     for name in names:
-        got, want = back.read(name), ours.read(name)
-        if "embed.word" in name or "lm_head" in name:  # Megatron at tp 2 pads the vocabulary to 256 rows (zeros)
-            assert got.shape[0] == 256 and not got[64:].any()
-            got = got[:64]
-        assert torch.equal(got, want), name
-    assert back.source.state["optimizer"]["step"] == 1
+        assert torch.equal(back.read(name), ours.read(name)), name
+    assert back.source.state["optimizer"]["step"] == 1 and back.source.state["iteration"] == 1
 
 
 def _copy(tmp_path) -> Path:
