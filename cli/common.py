@@ -1,21 +1,61 @@
 """What every command shares: user mistakes become one line on stderr and exit code 2."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
+import threading
 
 import click
 
 from ..errors import InteropError
 
+# Signals that end a command the way Ctrl-C does: its temporary output is removed on the way out.
+STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+
+
+class Stopped(BaseException):
+    """A stop signal arrived; raised in the main thread so every `finally` and cleanup runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(STOP_SIGNALS.get(signum, f"signal {signum}"))
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals_raise():
+    """SIGINT, SIGTERM and SIGHUP raise `Stopped` once; later ones are ignored, so that the cleanup the
+    first one started (removing a temporary directory) is not cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = []
+
+    def handler(signum, frame):
+        if not stopping:
+            stopping.append(signum)
+            raise Stopped(signum)
+
+    previous = {}
+    try:
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, handler)
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
 
 def user_errors(fn):
     """Run a command body; an InteropError prints `error: ...` and exits 2, an OSError (disk full,
-    permission denied) likewise with exit 1; bugs keep their traceback."""
+    permission denied) likewise with exit 1; SIGINT / SIGTERM / SIGHUP print `error: interrupted`
+    (terminated, hung up) and exit 128 + the signal, after the command cleaned up; bugs keep their traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with stop_signals_raise():
+                return fn(*args, **kwargs)
         except InteropError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
@@ -23,6 +63,9 @@ def user_errors(fn):
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
+        except Stopped as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(128 + exc.signum)
         except KeyboardInterrupt:
             click.echo("error: interrupted", err=True)
             sys.exit(130)

@@ -15,6 +15,7 @@ import torch
 from ..errors import InteropError
 from ..fused import split_concat
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
+from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, TABLES
@@ -130,10 +131,7 @@ class Reader:
         root = Path(path)
         if not detect(root):
             raise InteropError(f"{root}: not a Hugging Face checkpoint (needs config.json and model weights)")
-        try:
-            config = json.loads((root / "config.json").read_text())
-        except ValueError as exc:
-            raise InteropError(f"{root / 'config.json'}: not valid JSON ({exc})") from None
+        config = read_json_object(root / "config.json", "HF config")
         self.files = _WeightFiles(root)
         notes, keys = [], set(self.files.where)
         ignored = {key: why for key in keys for suffix, why in IGNORED_SUFFIXES.items() if key.endswith(suffix)}

@@ -24,6 +24,7 @@ import torch
 from ..errors import InteropError
 from ..fused import deinterleave_rows, fuse_qkv_grouped, interleave_rows, split_qkv_grouped
 from ..io.ms_ckpt import CkptFile, CkptWriter
+from ..io.small_files import read_json_object
 from ..layout import ParallelLayout
 from ..mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, MINDSPEED_TIED_HEAD,
                                         OPTIM_PREFIXES, TABLES)
@@ -244,13 +245,7 @@ _RANK = re.compile(r"^rank_(\d+)$")
 
 
 def _load_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InteropError(f"{path}: unreadable {what} ({exc})") from None
-    if not isinstance(data, dict):
-        raise InteropError(f"{path}: {what} is not a JSON object")
-    return data
+    return read_json_object(path, what)
 
 
 def _find_files(path: Path, sidecar: dict | None) -> tuple[dict[tuple[int, int], Path], int, int]:
@@ -308,7 +303,7 @@ def _spec_from_config(path, dtype: str) -> ModelSpec:
     from ..mappings.hf_config import spec_from_hf_config
     data = _load_json(Path(path), "model config")
     if "spec" in data:
-        return ModelSpec.from_dict(data["spec"])
+        return ModelSpec.from_dict(data["spec"], where=str(path))
     return spec_from_hf_config(data, dtype, where=str(path))
 
 

@@ -174,7 +174,8 @@ def args_dict(args) -> dict | None:
 def model_config_args(path) -> dict:
     """Completed Megatron args from --model-config: HF config.json, Megatron args file or MindSpeed YAML."""
     from ... import mapargs
-    source = mapargs.load(path)
+    from ...io.small_files import require_small_file
+    source = mapargs.load(require_small_file(path, "model config"))
     return M.complete(source.explicit)
 
 
