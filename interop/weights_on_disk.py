@@ -25,7 +25,8 @@ def min_parameter_count(spec: ModelSpec) -> int:
     per_layer = sum(math.prod(p.shape) for p in layer_params(spec, 0))
     embeddings = spec.vocab * h * (1 if spec.tied_embeddings else 2)
     positions = spec.max_positions * h if spec.position == "learned" else 0
-    return per_layer * spec.num_layers + embeddings + positions + h  # + the final norm
+    final_norm = h * (2 if spec.norm == "layernorm" else 1)
+    return per_layer * spec.num_layers + embeddings + positions + final_norm
 
 
 def bytes_on_disk(path, enough: int | None = None) -> int:

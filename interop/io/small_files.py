@@ -90,6 +90,8 @@ def read_json(path, what: str, limit: int = LIMIT):
     except RecursionError:
         raise InteropError(f"{path}: the {what} is nested too deeply") from None
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python refuses numbers past 4,300 digits
+            raise InteropError(f"{path}: the {what} holds a number with more than 4,300 digits") from None
         raise InteropError(f"{path}: the {what} is not valid JSON ({str(exc).splitlines()[0]})") from None
 
 
