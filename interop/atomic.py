@@ -61,7 +61,7 @@ def check_destination(dst, force: bool, inputs=()) -> Path:
     """Refuse a destination that exists (without `force`), is not a directory, or whose removal by
     `--force` would delete any of `inputs` (the source, a model config)."""
     dst = Path(dst)
-    if dst.exists() and not force:
+    if (dst.exists() or dst.is_symlink()) and not force:
         raise InteropError(f"{dst} already exists (use --force to replace it)")
     if dst.exists() and not dst.is_dir():
         raise InteropError(f"{dst} exists and is not a directory")
