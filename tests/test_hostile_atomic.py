@@ -412,3 +412,24 @@ def test_real_full_disk(hf_checkpoints, tmp_path, writer):
     assert (report / "ls").read_text() == "", "left on the full disk: " + (report / "ls").read_text()
     assert int((report / "used").read_text()) == 0
 
+
+
+def test_sigterm_stops_a_training_run_and_its_ranks(tmp_path):
+    """`interop train` launching its own ranks: SIGTERM stops the ranks too, then the launcher exits
+    143 with one line (it must not wait forever for ranks that keep training)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("arch: llama\nnum_layers: 2\nhidden: 32\nffn_hidden: 64\nheads: 4\nkv_groups: 2\nhead_dim: 8\n"
+                    "vocab: 120\npadded_vocab: 128\nmax_positions: 64\nnorm: rmsnorm\nnorm_eps: 1.0e-5\n"
+                    "activation: swiglu\nposition: rope\n")
+    proc = subprocess.Popen([sys.executable, "-m", "interop", "train", "--init-spec", str(spec), "--save",
+                             str(tmp_path / "run"), "--tp", "2", "--steps", "1000000", "--log-interval", "1"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline(), "training never started"  # a step line: the ranks are running
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert_one_line_error(code, err, 128 + signal.SIGTERM, "terminated")
