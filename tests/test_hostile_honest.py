@@ -327,3 +327,34 @@ def test_manifest_asking_for_100_million_layers(hf_checkpoints, tmp_path):
     (src / "interop.json").write_text(json.dumps(manifest))
     dst = tmp_path / "out"
     assert_refused(cli("convert", src, dst, "--to", "hf"), dst, "num_layers must be between 1 and 10,000")
+
+
+# ---------------------------------------------------------------- files that try to run something
+
+def code_running_files(tmp_path, marker):
+    """Config files whose parsing would run `touch MARKER` if anything in them were executed."""
+    args = tmp_path / "args.sh"
+    args.write_text(f"NL=$(touch {marker})\n--num-layers `touch {marker}` --hidden-size $NL\n")
+    yml = tmp_path / "config.yaml"
+    yml.write_text(f"model_config: !!python/object/apply:os.system ['touch {marker}']\n")
+    return {"args file": args, "yaml": yml}
+
+
+@pytest.mark.parametrize("kind", ["args file", "yaml"])
+def test_model_config_that_tries_to_run_code(sources, tmp_path, kind):
+    marker = tmp_path / "MARKER"
+    path = code_running_files(tmp_path, marker)[kind]
+    dst = tmp_path / "out"
+    result = cli("convert", sources["megatron"], dst, "--from", "megatron", "--to", "hf", "--model-config", path)
+    assert_refused(result, dst, str(path), marker=marker)
+
+
+@pytest.mark.parametrize("kind", ["args file", "yaml"])
+def test_train_files_that_try_to_run_code(tmp_path, kind):
+    marker = tmp_path / "MARKER"
+    path = code_running_files(tmp_path, marker)[kind]
+    flag = "--init-spec" if kind == "yaml" else "--config"
+    # the args file's command substitutions stay unexpanded text (no training flag among them): the run
+    # stops at "nothing to train"; the YAML's python tag is refused by the safe loader
+    words = [str(path)] if kind == "yaml" else ["nothing to train"]
+    assert_refused(cli("train", flag, path, "--steps", "1"), None, *words, marker=marker)
