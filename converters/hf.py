@@ -14,6 +14,7 @@ import torch
 
 from ..errors import InteropError
 from ..fused import split_concat
+from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
@@ -71,9 +72,13 @@ class _WeightFiles:
             if (root / index_name).is_file():
                 try:
                     weight_map = json.loads((root / index_name).read_text())["weight_map"]
-                except (ValueError, KeyError) as exc:
+                except (ValueError, KeyError, TypeError) as exc:
                     raise InteropError(f"{root / index_name}: not a valid index ({exc})") from None
+                if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                    raise InteropError(f"{root / index_name}: 'weight_map' must map tensor names to file names")
                 files = sorted(set(weight_map.values()))
+                for name in files:
+                    inside(root, name, root / index_name)  # never read outside the checkpoint
                 break
         else:
             files = ["model.safetensors"] if (root / "model.safetensors").is_file() else ["pytorch_model.bin"]

@@ -255,7 +255,7 @@ def _find_files(path: Path, sidecar: dict | None) -> tuple[dict[tuple[int, int],
     tracker = path / TRACKER
     if tracker.is_file() or any(path.glob("*/mp_rank_*")):
         if tracker.is_file():
-            it = tracker.read_text().strip()
+            it = tracker.read_text(errors="replace").strip()  # damaged: the error below, not a traceback
             folder = "release" if it == "release" else (f"iter_{int(it):07d}" if it.isdigit() else None)
             if folder is None:
                 raise InteropError(f"{tracker}: expected an iteration number or 'release', found {it!r}")

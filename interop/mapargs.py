@@ -10,10 +10,8 @@ turns such a loss into an error.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
-import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -386,17 +384,11 @@ def load(path: str | Path, env: dict | None = None, fmt: str = "auto") -> Source
 
 
 def _torch_load(path: Path):
-    import torch
+    """The checkpoint's stored args, through the project's allow-listing unpickler (never plain torch.load)."""
+    from .io.safe_pickle import safe_torch_load
 
     try:
-        from .io.safe_pickle import safe_torch_load  # the project's allow-listing unpickler, when present
-    except ImportError:
-        safe_torch_load = None
-    try:
-        if safe_torch_load is not None:
-            return safe_torch_load(path)
-        with torch.serialization.safe_globals([argparse.Namespace, types.SimpleNamespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
+        return safe_torch_load(path)
     except InteropError:
         raise
     except Exception as exc:  # a pickle we refuse or cannot read is the user's file, not our bug

@@ -82,3 +82,33 @@ def assemble(box: Box, pieces, dtype: torch.dtype, empty=memory.empty) -> torch.
     if covered != box.numel():
         raise InteropError(f"the shards on disk cover {covered} of the {box.numel()} elements asked for")
     return out
+
+
+def tiling_error(shape, boxes) -> str | None:
+    """Why `boxes` do not cover a tensor of `shape` exactly once (every element in one box), or None.
+
+    Boxes must lie inside the shape, hold as many elements as the tensor, and not overlap
+    (checked by a sweep along axis 0, so stacked per-layer chunks are compared only with
+    their neighbours)."""
+    shape = tuple(shape)
+    total = 1
+    for n in shape:
+        total *= n
+    held = 0
+    for b in boxes:
+        if len(b.offset) != len(shape) or len(b.shape) != len(shape) or any(
+                o < 0 or n < 0 or o + n > s for o, n, s in zip(b.offset, b.shape, shape)):
+            return f"a shard at {list(b.offset)} of shape {list(b.shape)} lies outside the tensor's {list(shape)}"
+        held += b.numel()
+    if held != total:
+        return f"its shards hold {held} elements, the tensor {total} (missing, repeated or overlapping shards)"
+    if not shape:
+        return None if len(boxes) == 1 else f"a scalar stored in {len(boxes)} shards"
+    active: list[Box] = []
+    for b in sorted((b for b in boxes if b.numel()), key=lambda b: b.offset):
+        active = [a for a in active if a.offset[0] + a.shape[0] > b.offset[0]]
+        for a in active:
+            if intersect(a, b) is not None:
+                return f"shards at {list(a.offset)} and {list(b.offset)} overlap"
+        active.append(b)
+    return None

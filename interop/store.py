@@ -20,15 +20,15 @@ import torch
 
 from .errors import InteropError
 from .io.safetensors import SafetensorsFile, SafetensorsWriter, file_crc32
+from .io.paths import inside
 from .layout import ParallelLayout
+from .manifest import FORMAT, VERSION, check_files_exist, check_manifest
 from .memory import BufferPool
 from .params import base_param_name, param_index
 from .shards import Box, assemble, shard_box
 from .spec import ModelSpec
 from .tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
 
-FORMAT = "interop"
-VERSION = 1
 MANIFEST = "interop.json"
 
 
@@ -58,15 +58,10 @@ class StoreReader:
             raise InteropError(f"{self.root}: not an interop checkpoint (no {MANIFEST})")
         try:
             manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InteropError(f"{manifest_path}: unreadable manifest ({exc})") from None
-        if manifest.get("format") != FORMAT:
-            raise InteropError(f"{manifest_path}: format is {manifest.get('format')!r}, expected {FORMAT!r}")
-        if manifest.get("version") != VERSION:
-            raise InteropError(f"{manifest_path}: version {manifest.get('version')!r} is not supported (this is {VERSION})")
+        except (OSError, ValueError, RecursionError) as exc:
+            raise InteropError(f"{manifest_path}: unreadable manifest ({str(exc)[:200]})") from None
+        spec, layout = check_manifest(self.root, manifest, manifest_path)
         self.manifest = manifest
-        spec = ModelSpec.from_dict(manifest["spec"])
-        layout = ParallelLayout.from_dict(manifest["layout"])
         self.source = Source(spec, layout, state=manifest.get("state") or {})
         self._check_files(verify)
         self._files: dict[str, SafetensorsFile] = {}
@@ -81,14 +76,8 @@ class StoreReader:
         return self.source.layout
 
     def _check_files(self, verify: bool | str) -> None:
-        files = self.manifest.get("files", {})
-        for name, info in files.items():
-            path = self.root / name
-            if not path.is_file():
-                raise InteropError(f"{self.root}: manifest names {name}, which is missing")
-            size = path.stat().st_size
-            if size != info["bytes"]:
-                raise InteropError(f"{path}: {size} bytes, the manifest says {info['bytes']} (truncated or replaced?)")
+        files = self.manifest["files"]
+        check_files_exist(self.root, files, self.root / MANIFEST)
         self._pending_check = None
         if verify == "background":
             pool = ThreadPoolExecutor(1, thread_name_prefix="interop-verify")
@@ -114,8 +103,17 @@ class StoreReader:
 
     def _file(self, name: str) -> SafetensorsFile:
         if name not in self._files:
-            self._files[name] = SafetensorsFile(self.root / name)
+            self._files[name] = SafetensorsFile(inside(self.root, name, self.root / MANIFEST))
         return self._files[name]
+
+    def _shard_file(self, name: str, shard: dict, dtype: torch.dtype) -> SafetensorsFile:
+        """The shard's file, once its entry is checked to hold exactly what the manifest says."""
+        f = self._file(shard["file"])
+        got = f.meta(shard["key"])
+        if got != (dtype, tuple(shard["shape"])):
+            raise InteropError(f"{f.path}: {shard['key']} is {got[0]} {list(got[1])}, the manifest says "
+                               f"{dtype} {shard['shape']} for a shard of {name}")
+        return f
 
     def read(self, name: str, box: Box | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """Tensor `name` (or the part in `box`), assembled from its shards; into `out` when given."""
@@ -126,15 +124,16 @@ class StoreReader:
         box = box or Box.whole(entry["shape"])
         if entry.get("split") == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self._memory.release_idle()
+        dtype = _dtype(entry["dtype"], name)
         pieces = []
         for shard in entry["shards"]:
             shard_box_ = Box(tuple(shard["offset"]), tuple(shard["shape"]))
-            f, key = self._file(shard["file"]), shard["key"]
+            f, key = self._shard_file(name, shard, dtype), shard["key"]
             pieces.append((shard_box_, lambda common, out=None, f=f, key=key, b=shard_box_:
                            f.read(key, common.relative_to(b), out)))
         if out is None:
-            return assemble(box, pieces, _dtype(entry["dtype"], name), self._memory.empty)
-        got = assemble(box, pieces, _dtype(entry["dtype"], name), lambda shape, dtype: out)
+            return assemble(box, pieces, dtype, self._memory.empty)
+        got = assemble(box, pieces, dtype, lambda shape, dtype: out)
         return got if got is out else out.copy_(got)
 
     def read_into(self, name: str, out: torch.Tensor) -> bool:
@@ -150,10 +149,10 @@ class StoreReader:
         for shard in shards:
             if shard["offset"][0] != row or any(o != 0 for o in shard["offset"][1:]):
                 return None
-            where = self._file(shard["file"]).byte_range(shard["key"])
+            where = self._shard_file(name, shard, _dtype(entry["dtype"], name)).byte_range(shard["key"])
             if where is None or list(shard["shape"][1:]) != list(entry["shape"][1:]):
                 return None
-            ranges.append((str(self.root / shard["file"]), *where))
+            ranges.append((str(inside(self.root, shard["file"], self.root / MANIFEST)), *where))
             row += shard["shape"][0]
         return ranges if row == (entry["shape"] or [1])[0] else None
 

@@ -44,7 +44,7 @@ def iteration_dir(path, iteration: int | None = None) -> tuple[Path, int | str |
     tracker = root / TRACKER
     if not tracker.is_file():
         raise InteropError(f"{root}: not a Megatron checkpoint (no {TRACKER}, no mp_rank_* folders)")
-    text = tracker.read_text().strip()
+    text = tracker.read_text(errors="replace").strip()  # a damaged tracker: the error below, not a traceback
     if text == "release":
         sub, it = root / "release", "release"
     elif text.isdigit():

@@ -310,6 +310,10 @@ class Reader:
             self._cache.clear()
             self.memory.release_idle()
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
+        dtypes = {t: s.dtype for t, s in stored.items()}
+        if len(set(dtypes.values())) > 1:  # never cast one rank's bytes to its peers' type
+            raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(d) for d in dtypes.values())} "
+                               "by the tp ranks (tp 0, 1, ...): one dtype expected")
         if self._replicated(row):  # rank 0's copy
             tensor = self.files[(0, row.stage)].read(stored[0])
             return [tensor if out is None else out[0].copy_(tensor)]

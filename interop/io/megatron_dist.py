@@ -21,33 +21,50 @@ DCP's metadata classes.
 """
 from __future__ import annotations
 
-import argparse
+import collections
 import contextlib
+import dataclasses
+import importlib
 import io
 import json
+import pathlib
 import pickle
 import re
-import types
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
+    Metadata,
     MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.checkpoint.utils import _create_file_view
+from torch.futures import Future
 
 from ..errors import InteropError
+from ..shards import Box, tiling_error
+from .paths import inside
+from .safe_pickle import safe_torch_load
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -79,7 +96,7 @@ def checkpoint_dir(root, iteration: int | None = None) -> Path:
         if not tracker.is_file():
             raise InteropError(f"{root}: neither a torch_dist checkpoint (metadata.json + .metadata) "
                                "nor a Megatron save directory (latest_checkpointed_iteration.txt)")
-        text = tracker.read_text().strip()
+        text = tracker.read_text(errors="replace").strip()
         if text == "release":
             sub = root / "release"
         else:
@@ -97,36 +114,71 @@ def checkpoint_dir(root, iteration: int | None = None) -> Path:
 # --- reading ---------------------------------------------------------------------------------------------
 
 class _Placeholder:
-    """Stands in for the empty marker classes megatron-core pickles into `.metadata` (MCoreMetadata, ...)."""
+    """Stands in for megatron-core's `MCoreSavePlan` (old checkpoints keep the save plans in
+    `planner_data`): it keeps what the pickle gives it and does nothing."""
 
     def __setstate__(self, state):
         self.state = state
 
 
-_META_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner",
-                 "torch.distributed.checkpoint.filesystem")
-_MEGATRON_MARKERS = {"MCoreMetadata", "MCoreSavePlan"}
+@dataclasses.dataclass
+class _MCoreMetadata(Metadata):
+    """megatron-core 0.15's `MCoreMetadata` (`megatron/core/dist_checkpointing/strategies/torch.py`):
+    DCP's Metadata plus `mcore_data` (per-key shape facts).  The pickle's top-level object; it is
+    rebuilt as this stand-in so that its fields survive (0.16's own class is an empty marker)."""
+    mcore_data: Any = None
+
+
+_MCORE_TORCH = "megatron.core.dist_checkpointing.strategies.torch"
+_DCP = "torch.distributed.checkpoint"
+
+
+def _dcp_class(module: str, name: str):
+    return getattr(importlib.import_module(f"{_DCP}.{module}"), name)
+
+
+# Every global a genuine `.metadata` (written by DCP, by megatron-core 0.15/0.16 or by us) names, as an
+# exact (module, name) pair.  Nothing else is looked up: pickle would resolve a dotted name such as
+# `os.system` through `torch.distributed.checkpoint.filesystem`'s imports.
+_META_GLOBALS = {
+    **{(f"{_DCP}.metadata", n): _dcp_class("metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")},
+    **{(f"{_DCP}.filesystem", n): _dcp_class("filesystem", n) for n in ("_StorageInfo", "_StoragePrefix")},
+    **{(f"{_DCP}.planner", n): _dcp_class("planner", n) for n in (
+        "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData", "SavePlan")},
+    # torch <= 2.2 pickled TensorProperties from here (the classes still exist, with the same fields)
+    **{("torch.distributed._shard.sharded_tensor.metadata", n): getattr(
+        importlib.import_module("torch.distributed._shard.sharded_tensor.metadata"), n)
+       for n in ("TensorProperties", "MEM_FORMAT_ENCODING")},
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # how torch pickles a layout
+    (_MCORE_TORCH, "MCoreMetadata"): _MCoreMetadata,
+    (_MCORE_TORCH, "MCoreSavePlan"): _Placeholder,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("pathlib", "PosixPath"): pathlib.PosixPath,  # StorageMeta.checkpoint_id may be a Path
+    ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
+}
+# dtypes, layouts and memory formats are pickled by name as attributes of `torch`: plain values, never called
+_TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's metadata classes, torch.Size and dtypes; anything else is refused (the file may be hostile)."""
+    """DCP's metadata classes, torch.Size and dtypes, by exact name; anything else is refused
+    (the file may be hostile).  Nothing is imported on the pickle's say-so."""
 
     def find_class(self, module, name):
-        if module in _META_MODULES and not name.startswith("__"):
-            return super().find_class(module, name)
-        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
-            return getattr(torch, name)
-        if module == "torch.serialization" and name == "_get_layout":
-            return super().find_class(module, name)
-        if module.startswith("megatron.") and name in _MEGATRON_MARKERS:
-            return _Placeholder
-        if (module, name) in (("collections", "OrderedDict"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")):
-            return super().find_class(module, name)  # StorageMeta.checkpoint_id may be a Path
+        found = _META_GLOBALS.get((module, name))
+        if found is not None:
+            return found
+        if module == "torch" and name.isidentifier() and isinstance(vars(torch).get(name), _TORCH_VALUES):
+            return vars(torch)[name]
         raise pickle.UnpicklingError(f"refused global {module}.{name}")
 
 
 class _Reader(FileSystemReader):
-    """FileSystemReader that parses `.metadata` once, safely."""
+    """FileSystemReader that parses `.metadata` once, safely, and checks it before anything is read:
+    every tensor's chunks tile it exactly once, every chunk's file stays inside the checkpoint."""
 
     def __init__(self, path):
         super().__init__(str(path))
@@ -136,11 +188,90 @@ class _Reader(FileSystemReader):
                 self._metadata = _MetadataUnpickler(f).load()
         except Exception as exc:  # a damaged or hostile pickle raises many types
             raise InteropError(f"{file}: not a readable DCP metadata file ({_first_line(exc)})") from None
-        if not hasattr(self._metadata, "state_dict_metadata"):
+        if not isinstance(self._metadata, Metadata) or not isinstance(
+                getattr(self._metadata, "state_dict_metadata", None), dict):
             raise InteropError(f"{file}: not a DCP metadata file")
+        try:
+            _check_metadata(Path(path), file, self._metadata)
+        except (AttributeError, TypeError, ValueError) as exc:  # a damaged pickle builds objects missing fields
+            raise InteropError(f"{file}: malformed DCP metadata ({_first_line(exc)})") from None
 
     def read_metadata(self, *args, **kwargs):
         return self._metadata
+
+    def read_data(self, plan: LoadPlan, planner) -> Future:
+        """DCP's FileSystemReader.read_data, stricter: each stored chunk must be a tensor of exactly the
+        dtype and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
+        root = Path(self.path)
+        by_file: dict[str, list] = {}
+        for item in plan.items:
+            by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for relative_path, items in by_file.items():
+            with open(inside(root, relative_path, root / DCP_METADATA), "rb") as stream:
+                for item in items:
+                    info = self.storage_data[item.storage_index]
+                    view = _create_file_view(stream, info.offset, info.length)
+                    if item.type == LoadItemType.BYTE_IO:
+                        planner.load_bytes(item, io.BytesIO(view.read(-1)))
+                        continue
+                    tensor = torch.load(view, map_location="cpu", weights_only=True)
+                    key = item.storage_index.fqn
+                    entry = self._metadata.state_dict_metadata[key]
+                    sizes = next((c.sizes for c in entry.chunks if c.offsets == item.storage_index.offset), None)
+                    if not isinstance(tensor, torch.Tensor) or tensor.dtype != entry.properties.dtype \
+                            or sizes is None or tensor.shape != sizes:
+                        got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) \
+                            else type(tensor).__name__
+                        raise InteropError(f"{root / relative_path}: the chunk of {key} at "
+                                           f"{list(item.storage_index.offset)} holds {got}, .metadata says "
+                                           f"{entry.properties.dtype} {list(sizes or [])}")
+                    tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+                    target = planner.resolve_tensor(item).detach()
+                    if target.size() != tensor.size():
+                        raise InteropError(f"{root / relative_path}: {key}: a chunk read does not fit its place")
+                    target.copy_(tensor)
+                    planner.commit_tensor(item, target)
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, torch.Size) and all(type(n) is int and n >= 0 for n in value)
+
+
+def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
+    """Refuse (one line) what would make a read wrong rather than fail: chunks that overlap, leave
+    elements uncovered or lie outside their tensor, and storage entries naming files outside `root`."""
+    storage = md.storage_data
+    if not isinstance(storage, dict):
+        raise InteropError(f"{file}: no storage table (storage_data)")
+    for index, info in storage.items():
+        if not isinstance(index, MetadataIndex) or not isinstance(info, _StorageInfo):
+            raise InteropError(f"{file}: malformed storage entry {index!r}")
+        inside(root, info.relative_path, file)
+        if not all(type(n) is int and n >= 0 for n in (info.offset, info.length)):
+            raise InteropError(f"{file}: {index.fqn}: invalid byte range ({info.offset!r}, {info.length!r})")
+        if info.transform_descriptors:
+            raise InteropError(f"{file}: {index.fqn}: stored with transforms {list(info.transform_descriptors)} "
+                               "(compression or encryption), which this reader does not apply")
+    for key, entry in md.state_dict_metadata.items():
+        if isinstance(entry, BytesStorageMetadata):
+            continue
+        if not isinstance(key, str) or not isinstance(entry, TensorStorageMetadata) or not _is_size(entry.size) \
+                or not isinstance(getattr(entry.properties, "dtype", None), torch.dtype) \
+                or not isinstance(entry.chunks, list):
+            raise InteropError(f"{file}: malformed entry for {key!r}")
+        for chunk in entry.chunks:
+            if not isinstance(chunk, ChunkStorageMetadata) or not _is_size(chunk.offsets) or not _is_size(chunk.sizes) \
+                    or not len(chunk.offsets) == len(chunk.sizes) == len(entry.size) \
+                    or any(o + n > s for o, n, s in zip(chunk.offsets, chunk.sizes, entry.size)):
+                raise InteropError(f"{file}: {key}: a chunk lies outside the tensor's shape {list(entry.size)}")
+            if MetadataIndex(key, chunk.offsets) not in storage:
+                raise InteropError(f"{file}: {key}: chunk at {list(chunk.offsets)} has no storage entry")
+        why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
+        if why:
+            raise InteropError(f"{file}: {key}: {why}")
 
 
 class _ChunkLoadPlanner(DefaultLoadPlanner):
@@ -195,6 +326,12 @@ class DistCheckpoint:
                 raise InteropError(f"{file}: expected a dict, found {type(self._common).__name__}")
         return self._common
 
+    @property
+    def mcore_data(self) -> dict:
+        """megatron-core 0.15's per-key facts from `MCoreMetadata.mcore_data` (e.g.
+        `nd_reformulated_orig_global_shape`); {} for other writers."""
+        return getattr(self._reader.read_metadata(), "mcore_data", None) or {}
+
     def keys(self) -> list[str]:
         return list(self._tensors)
 
@@ -243,17 +380,7 @@ def _single_process():
 
 def _load_pickle(file: Path):
     """common.pt may hold megatron classes (args enums): the shared safe loader handles those."""
-    try:
-        from .safe_pickle import safe_torch_load
-    except ImportError:
-        safe_torch_load = None
-    if safe_torch_load is not None:
-        return safe_torch_load(file)
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace, types.SimpleNamespace]):
-            return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise InteropError(f"{file}: cannot load safely ({_first_line(exc)})") from None
+    return safe_torch_load(file)
 
 
 def _cause(exc: BaseException) -> BaseException:

@@ -42,6 +42,11 @@ def dtype_from_code(code: str) -> torch.dtype:
         raise InteropError(f"unsupported safetensors dtype {code!r}") from None
 
 
+def _counts(value) -> bool:
+    """A JSON list of non-negative integers (not floats, not booleans)."""
+    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
+
+
 class SafetensorsFile:
     """Header parsed and checked against the file size up front; tensors read on demand."""
 
@@ -62,27 +67,37 @@ class SafetensorsFile:
             raise InteropError(f"{self.path}: corrupt or truncated safetensors header")
         try:
             header = json.loads(os.pread(self._fd, n, 8))
-        except ValueError:
+        except (ValueError, RecursionError):
             self.close()
             raise InteropError(f"{self.path}: corrupt safetensors header (not JSON)") from None
+        if not isinstance(header, dict) or not isinstance(header.get("__metadata__") or {}, dict):
+            self.close()
+            raise InteropError(f"{self.path}: corrupt safetensors header (not a JSON object)")
         self.metadata = header.pop("__metadata__", None) or {}
         self._base = 8 + n
         self.entries = {}
+        spans = []
         for key, entry in header.items():
             try:
                 dtype = dtype_from_code(entry["dtype"])
-                shape = tuple(int(s) for s in entry["shape"])
-                start, end = (int(x) for x in entry["data_offsets"])
-            except (KeyError, TypeError, ValueError):
+                shape, offsets = entry["shape"], entry["data_offsets"]
+                if not _counts(shape) or not _counts(offsets) or len(offsets) != 2:
+                    raise ValueError
+                start, end = offsets
+            except (KeyError, TypeError, ValueError, InteropError):
                 self.close()
                 raise InteropError(f"{self.path}: corrupt safetensors entry for {key!r}") from None
-            numel = 1
-            for s in shape:
-                numel *= s
-            if end - start != numel * dtype.itemsize or self._base + end > size:
+            if end - start != math.prod(shape) * dtype.itemsize or self._base + end > size:
                 self.close()
-                raise InteropError(f"{self.path}: tensor {key!r} runs past the end of the file (truncated?)")
-            self.entries[key] = (dtype, shape, self._base + start)
+                raise InteropError(f"{self.path}: tensor {key!r} does not fit its byte range or runs past the end "
+                                   "of the file (truncated?)")
+            self.entries[key] = (dtype, tuple(shape), self._base + start)
+            spans.append((start, end, key))
+        spans.sort()
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+            if start < end:
+                self.close()
+                raise InteropError(f"{self.path}: tensors {a!r} and {b!r} overlap on disk (corrupt header)")
 
     def keys(self):
         return list(self.entries)

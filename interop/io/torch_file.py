@@ -17,8 +17,13 @@ import collections
 import io
 import os
 import pickle
+import struct
+import uuid
 import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -26,6 +31,7 @@ from ..errors import InteropError
 from . import background
 from .safe_pickle import plan_globals, safe_torch_load
 from .writeback import Writeback
+from .zipfile_writer import ALIGNMENT, ZipWriter
 
 STORAGE_TYPES = {
     torch.float32: "FloatStorage", torch.float64: "DoubleStorage", torch.float16: "HalfStorage",
@@ -41,17 +47,57 @@ def _globals_in(path: Path) -> list[str]:
         raise InteropError(f"{path}: not a readable torch checkpoint ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
+class _Record(NamedTuple):
+    name: str
+    size: int
+    crc: int
+
+
+def _records(path: Path) -> tuple[dict[int, _Record], bool]:
+    """The zip's records by the file offset of their data, and whether any is compressed.
+
+    torch reports a storage's place as its record's data offset; knowing each record's
+    size and CRC-32 there lets a read check that it stays inside the record and verify it."""
+    try:
+        with zipfile.ZipFile(path) as z, open(path, "rb", buffering=0) as f:
+            by_offset, compressed = {}, False
+            for info in z.infolist():
+                head = os.pread(f.fileno(), 30, info.header_offset)
+                if len(head) != 30 or head[:4] != b"PK\x03\x04":
+                    raise zipfile.BadZipFile(f"bad local header for {info.filename}")
+                name_len, extra_len = struct.unpack("<HH", head[26:30])
+                start = info.header_offset + 30 + name_len + extra_len
+                if info.compress_type != zipfile.ZIP_STORED:
+                    compressed = True
+                by_offset[start] = _Record(info.filename, info.file_size, info.CRC)
+    except (OSError, zipfile.BadZipFile, ValueError, struct.error) as exc:
+        raise InteropError(f"{path}: not a readable zip file ({exc})") from None
+    return by_offset, compressed
+
+
 class LazyTorchFile:
-    """The object in a torch.save file, its tensors as meta-device stand-ins read on demand."""
+    """The object in a torch.save file, its tensors as meta-device stand-ins read on demand.
+
+    Reads stay inside the tensor's record, and a read of a whole record is checked against
+    the record's CRC-32 when it has one (interop and torch.save write them; torch's own
+    `compute_crc32=False` leaves zeros).  A file whose records are compressed (deflate: torch
+    reads those too) is loaded whole instead: its bytes on disk are not the tensor's."""
 
     def __init__(self, path):
         self.path = Path(path)
+        self.placeholders = []
         if not self.path.is_file():
             raise InteropError(f"{self.path}: no such file")
         self.lazy = zipfile.is_zipfile(self.path)
         if not self.lazy:  # the pre-1.6 format: no offsets to read from, load it whole
             self.obj = safe_torch_load(self.path, mmap=False)
             return
+        self._records, compressed = _records(self.path)
+        if compressed:
+            self.lazy = False
+            self.obj = safe_torch_load(self.path, mmap=False)
+            return
+        self._check_small_records()
         entries, self.placeholders = plan_globals(self.path, _globals_in(self.path))
         try:
             with torch.serialization.safe_globals(entries):
@@ -59,35 +105,61 @@ class LazyTorchFile:
         except Exception as exc:
             raise InteropError(f"{self.path}: cannot load safely ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
+    def _check_small_records(self) -> None:
+        """The pickle (names, shapes, offsets) and the small records are verified up front: cheap."""
+        with open(self.path, "rb", buffering=0) as f:
+            for offset, record in self._records.items():
+                if record.crc and (record.name.endswith("/data.pkl") or record.size <= 4096):
+                    self._check_crc(record, zlib.crc32(os.pread(f.fileno(), record.size, offset)))
+
+    def _span(self, t: torch.Tensor) -> tuple[int, int, _Record | None]:
+        """(file offset, bytes) of the part of its storage record that meta tensor `t` views, checked to lie
+        inside the record, and the record when `t` views all of it (then its CRC-32 can be checked)."""
+        offset = getattr(t.untyped_storage(), "_checkpoint_offset", None)
+        record = self._records.get(offset) if offset is not None else None
+        if record is None:
+            raise InteropError(f"{self.path}: a tensor without a storage record (not a torch.save file?)")
+        item = t.element_size()
+        if t.numel() == 0:
+            return offset, 0, None
+        if t.storage_offset() < 0 or any(s < 0 for s in t.stride()):
+            raise InteropError(f"{self.path}: a tensor with a negative offset or stride into {record.name}")
+        last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+        start, nbytes = t.storage_offset() * item, (last - t.storage_offset() + 1) * item
+        if start + nbytes > record.size or t.untyped_storage().nbytes() > record.size:
+            raise InteropError(f"{self.path}: a tensor reaches past the end of its storage record {record.name} "
+                               f"(bytes {start}..{start + nbytes} of {record.size}); the file is damaged")
+        whole = start == 0 and nbytes == record.size and record.crc != 0
+        return offset + start, nbytes, record if whole else None
+
+    def _check_crc(self, record: _Record | None, crc: int) -> None:
+        if record is not None and crc != record.crc:
+            raise InteropError(f"{self.path}: record {record.name} fails its CRC-32 check "
+                               f"({crc:08x}, stored {record.crc:08x}); the file is damaged")
+
     def read(self, t: torch.Tensor) -> torch.Tensor:
         """The real contents of tensor `t` from this file's structure (a fresh CPU tensor)."""
         if t.device.type != "meta":
             return t.clone()
-        storage = t.untyped_storage()
-        offset = getattr(storage, "_checkpoint_offset", None)
-        if offset is None:
-            raise InteropError(f"{self.path}: a tensor without a record offset (not a torch.save file?)")
-        item = t.element_size()
-        # the span of the storage this view covers
+        pos, nbytes, record = self._span(t)
         if t.numel() == 0:
             return torch.empty(t.shape, dtype=t.dtype)
-        last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-        start, count = t.storage_offset(), last - t.storage_offset() + 1
-        buf = bytearray(count * item)
+        buf = bytearray(nbytes)
         with open(self.path, "rb", buffering=0) as f:
-            got = os.preadv(f.fileno(), [buf], offset + start * item)
+            got = os.preadv(f.fileno(), [buf], pos)
         if got != len(buf):
-            raise InteropError(f"{self.path}: truncated (a tensor needs {len(buf)} bytes at offset "
-                               f"{offset + start * item}, {got} there)")
-        flat = torch.frombuffer(buf, dtype=t.dtype) if buf else torch.empty(0, dtype=t.dtype)
+            raise InteropError(f"{self.path}: truncated (a tensor needs {len(buf)} bytes at offset {pos}, {got} there)")
+        if record is not None:
+            self._check_crc(record, zlib.crc32(buf))
+        flat = torch.frombuffer(buf, dtype=t.dtype)
         if t.is_contiguous():
             return flat.view(t.shape)
         return flat.as_strided(t.shape, t.stride()).clone()
 
-
     def read_into(self, t: torch.Tensor, runs: list[tuple[torch.Tensor, int, int]]) -> None:
         """Read tensor `t`'s elements straight into `runs`, (contiguous tensor, start, stop) element ranges
-        of their flattened targets in the order `t` stores its elements: scattered reads, no staging copy."""
+        of their flattened targets in the order `t` stores its elements: scattered reads, no staging copy.
+        The CRC-32 of what was read is computed on a second core while the next batch is read."""
         if sum(stop - start for _, start, stop in runs) != t.numel() or any(
                 x.dtype != t.dtype or not x.is_contiguous() for x, _, _ in runs):
             raise ValueError(f"{self.path}: runs do not match a {t.dtype} tensor of {t.numel()} elements")
@@ -98,7 +170,7 @@ class LazyTorchFile:
                 at += stop - start
             return
         item = t.element_size()
-        offset = t.untyped_storage()._checkpoint_offset + t.storage_offset() * item
+        offset, _, record = self._span(t)
         bytes_of = {}
         views = []
         for x, start, stop in runs:
@@ -106,11 +178,12 @@ class LazyTorchFile:
                 bytes_of[id(x)] = memoryview(x.view(-1).view(torch.uint8).numpy())
             for lo in range(start * item, stop * item, _CHUNK):
                 views.append(bytes_of[id(x)][lo:min(lo + _CHUNK, stop * item)])
+        crc = None
         with open(self.path, "rb", buffering=0) as f:
             i = 0
             while i < len(views):
                 batch, want = [], 0  # one preadv: at most IOV_MAX buffers, under Linux's 2 GiB per call
-                while i < len(views) and len(batch) < _IOV_MAX and want + views[i].nbytes <= 4 * _CHUNK:
+                while i < len(views) and len(batch) < _IOV_MAX and want + views[i].nbytes <= _BATCH:
                     want += views[i].nbytes
                     batch.append(views[i])
                     i += 1
@@ -119,10 +192,23 @@ class LazyTorchFile:
                     raise InteropError(f"{self.path}: truncated (a tensor needs {want} bytes at offset {offset}, "
                                        f"{got} there)")
                 offset += want
+                if record is not None:  # chained in order on the one CRC thread
+                    crc = _CRC_THREAD.submit(_crc_views, batch, crc)
+        if record is not None:
+            self._check_crc(record, crc.result() if crc is not None else 0)
 
 
+def _crc_views(views, before) -> int:
+    crc = 0 if before is None else before.result()
+    for v in views:
+        crc = zlib.crc32(v, crc)
+    return crc
+
+
+_CRC_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-read-crc")
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
-_CHUNK = 256 << 20
+_CHUNK = 64 << 20
+_BATCH = 64 << 20  # read this much, then checksum it while reading the next
 
 
 class _StorageRef:
@@ -164,14 +250,14 @@ class _Pickler(pickle.Pickler):
 class TorchFileWriter:
     """Writes a torch.save zip whose tensors arrive one by one before the object that holds them.
 
-    Records carry no CRC-32, as with torch's own `compute_crc32=False` setting: torch.load never
-    checks it, and computing it cost a third of a Megatron conversion's time."""
+    The zip is ours (`zipfile_writer`): records carry their CRC-32 (computed on a second core
+    while writing), so `unzip -t` checks the file and `LazyTorchFile` verifies what it reads;
+    a write error (a full disk) is an OSError, never an abort."""
 
     def __init__(self, path):
         self.path = Path(path)
-        self._zip = torch._C.PyTorchFileWriter(str(self.path), False, torch.serialization._get_storage_alignment())
-        self._fd = os.open(self.path, os.O_RDONLY)  # to start writeback early: torch's writer keeps its own
-        self._writeback = Writeback(self._fd)
+        self._zip = ZipWriter(self.path, _archive_name(self.path))
+        self._writeback = Writeback(self._zip.fd)
         self._background = background.enabled()
         self._count = 0
         self.nbytes = 0
@@ -185,20 +271,16 @@ class TorchFileWriter:
         key = str(self._count)
         self._count += 1
         nbytes = t.numel() * t.element_size()
-        storage = t.untyped_storage()
-        if storage.nbytes() != nbytes:  # a view into a larger tensor (a TP slice): its bytes, without a copy
-            start = t.storage_offset() * t.element_size()
-            storage = storage[start:start + nbytes]
         self.nbytes += nbytes
         if self._background:
-            background.submit(nbytes, self._write, f"data/{key}", storage, nbytes, self.nbytes, t)
+            background.submit(nbytes, self._write, f"data/{key}", t, self.nbytes)
         else:
-            self._write(f"data/{key}", storage, nbytes, self.nbytes, t)
+            self._write(f"data/{key}", t, self.nbytes)
         return TensorRef(_StorageRef(key, t.dtype, t.numel()), t.shape)
 
-    def _write(self, name: str, storage, nbytes: int, total: int, owner: torch.Tensor) -> None:
-        """One record; `owner` keeps the memory under `storage` alive (and out of its pool) until written."""
-        self._zip.write_record(name, storage, nbytes)
+    def _write(self, name: str, t: torch.Tensor, total: int) -> None:
+        """One record: the bytes of contiguous `t` (a TP slice of a larger tensor is written without a copy)."""
+        self._zip.write_record(name, t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
         self._writeback.wrote(total)
 
     def finish(self, obj) -> None:
@@ -206,25 +288,23 @@ class TorchFileWriter:
             background.wait()
         buf = io.BytesIO()
         _Pickler(buf, protocol=2).dump(obj)
-        data = buf.getvalue()
-        self._zip.write_record("data.pkl", data, len(data))
+        self._zip.write_record("data.pkl", buf.getbuffer())
         # No `.format_version` record: version 1 promises storages in pickle order (torch then
         # computes offsets instead of looking them up), and ours are in arrival order.
-        alignment = str(torch.serialization._get_storage_alignment())
-        self._zip.write_record(".storage_alignment", alignment, len(alignment))
-        self._zip.write_record("byteorder", "little", len("little"))
-        self._zip.write_end_of_file()
-        self._zip = None
-        self._close_fd()
+        self._zip.write_record(".storage_alignment", str(ALIGNMENT).encode())
+        self._zip.write_record("byteorder", b"little")
+        self._zip.write_record("version", b"3\n")
+        self._zip.write_record(".data/serialization_id", f"{uuid.uuid4().int:040d}"[:40].encode())
+        self._writeback.wait()
+        self._zip.close()
 
     def abort(self) -> None:
         if self._background:
             background.abandon()
-        self._zip = None
-        self._close_fd()
+        self._writeback.wait()
+        self._zip.release()
 
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            self._writeback.wait()
-            os.close(self._fd)
-            self._fd = None
+
+def _archive_name(path: Path) -> str:
+    """torch.save names the zip's top folder after the file (`model_optim_rng.pt` -> `model_optim_rng`)."""
+    return path.name.rsplit(".", 1)[0] if "." in path.name else path.name
