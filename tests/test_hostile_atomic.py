@@ -322,12 +322,29 @@ class FullFile:
         self._file.close()
 
 
+class FullOs:
+    """The `os` module as a writer module sees it, with `os.write` spending from a FullDisk first."""
+
+    def __init__(self, disk: FullDisk):
+        self._disk = disk
+
+    def write(self, fd, data):
+        self._disk.spend(memoryview(data).nbytes)
+        return os.write(fd, data)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
 def inject_enospc(monkeypatch, disk: FullDisk) -> None:
     """Make the lowest write call of every writer spend from `disk`: files opened for writing by the
     safetensors, MindSpore .ckpt, torch_dist spool and torch file writers, kernel copies between
-    safetensors files, and torch's own zip writer (Megatron .pt, DCP's common.pt)."""
-    from interop.io import ms_ckpt, safetensors, torch_file
+    safetensors files, `os.write` in our zip writer (Megatron .pt) and torch's own zip writer
+    (DCP's common.pt)."""
+    from interop.io import ms_ckpt, safetensors, torch_file, zipfile_writer
     from interop.converters.megatron import torch_dist
+
+    monkeypatch.setattr(zipfile_writer, "os", FullOs(disk))
 
     def full_open(*args, **kwargs):
         file = builtins.open(*args, **kwargs)
@@ -388,11 +405,7 @@ NAMESPACE = _mount_namespace()
 
 
 @pytest.mark.skipif(NAMESPACE is None, reason="cannot mount a tmpfs here (no root, no user namespaces)")
-@pytest.mark.parametrize("writer", [
-    pytest.param(w, marks=pytest.mark.xfail(
-        strict=False, reason="torch's zip writer aborts the process (SIGABRT) on ENOSPC; interop/io/torch_file.py "
-                             "is being fixed on the `safe` branch")) if w == "megatron-torch" else w
-    for w in sorted(WRITERS)])
+@pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_real_full_disk(hf_checkpoints, tmp_path, writer):
     """A real 400 KB tmpfs (the output is ~0.9 MB), in a private mount namespace: one line, exit 1,
     and the filesystem is empty again afterwards."""
