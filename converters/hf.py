@@ -70,10 +70,7 @@ class _WeightFiles:
         self.where: dict[str, object] = {}
         for index_name, kind in (("model.safetensors.index.json", "st"), ("pytorch_model.bin.index.json", "bin")):
             if (root / index_name).is_file():
-                try:
-                    weight_map = json.loads((root / index_name).read_text())["weight_map"]
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise InteropError(f"{root / index_name}: not a valid index ({exc})") from None
+                weight_map = read_json_object(root / index_name, "weight index", limit=256 << 20).get("weight_map")
                 if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                     raise InteropError(f"{root / index_name}: 'weight_map' must map tensor names to file names")
                 files = sorted(set(weight_map.values()))

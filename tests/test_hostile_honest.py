@@ -358,3 +358,14 @@ def test_train_files_that_try_to_run_code(tmp_path, kind):
     # stops at "nothing to train"; the YAML's python tag is refused by the safe loader
     words = [str(path)] if kind == "yaml" else ["nothing to train"]
     assert_refused(cli("train", flag, path, "--steps", "1"), None, *words, marker=marker)
+
+
+@pytest.mark.parametrize("case", ["a list", "deeply nested", "5,000 digits", "not JSON"])
+def test_hf_weight_index_structure(hf_checkpoints, tmp_path, case):
+    text, fragment = BAD_JSON[case]
+    src = tmp_path / "src"
+    shutil.copytree(hf_checkpoints["llama"], src)
+    (src / "model.safetensors.index.json").write_text(text)
+    dst = tmp_path / "out"
+    assert_refused(cli("convert", src, dst, "--to", "interop"), dst, str(src / "model.safetensors.index.json"),
+                   fragment)
