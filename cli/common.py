@@ -15,8 +15,9 @@ from ..errors import InteropError
 STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 
 
-class Stopped(BaseException):
-    """A stop signal arrived; raised in the main thread so every `finally` and cleanup runs."""
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP), raised in the main thread like Ctrl-C's KeyboardInterrupt so
+    that every `finally` and cleanup runs; the command then exits 128 + the signal."""
 
     def __init__(self, signum: int):
         super().__init__(STOP_SIGNALS.get(signum, f"signal {signum}"))
@@ -26,7 +27,7 @@ class Stopped(BaseException):
 @contextlib.contextmanager
 def stop_signals_raise():
     """SIGINT, SIGTERM and SIGHUP raise `Stopped` once; later ones are ignored, so that the cleanup the
-    first one started (removing a temporary directory) is not cut short."""
+    first one started (removing a temporary directory, stopping training ranks) is not cut short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -47,15 +48,22 @@ def stop_signals_raise():
             signal.signal(signum, old)
 
 
+def stopping_cleanly(fn):
+    """Run `fn` with stop signals raised as `Stopped` (see `stop_signals_raise`)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with stop_signals_raise():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 def user_errors(fn):
     """Run a command body; an InteropError prints `error: ...` and exits 2, an OSError (disk full,
-    permission denied) likewise with exit 1; SIGINT / SIGTERM / SIGHUP print `error: interrupted`
-    (terminated, hung up) and exit 128 + the signal, after the command cleaned up; bugs keep their traceback."""
+    permission denied) likewise with exit 1; bugs keep their traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            with stop_signals_raise():
-                return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         except InteropError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
@@ -63,13 +71,10 @@ def user_errors(fn):
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
-        except Stopped as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(128 + exc.signum)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
-    return wrapper
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP raised as `Stopped`: after the cleanup
+            click.echo(f"error: {exc if isinstance(exc, Stopped) else 'interrupted'}", err=True)
+            sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
+    return stopping_cleanly(wrapper)
 
 
 class ProgressBar:

@@ -22,7 +22,7 @@ from .atomic import atomic_directory, check_destination
 from .converters.registry import converter, detect_format
 from .errors import InteropError
 from .io.background import background_writes
-from .layout import ParallelLayout, check_layout_flags
+from .layout import ParallelLayout
 from .params import base_param_name, param_index
 from .tensors import DTYPE_NAMES, TensorMeta
 from .weights_on_disk import check_weights_on_disk
@@ -151,7 +151,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     reader_cls, writer_cls = converter(src_format).Reader, converter(dst_format).Writer
     reader_options, writer_options = split_options(reader_cls, writer_cls, options or {}, src_format, dst_format)
-    check_layout_flags(tp, pp, vpp, first_stage_layers, last_stage_layers)
+    ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers)
     inputs = (src, (options or {}).get("model_config"))  # what --force must never delete
     check_destination(dst, force, inputs)
     reader = reader_cls(src, **reader_options)

@@ -43,6 +43,8 @@ class ParallelLayout:
     # stages[p][v] = (first layer, end layer) of virtual chunk v on pipeline stage p
     stages: tuple[tuple[tuple[int, int], ...], ...]
 
+    check_flags = staticmethod(check_layout_flags)
+
     def __post_init__(self):
         problem = _layout_problem(self.tp, self.pp, self.stages)
         if problem:

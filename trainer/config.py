@@ -151,7 +151,8 @@ def from_yaml(path) -> dict:
 def from_args_file(path) -> dict:
     """Megatron flags from an args file or a whole launch script (variables, arrays, continuations)."""
     from interop.argsfile import parse_file
-    tokens = parse_file(require_small_file(path, "training config")).tokens
+    require_small_file(path, "training config")
+    tokens = parse_file(path).tokens
     out, i = dict(MEGATRON_DEFAULTS), 0
     while i < len(tokens):
         flag = tokens[i].replace("_", "-") if tokens[i].startswith("--") else tokens[i]

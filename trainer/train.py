@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from interop.errors import InteropError
-from interop.layout import ParallelLayout, check_layout_flags
+from interop.layout import ParallelLayout
 from interop.params import param_index
 from interop.spec import ModelSpec
 
@@ -81,7 +81,7 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     for name in ("tp", "pp", "steps", "micro_batch_size", "seq_length", "log_interval"):
         if getattr(cfg, name) < (0 if name == "steps" else 1):
             raise InteropError(f"--{name.replace('_', '-')} must be positive (got {getattr(cfg, name)})")
-    check_layout_flags(cfg.tp, cfg.pp, 1, cfg.first_stage_layers, cfg.last_stage_layers)
+    ParallelLayout.check_flags(cfg.tp, cfg.pp, 1, cfg.first_stage_layers, cfg.last_stage_layers)
     if world is not None:
         dp = cfg.dp if cfg.dp is not None else world // (cfg.tp * cfg.pp)
         if dp < 1 or dp * cfg.tp * cfg.pp != world:
