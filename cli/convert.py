@@ -34,10 +34,15 @@ FORMAT_CHOICE = click.Choice(sorted(FORMATS))
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
 @click.option("--qkv-concat", is_flag=True, default=None,
               help="MindFormers: fuse q/k/v into w_qkv and gate/up into w_gate_hidden.")
+@click.option("--qkv-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindFormers w_qkv / w_gate_hidden: grouped (r1.5.0 and later) or plain (r1.3.x).")
+@click.option("--qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindFormers w_qkv.bias when it differs from the weights (convert_weight.py: plain).")
+@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
-            megatron_format, iteration, model_config, dialect, qkv_concat, quiet):
+            megatron_format, iteration, model_config, dialect, qkv_concat, qkv_layout, qkv_bias_layout, dp, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -52,7 +57,8 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
                               dtype=dtype, force=force, progress=bar,
                               options={"format": megatron_format, "iteration": iteration,
                                        "model_config": model_config, "dialect": dialect,
-                                       "qkv_concat": qkv_concat})
+                                       "qkv_concat": qkv_concat, "qkv_layout": qkv_layout,
+                                       "qkv_bias_layout": qkv_bias_layout, "dp": dp})
     finally:
         bar.close()
     click.echo("\n".join(summary.lines()))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import InteropError
-from ..mapargs import TARGETS, map_args as _map_args
+from ..mapargs import DEFAULT_TARGET, TARGETS, map_args as _map_args
 
 EXAMPLE = """
 \b
@@ -16,34 +16,43 @@ Example:
   interop map-args train_llama2.sh --to mindspeed -o llama2.yaml --report lost.json
   interop map-args train.sh --to hf -e NUM_NODES=4 -e 1=/ckpt
   interop map-args llama2.yaml --to megatron       # read a written file back
+  interop map-args pretrain_gpt_7B.yaml --set seq_length=4096 --set vocab_size=32000
 """
 
 
-def _env(pairs) -> dict:
+def _env(pairs, option: str = "-e") -> dict:
     env = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
         if not eq or not name:
-            raise InteropError(f"-e {pair!r}: expected KEY=VALUE")
+            raise InteropError(f"{option} {pair!r}: expected KEY=VALUE")
         env[name] = value
     return env
 
 
 @click.command("map-args", epilog=EXAMPLE)
 @click.argument("args_file", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(TARGETS), required=True, help="Target format.")
+@click.option("--to", "to", type=click.Choice(TARGETS), default=None,
+              help=f"Target format (default: {DEFAULT_TARGET}, MindSpeed-Core-MS YAML).")
 @click.option("--from", "fmt", default="auto", show_default=True,
-              help="Source format: auto, megatron (script / args file), megatron-checkpoint, or a --to format.")
+              help="Source format (auto: told from the content): megatron (script / args file), "
+                   "megatron-checkpoint, a --to format, mindspeed-nested (the `llm:` YAML) or atorch (strategy .py).")
 @click.option("-e", "env", multiple=True, metavar="KEY=VALUE",
               help="Set a shell variable the file uses (wins over the file's own assignment).")
+@click.option("--set", "values", multiple=True, metavar="NAME=VALUE",
+              help="Give a Megatron value the file lacks or override one (e.g. --set seq_length=4096).")
 @click.option("-o", "output", type=click.Path(path_type=Path), help="Write here instead of stdout.")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the unmapped items as JSON here.")
 @click.option("--strict", is_flag=True, help="Exit 2 if any given value does not map.")
-def map_args(args_file, to, fmt, env, output, report, strict):
-    """Map Megatron arguments (a launch script, an args file, a checkpoint directory, a config.json,
-    or a file this command wrote) to another framework's config, and say what did not map."""
+def map_args(args_file, to, fmt, env, values, output, report, strict):
+    """Map a training configuration (a Megatron / MindSpeed-LLM launch script or args file, a checkpoint
+    directory, a MindSpeed / MindFormers YAML, a config.json, a ColossalAI or DeepSpeed config, or a file
+    this command wrote) to another framework's config, and say what did not map."""
     try:
-        result = _map_args(args_file, to, env=_env(env), fmt=fmt, strict=strict)
+        if to is None:
+            to = DEFAULT_TARGET
+            click.echo(f"target: {to} (default; --to to choose)", err=True)
+        result = _map_args(args_file, to, env=_env(env), fmt=fmt, strict=strict, values=_env(values, "--set"))
         for entry in result.entries:
             tag = "unmapped" if entry.lost else "note"
             value = "" if entry.value is None else f"={entry.value!r}"

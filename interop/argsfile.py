@@ -173,15 +173,23 @@ _ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.m
               ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod}
 
 
+ARITH_LIMIT = 2 ** 63  # bash arithmetic is 64-bit; bigger is not a size anyone launches with
+
+
 def _arith(expr: str) -> int:
-    """Bash integer arithmetic on + - * / % and parentheses (division truncates)."""
+    """Bash integer arithmetic on + - * / % and parentheses (division truncates), within 64 bits."""
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            if abs(node.value) >= ARITH_LIMIT:
+                raise ValueError(expr)
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
-            return _ARITH_OPS[type(node.op)](ev(node.left), ev(node.right))
+            value = _ARITH_OPS[type(node.op)](ev(node.left), ev(node.right))
+            if abs(value) >= ARITH_LIMIT:
+                raise ValueError(expr)
+            return value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -ev(node.operand)
         raise ValueError(expr)
@@ -274,7 +282,7 @@ class _Shell:
         text = re.sub(_NAME, lambda m: str(self.vars.get(m.group(0), "${%s}" % m.group(0))), text)
         try:
             return str(_arith(text))
-        except (ValueError, SyntaxError, ZeroDivisionError, TypeError):
+        except (ValueError, SyntaxError, ZeroDivisionError, TypeError, RecursionError, MemoryError):
             return "$((" + expr + "))"
 
     def words(self, word: list[_Seg]) -> list[str]:

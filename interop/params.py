@@ -45,11 +45,11 @@ def layer_params(spec: ModelSpec, i: int) -> list[Param]:
         (p + "mlp_norm.weight", (h,), "replicated", True),
         (p + "mlp_norm.bias", (h,), "replicated", has_norm_bias),
         (p + "mlp.gate.weight", (ffn, h), "column", spec.gated_mlp),
-        (p + "mlp.gate.bias", (ffn,), "column", spec.gated_mlp and spec.linear_bias),
+        (p + "mlp.gate.bias", (ffn,), "column", spec.gated_mlp and spec.has_mlp_bias),
         (p + "mlp.up.weight", (ffn, h), "column", True),
-        (p + "mlp.up.bias", (ffn,), "column", spec.linear_bias),
+        (p + "mlp.up.bias", (ffn,), "column", spec.has_mlp_bias),
         (p + "mlp.down.weight", (h, ffn), "row", True),
-        (p + "mlp.down.bias", (h,), "replicated", spec.linear_bias),
+        (p + "mlp.down.bias", (h,), "replicated", spec.has_mlp_bias),
     ]
     return [Param(name, shape, split, i) for name, shape, split, present in rows if present]
 

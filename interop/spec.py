@@ -48,6 +48,7 @@ class ModelSpec:
     tied_embeddings: bool = True
     qkv_bias: bool = False  # biases on q, k, v
     linear_bias: bool = False  # biases on o, gate/up and down
+    mlp_bias: bool | None = None  # gate/up and down when unlike o (HF Llama attention_bias without mlp_bias)
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -58,8 +59,15 @@ class ModelSpec:
     def gated_mlp(self) -> bool:
         return self.activation == "swiglu"
 
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.linear_bias if self.mlp_bias is None else self.mlp_bias
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["mlp_bias"] is None:  # as before the field existed
+            del data["mlp_bias"]
+        return data
 
     @classmethod
     def from_dict(cls, data, where: str | None = None) -> "ModelSpec":
@@ -112,6 +120,8 @@ def _problems(spec: ModelSpec):
     for name in BOOL_FIELDS:
         if not isinstance(getattr(spec, name), bool):
             yield f"{name} must be true or false, got {getattr(spec, name)!r}"
+    if spec.mlp_bias is not None and not isinstance(spec.mlp_bias, bool):
+        yield f"mlp_bias must be true, false or null, got {spec.mlp_bias!r}"
     if not _is_number(spec.norm_eps) or not 0 <= spec.norm_eps < 1:
         yield f"norm_eps must be a number in [0, 1), got {spec.norm_eps!r}"
     if not _is_number(spec.rope_base) or spec.rope_base <= 0:

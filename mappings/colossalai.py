@@ -21,10 +21,16 @@ def _fp16(fp16, bf16):
     return NAIVE if fp16 else OMIT
 
 
+def _micro_batches(doc) -> int:
+    config = doc.get("CONFIG")
+    n = config.get("NUM_MICRO_BATCHES", 1) if isinstance(config, dict) else 1
+    return n if isinstance(n, int) and n > 0 else 1
+
+
 ROWS = [
     R("seq_length", "SEQ_LEN"),
     R(("micro_batch_size", "micro_batch_num"), "BATCH_SIZE", to=lambda mbs, n: mbs * n if mbs and n else OMIT,
-      back=lambda v, doc: {"micro_batch_size": v // doc["CONFIG"].get("NUM_MICRO_BATCHES", 1)}),
+      back=lambda v, doc: {"micro_batch_size": v // _micro_batches(doc)}),
     R(("micro_batch_size", "seq_length", "hidden_size"), "TENSOR_SHAPE",
       to=lambda mbs, s, h: [mbs, s, h] if mbs and s and h else OMIT,
       back=lambda v, doc: {"micro_batch_size": v[0], "seq_length": v[1], "hidden_size": v[2]}),

@@ -78,6 +78,8 @@ LLAMA = [
     R("padded_vocab_size", "vocab_size"),
     R("norm_epsilon", "rms_norm_eps"),
     R("rotary_base", "rope_theta", back=lambda v, doc: {"rotary_base": int(v) if float(v).is_integer() else v}),
+    R("rotary_base", "rope_parameters", to=lambda base: {"rope_theta": float(base), "rope_type": "default"},
+      back=lambda v, doc: {}),
     R("activation", "hidden_act", to=_llama_act, back=lambda v, doc: {"activation": "swiglu" if v == "silu" else v}),
     R("untie_embeddings_and_output_weights", "tie_word_embeddings", False, to=lambda v: not v, back=_untie),
     R(("add_qkv_bias", "add_bias_linear"), "attention_bias", to=_llama_bias,
@@ -102,6 +104,23 @@ def arch_of(full: dict) -> str:
 
 def rows_for(full: dict):
     return LLAMA if full and arch_of(full) == "llama" else GPT2
+
+
+def normalize_doc(doc: dict) -> dict:
+    """transformers 5 writes `dtype` and `rope_parameters: {rope_theta, rope_type}`; 4.x wrote
+    `torch_dtype` and `rope_theta`. Read either: the 4.x keys the rows use, filled from the 5.x ones."""
+    doc = dict(doc)
+    rope = doc.get("rope_parameters")
+    if isinstance(rope, dict):
+        if "rope_theta" in rope and doc.get("rope_theta") is None:
+            doc["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") == "default":
+            doc.pop("rope_parameters")  # said entirely by rope_theta
+    if doc.get("dtype") is not None and doc.get("torch_dtype") is None:
+        doc["torch_dtype"] = doc["dtype"]
+    if doc.get("dtype") == doc.get("torch_dtype"):
+        doc.pop("dtype", None)
+    return doc
 
 
 def rows_for_doc(doc: dict, where: str):

@@ -115,8 +115,6 @@ def _llama_spec(config: dict, dtype: str, where: str) -> ModelSpec:
         raise InteropError(f"{where}: rope scaling ({config.get('rope_scaling') or rope}) is not supported")
     attention_bias = bool(config.get("attention_bias", False))
     mlp_bias = bool(config.get("mlp_bias", False))
-    if attention_bias != mlp_bias:
-        raise InteropError(f"{where}: attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported")
     heads = f["heads"]
     rope_base = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool):
@@ -125,7 +123,8 @@ def _llama_spec(config: dict, dtype: str, where: str) -> ModelSpec:
         where, arch="llama", kv_groups=_optional_int(config, "num_key_value_heads", where) or heads,
         head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
         activation="swiglu", position="rope", rope_base=float(rope_base),
-        qkv_bias=attention_bias, linear_bias=mlp_bias, dtype=dtype, **f)
+        qkv_bias=attention_bias, linear_bias=attention_bias,  # HF Llama: attention_bias is q, k, v and o
+        mlp_bias=None if mlp_bias == attention_bias else mlp_bias, dtype=dtype, **f)
 
 
 # What each HF architecture can express; a spec outside it would load as a different model.
@@ -152,11 +151,12 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
         table = GPT2_KEYS
     else:
         if spec.qkv_bias != spec.linear_bias:
-            raise InteropError("HF Llama has biases on all attention or all MLP linears; this model mixes them")
+            raise InteropError("HF Llama's attention_bias puts biases on q, k, v and o together; this model has "
+                               "them on only some")
         config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
                   "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
                   "rope_theta": spec.rope_base, "rope_parameters": {"rope_theta": spec.rope_base, "rope_type": "default"},
-                  "attention_bias": spec.qkv_bias, "mlp_bias": spec.linear_bias, "attention_dropout": 0.0}
+                  "attention_bias": spec.qkv_bias, "mlp_bias": spec.has_mlp_bias, "attention_dropout": 0.0}
         table = LLAMA_KEYS
     for field, key, _ in table:
         config[key] = getattr(spec, field)

@@ -448,7 +448,7 @@ MEGATRON = [
     A('num_layers_per_virtual_pipeline_stage', INT),
     A('num_virtual_stages_per_pipeline_rank', INT),
     A('overlap_p2p_comm', FALSE, True, '--no-overlap-p2p-communication'),
-    A('distributed_backend', STR, 'nccl', choices=('nccl', 'gloo', 'hccl')),  # hccl: MindSpeed on Ascend
+    A('distributed_backend', STR, 'nccl', choices=('nccl', 'gloo')),  # MindSpeed's 'hccl' passes as a fork value
     A('distributed_timeout_minutes', INT, 10),
     A('distributed_timeout_seconds_after_init', INT),
     A('overlap_grad_reduce', TRUE, False),
@@ -773,7 +773,44 @@ MINDSPEED = [
     A("recompute", STR, None, origin="mindspeed"),
     A("select_recompute", STR, None, origin="mindspeed"),
     A("select_comm_recompute", STR, None, origin="mindspeed"),
+    # MindSpeed-LLM / MindSpeed-Core-MS launch-script flags (their example scripts): accepted, carried
+    # where a target has a field, reported where not.
+    A("tokenizer_name_or_path", STR, None, origin="mindspeed"),
+    A("use_mc2", TRUE, False, origin="mindspeed"),
+    A("reuse_fp32_param", TRUE, False, origin="mindspeed"),
+    A("moe_permutation_async_comm", TRUE, False, origin="mindspeed"),
+    A("moe_alltoall_overlap_comm", TRUE, False, origin="mindspeed"),
+    A("moe_tp_extend_ep", TRUE, False, origin="mindspeed"),
+    A("first_k_dense_replace", INT, None, origin="mindspeed"),
+    A("n_shared_experts", INT, None, origin="mindspeed"),
+    A("shared_expert_gate", TRUE, False, origin="mindspeed"),
+    A("norm_topk_prob", TRUE, False, origin="mindspeed"),
+    A("topk_softmax_in_fp32", TRUE, False, origin="mindspeed"),
+    A("use_cp_send_recv_overlap", TRUE, False, origin="mindspeed"),
+    A("use_fused_ring_attention_update", TRUE, False, origin="mindspeed"),
+    A("no_shared_storage", TRUE, False, origin="mindspeed"),
+    A("noop_layers", STR, None, origin="mindspeed"),
+    A("handler_name", STR, None, origin="mindspeed"),
+    A("prompt_type", STR, None, origin="mindspeed"),
+    A("enable_hf2mg_convert", TRUE, False, origin="mindspeed"),
+    A("model_type_hf", STR, None, origin="mindspeed"),
+    A("use_ascend_mc2", TRUE, False, origin="mindspeed"),
+    A("add_rmsnorm_offset", TRUE, False, origin="mindspeed"),
+    A("rmsnorm_weight_in_fp32", TRUE, False, origin="mindspeed"),
 ]
+
+# Fork values of upstream choices: (dest, fork value) -> (upstream value, why). A fork value not
+# listed here is passed through with a note; it is never refused.
+FORK_VALUES = {
+    ("tokenizer_type", "PretrainedFromHF"): (
+        "HuggingFaceTokenizer", "MindSpeed-LLM's Hugging Face AutoTokenizer (--tokenizer-name-or-path); "
+        "Megatron-LM calls it HuggingFaceTokenizer"),
+    ("distributed_backend", "hccl"): (
+        "nccl", "Ascend's collective library (HCCL); Megatron-LM on GPUs uses NCCL"),
+    ("moe_token_dispatcher_type", "alltoall_seq"): (
+        "alltoall", "MindSpeed's sequence-sharded all-to-all dispatcher; Megatron-LM core_v0.16 has only 'alltoall' "
+        "for it (same routing, different communication)"),
+}
 
 # Values Megatron computes: no flag sets them.
 COMPUTED_ARGS = [
@@ -890,7 +927,8 @@ DERIVED = [
     Derived("hidden_act", lambda a: "swiglu" if a["swiglu"] else "gelu", why="swiglu with --swiglu, else gelu"),
     Derived("params_dtype", lambda a: "bfloat16" if a["bf16"] else "float16" if a["fp16"] else "float32",
             invert=lambda v, a: _DTYPE_FLAGS.get(v), why="from --bf16 / --fp16"),
-    Derived("compute_dtype", lambda a: a["params_dtype"], why="the training precision"),
+    Derived("compute_dtype", lambda a: a["params_dtype"], invert=lambda v, a: _DTYPE_FLAGS.get(v),
+            why="the training precision (--bf16 / --fp16)"),
     Derived("lr_decay_iters", lambda a: a["train_iters"], why="defaults to --train-iters"),
     Derived("start_weight_decay", lambda a: a["weight_decay"], why="= --weight-decay"),
     Derived("end_weight_decay", lambda a: a["weight_decay"], why="= --weight-decay"),
@@ -977,9 +1015,18 @@ CHECKS = [
      "query groups are not divisible by tensor parallelism"),
     (("num_layers", "pipeline_model_parallel_size"),
      lambda a, e: a["decoder_first_pipeline_num_layers"] is None and a["decoder_last_pipeline_num_layers"] is None
-     and not _divides(a, "num_layers", "pipeline_model_parallel_size"),
-     "layers are not divisible by pipeline parallelism"),
+     and a["num_layer_list"] is None and not _divides(a, "num_layers", "pipeline_model_parallel_size"),
+     "layers are not divisible by pipeline parallelism (give the split with --num-layer-list, "
+     "e.g. --set num_layer_list=16,16,16,14)"),
+    (("num_layer_list", "num_layers", "pipeline_model_parallel_size"),
+     lambda a, e: a["num_layer_list"] is not None and _bad_layer_list(a),
+     "--num-layer-list must give one layer count per pipeline stage, adding up to --num-layers"),
     (("bf16", "fp16"), lambda a, e: a["bf16"] and a["fp16"], "--bf16 and --fp16 exclude each other"),
+    *[((dest,), lambda a, e, dest=dest: a[dest] is not None and a[dest] < 1, "must be a positive number")
+      for dest in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                   "seq_length", "max_position_embeddings", "micro_batch_size", "global_batch_size",
+                   "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                   "expert_model_parallel_size", "vocab_size", "padded_vocab_size")],
     (("seq_length", "max_position_embeddings"),
      lambda a, e: a["seq_length"] and a["max_position_embeddings"] and a["seq_length"] > a["max_position_embeddings"],
      "sequence length exceeds max position embeddings"),
@@ -1000,6 +1047,23 @@ SOFT_CHECKS = [
      and a["global_batch_size"] % (a["micro_batch_size"] * a["data_parallel_size"]),
      "global batch is not a multiple of micro batch * dp: micro-batch count not derived"),
 ]
+
+
+def layer_list(value) -> list[int] | None:
+    """MindSpeed's --num-layer-list "16,16,16,14" (or a list) as ints; None when it is not one."""
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else str(value).strip("[]() ").split(",")
+    try:
+        return [int(str(v).strip()) for v in items]
+    except ValueError:
+        return None
+
+
+def _bad_layer_list(a) -> bool:
+    counts = layer_list(a["num_layer_list"])
+    return (counts is None or len(counts) != a["pipeline_model_parallel_size"]
+            or (a["num_layers"] is not None and sum(counts) != a["num_layers"]))
 
 
 def contradictions(args: dict, explicit: dict, checks=CHECKS) -> list[str]:

@@ -21,6 +21,18 @@ def _dataset_dir(paths):
     return paths[0]
 
 
+FA_LAYOUT = "model_config.fa_config.input_layout"
+
+
+def _bnsd_only(order):
+    if order != "BNSD":
+        raise Unmappable("MindFormers r1.3 flash attention takes input_layout 'BNSD' only")
+    return order
+
+
+# The same loader family as MindSpeed-Core-MS (init_configs_from_yaml): the same paths accept None.
+NULLABLE = mindspeed.NULLABLE | {"parallel_config.virtual_pipeline_model_parallel_size"}
+
 ROWS = [
     R("seed", "training_config.seed"),
     R("save", "training_config.output_dir", "./output", unset=True),
@@ -33,13 +45,16 @@ ROWS = [
     CONST("training_config.loss_reduction", "mean"),
     CONST("training_config.loss_func_kwargs.loss_func_type", "VocabParallelCrossEntropy"),
     R("use_distributed_optimizer", "training_config.use_distributed_optimizer", False),
+    *[row for row in mindspeed.ROWS if row.path == "training_config.wrap_with_ddp"],
     R("tensor_model_parallel_size", "parallel_config.tensor_model_parallel_size", 1),
     R("pipeline_model_parallel_size", "parallel_config.pipeline_model_parallel_size", 1),
     R("context_parallel_size", "parallel_config.context_parallel_size", 1),
     R("expert_model_parallel_size", "parallel_config.expert_model_parallel_size", 1),
     R("virtual_pipeline_model_parallel_size", "parallel_config.virtual_pipeline_model_parallel_size"),
     R("sequence_parallel", "parallel_config.sequence_parallel", False),
-    *[row for row in mindspeed.ROWS if row.path.startswith("model_config.")],
+    *[row for row in mindspeed.ROWS if row.path.startswith("model_config.") and row.path != FA_LAYOUT],
+    # r1.3.0's check_fa_config takes input_layout 'BNSD' only (mindformers/experimental/parallel_core/pynative/config.py).
+    R("shape_order", FA_LAYOUT, to=_bnsd_only),
     R("micro_batch_size", "dataset_config.batch_size", 1),
     R("micro_batch_num", "dataset_config.micro_batch_num", 1, unset=True),
     R("data_path", "dataset_config.dataset_dir", to=_dataset_dir, back=lambda v, doc: {"data_path": [v]}),

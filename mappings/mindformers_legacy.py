@@ -4,11 +4,17 @@ Seed 002 shows `context`, `parallel`, `recompute_config` and `parallel_config`
 (data_parallel / model_parallel / pipeline_stage / micro_batch_num /
 optimizer_shard / vocab_emb_dp / gradient_aggregation_group); the model,
 runner, optimizer, lr_schedule and loss-scale keys are those of the same
-r0.3-era GPT2 configs. Only the GPT2 model_config shape is written.
+r0.3-era GPT2 configs. Only the GPT2 model_config shape is written, in MindFormers r0.3's own
+GPT2Config keys (mindformers/models/gpt2/gpt2_config.py at r0.3): embedding_size, num_heads,
+expand_ratio, seq_length (the position table's size: there is no max_position_embeddings),
+dropout_prob / hidden_dropout_prob / attention_probs_dropout_prob, initializer_range.
 """
 from __future__ import annotations
 
 from .megatron_args import CONST, R, Unmappable, rename
+
+RELEASE = "MindFormers r0.3"
+HEADER = (f"# {RELEASE} run_gpt2*.yaml (GPT2Config keys of {RELEASE}), written by `interop map-args`.\n")
 
 ADAM = {"adam": "AdamWeightDecay"}
 LR_STYLE = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
@@ -20,6 +26,24 @@ def _expand_ratio(ffn, hidden):
     return ffn // hidden
 
 
+def _positions(seq, positions):
+    """r0.3's GPT2 sizes its position table by seq_length: a longer Megatron table does not carry over."""
+    if seq is not None and positions is not None and positions != seq:
+        raise Unmappable(f"{RELEASE} GPT2 has seq_length position embeddings only ({seq}), not {positions}")
+    return seq if seq is not None else positions
+
+
+def complete_read(values: dict, doc: dict) -> tuple[dict, list[str]]:
+    """The values r0.3's YAML implies (GPT2: LayerNorm, learned positions, GeLU), and what it cannot say."""
+    model = (doc.get("model") or {}).get("model_config") or {}
+    warnings = []
+    if "hidden_size" in model and "embedding_size" not in model:
+        warnings.append(f"model.model_config.hidden_size is not a {RELEASE} GPT2Config key (embedding_size is); "
+                        "read as the hidden size")
+        values.setdefault("hidden_size", model["hidden_size"])
+    return values, warnings
+
+
 def _recompute(granularity):
     if granularity == "selective":
         raise Unmappable("recompute is all-or-nothing here, 'selective' has no equivalent")
@@ -27,6 +51,7 @@ def _recompute(granularity):
 
 
 ROWS = [
+    CONST("run_mode", "train"),  # MindFormerConfig applies its training template (sections it checks) for it
     R("seed", "seed"),
     R("save", "output_dir", "./output", unset=True),
     CONST("context.mode", 0),
@@ -46,16 +71,20 @@ ROWS = [
     R("micro_batch_size", "runner_config.batch_size", 1),
     CONST("model.arch.type", "GPT2LMHeadModel"),
     CONST("model.model_config.type", "GPT2Config"),
-    R("seq_length", "model.model_config.seq_length"),
+    R("seq_length", "model.model_config.seq_length",
+      back=lambda v, doc: {"seq_length": v, "max_position_embeddings": v}),
     R("padded_vocab_size", "model.model_config.vocab_size"),
-    R("hidden_size", "model.model_config.hidden_size"),
+    R("hidden_size", "model.model_config.embedding_size"),
     R("num_layers", "model.model_config.num_layers"),
     R("num_attention_heads", "model.model_config.num_heads"),
     R(("ffn_hidden_size", "hidden_size"), "model.model_config.expand_ratio", to=_expand_ratio,
-      back=lambda v, doc: {"ffn_hidden_size": v * doc["model"]["model_config"]["hidden_size"]}),
+      back=lambda v, doc: {"ffn_hidden_size": v * doc["model"]["model_config"]["embedding_size"]}
+      if "embedding_size" in doc["model"]["model_config"] else {}),
+    R("hidden_dropout", "model.model_config.dropout_prob"),
     R("hidden_dropout", "model.model_config.hidden_dropout_prob"),
     R("attention_dropout", "model.model_config.attention_probs_dropout_prob"),
-    R("max_position_embeddings", "model.model_config.max_position_embeddings"),
+    R(("seq_length", "max_position_embeddings"), "model.model_config.seq_length", to=_positions,
+      back=lambda v, doc: {}),
     R("init_method_std", "model.model_config.initializer_range"),
     R("params_dtype", "model.model_config.param_init_type", "float32"),
     R("compute_dtype", "model.model_config.compute_dtype", "float16"),

@@ -37,8 +37,24 @@ MINDSPEED = [
     ("language_model.encoder.final_norm.bias", "copy", ["final_norm.bias"]),
     ("language_model.output_layer.weight", "copy", ["lm_head.weight"]),
 ]
-# Megatron's copy of the tied embedding on the last pipeline stage: written, never read back.
-MINDSPEED_TIED_HEAD = "word_embeddings_for_head.weight"
+# The tied head's copy on the last pipeline stage.  MindSpeed-Core-MS r0.1.0's model holds it as
+# `language_model.output_layer.weight` (mindspeed_ms/legacy/model/language_model.py builds output_layer
+# when `untie_embeddings_and_output_weights or pipeline_parallel`; module.py initialize_word_embeddings
+# all-reduces it from the embedding), so that name is written.  convert_pt2ckpt.py passes Megatron's
+# `word_embeddings_for_head.weight` through unrenamed: read, never written.
+MINDSPEED_TIED_HEAD = "language_model.output_layer.weight"
+MEGATRON_TIED_HEAD = "word_embeddings_for_head.weight"
+
+# Names MindSpeed-Core-MS r0.1.0's model gives parameters where convert_pt2ckpt.py keeps Megatron's:
+# its LayerNorm (mindspeed_ms/legacy/model/norm.py) holds `gamma` / `beta`; its position embedding is a
+# mindspore nn.Embedding (`embedding_table`) unless parallel_position_embedding (default False,
+# mindspeed_ms/core/config.py) makes it a VocabParallelEmbedding (`weight`).  Written with the model's
+# names; either name is read.
+MINDSPEED_LAYERNORM_NORMS = (".input_norm.", ".post_attention_norm.", ".final_norm.")
+MINDSPEED_LAYERNORM_PARAMS = {"weight": "gamma", "bias": "beta"}
+MINDSPEED_MODEL_RENAMES = {
+    "language_model.embedding.position_embeddings.weight": "language_model.embedding.position_embeddings.embedding_table",
+}
 
 # MindFormers Llama: separate q/k/v and gate/down/up (w1 = gate, w2 = down, w3 = up), no transposes.
 _LLAMA_COMMON = [
@@ -102,6 +118,17 @@ MINDFORMERS_GPT2 = [
     ("head.weight", "copy", ["lm_head.weight"]),
 ]
 
+# MindFormers qkv_concat layouts by release (same names and shapes: the file cannot tell them apart):
+#   plain    r1.3.0 / r1.3.1: w_qkv = [q; k; v], w_gate_hidden = [gate; up], bias [q; k; v]
+#            (mindformers/models/llama/convert_weight.py np.concatenate; llama_transformer.py splits
+#            (hidden, kv_dim, kv_dim); llama_layer.py splits (hidden_dim, hidden_dim)).
+#   grouped  r1.5.0 and later (2.1.0 included): w_qkv per KV group [q_g; k_g; v_g], w_gate_hidden rows
+#            interleaved (convert_utils.qkv_concat_hf2mg / ffn_concat_hf2mg; the model reshapes to
+#            (n_kv_head, (n_rep + 2) * head_dim) and (hidden_dim, 2)).  The model's fused bias follows the
+#            weight (grouped), but convert_weight.py joins the biases plainly: `--qkv-bias-layout plain`.
+QKV_LAYOUTS = ("grouped", "plain")
+QKV_PLAIN_KINDS = {"qkv": "copy", "interleave": "copy"}
+
 # (dialect, arch, qkv_concat) -> table
 TABLES = {
     ("mindspeed", "gpt2", False): MINDSPEED,
@@ -117,6 +144,30 @@ OPTIM_PREFIXES = {
     "mindspeed": {"optim.exp_avg.": "exp_avg.", "optim.exp_avg_sq.": "exp_avg_sq."},
     "mindformers": {"optim.exp_avg.": "adam_m.", "optim.exp_avg_sq.": "adam_v."},
 }
+
+# Training-state scalars MindSpeed-Core-MS writes beside the tensors (convert_pt2ckpt.py r0.1.0
+# get_pt2ms_args, saved with mindspore.save_checkpoint(append_dict=...); dtypes as mindspore 2.10 stores
+# them): `step_num` / `epoch_num` (python int -> Int64 0-d), `state_step` ([step] -> Float32 (1,)), each
+# optimizer param group's values as `<key>_group_<i>` (`lr` -> `learning_rate`; numbers -> Float32 0-d,
+# lists -> Float32 1-d), and the LR scheduler's values by OPT_SCHEDULER_MAP.  MindSpeed's loader pops
+# step_num / epoch_num (core/dist_checkpointing/checkpointing.py load_checkpoint) and its
+# OptimizerParamScheduler.load_state_dict takes the scheduler keys (training/optimizer_param_scheduler.py).
+STEP_NUM, EPOCH_NUM, STATE_STEP = "step_num", "epoch_num", "state_step"
+SCHEDULER_TYPES = {  # OPT_SCHEDULER_MAP: fp64 -> Tensor(float64); int64 -> Parameter(int) (stored Int32)
+    "max_lr": "float64", "lr_warmup_steps": "int32", "num_steps": "int32", "lr_decay_style": "int32",
+    "lr_decay_steps": "int32", "min_lr": "float64", "start_wd": "float64", "end_wd": "float64",
+    "wd_incr_style": "int32", "wd_incr_steps": "int32",
+}
+SCHEDULER_STYLES = {  # stored as the index into these lists (LR_DECAY_STYLE, WD_INCR_STYLE)
+    "lr_decay_style": ["constant", "WSD", "linear", "cosine", "inverse-square-root"],
+    "wd_incr_style": ["constant", "linear", "cosine"],
+}
+GROUP_RENAMES = {"lr": "learning_rate"}
+# torch Adam / apex param-group flags: stored as 0.0 / 1.0, read back as booleans.
+GROUP_FLAGS = ("amsgrad", "maximize", "foreach", "capturable", "differentiable", "fused", "bias_correction",
+               "is_expert_parallel", "is_decoupled_lr", "decoupled_weight_decay")
+# Random-generator states MindSpeed's own save_checkpoint adds (core/tensor_parallel/random.py CANDIDATE_MODES).
+RNG_TAGS = ("dp_rng_generator", "tp_rng_generator", "exp_rng_generator", "default_generator")
 
 # A tag that tells the dialect of a checkpoint that carries no description.
 DIALECT_MARKERS = {

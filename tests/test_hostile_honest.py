@@ -52,6 +52,7 @@ LLAMA = dict(arch="llama", num_layers=4, hidden=32, ffn_hidden=64, heads=4, kv_g
     ("arch", "bert", "arch must be one of"),
     ("dtype", "int8", "dtype must be one of"),
     ("activation", ["swiglu"], "activation must be one of"),
+    ("mlp_bias", "yes", "mlp_bias must be true, false or null"),
 ])
 def test_spec_field_refused(field, value, fragment):
     with pytest.raises(InteropError) as info:

@@ -135,7 +135,8 @@ def test_megatron_x_megatron_is_identity_on_what_x_holds(script, target, tmp_pat
 def test_every_target_reads_back_what_it_holds(script, target):
     explicit = mapargs.load(script, {"1": "/ckpt"}).explicit
     text, back, _ = _roundtrip(explicit, target)
-    before, after = M.complete(explicit), M.complete(back)
+    launch = {"world_size": explicit["world_size"]} if "world_size" in explicit else {}  # launched on as many ranks
+    before, after = M.complete(explicit), M.complete(M.normalize({**launch, **back}))
     result = mapargs.map_args(script, target, env={"1": "/ckpt"})
     lost = {e.flag for e in result.entries if e.lost}
     for dest, value in explicit.items():  # kept, or reported as lost: never silently different
@@ -243,7 +244,8 @@ def test_lossy_target_lists_what_it_drops(tmp_path):
     ("--num-layers two", "--num-layers expects an integer, got 'two'"),
     ("--num-layers 2 --hidden-size", "--hidden-size needs a value"),
     ("--num-layers 2 --swiglu=yes", "--swiglu is a switch and takes no value"),
-    ("--normalization BatchNorm", "--normalization must be one of LayerNorm, RMSNorm"),
+    ("--hidden-size 1e5000", "--hidden-size expects an integer, got '1e5000'"),
+    ("--norm-epsilon inf", "--norm-epsilon expects a number, got 'inf'"),
     ("--num-layers ${LAYERS}", "--num-layers ${LAYERS}: the variable is not set"),
     ("--num-layers 2 --hidden-size 8", "missing required value: --num-attention-heads, --max-position-embeddings"),
 ])

@@ -167,6 +167,11 @@ SAMPLES = {
     "add_qkv_bias": ({"add_bias_linear": False, "add_qkv_bias": True}, True),
     "add_dense_bias": ({"add_bias_linear": False}, False),
     "micro_batch_num": ({"world_size": 4, "micro_batch_size": 2, "global_batch_size": 32}, 4),
+    # MindSpore's implementation and formats stand in for Megatron's (mindspeed_ms/core/config.py, r0.1.0).
+    "transformer_impl": ({"transformer_impl": "transformer_engine"}, "local"),
+    "ckpt_format": ({"ckpt_format": "torch_dist"}, "ckpt"),
+    "profile_framework": ({"profile_framework": True}, "all"),
+    "num_layer_list": ({"num_layer_list": "1,3", "pipeline_model_parallel_size": 2}, [1, 3]),
     "virtual_pipeline_model_parallel_size": (
         {"pipeline_model_parallel_size": 2, "num_layers_per_virtual_pipeline_stage": 1}, 2),
 }
@@ -234,12 +239,12 @@ def test_table_defaults_fill_what_megatron_leaves_unset(path, default):
 def test_renamed_rows_land_on_their_mindspeed_names():
     explicit = dict(BASE, attention_dropout=0.3, add_qkv_bias=True, add_bias_linear=False,
                     initial_loss_scale=4096.0, hysteresis=5, resume_crc_check=True, micro_batch_size=3,
-                    pre_tockens=2048, next_tockens=0, shape_order="BSH", use_flash_attn=True, train_iters=77)
+                    pre_tockens=2048, next_tockens=0, shape_order="SBH", use_flash_attn=True, train_iters=77)
     doc = yaml.safe_load(mapargs.to_target(explicit, "mindspeed")[0])
     mc, tc = doc["model_config"], doc["training_config"]
     assert mc["attention_dropout_rate"] == 0.3
     assert mc["qkv_has_bias"] is True and mc["add_bias_linear"] is False
     assert tc["loss_scale_value"] == 4096.0 and tc["loss_scale_factor"] == 5 and tc["crc_check"] is True
     assert doc["dataset_config"]["batch_size"] == 3
-    assert mc["fa_config"] == {"pre_tokens": 2048, "next_tokens": 0, "input_layout": "BSH"}
+    assert mc["fa_config"] == {"pre_tokens": 2048, "next_tokens": 0, "input_layout": "SBH"}
     assert mc["use_flash_attention"] is True and tc["training_iters"] == 77

@@ -48,20 +48,22 @@ def test_hf_mindspore_hf_bit_exact(hf_checkpoints, tmp_path, kind, dialect, qkv_
 
 
 def test_mindspeed_layout_and_names(hf_checkpoints, tmp_path):
+    """rank_{p * tp + t}/network.ckpt (MindSpeed-Core-MS r0.1.0 convert_pt2ckpt.py get_ms_dir_format, dp 1)."""
     convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2, pp=3,
             options={"dialect": "mindspeed"})
     root = tmp_path / "ms"
-    assert (root / "latest_checkpointed_iteration.txt").read_text() == "release"
-    ranks = sorted(p.name for p in (root / "release").iterdir())
-    assert ranks == [f"mp_rank_{t:02d}_{p:03d}" for t in range(2) for p in range(3)]
-    with CkptFile(root / "release" / "mp_rank_01_001" / "model_optim_rng.ckpt") as f:
+    ranks = sorted(p.name for p in root.glob("rank_*"))
+    assert ranks == sorted(f"rank_{r}" for r in range(6))
+    assert all((root / r / "network.ckpt").is_file() for r in ranks)
+    with CkptFile(root / "rank_3" / "network.ckpt") as f:  # tp rank 1 of stage 1
         # global layer numbers: stage 1 of 3 holds layers 2 and 3; qkv rows per rank: 2 groups x (2 q + k + v) x 8
         assert f.meta("language_model.encoder.layers.2.attention.qkv_proj.weight")[1] == (64, 64)
         assert f.meta("language_model.encoder.layers.3.mlp.mapping.weight")[1] == (96, 64)  # [gate_r; up_r]
         assert f.meta("language_model.encoder.layers.3.mlp.projection.weight")[1] == (64, 48)
         assert not any(".layers.0." in k or ".layers.4." in k for k in f.keys())
+        assert f.meta("step_num") == (torch.int64, ())
     hf = load_file(hf_checkpoints["llama"] / "model.safetensors")
-    with CkptFile(root / "release" / "mp_rank_01_000" / "model_optim_rng.ckpt") as f:
+    with CkptFile(root / "rank_1" / "network.ckpt") as f:
         mapping = f.read("language_model.encoder.layers.0.mlp.mapping.weight")
     assert torch.equal(mapping[:48], hf["model.layers.0.mlp.gate_proj.weight"][48:])
     assert torch.equal(mapping[48:], hf["model.layers.0.mlp.up_proj.weight"][48:])
@@ -124,13 +126,13 @@ def test_optimizer_moments_ride_along(hf_checkpoints, tmp_path):
     writer.finish({"iteration": 7})
     convert(tmp_path / "with_optim", tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
             options={"dialect": "mindspeed"})
-    assert (tmp_path / "ms" / "latest_checkpointed_iteration.txt").read_text() == "7"
-    with CkptFile(tmp_path / "ms" / "iter_0000007" / "mp_rank_00_000" / "model_optim_rng.ckpt") as f:
+    with CkptFile(tmp_path / "ms" / "rank_0" / "network.ckpt") as f:
         assert "exp_avg.language_model.encoder.layers.0.attention.qkv_proj.weight" in f
         assert "exp_avg_sq.language_model.embedding.word_embeddings.weight" in f
+        assert f.read("step_num").item() == 7
     convert(tmp_path / "ms", tmp_path / "again", dst_format="interop")
     again = StoreReader(tmp_path / "again")
-    assert again.source.state == {"iteration": 7}
+    assert again.source.state == {"iteration": 7, "mindspeed": {"epoch_num": 0}}
     for name, t in expected.items():
         assert torch.equal(again.read(name), t), name
 
@@ -216,8 +218,10 @@ def test_unknown_tag_layout(ms_ckpt, tmp_path):
 def test_missing_rank_file(hf_checkpoints, tmp_path):
     convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
             options={"dialect": "mindspeed"})
-    (tmp_path / "ms" / "release" / "mp_rank_01_001" / "model_optim_rng.ckpt").unlink()
-    assert_clean_failure(tmp_path / "ms", tmp_path / "out", "tp rank 1, stage 1 is missing")
+    (tmp_path / "ms" / "rank_3" / "network.ckpt").unlink()
+    assert_clean_failure(tmp_path / "ms", tmp_path / "out", "rank_3", "no .ckpt file")
+    shutil.rmtree(tmp_path / "ms" / "rank_3")
+    assert_clean_failure(tmp_path / "ms", tmp_path / "out", "stage 1 has 1 rank files", "tp=2")
 
 
 def test_mindformers_gpt2_mask_buffers_are_dropped_with_a_note(hf_checkpoints, tmp_path):
@@ -234,3 +238,48 @@ def test_mindformers_gpt2_mask_buffers_are_dropped_with_a_note(hf_checkpoints, t
     summary = convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
     assert any("causal-mask buffer" in n for n in summary.notes)
     assert_same_hf(hf_checkpoints["gpt2"], tmp_path / "back")
+
+
+@pytest.mark.parametrize("dialect", ["mindspeed", "mindformers"])
+def test_fp32_master_weights(hf_checkpoints, tmp_path, dialect):
+    """A mixed-precision source (bf16 weights + fp32 masters): MindSpeed gets the masters as its weights,
+    as convert_pt2ckpt.py writes them; MindFormers the weights; either way a note, never a traceback."""
+    from interop.layout import ParallelLayout
+    from interop.store import StoreReader, StoreWriter
+    from interop.tensors import TensorMeta
+    convert(hf_checkpoints["llama"], tmp_path / "plain", dst_format="interop")
+    reader = StoreReader(tmp_path / "plain")
+    metas = [TensorMeta(m.name, torch.bfloat16, m.shape) for m in reader.metas()]
+    masters = [TensorMeta("optim.fp32_param." + m.name, torch.float32, m.shape) for m in metas]
+    (tmp_path / "mixed").mkdir()
+    writer = StoreWriter(tmp_path / "mixed", reader.spec.replace(dtype="bfloat16"), ParallelLayout.build(6),
+                         metas + masters)
+    for m in metas:
+        writer.write(m.name, reader.read(m.name).to(torch.bfloat16))
+    for m in masters:
+        writer.write(m.name, reader.read(m.name[len("optim.fp32_param."):]))
+    writer.finish({})
+    summary = convert(tmp_path / "mixed", tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
+                      options={"dialect": dialect})
+    assert any("fp32 master" in n for n in summary.notes)
+    back = StoreReader(tmp_path / "plain")
+    convert(tmp_path / "ms", tmp_path / "again", dst_format="interop")
+    again = StoreReader(tmp_path / "again")
+    for m in back.metas():
+        want = back.read(m.name) if dialect == "mindspeed" else back.read(m.name).to(torch.bfloat16)
+        assert torch.equal(again.read(m.name), want), m.name
+
+
+def test_earlier_interop_layout_still_read(hf_checkpoints, tmp_path):
+    """interop before the MindSpeed layout wrote `release/mp_rank_TT_PPP/model_optim_rng.ckpt`: still read."""
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2, pp=2,
+            options={"dialect": "mindspeed"})
+    for p in range(2):
+        for t in range(2):
+            folder = tmp_path / "ms" / "release" / f"mp_rank_{t:02d}_{p:03d}"
+            folder.mkdir(parents=True)
+            (tmp_path / "ms" / f"rank_{p * 2 + t}" / "network.ckpt").rename(folder / "model_optim_rng.ckpt")
+            (tmp_path / "ms" / f"rank_{p * 2 + t}").rmdir()
+    (tmp_path / "ms" / "latest_checkpointed_iteration.txt").write_text("release")
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    assert_same_hf(hf_checkpoints["llama"], tmp_path / "back")

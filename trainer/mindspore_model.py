@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +40,19 @@ def load(path) -> MsModel:
     if path.is_file():
         ckpt = path
     else:
-        found = sorted(root.glob("*.ckpt")) or sorted(root.glob("*/mp_rank_00/*.ckpt"))
+        found = sorted(root.glob("*.ckpt")) or sorted(root.glob("rank_0/*.ckpt")) or sorted(root.glob("*/mp_rank_00/*.ckpt"))
         if len(found) != 1:
             raise InteropError(f"{root}: expected one .ckpt file, found {len(found)}")
         ckpt = found[0]
     params = ms.load_checkpoint(str(ckpt))
-    weights = {k: ms.Tensor(v.asnumpy().astype(np.float32)) for k, v in params.items() if not isinstance(v, str)}
+    weights = {k: ms.Tensor(v.asnumpy().astype(np.float32)) for k, v in params.items()
+               if not isinstance(v, str) and not _training_scalar(k, v)}
     return MsModel(ModelSpec.from_dict(desc["spec"]), desc["dialect"], bool(desc.get("qkv_concat")), weights)
+
+
+def _training_scalar(name: str, value) -> bool:
+    """MindSpeed's step / epoch / optimizer / scheduler values beside the weights (not parameters)."""
+    return value.ndim == 0 or name == "state_step" or re.match(r".+_group_\d+$", name) is not None
 
 
 # ---------------------------------------------------------------- weights in canonical orientation

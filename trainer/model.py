@@ -93,9 +93,9 @@ class MLP(nn.Module):
         h, f, tp, g = spec.hidden, spec.ffn_hidden, grid.tp, grid.tp_group
         self.activation = spec.activation
         if spec.gated_mlp:
-            self.gate = ColumnParallelLinear(h, f, spec.linear_bias, tp, g)
-        self.up = ColumnParallelLinear(h, f, spec.linear_bias, tp, g)
-        self.down = RowParallelLinear(f, h, spec.linear_bias, tp, g)
+            self.gate = ColumnParallelLinear(h, f, spec.has_mlp_bias, tp, g)
+        self.up = ColumnParallelLinear(h, f, spec.has_mlp_bias, tp, g)
+        self.down = RowParallelLinear(f, h, spec.has_mlp_bias, tp, g)
 
     def forward(self, x):
         if self.activation == "swiglu":

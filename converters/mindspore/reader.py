@@ -1,0 +1,392 @@
+"""MindSpore rank files -> global canonical tensors.
+
+The layout comes from the files themselves: which layers each `rank_N` file holds gives the pipeline
+stages (and virtual chunks), a column-split tensor's shape gives tp, extra copies per stage are
+data-parallel ranks.  The model description comes from `--model-config` (a HF config.json) or
+interop's optional `mindspore_model.json`; the training state from the scalars beside the tensors.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...errors import InteropError
+from ...io.ms_ckpt import CkptFile
+from ...io.small_files import read_json_object
+from ...layout import ParallelLayout
+from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, MEGATRON_TIED_HEAD,
+                                         MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
+from ...params import param_index, param_table
+from ...shards import shard_box
+from ...spec import ModelSpec
+from ...tensors import Source, TensorMeta
+from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
+from .rows import converter_names, ms_rows, native_axis, unfuse
+from .scalars import is_scalar_tag, scalars_to_state
+
+FORMAT = "mindspore"
+
+
+def _load_json(path: Path, what: str) -> dict:
+    return read_json_object(path, what)
+
+
+def _spec_from_config(path, dtype: str) -> ModelSpec:
+    from ...mappings.hf_config import spec_from_hf_config
+    data = _load_json(Path(path), "model config")
+    if "spec" in data:
+        return ModelSpec.from_dict(data["spec"], where=str(path))
+    return spec_from_hf_config(data, dtype, where=str(path))
+
+
+def _guess_dialect(tags: list[str], path: Path) -> str:
+    for tag in tags:
+        for marker, dialect in DIALECT_MARKERS.items():
+            if tag.startswith(marker):
+                return dialect
+    raise InteropError(f"{path}: cannot tell the MindSpore dialect from its tensor names "
+                       f"(known prefixes: {', '.join(DIALECT_MARKERS)})")
+
+
+def _runs(layers: list[int]) -> tuple[tuple[int, int], ...]:
+    """Contiguous runs of sorted layer numbers as (start, stop) pairs."""
+    runs = []
+    for i in layers:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return tuple((a, b) for a, b in runs)
+
+
+class Reader:
+    """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
+
+    def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None):
+        path = Path(path)
+        if not path.exists():
+            raise InteropError(f"{path}: no such file or directory")
+        root = path.parent if path.is_file() else path
+        sidecar = _load_json(root / SIDECAR, "MindSpore model description") if (root / SIDECAR).is_file() else None
+        if sidecar is not None and sidecar.get("format") != FORMAT:
+            raise InteropError(f"{root / SIDECAR}: format is {sidecar.get('format')!r}, expected {FORMAT!r}")
+        self.files: dict = {}
+        self._cached = (None, None)
+        notes: list[str] = []
+        try:
+            old = old_mindspeed_tree(path) if path.is_dir() else None
+            one = None if old or (path.is_dir() and any(path.glob("rank_*"))) else single_file(path)
+            if old:
+                paths = old[0]
+            elif one is not None:
+                paths = {(0, 0): one}
+            else:
+                by_rank, notes = rank_folders(path)
+                paths = {("rank", r): p for r, p in by_rank.items()}
+            for key, p in sorted(paths.items()):
+                self.files[key] = CkptFile(p)
+            self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- what the checkpoint is ----------------------------------------------------------------
+    def _describe(self, path: Path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes: list[str]) -> None:
+        first = self.files[(0, 0)] if (0, 0) in self.files else self.files[("rank", 0)]
+        tags = first.keys()
+        float_dtypes = [first.meta(k)[0] for k in tags
+                        if first.meta(k)[0] is not None and first.meta(k)[0].is_floating_point and first.meta(k)[1]]
+        dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(float_dtypes[0] if float_dtypes else None,
+                                                                           "float32")
+        if model_config is not None:
+            spec = _spec_from_config(model_config, dtype)
+        elif sidecar is not None:
+            spec = ModelSpec.from_dict(sidecar["spec"])
+        else:
+            raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
+                               "pass --model-config (a HF config.json)")
+        dialect = (sidecar or {}).get("dialect") or _guess_dialect(tags, path)
+        if dialect not in DIALECTS:
+            raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
+        qkv_concat = bool((sidecar or {}).get("qkv_concat", any(".w_qkv." in t for t in tags)))
+        if qkv_concat and dialect == "mindformers":
+            qkv_layout, qkv_bias_layout = self._qkv_layouts(first, sidecar, qkv_layout, qkv_bias_layout, notes)
+        else:  # nothing fused to read (the flags may be the writer's, in a MindSpore -> MindSpore conversion)
+            qkv_layout = qkv_bias_layout = None
+        self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
+        self.dialect = dialect
+        if any(key[0] == "rank" for key in self.files):
+            layout = self._place(spec, notes)
+        else:
+            tp = max(t for t, _ in self.files) + 1
+            pp = max(p for _, p in self.files) + 1
+            layout = ParallelLayout.build(spec.num_layers, tp, pp)
+        if sidecar is not None and "layout" in sidecar:
+            said = ParallelLayout.from_dict(sidecar["layout"])
+            if (said.tp, said.pp) != (layout.tp, layout.pp):
+                raise InteropError(f"{path}: {SIDECAR} says tp={said.tp} pp={said.pp}, "
+                                   f"the files are tp={layout.tp} pp={layout.pp}")
+            layout = said  # it also knows uneven stages
+        if qkv_concat and "plain" in (qkv_layout, qkv_bias_layout) and layout.tp > 1:
+            raise InteropError(f"{path}: a plainly joined w_qkv split over tp={layout.tp} ranks is not per-head "
+                               "shards: merge it with mindspore.transform_checkpoints first")
+        first = self.files[(0, 0)]
+        self.tag_of = self._resolve_names(spec, layout)
+        embed = self.tag_of[self.rows[0][0]]
+        if embed not in first:
+            raise InteropError(f"{first.path}: no {embed}: not a {dialect} {spec.arch} checkpoint "
+                               f"(found e.g. {tags[0] if tags else 'nothing'})")
+        rows = first.meta(embed)[1][0] * layout.tp
+        if rows != spec.padded_vocab:
+            if rows < spec.vocab:
+                raise InteropError(f"{first.path}: {embed} has {rows} rows, fewer than the vocabulary ({spec.vocab})")
+            spec = spec.replace(padded_vocab=rows)
+        self.spec, self.layout = spec, layout
+        self.index = param_index(spec)
+        self.prefixes = OPTIM_PREFIXES[dialect]
+        self.row_of = {p: row for row in self.rows for p in row[2]}
+        scalars = self._check(notes)
+        state, scalar_notes = scalars_to_state(scalars)
+        notes += scalar_notes
+        if sidecar is not None:
+            state = _merge_state(sidecar.get("state") or {}, state)
+        self.source = Source(spec, layout, state=state, notes=notes)
+
+    def _qkv_layouts(self, first: CkptFile, sidecar, qkv_layout, qkv_bias_layout, notes):
+        """The fused layouts of a MindFormers qkv_concat file: given, from interop's sidecar, or refused."""
+        if qkv_layout is None and sidecar is not None:
+            qkv_layout = sidecar.get("qkv_layout") or "grouped"  # interop wrote grouped before it said so
+            qkv_bias_layout = qkv_bias_layout or sidecar.get("qkv_bias_layout")
+        if qkv_layout is None:
+            raise InteropError(f"{first.path}: a MindFormers qkv_concat checkpoint does not say how w_qkv / "
+                               "w_gate_hidden are joined: pass --qkv-layout grouped (MindFormers r1.5.0 and later) "
+                               "or --qkv-layout plain (r1.3.x)")
+        has_bias = any(t.endswith(".attention.w_qkv.bias") for t in first.keys())
+        if has_bias and qkv_bias_layout is None and qkv_layout == "grouped" and sidecar is None:
+            notes.append("read w_qkv.bias grouped per KV group, as MindFormers' own Llama model uses it; "
+                         "MindFormers' convert_weight.py joins the biases plainly: for its output pass "
+                         "--qkv-bias-layout plain")
+        return qkv_layout, qkv_bias_layout
+
+    def _place(self, spec: ModelSpec, notes: list[str]) -> ParallelLayout:
+        """Turn {("rank", N): file} into {(t, p): file} and the layout, from the files' contents."""
+        by_rank = {key[1]: f for key, f in self.files.items()}
+        index = param_index(spec)
+        layer_of = {name: index[parts[0]].layer for name, _, parts in self.rows}
+        layer_of.update({old: layer_of[new] for new, old in converter_names(self.rows, spec, self.dialect).items()})
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r, f in sorted(by_rank.items()):
+            layers = tuple(sorted({layer_of[t] for t in f.keys() if layer_of.get(t) is not None}))
+            groups.setdefault(layers, []).append(r)
+        stages = sorted(groups, key=lambda layers: layers[0] if layers else -1)
+        held = sorted(i for layers in stages for i in layers)
+        if held != list(range(spec.num_layers)):
+            raise InteropError(f"{Path(by_rank[0].path).parent.parent}: the rank files hold layers {_brief(held)}, "
+                               f"not each of the model's {spec.num_layers} layers exactly once per stage")
+        chunks = tuple(_runs(list(layers)) for layers in stages)
+        if len({len(c) for c in chunks}) != 1:
+            raise InteropError(f"{Path(by_rank[0].path).parent.parent}: pipeline stages hold different numbers of "
+                               f"layer runs ({[len(c) for c in chunks]}): not a virtual-pipeline layout")
+        tp = self._tp_from_shapes(spec, by_rank[groups[stages[0]][0]])
+        self.files = {}
+        extra = 0
+        for p, layers in enumerate(stages):
+            ranks = groups[layers]
+            if len(ranks) % tp:
+                raise InteropError(f"{Path(by_rank[ranks[0]].path).parent.parent}: stage {p} has {len(ranks)} rank "
+                                   f"files, not a multiple of tp={tp}")
+            for t, r in enumerate(ranks[:tp]):
+                if r - ranks[0] != t:
+                    raise InteropError(f"{by_rank[r].path}: rank {r} is not tp rank {t} of stage {p}")
+                self.files[(t, p)] = by_rank[r]
+            for r in ranks[tp:]:
+                by_rank[r].close()
+                extra += 1
+        if extra:
+            notes.append(f"read data-parallel rank 0's files; {extra} data-parallel copies were not read")
+        return ParallelLayout(tp, len(stages), chunks)
+
+    def _tp_from_shapes(self, spec: ModelSpec, f: CkptFile) -> int:
+        index = param_index(spec)
+        for name, kind, parts in self.rows:
+            param = index[parts[0]]
+            if param.axis is None or param.layer is None or name not in f:
+                continue
+            full = self._local_shape(kind, parts, 1, index)
+            local = f.meta(name)[1]
+            axis = native_axis(kind, param.axis)
+            if len(local) != len(full) or not local[axis] or full[axis] % local[axis]:
+                raise InteropError(f"{f.path}: {name} has shape {list(local)}, which no tp splits from {list(full)}")
+            return full[axis] // local[axis]
+        raise InteropError(f"{f.path}: no layer tensor of a {self.dialect} {spec.arch} model to tell tp from")
+
+    def _resolve_names(self, spec: ModelSpec, layout: ParallelLayout) -> dict[str, str]:
+        """{row name: the tag the files use}: the model's name, or convert_pt2ckpt.py's where it differs."""
+        index = param_index(spec)
+        alias = converter_names(self.rows, spec, self.dialect)
+        out = {}
+        for name, _, parts in self.rows:
+            f = self.files[(0, layout.stage_of(index[parts[0]]))]
+            out[name] = alias[name] if name not in f and alias.get(name) in f else name
+        return out
+
+    def _local_shape(self, kind: str, parts: list[str], tp: int, index=None) -> tuple[int, ...]:
+        index = index or self.index
+        shapes = [shard_box(index[p].shape, index[p].axis, 0, tp).shape for p in parts]
+        shape = (sum(s[0] for s in shapes),) + shapes[0][1:]
+        return tuple(reversed(shape)) if kind == "t" else shape
+
+    def _check(self, notes: list[str]) -> dict[str, torch.Tensor]:
+        """Every expected tensor present with its shard's shape, the optimizer's moments all or none;
+        returns the training-state scalars (read from the first file); anything else is an error or noted."""
+        expected: dict[tuple[int, int], dict[str, tuple]] = {key: {} for key in self.files}
+        optional: dict[tuple[int, int], set] = {key: set() for key in self.files}
+        for name, kind, parts in self.rows:
+            stage = self.layout.stage_of(self.index[parts[0]])
+            shape = self._local_shape(kind, parts, self.layout.tp)
+            for t in range(self.layout.tp):
+                expected[(t, stage)][self.tag_of[name]] = shape
+        copies = {}  # convert_pt2ckpt.py's name -> the model's, where a file may hold both
+        for model, plain in converter_names(self.rows, self.spec, self.dialect).items():
+            if self.tag_of[model] == model:
+                copies[plain] = model
+                stage = self.layout.stage_of(self.index[self.row_of_name(model)[2][0]])
+                for t in range(self.layout.tp):
+                    optional[(t, stage)].add(plain)
+        tied = []
+        if self.spec.tied_embeddings:
+            head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight")}
+            tied = list(head[self.dialect])
+            for t in range(self.layout.tp):
+                optional[(t, self.layout.pp - 1)].update(tied)
+        moments = [native for native in self.prefixes.values()]
+        have_moments = any(tag.startswith(native) for f in self.files.values() for tag in f.keys() for native in moments)
+        buffers, scalars = set(), {}
+        for key, f in self.files.items():
+            for name, shape in expected[key].items():
+                if name not in f:
+                    raise InteropError(f"{f.path}: tensor {name} is missing (a {self.dialect} {self.spec.arch} "
+                                       f"model with {self.spec.num_layers} layers at tp={self.layout.tp} "
+                                       f"pp={self.layout.pp})")
+                if f.meta(name)[1] != shape:
+                    raise InteropError(f"{f.path}: {name} has shape {list(f.meta(name)[1])}, expected {list(shape)}")
+                for native in moments if have_moments else []:
+                    if native + name not in f:
+                        raise InteropError(f"{f.path}: optimizer moment {native + name} is missing while others "
+                                           "are present: the optimizer state is incomplete")
+                    if f.meta(native + name)[1] != shape:
+                        raise InteropError(f"{f.path}: {native + name} has shape "
+                                           f"{list(f.meta(native + name)[1])}, expected {list(shape)}")
+            allowed = set(expected[key]) | optional[key]
+            for tag in f.keys():
+                base = next((tag[len(n):] for n in moments if tag.startswith(n)), tag)
+                if base in allowed:
+                    continue
+                dtype, shape = f.meta(tag)
+                if dtype is None or is_scalar_tag(tag, shape):
+                    if key == (0, 0) and dtype is not None:
+                        scalars[tag] = f.read(tag)
+                    elif key == (0, 0):
+                        scalars.setdefault("__strings__", []).append(tag)
+                    continue
+                why = next((why for suffix, why in IGNORED_SUFFIXES.items() if tag.endswith(suffix)), None)
+                if why:
+                    buffers.add(why)
+                    continue
+                raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect} {self.spec.arch} "
+                                   f"model at tp={self.layout.tp} pp={self.layout.pp} (unknown tag layout)")
+        self.optim = have_moments
+        self._check_tied_copies(tied, notes)
+        self._check_name_copies(copies, moments if have_moments else [])
+        notes += [f"dropped buffers that are not parameters ({why})" for why in sorted(buffers)]
+        strings = scalars.pop("__strings__", [])
+        if strings:
+            notes.append(f"dropped {len(strings)} string entries ({', '.join(sorted(strings)[:5])})")
+        return scalars
+
+    def _check_tied_copies(self, tied: list[str], notes: list[str]) -> None:
+        """A tied head's stored copy must equal the embedding it is tied to: otherwise refuse, not drop it."""
+        embed = self.tag_of[self.rows[0][0]]
+        last = self.layout.pp - 1
+        for t in range(self.layout.tp):
+            f = self.files[(t, last)]
+            for tag in tied:
+                if tag not in f:
+                    continue
+                if not torch.equal(f.read(tag), self.files[(t, 0)].read(embed)):
+                    raise InteropError(f"{f.path}: {tag} differs from the tied embedding {embed}: the model is "
+                                       "not tied (pass a --model-config with tie_word_embeddings false)")
+                if t == 0:
+                    notes.append(f"{tag}: the tied head's copy of the embedding, checked equal and not read again")
+
+    def row_of_name(self, ms_name: str):
+        return next(row for row in self.rows if row[0] == ms_name)
+
+    def _check_name_copies(self, copies: dict[str, str], moments: list[str]) -> None:
+        """A tensor stored under both the model's and the converter's name must be the same tensor."""
+        for f in self.files.values():
+            for plain, model in copies.items():
+                for native in [""] + moments:
+                    if native + plain in f and not torch.equal(f.read(native + plain), f.read(native + model)):
+                        raise InteropError(f"{f.path}: {native + plain} and {native + model} name one parameter "
+                                           "but hold different values")
+
+    # -- tensors --------------------------------------------------------------------------------
+    def metas(self) -> list[TensorMeta]:
+        out = []
+        for param in param_table(self.spec):
+            tag = self.tag_of[self.row_of[param.name][0]]
+            f = self.files[(0, self.layout.stage_of(param))]
+            out.append(TensorMeta(param.name, f.meta(tag)[0], param.shape))
+        if self.optim:
+            for prefix, native in self.prefixes.items():
+                for param in param_table(self.spec):
+                    f = self.files[(0, self.layout.stage_of(param))]
+                    dtype = f.meta(native + self.tag_of[self.row_of[param.name][0]])[0]
+                    out.append(TensorMeta(prefix + param.name, dtype, param.shape))
+        return out
+
+    def read(self, name: str) -> torch.Tensor:
+        native, canonical = "", name
+        for prefix, nat in self.prefixes.items():
+            if name.startswith(prefix):
+                native, canonical = nat, name[len(prefix):]
+        ms_name, kind, parts = self.row_of[canonical]
+        tag = native + self.tag_of[ms_name]
+        if self._cached[0] != tag:  # q, k and v come from one fused tensor: read it once
+            self._cached = (tag, self._gather(tag, kind, parts))
+        return self._cached[1][parts.index(canonical)]
+
+    def _gather(self, tag: str, kind: str, parts: list[str]) -> list[torch.Tensor]:
+        tp = self.layout.tp
+        first = self.index[parts[0]]
+        stage = self.layout.stage_of(first)
+        sizes = [shard_box(self.index[p].shape, self.index[p].axis, 0, tp).shape[0] for p in parts]
+        heads, groups = self.spec.heads // tp, self.spec.kv_groups // tp
+        ranks = range(tp) if first.axis is not None else [0]
+        per_rank = [unfuse(kind, self.files[(t, stage)].read(tag), sizes, groups, heads, self.spec.head_dim)
+                    for t in ranks]
+        if len(per_rank) == 1:
+            return per_rank[0]
+        return [torch.cat([r[i] for r in per_rank], dim=first.axis) for i in range(len(parts))]
+
+    def close(self) -> None:
+        self._cached = (None, None)
+        for f in self.files.values():
+            f.close()
+
+
+def _merge_state(base: dict, scalars: dict) -> dict:
+    """interop's recorded state, updated with what the files' own scalars say (they win)."""
+    out = dict(base)
+    if "iteration" in scalars:
+        out["iteration"] = scalars["iteration"]
+    for key in ("mindspeed", "megatron"):
+        if key in scalars:
+            out[key] = {**(out.get(key) or {}), **scalars[key]}
+    return out
+
+
+def _brief(layers: list[int]) -> str:
+    return str(layers) if len(layers) <= 12 else f"{layers[:6]} ... {layers[-3:]}"

@@ -1,0 +1,94 @@
+"""One model's MindSpore tensors: each name, how it is fused, and its canonical parts (from the tables)."""
+from __future__ import annotations
+
+import torch
+
+from ...errors import InteropError
+from ...fused import deinterleave_rows, fuse_qkv_grouped, interleave_rows, split_qkv_grouped
+from ...mappings.mindspore_names import (MINDSPEED_LAYERNORM_NORMS, MINDSPEED_LAYERNORM_PARAMS,
+                                         MINDSPEED_MODEL_RENAMES, QKV_LAYOUTS, QKV_PLAIN_KINDS, TABLES)
+from ...params import param_index
+from ...spec import ModelSpec
+
+
+def _model_name(name: str, spec: ModelSpec) -> str:
+    """The name MindSpeed-Core-MS's model gives a parameter (LayerNorm gamma/beta, embedding_table)."""
+    name = MINDSPEED_MODEL_RENAMES.get(name, name)
+    if spec.norm == "layernorm" and any(norm in name for norm in MINDSPEED_LAYERNORM_NORMS):
+        stem, _, leaf = name.rpartition(".")
+        name = f"{stem}.{MINDSPEED_LAYERNORM_PARAMS.get(leaf, leaf)}"
+    return name
+
+
+def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout: str = "grouped",
+            qkv_bias_layout: str | None = None) -> list[tuple[str, str, list[str]]]:
+    """The dialect's name table expanded for this model: (MindSpore name, kind, canonical parts).
+
+    `qkv_layout` / `qkv_bias_layout` (MindFormers qkv_concat only): "plain" stores the fused tensor as
+    [q; k; v] / [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights
+    unless `qkv_bias_layout` says otherwise.
+    """
+    key = (dialect, spec.arch, bool(qkv_concat))
+    if key not in TABLES:
+        raise InteropError(f"no MindSpore name table for dialect {dialect!r}, arch {spec.arch!r}"
+                           f"{' with qkv_concat' if qkv_concat else ''}")
+    for layout in (qkv_layout, qkv_bias_layout):
+        if layout is not None and layout not in QKV_LAYOUTS:
+            raise InteropError(f"--qkv-layout must be one of {', '.join(QKV_LAYOUTS)}, got {layout!r}")
+    present = param_index(spec)
+    rows, taken = [], set()
+    for ms_name, kind, parts in TABLES[key]:
+        layout = (qkv_bias_layout or qkv_layout) if ms_name.endswith(".bias") else qkv_layout
+        if dialect == "mindformers" and layout == "plain":
+            kind = QKV_PLAIN_KINDS.get(kind, kind)
+        for i in (range(spec.num_layers) if "{i}" in ms_name else [None]):
+            name, names = ms_name.format(i=i), [p.format(i=i) for p in parts]
+            if name not in taken and all(n in present for n in names):
+                rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, kind, names))
+                taken.add(name)
+    return rows
+
+
+def converter_names(rows, spec: ModelSpec, dialect: str) -> dict[str, str]:
+    """{model name: the name convert_pt2ckpt.py writes} where they differ (read either)."""
+    if dialect != "mindspeed":
+        return {}
+    present = {name for name, _, _ in rows}
+    out = {}
+    for name, kind, parts in TABLES[(dialect, spec.arch, False)]:
+        for i in (range(spec.num_layers) if "{i}" in name else [None]):
+            plain = name.format(i=i)
+            model = _model_name(plain, spec)
+            if model != plain and model in present:
+                out[model] = plain
+    return out
+
+
+def fuse(kind: str, parts: list[torch.Tensor], groups: int) -> torch.Tensor:
+    """One MindSpore tensor (or one TP rank's shard of it) from its canonical parts (or their shards)."""
+    if kind == "qkv":
+        return fuse_qkv_grouped(*parts, groups)
+    if kind == "interleave":
+        return interleave_rows(*parts)
+    if kind == "t":
+        return parts[0].t().contiguous()
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # copy, gate_up
+
+
+def unfuse(kind: str, tensor: torch.Tensor, sizes: list[int], groups: int, heads: int, head_dim: int):
+    """Inverse of `fuse`: the canonical parts (rows `sizes`) of one tensor or shard."""
+    if kind == "qkv":
+        return list(split_qkv_grouped(tensor, groups, heads, head_dim))
+    if kind == "interleave":
+        return list(deinterleave_rows(tensor))
+    if kind == "t":
+        return [tensor.t().contiguous()]
+    if len(sizes) == 1:
+        return [tensor]
+    return [p.contiguous() for p in torch.split(tensor, sizes, dim=0)]
+
+
+def native_axis(kind: str, axis: int | None) -> int | None:
+    """The axis a canonical split axis becomes in the stored tensor (transposed kinds swap it)."""
+    return None if axis is None else (1 - axis if kind == "t" else axis)
+

@@ -1,0 +1,28 @@
+"""MindSpore's JSON strategy files for MindFormers rank files, as `mindspore.transform_checkpoints` reads them."""
+from __future__ import annotations
+
+from ...layout import ParallelLayout
+from ...params import param_index
+from ...spec import ModelSpec
+from .rows import native_axis
+
+
+def stage_strategy(spec: ModelSpec, layout: ParallelLayout, rows, stage: int) -> dict:
+    """One pipeline stage's strategy: dev_matrix [tp], tensor_map per dim.
+
+    tensor_map counts devices from the right of dev_matrix: 0 = split over tp, -1 = whole.
+    """
+    index = param_index(spec)
+    items = {}
+    for name, kind, parts in rows:
+        param = index[parts[0]]
+        if layout.stage_of(param) != stage:
+            continue
+        ndim = len(param.shape)
+        axis = native_axis(kind, param.axis)
+        tensor_map = [0 if (d == axis and layout.tp > 1) else -1 for d in range(ndim)]
+        items[name] = {"field": 0, "opt_weight_shard_size": 0, "opt_weight_shard_step": 0,
+                       "dev_matrix": [layout.tp], "tensor_map": tensor_map, "param_split_shape": [],
+                       "indices_offset": []}
+    return {"current_stage": stage, "parallel_strategy_item": {"interop": {"stage": stage}},
+            "parallel_layout_item": items}

@@ -1,0 +1,182 @@
+"""Canonical tensors -> MindSpore rank files (see `files` for where they go)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ...errors import InteropError
+from ...io.ms_ckpt import CkptWriter
+from ...layout import ParallelLayout
+from ...mappings.mindspore_names import DIALECTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES
+from ...params import param_index
+from ...shards import shard_box
+from ...spec import ModelSpec
+from ...tensors import TensorMeta
+from .files import SIDECAR, mindformers_file, mindspeed_file
+from .rows import converter_names, fuse, ms_rows
+from .scalars import state_to_scalars
+from .strategy import stage_strategy
+
+FORMAT = "mindspore"
+MASTER_PREFIX = "optim.fp32_param."
+
+
+class Writer:
+    """Writes one dialect's files, a global canonical tensor at a time, cut into TP/PP shards.
+
+    mindspeed: the layout MindSpeed-Core-MS training loads (`rank_{r}/network.ckpt`, the model's own
+    parameter names, step/epoch/optimizer/scheduler scalars as convert_pt2ckpt.py writes them), any
+    tp/pp/vpp; `dp` numbers the folders like the run's data-parallel size (cp folded in).
+    mindformers: `qkv_layout` "grouped" (r1.5.0 and later, the default) or "plain" (r1.3.0) for qkv_concat.
+    `mindspore_model.json` (spec, layout, state) is an extra for interop; no reader needs it.
+    """
+
+    @staticmethod
+    def padded_vocab(spec: ModelSpec, tp: int) -> int:
+        """Keep the source's padding when tp divides it; otherwise the true vocab rounded up to tp."""
+        if spec.padded_vocab % tp == 0:
+            return spec.padded_vocab
+        return -(-spec.vocab // tp) * tp
+
+    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
+                 dialect: str | None = None, qkv_concat: bool = False, qkv_layout: str | None = None,
+                 qkv_bias_layout: str | None = None, dp: int | None = None):
+        dialect = dialect or "mindspeed"
+        if dialect not in DIALECTS:
+            raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
+        if dialect == "mindformers" and layout.vpp > 1:
+            raise InteropError("MindFormers checkpoints are written without virtual pipeline chunks: use --vpp 1")
+        if dialect != "mindformers" and qkv_concat:
+            raise InteropError("--qkv-concat applies to --dialect mindformers only")
+        # (--qkv-layout without --qkv-concat is the reader's: a MindSpore -> MindSpore conversion gives both)
+        if dialect != "mindspeed" and dp is not None:
+            raise InteropError("--dp numbers MindSpeed rank folders: it applies to --dialect mindspeed only")
+        if dp is not None and dp < 1:
+            raise InteropError(f"--dp must be >= 1, got {dp}")
+        qkv_layout = qkv_layout or "grouped"
+        if qkv_concat and "plain" in (qkv_layout, qkv_bias_layout) and layout.tp > 1:
+            raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
+                               "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
+        spec.check_tp(layout.tp)
+        self.root, self.spec, self.layout = Path(root), spec, layout
+        self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or 1
+        self.qkv_layout = qkv_layout if qkv_concat else None
+        self.qkv_bias_layout = qkv_bias_layout if qkv_concat else None
+        self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout, qkv_bias_layout)
+        self.index = param_index(spec)
+        self.row_of = {p: row for row in self.rows for p in row[2]}
+        self.first_part = {name: parts[0] for name, _, parts in self.rows}
+        # LayerNorm / position-embedding tensors also under convert_pt2ckpt.py's names, which its reverse
+        # convert_ckpt2pt.py reads (MindSpeed's loader skips unknown names with a warning); a few KB.
+        self.copies = converter_names(self.rows, spec, dialect)
+        self.prefixes = OPTIM_PREFIXES[dialect]
+        self.metas = metas
+        self.notes: list[str] = []
+        # Mixed precision: the optimizer's fp32 masters are the weights MindSpeed trains from, and what
+        # convert_pt2ckpt.py writes as the weights (its `param`, cast to float32).
+        self.masters = any(m.name.startswith(MASTER_PREFIX) for m in metas)
+        if dialect == "mindspeed" and spec.dtype != "float32" and not self.masters:
+            self.notes.append(f"weights written in {spec.dtype}; MindSpeed's convert_pt2ckpt.py writes float32 "
+                              "(pass --dtype fp32 for the same)")
+        if self.masters:
+            self.notes.append("weights written from the optimizer's fp32 master copies, as MindSpeed's converter "
+                              "does (the low-precision model weights are their rounding)" if dialect == "mindspeed"
+                              else "dropped the optimizer's fp32 master copies (MindFormers keeps none); "
+                                   "the model weights are written")
+        self.pending: dict[str, dict] = {}
+        self.files: dict[tuple[int, int], CkptWriter] = {}
+        for t, p in layout.ranks():
+            path = self._path(t, p)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.files[(t, p)] = CkptWriter(path)
+
+    def _path(self, t: int, p: int) -> Path:
+        if self.dialect == "mindspeed":
+            return mindspeed_file(self.root, t, p, self.layout.tp, self.dp)
+        return mindformers_file(self.root, t, p, self.layout.tp, self.layout.pp)
+
+    def _split(self, name: str) -> tuple[str, str]:
+        for prefix, native in self.prefixes.items():
+            if name.startswith(prefix):
+                return native, name[len(prefix):]
+        return "", name
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if name.startswith(MASTER_PREFIX):
+            if self.dialect != "mindspeed":
+                return
+            name = name[len(MASTER_PREFIX):]
+        elif self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
+            return  # the master copy stands for it
+        native_prefix, canonical = self._split(name)
+        ms_name, kind, parts = self.row_of[canonical]
+        got = self.pending.setdefault(native_prefix + ms_name, {})
+        got[canonical] = tensor
+        if len(got) < len(parts):
+            return
+        del self.pending[native_prefix + ms_name]
+        self._emit(native_prefix + ms_name, kind, [got[p] for p in parts])
+        if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
+                and self.spec.tied_embeddings and self.layout.pp > 1):
+            # the last stage's output_layer is the tied embedding's copy (its moments too); Megatron's name
+            # for it as well, which convert_pt2ckpt.py passes through and convert_ckpt2pt.py reads back
+            for head in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD):
+                self._emit(native_prefix + head, kind, [got[canonical]], stage=self.layout.pp - 1)
+
+    def _emit(self, ms_name: str, kind: str, parts: list[torch.Tensor], stage: int | None = None) -> None:
+        """Cut the parts into TP shards, fuse each rank's shards, append them to the stage's files."""
+        first = self.index[self._canonical_of(ms_name)]
+        stage = self.layout.stage_of(first) if stage is None else stage
+        tp = self.layout.tp
+        for t in range(tp):
+            shards = [part[shard_box(tuple(part.shape), first.axis, t, tp).slices()] for part in parts]
+            fused = fuse(kind, shards, self.spec.kv_groups // tp)
+            self.files[(t, stage)].write(ms_name, fused)
+            native, base = self._native_split(ms_name)
+            if base in self.copies:
+                self.files[(t, stage)].write(native + self.copies[base], fused)
+
+    def _native_split(self, ms_name: str) -> tuple[str, str]:
+        for native in self.prefixes.values():
+            if ms_name.startswith(native):
+                return native, ms_name[len(native):]
+        return "", ms_name
+
+    def _canonical_of(self, ms_name: str) -> str:
+        """The first canonical part of a MindSpore name (moment prefixes and the tied head included)."""
+        ms_name = self._native_split(ms_name)[1]
+        if ms_name in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD) and ms_name not in self.first_part:
+            return "embed.word.weight"
+        return self.first_part[ms_name]
+
+    def finish(self, state: dict | None = None) -> None:
+        state = dict(state or {})
+        if self.pending:
+            raise InteropError(f"{self.root}: fused tensors left incomplete: {sorted(self.pending)[:3]}")
+        if self.dialect == "mindspeed":
+            scalars, notes = state_to_scalars(state)
+            self.notes += notes
+            for writer in self.files.values():
+                for tag, value in scalars.items():
+                    writer.write(tag, value)
+        for writer in self.files.values():
+            writer.close()
+        if self.dialect == "mindformers" and self.layout.tp * self.layout.pp > 1:
+            (self.root / "strategy").mkdir()
+            for p in range(self.layout.pp):
+                strategy = stage_strategy(self.spec, self.layout, self.rows, p)
+                (self.root / "strategy" / f"strategy_stage{p}.json").write_text(json.dumps(strategy, indent=1))
+        if self.qkv_concat:
+            self.notes.append(f"w_qkv / w_gate_hidden written {self.qkv_layout} "
+                              f"({'MindFormers r1.3' if self.qkv_layout == 'plain' else 'MindFormers r1.5 and later'}"
+                              f"{', biases ' + self.qkv_bias_layout if self.qkv_bias_layout else ''})")
+        sidecar = {"format": FORMAT, "dialect": self.dialect, "qkv_concat": self.qkv_concat,
+                   "qkv_layout": self.qkv_layout, "qkv_bias_layout": self.qkv_bias_layout, "dp": self.dp,
+                   "spec": self.spec.to_dict(), "layout": self.layout.to_dict(), "state": state}
+        (self.root / SIDECAR).write_text(json.dumps(sidecar, indent=1) + "\n")
+
+    def abort(self) -> None:
+        for writer in self.files.values():
+            writer.abort()
