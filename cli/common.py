@@ -2,11 +2,29 @@
 from __future__ import annotations
 
 import functools
+import logging
 import sys
+import traceback
 
 import click
 
 from ..errors import InteropError
+
+
+VERBOSE = {"level": 0}
+
+
+def set_verbose(level: int) -> None:
+    """-v: tracebacks behind `error:` lines, and the library's INFO logging; -vv: DEBUG logging."""
+    VERBOSE["level"] = level
+    if level:
+        logging.basicConfig(level=logging.DEBUG if level > 1 else logging.INFO, stream=sys.stderr,
+                            format="%(levelname)s %(name)s: %(message)s")
+
+
+def _traceback() -> None:
+    if VERBOSE["level"]:
+        traceback.print_exc(file=sys.stderr)
 
 
 def user_errors(fn):
@@ -17,9 +35,11 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except InteropError as exc:
+            _traceback()
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except OSError as exc:  # the machine's trouble (a full disk, no permission), not the input's: exit 1
+            _traceback()
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)

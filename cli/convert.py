@@ -5,12 +5,12 @@ import json
 
 import click
 
-from ..convert import DTYPE_CHOICES, convert as run_convert
 from ..converters.registry import FORMATS
-from ..inspect import describe, render
 from .common import ProgressBar, user_errors
 
+# The engine (and torch) is imported inside the commands: `interop --help` starts without it.
 FORMAT_CHOICE = click.Choice(sorted(FORMATS))
+DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
 
 
 @click.command()
@@ -23,7 +23,7 @@ FORMAT_CHOICE = click.Choice(sorted(FORMATS))
 @click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")
 @click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
 @click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
-@click.option("--dtype", type=click.Choice(list(DTYPE_CHOICES)), default="keep", show_default=True,
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
               help="Cast the weights (optimizer state keeps its dtype).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @click.option("--format", "megatron_format", type=click.Choice(["torch", "torch_dist"]),
@@ -39,10 +39,18 @@ FORMAT_CHOICE = click.Choice(sorted(FORMATS))
 @click.option("--qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
               help="MindFormers w_qkv.bias when it differs from the weights (convert_weight.py: plain).")
 @click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N.")
+@click.option("--tokenizer", type=click.Path(), help="HF output: a tokenizer directory, or one "
+              "tokenizer file (Megatron's --tokenizer-model sentencepiece model, or a tokenizer.json). "
+              "An HF source's own tokenizer is carried without it.")
+@click.option("--max-shard-size", help="HF output: largest weight file, e.g. 5GB or 500MB (transformers' style); "
+              "sharded output gets model.safetensors.index.json. [5GiB]")
+@click.option("--verify", "then_verify", is_flag=True,
+              help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
-            megatron_format, iteration, model_config, dialect, qkv_concat, qkv_layout, qkv_bias_layout, dp, quiet):
+            megatron_format, iteration, model_config, dialect, qkv_concat, qkv_layout, qkv_bias_layout, dp, tokenizer,
+            max_shard_size, then_verify, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -50,6 +58,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
       interop convert ./llama-hf ./llama-tp2pp2 --from hf --to interop --tp 2 --pp 2
       interop convert ./llama-tp2pp2 ./llama-hf-again --to hf
     """
+    from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp,
@@ -58,10 +67,16 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
                               options={"format": megatron_format, "iteration": iteration,
                                        "model_config": model_config, "dialect": dialect,
                                        "qkv_concat": qkv_concat, "qkv_layout": qkv_layout,
-                                       "qkv_bias_layout": qkv_bias_layout, "dp": dp})
+                                       "qkv_bias_layout": qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
+                                       "max_shard_size": max_shard_size})
     finally:
         bar.close()
     click.echo("\n".join(summary.lines()))
+    if then_verify:
+        from ..verify import verify
+        from .verify import report
+        report(verify(src, dst, src_format=summary.src_format, dst_format=dst_format, model_config=model_config,
+                      iteration=iteration))
 
 
 @click.command()
@@ -69,13 +84,20 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
 @click.option("--from", "fmt", type=FORMAT_CHOICE, help="Format (detected when omitted).")
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
 @click.option("--no-tensors", is_flag=True, help="Leave out the per-tensor table.")
+@click.option("--native", is_flag=True, help="Show each tensor's name in the checkpoint's own format next to "
+              "its canonical name.")
+@click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
+              "(HF config.json, Megatron args file or MindSpeed YAML).")
+@click.option("--iteration", type=int, help="Megatron iteration to describe (default: the tracker's).")
 @user_errors
-def inspect(path, fmt, as_json, no_tensors):
+def inspect(path, fmt, as_json, no_tensors, native, model_config, iteration):
     """Describe a checkpoint: format, model, layout, tensors and totals.
 
     \b
     Example:
       interop inspect ./llama-tp2pp2
     """
-    info = describe(path, fmt)
-    click.echo(json.dumps(info, indent=1) if as_json else render(info, show_tensors=not no_tensors))
+    from ..describe import describe, render
+    info = describe(path, fmt, native=native, model_config=model_config, iteration=iteration)
+    click.echo(json.dumps(info.to_dict(), indent=1) if as_json
+               else render(info, show_tensors=not no_tensors, native=native))

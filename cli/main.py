@@ -6,14 +6,24 @@ import click
 
 @click.group()
 @click.version_option(package_name="interop")
-def main():
-    """Convert checkpoints and configs between Megatron-LM, MindSpore and Hugging Face."""
+@click.option("-v", "--verbose", count=True, help="Tracebacks behind error lines and INFO logging (-vv: DEBUG).")
+def main(verbose):
+    """Convert checkpoints and configs between Megatron-LM, MindSpore and Hugging Face.
+
+    Shell completion (bash): eval "$(_INTEROP_COMPLETE=bash_source interop)"; zsh_source / fish_source likewise.
+    """
+    from .common import set_verbose
+    set_verbose(verbose)
 
 
 from .convert import convert, inspect  # noqa: E402
 
 main.add_command(convert)
 main.add_command(inspect)
+
+from .verify import verify  # noqa: E402
+
+main.add_command(verify)
 
 from ..demo import demo  # noqa: E402
 

@@ -8,6 +8,8 @@ described by the tables in `interop.mappings.hf_names`.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -25,6 +27,29 @@ from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DEFAULT_SHARD_BYTES = 5 << 30
+# What makes an HF directory a complete model besides weights and config.json: carried from an HF
+# source as they are; from `--tokenizer DIR` the tokenizer ones.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json")
+MODEL_FILES = TOKENIZER_FILES + ("generation_config.json",)
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 1 << 10, "MIB": 1 << 20,
+         "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_size(size) -> int:
+    """Bytes from an int or a transformers-style size: "5GB" (10^9), "500MiB" (2^20), "300KB"."""
+    if isinstance(size, int):
+        value = size
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)?\s*", str(size).upper())
+        if not match:
+            raise InteropError(f"--max-shard-size {size!r}: expected a size such as 5GB, 500MB or 2GiB")
+        value = int(float(match.group(1)) * UNITS[match.group(2) or "B"])
+    if value <= 0:
+        raise InteropError(f"--max-shard-size must be positive, got {size!r}")
+    return value
 
 
 def detect(path) -> bool:
@@ -173,6 +198,9 @@ class Reader:
         self.spec = spec
         self.source = Source(spec, None, notes=notes)
         self._cached = (None, None)
+        # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
+        self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
+                        "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
 
     def metas(self) -> list[TensorMeta]:
         return [TensorMeta(p.name, self.files.meta(self.part_of[p.name][0])[0], p.shape) for p in param_table(self.spec)]
@@ -184,6 +212,11 @@ class Reader:
             sizes = [index[p].shape[0] for p in parts]
             self._cached = (hf_key, _from_hf(kind, self.files.read(hf_key), sizes))
         return self._cached[1][i]
+
+    def native_name(self, name: str) -> str:
+        """The HF tensor that holds canonical `name` (with its part when fused, e.g. GPT2's c_attn)."""
+        hf_key, kind, parts, i = self.part_of[name]
+        return hf_key if len(parts) == 1 else f"{hf_key} [part {i + 1}/{len(parts)}]"
 
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
@@ -204,9 +237,22 @@ class Writer:
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
         return spec.vocab  # HF holds the true vocabulary only
 
-    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_bytes: int = DEFAULT_SHARD_BYTES):
+    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
+                 max_shard_bytes: int | None = None, tokenizer=None):
+        """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
+        `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
+        (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
         if layout.tp != 1 or layout.pp != 1:
             raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1")
+        max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
+                                     max_shard_bytes if max_shard_bytes is not None else DEFAULT_SHARD_BYTES)
+        self.tokenizer = Path(tokenizer) if tokenizer else None
+        if self.tokenizer and not self.tokenizer.exists():
+            raise InteropError(f"--tokenizer {tokenizer}: no such file or directory")
+        if self.tokenizer and self.tokenizer.is_dir() and not any((self.tokenizer / f).is_file() for f in TOKENIZER_FILES):
+            raise InteropError(f"--tokenizer {tokenizer}: no tokenizer files in it (looked for {', '.join(TOKENIZER_FILES[:4])}, ...)")
+        self.carried = {"files": {}, "config": {}}
+        self.written_notes: list[str] = []
         self.root, self.spec = Path(root), spec
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
@@ -261,11 +307,63 @@ class Writer:
         self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
         return True
 
+    def carry(self, carried: dict) -> None:
+        """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids."""
+        self.carried = carried
+
+    def _model_files(self) -> dict:
+        """{name in the output: file to copy} for the tokenizer and generation config."""
+        files = dict(self.carried.get("files", {}))
+        tok = self.tokenizer
+        if tok is None:
+            return files
+        files = {k: v for k, v in files.items() if k not in TOKENIZER_FILES}  # --tokenizer replaces the source's
+        if tok.is_dir():
+            files.update({name: tok / name for name in TOKENIZER_FILES if (tok / name).is_file()})
+        elif tok.name.endswith(".json"):
+            files["tokenizer.json"] = tok
+        else:  # a sentencepiece model, as Megatron's --tokenizer-model names it
+            files["tokenizer.model"] = tok
+        return files
+
+    def _write_tokenizer_config(self, files: dict) -> None:
+        """A single tokenizer file needs a tokenizer_config.json naming its class for AutoTokenizer."""
+        if "tokenizer_config.json" in files or not ({"tokenizer.json", "tokenizer.model"} & set(files)):
+            return
+        cls = "PreTrainedTokenizerFast" if "tokenizer.json" in files else "LlamaTokenizer"
+        config = {"tokenizer_class": cls}
+        if cls == "LlamaTokenizer":
+            config.update({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True})
+            self.written_notes.append("wrote tokenizer_config.json for the sentencepiece tokenizer.model "
+                                      "(LlamaTokenizer, <s> </s> <unk>): check its special tokens")
+        (self.root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    def _tokenizer_from_args(self, state: dict | None) -> None:
+        """No --tokenizer and none carried: a Megatron source's own `--tokenizer-model`, when that file
+        exists here, is what it was trained with; taken, and said so."""
+        if self.tokenizer is not None or set(self.carried.get("files", {})) & set(TOKENIZER_FILES):
+            return
+        args = ((state or {}).get("megatron") or {}).get("args") or {}
+        named = args.get("tokenizer_model") if isinstance(args, dict) else None
+        if isinstance(named, str) and named and Path(named).is_file():
+            self.tokenizer = Path(named)
+            self.written_notes.append(f"tokenizer: {named}, the checkpoint's --tokenizer-model "
+                                      "(--tokenizer overrides)")
+
     def finish(self, state: dict | None = None) -> None:
         total = 0
         for writer in self.writers.values():
             total += writer.close()[0]
-        (self.root / "config.json").write_text(json.dumps(hf_config_from_spec(self.spec), indent=2) + "\n")
+        self._tokenizer_from_args(state)
+        files = self._model_files()
+        for name, path in files.items():
+            shutil.copyfile(path, self.root / name)
+        self._write_tokenizer_config(files)
+        if not ({"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt"} & set(files)):
+            self.written_notes.append("output has no tokenizer: pass --tokenizer DIR_OR_FILE (an HF tokenizer "
+                                      "directory, or the tokenizer.model Megatron's --tokenizer-model names)")
+        config = {**hf_config_from_spec(self.spec), **self.carried.get("config", {})}
+        (self.root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if len(self.shard_files) > 1:
             index = {"metadata": {"total_size": total},
                      "weight_map": {key: name for name, entries in self.shard_files for key, _, _ in entries}}
@@ -273,10 +371,11 @@ class Writer:
 
     @property
     def notes(self) -> list[str]:
-        if not self.dropped_optim:
-            return []
-        return [f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): "
-                "a Hugging Face checkpoint holds weights only"]
+        notes = list(self.written_notes)
+        if self.dropped_optim:
+            notes.append(f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): "
+                         "a Hugging Face checkpoint holds weights only")
+        return notes
 
     def abort(self) -> None:
         for writer in self.writers.values():

@@ -31,11 +31,15 @@ DTYPE_CHOICES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "f
 
 @dataclass
 class Summary:
+    """What a conversion did, as data (`dataclasses.asdict(summary)` is JSON-able); `lines()` is the CLI text."""
     src: str
     dst: str
     src_format: str
     dst_format: str
-    layout: str
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    layout: str = ""  # the layout in words: which layers each pipeline stage holds
     tensors: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -47,6 +51,32 @@ class Summary:
                f"  {self.tensors} tensors, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s ({rate:.1f} MB/s)"]
         out += [f"  note: {n}" for n in self.notes]
         return out
+
+
+class _Progress:
+    """One interface over what a caller may pass as `progress=`: an object with start(total)/update(n)
+    (the CLI's bar), a tqdm bar (update(n) and a settable .total), or a callable(done_bytes, total_bytes)."""
+
+    def __init__(self, target):
+        self.target, self.total, self.done = target, 0, 0
+
+    def start(self, total: int) -> None:
+        self.total = total
+        if hasattr(self.target, "start"):
+            self.target.start(total)
+        elif hasattr(self.target, "update"):  # tqdm: learn the total now, refresh the bar
+            self.target.total = total
+            if hasattr(self.target, "refresh"):
+                self.target.refresh()
+        else:
+            self.target(0, total)
+
+    def update(self, nbytes: int) -> None:
+        self.done += nbytes
+        if hasattr(self.target, "update"):
+            self.target.update(nbytes)
+        else:
+            self.target(self.done, self.total)
 
 
 def fit_vocab(tensor: torch.Tensor, rows: int, true_vocab: int, name: str, notes: list[str]) -> torch.Tensor:
@@ -134,22 +164,26 @@ def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | 
 @without_gc_pauses
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
-            force: bool = False, options: dict | None = None, progress=None) -> Summary:
+            force: bool = False, options: dict | None = None, progress=None, **format_options) -> Summary:
     """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp). Returns a Summary.
 
-    `options` are format-specific (`iteration`, `model_config`, `format`, `dialect`, ...): each
-    goes to the reader and/or writer whose constructor names it; one that neither takes is an error.
-    `progress`, when given, gets `.start(total_bytes)` once and `.update(nbytes)` after each
-    tensor.  `dst` appears only when complete.
+    Format-specific options are keyword arguments (`dialect="mindspeed"`, `format="torch_dist"`,
+    `iteration=`, `model_config=`, `qkv_concat=`, `tokenizer=`, `max_shard_size=`, ...; or the
+    same as a dict in `options`): each goes to the reader and/or writer whose constructor names it;
+    one that neither takes is an error.  `progress`, when given, is a tqdm bar, a
+    callable(done_bytes, total_bytes), or an object with `.start(total_bytes)` and `.update(nbytes)`.
+    `dst` appears only when complete.
     """
     started = time.perf_counter()
+    options = {**(options or {}), **format_options}
+    progress = _Progress(progress) if progress is not None else None
     src_format = src_format or detect_format(src)
     if not Path(src).exists():
         raise InteropError(f"{src}: no such file or directory")
     if dtype not in DTYPE_CHOICES:
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     reader_cls, writer_cls = converter(src_format).Reader, converter(dst_format).Writer
-    reader_options, writer_options = split_options(reader_cls, writer_cls, options or {}, src_format, dst_format)
+    reader_options, writer_options = split_options(reader_cls, writer_cls, options, src_format, dst_format)
     check_destination(dst, force)
     reader = reader_cls(src, **reader_options)
     try:
@@ -167,9 +201,17 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             metas_out.append(TensorMeta(m.name, cast, param.shape))
         if progress:
             progress.start(sum(m.nbytes for m in metas_in))
-        summary = Summary(str(src), str(dst), src_format, dst_format, layout.describe(), notes=list(reader.source.notes))
+        summary = Summary(str(src), str(dst), src_format, dst_format, layout.tp, layout.pp, layout.vpp,
+                          layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force) as tmp, one_torch_thread(), background_writes():
             writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
+            carried = getattr(reader, "carried", None) or {}
+            if hasattr(writer, "carry"):
+                writer.carry(carried)  # e.g. an HF source's tokenizer and generation config
+            elif carried.get("files"):
+                summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (a {dst_format} checkpoint "
+                                     f"holds weights and the model's shape only; give --tokenizer {src} when "
+                                     f"converting to hf)")
             try:
                 for m_in, m_out in zip(metas_in, metas_out):
                     if not _passed_through(reader, writer, m_in, m_out):

@@ -15,10 +15,8 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 
-from .convert import convert
-from .io.safetensors import SafetensorsFile
+# torch and the engine are imported where tensors are touched: `interop --help` needs neither.
 
 # vocab 1024 has no Megatron padding at tp <= 8, so megatron-core can join parity
 # (it counts padded vocabulary entries in its loss).
@@ -36,6 +34,7 @@ def quiet_transformers():
 
 
 def build_tiny_llama(path: Path, seed: int = 0) -> None:
+    import torch
     transformers = quiet_transformers()
     torch.manual_seed(seed)
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA)).save_pretrained(path)
@@ -43,6 +42,8 @@ def build_tiny_llama(path: Path, seed: int = 0) -> None:
 
 def same_tensors(a: Path, b: Path) -> tuple[int, list[str]]:
     """(tensors compared, names that differ) between two HF model.safetensors files."""
+    import torch
+    from .io.safetensors import SafetensorsFile
     x, y = SafetensorsFile(a / "model.safetensors"), SafetensorsFile(b / "model.safetensors")
     differ = sorted(set(x.keys()) ^ set(y.keys()))
     differ += [k for k in sorted(set(x.keys()) & set(y.keys())) if not torch.equal(x.read(k), y.read(k))]
@@ -50,6 +51,7 @@ def same_tensors(a: Path, b: Path) -> tuple[int, list[str]]:
 
 
 def logits_difference(a: Path, b: Path) -> float:
+    import torch
     transformers = quiet_transformers()
     tokens = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(0))
     outs = []
@@ -60,33 +62,46 @@ def logits_difference(a: Path, b: Path) -> float:
     return float((outs[0] - outs[1]).abs().max())
 
 
-def interop_cli(*args, echo=click.echo) -> None:
-    """Run one `interop` command in a child process (training spawns its own ranks), echoing it."""
-    echo("$ interop " + " ".join(str(a) for a in args))
-    proc = subprocess.run([sys.executable, "-m", "interop", *map(str, args)], text=True)
+def interop_cli(*args, echo=click.echo, cwd: Path | None = None) -> None:
+    """Run one `interop` command in a child process (training spawns its own ranks), echoing it.
+    With `cwd`, paths under it are given relative to it, as a user working there would type them."""
+    shown = [_relative(a, cwd) for a in args]
+    echo("$ interop " + " ".join(shown))
+    proc = subprocess.run([sys.executable, "-m", "interop", *shown], text=True, cwd=cwd)
     if proc.returncode:
         raise click.ClickException(f"`interop {args[0]}` failed with exit code {proc.returncode}")
 
 
-def step(echo, title: str, summary=None) -> None:
+def _relative(arg, cwd: Path | None) -> str:
+    if cwd is not None and isinstance(arg, Path) and arg.is_relative_to(cwd):
+        return str(arg.relative_to(cwd))
+    return str(arg)
+
+
+def step(echo, title: str, summary=None, work: Path | None = None) -> None:
     echo(f"\n== {title}")
     if summary is not None:
-        echo("\n".join(summary.lines()))
+        lines = summary.lines()
+        if work is not None:  # paths as seen from the work directory (it may be deleted afterwards)
+            lines = [line.replace(f"{work}/", "") for line in lines]
+        echo("\n".join(lines))
 
 
-def run_demo(work: Path, echo=click.echo) -> bool:
+def run_demo(work: Path, echo=click.echo, keep: bool = True) -> bool:
+    """The demo in `work`; `keep=False` (--clean): the directory goes afterwards, so no path in it is printed."""
+    from .convert import convert
     hf, megatron, mindspore = work / "llama-hf", work / "megatron-tp2pp2", work / "mindspore-tp4"
     common, back = work / "common", work / "llama-hf-again"
-    step(echo, f"1. a tiny HF Llama (GQA 8 heads / 4 groups, untied, vocab 1024) in {hf}")
+    step(echo, "1. a tiny HF Llama (GQA 8 heads / 4 groups, untied, vocab 1024)" + (f" in {hf}" if keep else ""))
     build_tiny_llama(hf)
     step(echo, "2. interop convert llama-hf megatron-tp2pp2 --to megatron --tp 2 --pp 2",
-         convert(hf, megatron, dst_format="megatron", tp=2, pp=2, force=True))
+         convert(hf, megatron, dst_format="megatron", tp=2, pp=2, force=True), work)
     step(echo, "3. interop convert megatron-tp2pp2 mindspore-tp4 --from megatron --to mindspore --tp 4",
-         convert(megatron, mindspore, src_format="megatron", dst_format="mindspore", tp=4, force=True))
+         convert(megatron, mindspore, src_format="megatron", dst_format="mindspore", tp=4, force=True), work)
     step(echo, "4. interop convert mindspore-tp4 common --to interop",
-         convert(mindspore, common, dst_format="interop", force=True))
+         convert(mindspore, common, dst_format="interop", force=True), work)
     step(echo, "5. interop convert common llama-hf-again --to hf  (proof: nothing changed on the way)",
-         convert(common, back, dst_format="hf", force=True))
+         convert(common, back, dst_format="hf", force=True), work)
     count, differ = same_tensors(hf, back)
     logits = logits_difference(hf, back)
     identical = not differ and logits == 0.0
@@ -96,22 +111,23 @@ def run_demo(work: Path, echo=click.echo) -> bool:
     frameworks = "torch,hf,mindspore" + (",megatron" if importlib.util.find_spec("megatron.core") else "")
     step(echo, "6. parity: the same weights and batches at four layouts and in other frameworks")
     interop_cli("parity", common, "--steps", 10, "--layouts", "1x1,2x1,1x2,2x2", "--frameworks", frameworks,
-                "--plot", work / "parity.png", echo=echo)
+                "--plot", work / "parity.png", echo=echo, cwd=work)
 
     step(echo, "7. train 30 steps at tp 2 / pp 2, stop at step 15, resume at tp 1 / pp 2")
     common_args = ["--load", common, "--steps", 30, "--global-batch-size", 8, "--lr", "1e-2", "--warmup", 3,
                    "--save-interval", 5, "--log-interval", 5]
-    interop_cli("train", *common_args, "--save", work / "run", "--tp", 2, "--pp", 2, "--stop-at", 15, echo=echo)
-    interop_cli("train", *common_args, "--save", work / "run", "--tp", 1, "--pp", 2, "--resume", echo=echo)
-    interop_cli("train", *common_args, "--save", work / "straight", "--tp", 2, "--pp", 2, echo=echo)
+    interop_cli("train", *common_args, "--save", work / "run", "--tp", 2, "--pp", 2, "--stop-at", 15, echo=echo, cwd=work)
+    interop_cli("train", *common_args, "--save", work / "run", "--tp", 1, "--pp", 2, "--resume", echo=echo, cwd=work)
+    interop_cli("train", *common_args, "--save", work / "straight", "--tp", 2, "--pp", 2, echo=echo, cwd=work)
     from .trainer.metrics import compare_runs
 
     result = compare_runs({"uninterrupted 2x2": work / "straight", "stop 15, resume 1x2": work / "run"},
-                          plot=work / "resume.png")
+                          plot=work / "resume.png",
+                          marks={15: "stopped after step 15 (tp 2 / pp 2)", 15.5: "resumed at step 16 (tp 1 / pp 2)"})
     echo(result.table())
+    plots = f"plots: {work / 'parity.png'}, {work / 'resume.png'}" if keep else "outputs removed (--clean)"
     echo(f"\n== done: round trip {'identical' if identical else 'MISMATCH'}; resumed curve "
-         f"{'continues' if result.ok else 'DIVERGES'} (largest difference {result.max_diff:.1e}); "
-         f"plots: {work / 'parity.png'}, {work / 'resume.png'}")
+         f"{'continues' if result.ok else 'DIVERGES'} (largest difference {result.max_diff:.1e}); {plots}")
     return identical and result.ok
 
 
@@ -131,7 +147,7 @@ def demo(workdir, clean):
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     try:
-        ok = run_demo(workdir)
+        ok = run_demo(workdir, keep=not clean)
     finally:
         if clean:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -16,8 +16,7 @@ from .io.paths import inside
 from .layout import ParallelLayout
 from .params import OPTIM_PREFIXES, base_param_name, param_index
 from .shards import Box, tiling_error
-from .spec import ModelSpec
-from .tensors import DTYPE_NAMES
+from .spec import DTYPES, ModelSpec  # the dtype names (interop.tensors.DTYPE_NAMES's keys, without torch)
 
 FORMAT = "interop"
 VERSION = 1
@@ -79,7 +78,7 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
             fail(f"tensor {name!r} is not a parameter of this {spec.arch} model")
         if not isinstance(entry, dict):
             fail(f"tensor {name!r}: expected a JSON object")
-        if entry.get("dtype") not in DTYPE_NAMES:
+        if entry.get("dtype") not in DTYPES:
             fail(f"tensor {name!r}: unsupported dtype {entry.get('dtype')!r}")
         shape = entry.get("shape")
         if not _counts(shape) or tuple(shape) != tuple(param.shape):

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from . import memory
 from .errors import InteropError
 
 
@@ -61,13 +58,17 @@ def intersect(a: Box, b: Box) -> Box | None:
     return Box(tuple(offset), tuple(shape))
 
 
-def assemble(box: Box, pieces, dtype: torch.dtype, empty=memory.empty) -> torch.Tensor:
+def assemble(box: Box, pieces, dtype: torch.dtype, empty=None) -> torch.Tensor:
     """Fill `box` from (piece_box, read_piece) pairs; each piece is read only where it overlaps.
 
     `read_piece(common)` returns the part `common` of its piece; `read_piece(common, out)`
     writes it into `out` instead (so a reader can fill the result without a staging copy).
-    `empty(shape, dtype)` allocates the result (a `memory.BufferPool` reuses memory).
+    `empty(shape, dtype)` allocates the result (a `memory.BufferPool` reuses memory; default
+    `memory.empty`, imported here: the box arithmetic above is torch-free, for `interop inspect`).
     """
+    if empty is None:
+        from . import memory
+        empty = memory.empty
     for piece_box, read in pieces:
         if intersect(box, piece_box) == box:  # one piece holds all of it: no copy
             return read(box)

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from interop.convert import convert
 from interop.errors import InteropError
-from interop.inspect import describe
+from interop.describe import describe
 
 VOCAB = 250
 

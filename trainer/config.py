@@ -51,6 +51,8 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     clip_grad: float = 1.0
+    config_file: str | None = None  # the --config file read, and the model it describes ({ModelSpec field: value}):
+    config_model: dict | None = None  # checked against the checkpoint's model, which is the one trained
 
     def optim(self) -> OptimConfig:
         names = {f.name for f in dataclasses.fields(OptimConfig)}
@@ -108,6 +110,32 @@ MEGATRON_FLAGS = {
 }
 
 
+# The model a config file describes (ModelSpec field <- MindSpeed model_config key / Megatron flag).
+YAML_MODEL_KEYS = {"num_layers": "num_layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn_hidden",
+                   "num_attention_heads": "heads", "num_query_groups": "kv_groups", "vocab_size": "vocab",
+                   "max_position_embeddings": "max_positions"}
+MEGATRON_MODEL_FLAGS = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--ffn-hidden-size": "ffn_hidden",
+                        "--num-attention-heads": "heads", "--num-query-groups": "kv_groups", "--vocab-size": "vocab",
+                        "--max-position-embeddings": "max_positions"}
+
+
+def _config_model(values: dict, gqa: bool | None) -> dict:
+    """{ModelSpec field: int} from a file's model keys; query groups count only with grouped-query attention."""
+    model = {}
+    for field, value in values.items():
+        try:
+            model[field] = int(value)
+        except (TypeError, ValueError):
+            continue
+    if gqa is None:  # unknown whether the groups count: leave them out
+        model.pop("kv_groups", None)
+    elif not gqa:  # multi-head attention: one group per head, whatever num_query_groups says
+        model.pop("kv_groups", None)
+        if "heads" in model:
+            model["kv_groups"] = model["heads"]
+    return model
+
+
 def _typed(field: str, value, where: str):
     kind = {f.name: f.type for f in dataclasses.fields(TrainConfig)}[field]
     try:
@@ -144,6 +172,10 @@ def from_yaml(path) -> dict:
     micro_num = (data.get("dataset_config") or {}).get("micro_batch_num")
     if micro_num:
         out["_micro_batch_num"] = int(micro_num)
+    model = data.get("model_config") or {}
+    gqa = model.get("group_query_attention")
+    out["config_model"] = _config_model({f: model.get(k) for k, f in YAML_MODEL_KEYS.items() if model.get(k) is not None},
+                                        bool(gqa) if gqa is not None else None)
     return out
 
 
@@ -151,11 +183,13 @@ def from_args_file(path) -> dict:
     """Megatron flags from an args file or a whole launch script (variables, arrays, continuations)."""
     from interop.argsfile import parse_file
     tokens = parse_file(path).tokens
-    out, i = dict(MEGATRON_DEFAULTS), 0
+    out, i, model = dict(MEGATRON_DEFAULTS), 0, {}
     while i < len(tokens):
         flag = tokens[i].replace("_", "-") if tokens[i].startswith("--") else tokens[i]
         field = MEGATRON_FLAGS.get(flag)
         has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+        if flag in MEGATRON_MODEL_FLAGS and has_value:
+            model[MEGATRON_MODEL_FLAGS[flag]] = tokens[i + 1]
         if field == "bf16":
             out[field] = True
         elif field is not None:
@@ -163,6 +197,8 @@ def from_args_file(path) -> dict:
                 raise InteropError(f"{path}: {flag} needs a value")
             out[field] = _typed(field, tokens[i + 1], f"{path}: {flag}")
         i += 2 if has_value else 1
+    gqa = any(t.replace("_", "-") == "--group-query-attention" for t in tokens)
+    out["config_model"] = _config_model(model, gqa)
     return out
 
 
@@ -173,6 +209,8 @@ def load_config(path=None, **overrides) -> TrainConfig:
         suffix = Path(path).suffix
         values = from_yaml(path) if suffix in (".yaml", ".yml") else from_args_file(path)
     micro_num = values.pop("_micro_batch_num", None)
+    if path is not None:
+        values["config_file"] = str(path)
     cfg = TrainConfig(**values).replace(**overrides)
     if micro_num and cfg.global_batch_size is None:
         cfg.global_batch_size = cfg.micro_batch_size * micro_num * (cfg.dp or 1)

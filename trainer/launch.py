@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from interop.errors import InteropError
 
 from .config import TrainConfig
-from .train import Plan, cleanup, prepare, run
+from .train import Plan, cleanup, describe_plan, prepare, run
 
 
 class TrainingFailed(Exception):
@@ -41,17 +41,25 @@ def train(cfg: TrainConfig) -> list[dict]:
     """Run (or join) a training run; returns the per-step metrics [{step, loss, lr, ...}]."""
     if under_torchrun():
         plan = prepare(cfg, world=int(os.environ["WORLD_SIZE"]))
+        if int(os.environ["RANK"]) == 0:
+            _announce(plan)
         try:
             return run(plan, int(os.environ["RANK"]), plan.world, int(os.environ.get("LOCAL_RANK", 0)))
         finally:
             cleanup(plan)
     plan = prepare(cfg)
+    _announce(plan)
     try:
         if plan.world == 1:
             return run(plan)
         return spawn(plan)
     finally:
         cleanup(plan)
+
+
+def _announce(plan: Plan) -> None:
+    if not plan.cfg.quiet:
+        print("\n".join(describe_plan(plan)), flush=True)
 
 
 def _rank_main(rank: int, plan: Plan, results, env: dict) -> None:

@@ -40,23 +40,45 @@ def available() -> str | None:
     return None if found else "megatron-core is not installed (pip install megatron-core)"
 
 
-def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
+def precondition(spec: ModelSpec) -> str | None:
+    """Why megatron-core cannot train this model here (for parity), or None."""
     why = available()
     if why:
-        raise InteropError(f"framework megatron is not available: {why}")
-    from interop.store import StoreReader
-    spec = StoreReader(ckpt, verify=False).spec
+        return f"not available: {why}"
     from interop.converters.registry import converter
     padded = converter("megatron").Writer.padded_vocab(spec, 1)
     if padded != spec.vocab:
-        raise InteropError(f"framework megatron: the vocabulary ({spec.vocab}) is padded to {padded} rows, and "
-                           f"megatron-core's loss counts the padding; use a vocabulary that is a multiple of 128")
+        return (f"the vocabulary ({spec.vocab}) is padded to {padded} rows, and megatron-core's loss counts "
+                f"the padding; use a vocabulary that is a multiple of 128")
+    return None
+
+
+def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
+    from interop.store import StoreReader
+    why = precondition(StoreReader(ckpt, verify=False).spec)
+    if why:
+        raise InteropError(f"framework megatron: {why}")
+    return _in_child(_train, str(ckpt), cfg)
+
+
+def forward_logits(ckpt, tokens) -> torch.Tensor:
+    """megatron-core's logits over the true vocabulary for `tokens` [batch, seq] from common-format `ckpt`
+    (no training; a padded vocabulary is fine here: its rows are cut from the logits)."""
+    why = available()
+    if why:
+        raise InteropError(f"framework megatron is not available: {why}")
+    # numpy through the queue: a torch tensor would travel as shared memory the exiting child takes away
+    return torch.from_numpy(_in_child(_forward, str(ckpt), tokens.numpy()))
+
+
+def _in_child(fn, ckpt: str, arg):
+    """Run `fn(ckpt, arg)` in a child process of its own (see the module docstring) and return its result."""
     from .launch import free_port, start_method
     import torch.multiprocessing as mp
     ctx = mp.get_context(start_method())
     results = ctx.Queue()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = ctx.Process(target=_child, args=(str(ckpt), cfg, results, env))
+    proc = ctx.Process(target=_child, args=(fn, ckpt, arg, results, env))
     proc.start()
     kind, value = results.get()
     proc.join()
@@ -67,7 +89,7 @@ def megatron_losses(ckpt, cfg: TrainConfig) -> list[float]:
     return value
 
 
-def _child(ckpt: str, cfg: TrainConfig, results, env: dict) -> None:
+def _child(fn, ckpt: str, arg, results, env: dict) -> None:
     import traceback
     import warnings
     os.environ.update(env)
@@ -75,7 +97,7 @@ def _child(ckpt: str, cfg: TrainConfig, results, env: dict) -> None:
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed", category=UserWarning)
     warnings.filterwarnings("ignore", message="full scope is deprecated", category=UserWarning)  # mcore's own default
     try:
-        results.put(("ok", _train(ckpt, cfg)))
+        results.put(("ok", fn(ckpt, arg)))
     except InteropError as exc:
         results.put(("error", str(exc)))
     except BaseException:
@@ -147,6 +169,41 @@ def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
             optimizer.step()
             losses.append(float(loss.detach()))
         return losses
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _forward(ckpt: str, tokens):
+    """In the child: the checkpoint as Megatron tp 1 `torch` files, loaded strictly into a GPTModel, one forward."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from interop.convert import convert
+    from interop.io.safe_pickle import safe_torch_load
+    if not torch.cuda.is_available():
+        _patch_cpu()
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="interop-verify-megatron-") as tmp:
+            convert(ckpt, Path(tmp) / "meg", src_format="interop", dst_format="megatron", tp=1, dtype="fp32")
+            files = sorted((Path(tmp) / "meg").glob("*/mp_rank_00/model_optim_rng.pt"))
+            if len(files) != 1:
+                raise RuntimeError(f"expected one Megatron rank file, found {files}")
+            state = safe_torch_load(files[0])["model"]
+            spec = _spec_of(ckpt)
+            from interop.converters.registry import converter
+            padded = converter("megatron").Writer.padded_vocab(spec, 1)
+            model = build_gpt_model(spec.replace(padded_vocab=padded))
+            model.load_state_dict(state, strict=True)
+        model.eval()
+        tokens = torch.from_numpy(tokens)
+        b, s = tokens.shape
+        positions = torch.arange(s).unsqueeze(0).expand(b, s)
+        causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]  # True = masked
+        with torch.no_grad():
+            logits = model(input_ids=tokens, position_ids=positions, attention_mask=causal)
+        return logits[..., :spec.vocab].float().numpy().copy()
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()

@@ -30,12 +30,13 @@ def read_losses(save_dir) -> list[float]:
     return [by_step[s] for s in steps]
 
 
-def compare_runs(runs: dict, tolerance: float = 1e-6, plot=None) -> ParityResult:
-    """{label: save dir} -> the runs' curves side by side (the first is the reference), optionally plotted."""
+def compare_runs(runs: dict, tolerance: float = 1e-6, plot=None, marks: dict | None = None) -> ParityResult:
+    """{label: save dir} -> the runs' curves side by side (the first is the reference), optionally plotted
+    (`marks` {step: label}: vertical lines, e.g. where a run stopped and resumed)."""
     result = ParityResult({label: read_losses(path) for label, path in runs.items()}, tolerance)
     lengths = {len(v) for v in result.runs.values()}
     if len(lengths) != 1:
         raise InteropError(f"the runs logged different numbers of steps: { {k: len(v) for k, v in result.runs.items()} }")
     if plot:
-        result.plot = str(plot_losses(result, plot, title="loss curves"))
+        result.plot = str(plot_losses(result, plot, title="loss curves", marks=marks))
     return result

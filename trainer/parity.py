@@ -7,7 +7,10 @@ difference above the tolerance (default 1e-5) means the runs do not compute the 
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +28,7 @@ class ParityResult:
     tolerance: float
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # label -> why that run failed (the others still count)
 
     @property
     def reference(self) -> str:
@@ -40,9 +44,12 @@ class ParityResult:
 
     @property
     def ok(self) -> bool:
-        return self.max_diff <= self.tolerance
+        return bool(self.runs) and not self.failed and self.max_diff <= self.tolerance
 
     def table(self) -> str:
+        failures = [f"{label}: FAILED ({why})" for label, why in self.failed.items()]
+        if not self.runs:
+            return "\n".join(failures + ["no run finished: FAIL"])
         labels = list(self.runs)
         width = max(12, *(len(x) for x in labels))
         lines = ["step  " + "  ".join(f"{x:>{width}}" for x in labels) + "  max |diff|"]
@@ -51,8 +58,10 @@ class ParityResult:
             row = [self.runs[x][i] for x in labels]
             lines.append(f"{i + 1:>4}  " + "  ".join(f"{v:>{width}.7f}" for v in row)
                          + f"  {max(row) - min(row):.2e}")
+        lines += failures
         verdict = "OK" if self.ok else "FAIL"
-        lines.append(f"largest difference {self.max_diff:.2e} (tolerance {self.tolerance:.0e}): {verdict}")
+        lines.append(f"largest difference {self.max_diff:.2e} (tolerance {self.tolerance:.0e}): {verdict}"
+                     + (f", {len(self.failed)} run(s) failed" if self.failed else ""))
         return "\n".join(lines)
 
 
@@ -83,63 +92,133 @@ def _as_store(ckpt, tmp: Path) -> str:
     return str(tmp / "start")
 
 
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
+    """Everything that would make a run fail, checked before any run starts (one line naming each problem):
+    every torch layout is planned as `interop train` plans it, every framework is installed and can hold
+    the model."""
+    from interop.store import StoreReader
+    from .launch import cleanup, prepare
+    spec = StoreReader(start, verify=False).spec
+    problems = []
+    if "torch" in frameworks:
+        for tp, pp, dp in layouts:
+            try:
+                cleanup(prepare(cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp)))
+            except InteropError as exc:
+                problems.append(f"layout {tp}x{pp}x{dp}: {exc}")
+    if "hf" in frameworks:
+        if importlib.util.find_spec("transformers") is None:
+            problems.append("framework hf: transformers is not installed")
+        else:
+            from interop.mappings.hf_config import hf_config_from_spec
+            try:
+                hf_config_from_spec(spec)
+            except InteropError as exc:
+                problems.append(f"framework hf: {exc}")
+    if "mindspore" in frameworks and importlib.util.find_spec("mindspore") is None:
+        problems.append("framework mindspore: mindspore is not installed")
+    if "megatron" in frameworks:
+        from .megatron_framework import precondition
+        why = precondition(spec)
+        if why:
+            problems.append(f"framework megatron: {why}")
+    if problems:
+        raise InteropError("; ".join(problems) + (" (drop it from --frameworks / --layouts)" if len(problems) == 1
+                                                   else " (drop them from --frameworks / --layouts)"))
+
+
 def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)),
-           frameworks=("torch", "hf"), tolerance: float = 1e-5, plot=None) -> ParityResult:
-    """Run `cfg.steps` updates of every layout (torch) and framework from `ckpt`; compare the losses."""
+           frameworks=("torch", "hf"), tolerance: float = 1e-5, plot=None, log=_stderr) -> ParityResult:
+    """Run `cfg.steps` updates of every layout (torch) and framework from `ckpt`; compare the losses.
+
+    Every layout and framework is checked before the first run (`preflight`).  A run that still fails
+    midway is reported in `result.failed` with its reason; the others are compared and plotted.
+    `log` gets one progress line per run (stderr by default; None for silence)."""
     from .frameworks import hf_losses, mindspore_losses
     from .megatron_framework import megatron_losses
-    from .launch import train
+    from .launch import TrainingFailed, train
+    log = log or (lambda message: None)
     unknown = [f for f in frameworks if f not in FRAMEWORKS]
     if unknown:
         raise InteropError(f"unknown framework {unknown[0]!r} (known: {', '.join(FRAMEWORKS)})")
     if cfg.steps < 1:
         raise InteropError("parity needs --steps >= 1")
+    if not frameworks:
+        raise InteropError("nothing to compare: give at least one framework")
     # Default: two micro-batches per replica, so pipelined layouts really interleave them.
     gbs = cfg.global_batch_size or 2 * cfg.micro_batch_size * max(dp for _, _, dp in layouts)
     cfg = cfg.replace(global_batch_size=gbs, quiet=True)
-    runs = {}
+    jobs = []
+    if "torch" in frameworks:
+        for tp, pp, dp in layouts:
+            label = f"torch {tp}x{pp}" + (f"x{dp}" if dp > 1 else "")
+            jobs.append((label, lambda start, tp=tp, pp=pp, dp=dp: [r["loss"] for r in train(
+                cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp))]))
+    others = {"hf": hf_losses, "mindspore": mindspore_losses, "megatron": megatron_losses}
+    jobs += [(name, lambda start, fn=others[name]: fn(start, cfg.replace(load=start)))
+             for name in ("hf", "mindspore", "megatron") if name in frameworks]
+    result = ParityResult({}, tolerance)
     with tempfile.TemporaryDirectory(prefix="interop-parity-") as tmp:
         start = _as_store(ckpt, Path(tmp))
-        if "torch" in frameworks:
-            for tp, pp, dp in layouts:
-                run_cfg = cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp)
-                label = f"torch {tp}x{pp}" + (f"x{dp}" if dp > 1 else "")
-                runs[label] = [r["loss"] for r in train(run_cfg)]
-        base = cfg.replace(load=start)
-        if "hf" in frameworks:
-            runs["hf"] = hf_losses(start, base)
-        if "mindspore" in frameworks:
-            runs["mindspore"] = mindspore_losses(start, base)
-        if "megatron" in frameworks:
-            runs["megatron"] = megatron_losses(start, base)
-    if not runs:
-        raise InteropError("nothing to compare: give at least one framework")
-    result = ParityResult(runs, tolerance)
-    if plot:
+        preflight(start, cfg, layouts, frameworks)
+        for i, (label, run) in enumerate(jobs, 1):
+            log(f"parity [{i}/{len(jobs)}] {label}: {cfg.steps} steps ...")
+            began = time.perf_counter()
+            try:
+                losses = run(start)
+            except (InteropError, TrainingFailed, RuntimeError) as exc:
+                result.failed[label] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log(f"parity [{i}/{len(jobs)}] {label}: FAILED after {time.perf_counter() - began:.1f} s: "
+                    f"{result.failed[label]}")
+                continue
+            result.runs[label] = losses
+            log(f"parity [{i}/{len(jobs)}] {label}: done in {time.perf_counter() - began:.1f} s, "
+                f"final loss {losses[-1]:.6f}")
+    if plot and result.runs:
         result.plot = str(plot_losses(result, plot))
     return result
 
 
-def plot_losses(result: ParityResult, path, title: str = "parity") -> Path:
-    """Loss curves of every run (top) and each run's |difference| from the reference (bottom, log scale)."""
+def plot_losses(result: ParityResult, path, title: str = "parity", marks: dict | None = None) -> Path:
+    """Loss curves of every run (top) and each run's |difference| from the reference (bottom, log scale).
+    `marks` {step: label} draws a labelled vertical line on both (e.g. where a run stopped and resumed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     styles = ["-", "--", ":", "-."]
+    color = {label: f"C{i % 10}" for i, label in enumerate(result.runs)}  # one colour per run on both plots
     for i, (label, losses) in enumerate(result.runs.items()):
         steps = range(1, len(losses) + 1)
-        top.plot(steps, losses, styles[i % len(styles)], marker="o", markersize=3, label=label)
+        top.plot(steps, losses, styles[i % len(styles)], marker="o", markersize=3, label=label, color=color[label])
+    floor = 1e-12  # a log axis has no 0: exactly equal losses are drawn on this line
+    exact = False
     for label, diffs in result.diffs().items():
         if label != result.reference:
-            bottom.semilogy(range(1, len(diffs) + 1), [max(d, 1e-12) for d in diffs], marker=".", label=label)
+            exact = exact or any(d == 0 for d in diffs)
+            bottom.semilogy(range(1, len(diffs) + 1), [max(d, floor) for d in diffs], marker=".", label=label,
+                            color=color[label])
     bottom.axhline(result.tolerance, color="red", linewidth=1, label=f"tolerance {result.tolerance:.0e}")
+    for i, (at, text) in enumerate(sorted((marks or {}).items())):
+        for ax in (top, bottom):
+            ax.axvline(at, color="black", linewidth=1, linestyle="--" if i % 2 == 0 else "-.",
+                       label=text if ax is top else None)
+    if exact:
+        bottom.axhline(floor, color="gray", linewidth=0.8, linestyle=":", label="exactly 0 (drawn at 1e-12)")
     top.set_ylabel("loss")
-    top.set_title(f"{title}: largest difference {result.max_diff:.2e}")
-    top.legend()
+    title_text = f"{title}: largest difference {result.max_diff:.2e}"
+    if result.failed:
+        title_text += f"; failed: {', '.join(result.failed)}"
+    top.set_title(title_text)
+    # legends outside the axes, right of the plots: never over the curves
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
     bottom.set_ylabel(f"|loss - {result.reference}|")
     bottom.set_xlabel("step")
-    bottom.legend(fontsize="small")
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

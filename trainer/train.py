@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from interop.errors import InteropError
 from interop.layout import ParallelLayout
-from interop.params import param_index
+from interop.params import param_index, param_table
 from interop.spec import ModelSpec
 
 from .checkpoint import (has_moments, load_optimizer, load_weights, newest_checkpoint, open_checkpoint,
@@ -129,6 +129,7 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         raise InteropError("nothing to train: give --load CKPT, --init-spec SPEC.yaml or --resume with --save DIR")
     spec = reader.spec
     reader.close()
+    check_config_model(cfg, spec, start)
 
     layout = ParallelLayout.build(spec.num_layers, cfg.tp, cfg.pp, first_stage_layers=cfg.first_stage_layers,
                                   last_stage_layers=cfg.last_stage_layers)
@@ -143,6 +144,56 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         except OSError as exc:
             raise InteropError(f"{cfg.save}: cannot create the save directory ({exc.strerror})") from None
     return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh[0] if fresh else None)
+
+
+def check_config_model(cfg: TrainConfig, spec: ModelSpec, start) -> None:
+    """The model comes from the checkpoint; a --config describing another model is refused, not ignored
+    (training a 7B config's batch shape on a tiny checkpoint, or the reverse, is never what was meant)."""
+    differ = [f"{field} {value} vs {getattr(spec, field)}" for field, value in (cfg.config_model or {}).items()
+              if getattr(spec, field) != value and not (field == "vocab" and value == spec.padded_vocab)]
+    if differ:
+        source = f"--load {cfg.load}" if cfg.load else f"the checkpoint {start}"
+        raise InteropError(f"--config {cfg.config_file} describes another model than {source}: {', '.join(differ)} "
+                           f"(the model comes from the checkpoint: use a config for this model, or flags)")
+
+
+def describe_plan(plan: Plan) -> list[str]:
+    """The run in a few lines, printed before the first step: what trains, where, on what, saved where."""
+    cfg, spec = plan.cfg, plan.spec
+    params = 0
+    for p in param_table(spec):
+        n = 1
+        for d in p.shape:
+            n *= d
+        params += n
+    layout = f"tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}"
+    lines = [f"model: {spec.arch}, {spec.num_layers} layers, hidden {spec.hidden}, {spec.heads} heads, vocab {spec.vocab}: "
+             f"{params / 1e6:.2f}M parameters ({'bf16 autocast' if cfg.bf16 else 'fp32'})",
+             f"layout: {plan.layout.describe()} dp={cfg.dp}, {plan.world} process(es)"]
+    if plan.resumed:
+        trainer = {}
+        try:
+            trainer = open_checkpoint(plan.start).source.state.get("trainer", {})
+        except InteropError:
+            pass
+        was = f"tp={trainer.get('tp')} pp={trainer.get('pp')} dp={trainer.get('dp')}" if trainer else "an unknown layout"
+        lines.append(f"start: resumed from step {plan.start_step} at {was} ({plan.start}), continuing at {layout}")
+    elif plan.fresh_dir:
+        lines.append(f"start: fresh random weights for {cfg.init_spec} (seed {cfg.seed})")
+    else:
+        lines.append(f"start: weights of {plan.start}")
+    data = cfg.data or f"synthetic stream (seed {cfg.seed})"
+    lines.append(f"data: {data}; {cfg.global_batch_size} sequences of {cfg.seq_length} tokens per step "
+                 f"({plan.micro_batches} micro-batch(es) of {cfg.micro_batch_size} x dp {cfg.dp})")
+    last = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
+    lines.append(f"steps: {plan.start_step + 1}..{last} of {cfg.steps}" + (f" (stopping at {cfg.stop_at})"
+                                                                          if cfg.stop_at is not None else ""))
+    if cfg.save:
+        every = f"every {cfg.save_interval} steps and " if cfg.save_interval else ""
+        lines.append(f"checkpoints: {cfg.save}/step_NNNNNN, {every}at the end; metrics in {cfg.save}/metrics.jsonl")
+    else:
+        lines.append("checkpoints: none (no --save)")
+    return lines
 
 
 def _note_changes(state: dict, cfg: TrainConfig, where) -> None:
@@ -237,7 +288,9 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
         if cfg.save and ((cfg.save_interval and step % cfg.save_interval == 0) or step == last):
-            save_checkpoint(cfg.save, step, stage, optimizer, grid, layout, _state(plan, step, consumed))
+            saved = save_checkpoint(cfg.save, step, stage, optimizer, grid, layout, _state(plan, step, consumed))
+            if grid.rank == 0 and not cfg.quiet:
+                print(f"saved step {step}: {saved}", flush=True)
     if cfg.save and plan.start_step >= last and not plan.resumed:
         save_checkpoint(cfg.save, plan.start_step, stage, optimizer, grid, layout, _state(plan, 0, consumed))
     return history

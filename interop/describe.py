@@ -1,0 +1,194 @@
+"""What is in a checkpoint: its format, model spec, layout, tensors, totals and training state.
+
+`describe(path)` returns a `Description` (a dataclass: layout as tp/pp/vpp fields, one
+`TensorInfo` per tensor); `render` / `Description.lines()` is the text `interop inspect` prints,
+`to_dict()` its `--json`.  No tensor data is read.  A common-format store is described from its
+`interop.json` alone, without importing torch, so `interop inspect` of one starts at once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .converters.registry import converter, detect_format
+from .errors import InteropError
+
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1}
+MANIFEST = "interop.json"  # the common store's manifest (interop.store.MANIFEST; not imported: it pulls torch)
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+    native: str | None = None  # the name in the checkpoint's own format, where the reader can tell
+
+
+@dataclass
+class Description:
+    path: str
+    format: str
+    spec: dict
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    layout: str = "unsharded (tp=1 pp=1)"  # the layout in words
+    state: dict = field(default_factory=dict)  # training state found: iteration, optimizer, scheduler, ...
+    notes: list[str] = field(default_factory=list)
+    tensors: list[TensorInfo] = field(default_factory=list)
+
+    @property
+    def total(self) -> dict:
+        return {"tensors": len(self.tensors), "bytes": sum(t.bytes for t in self.tensors),
+                "parameters": sum(_numel(t.shape) for t in self.tensors if not t.name.startswith("optim."))}
+
+    def training_state(self) -> dict:
+        """The resumable state found, in a few words per item (iteration, optimizer, scheduler)."""
+        return training_summary(self.state, self.tensors)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["total"] = self.total
+        out["training"] = self.training_state()
+        return out
+
+    def __getitem__(self, key):  # the dict API describe() had before it returned a dataclass
+        return self.to_dict()[key]
+
+    def lines(self, show_tensors: bool = True, native: bool = False) -> list[str]:
+        return render(self, show_tensors, native).splitlines()
+
+
+def training_summary(state: dict, tensors: list[TensorInfo]) -> dict:
+    """Which parts of a resumable training state a checkpoint holds."""
+    out = {}
+    for key in ("iteration", "step"):
+        if isinstance(state.get(key), int):
+            out["iteration"] = state[key]
+            break
+    moments = sorted({t.name.split(".")[1] for t in tensors if t.name.startswith("optim.")})
+    optim_state = state.get("optimizer") if isinstance(state.get("optimizer"), dict) else {}
+    if moments:
+        out["optimizer"] = ", ".join(moments)
+    elif optim_state:
+        out["optimizer"] = ", ".join(sorted(optim_state)[:6])
+    for key in ("scheduler", "lr_scheduler", "opt_param_scheduler"):
+        if state.get(key):
+            value = state[key]
+            out["scheduler"] = ", ".join(f"{k}={v}" for k, v in value.items() if isinstance(v, (int, float, str))) \
+                if isinstance(value, dict) else str(value)
+            break
+    megatron = state.get("megatron") if isinstance(state.get("megatron"), dict) else {}
+    if "iteration" not in out and isinstance(megatron.get("iteration"), int):
+        out["iteration"] = megatron["iteration"]
+    return out
+
+
+def describe(path, fmt: str | None = None, options: dict | None = None, native: bool = False,
+             **format_options) -> Description:
+    """A description of any checkpoint interop can read; no tensor data is read.
+
+    Reader options (`model_config=`, `iteration=`, ...) as keywords or in `options`.  `native`
+    asks the reader for each tensor's name in the checkpoint's own format."""
+    options = {k: v for k, v in {**(options or {}), **format_options}.items() if v is not None}
+    if fmt is None and (Path(path) / MANIFEST).is_file():
+        fmt = "interop"  # told apart here: the registry's detection would import the store, and with it torch
+    fmt = fmt or detect_format(path)
+    if fmt == "interop" and not options:
+        return _describe_store(Path(path))
+    reader = converter(fmt).Reader(path, **options)
+    try:
+        from .tensors import NAME_OF_DTYPE
+        source = reader.source
+        namer = _namer(reader, source) if native else None
+        tensors = [TensorInfo(m.name, list(m.shape), NAME_OF_DTYPE.get(m.dtype, str(m.dtype)), m.nbytes,
+                              namer(m.name) if namer else None) for m in reader.metas()]
+    finally:
+        reader.close()
+    info = Description(str(path), fmt, source.spec.to_dict(), state=source.state, notes=list(source.notes),
+                       tensors=tensors)
+    if source.layout:
+        info.tp, info.pp, info.vpp, info.layout = (source.layout.tp, source.layout.pp, source.layout.vpp,
+                                                   source.layout.describe())
+    if native and namer is None:
+        info.notes.append(f"the {fmt} reader does not report native names")
+    return info
+
+
+def _namer(reader, source):
+    """canonical name -> the name the checkpoint stores it under: the reader's own `native_name` when it has
+    one, else from its name table rows (Megatron `torch` rank files: a stage-local key; MindSpore: a global
+    name), with the part when the stored tensor is fused.  None when neither is known (torch_dist)."""
+    if hasattr(reader, "native_name"):
+        return reader.native_name
+    rows = getattr(reader, "rows", None)
+    state = source.state.get("megatron") if isinstance(source.state.get("megatron"), dict) else {}
+    if not rows or state.get("format") == "torch_dist" or type(getattr(reader, "impl", reader)).__module__.endswith(
+            "torch_dist"):
+        return None
+    names = {}
+    for row in rows:
+        if hasattr(row, "stage"):  # Megatron: the key is local to its pipeline stage (and virtual chunk)
+            key, parts = row.key, row.parts
+            where = f"pp{row.stage}" + (f" chunk {row.chunk}" if source.layout and source.layout.vpp > 1 else "")
+            key = f"{key} ({where})"
+        else:
+            key, _, parts = row
+        for i, part in enumerate(parts):
+            names.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
+    return names.get
+
+
+def _describe_store(root: Path) -> Description:
+    """The common store from its manifest alone (the names are its native names), checked as the store's
+    reader checks it (`interop.manifest`), which needs no torch."""
+    from .manifest import check_files_exist, check_manifest
+    manifest_path = root / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InteropError(f"{manifest_path}: unreadable manifest ({str(exc)[:200]})") from None
+    spec, layout = check_manifest(root, manifest, manifest_path)
+    check_files_exist(root, manifest["files"], manifest_path)
+    tensors = [TensorInfo(name, list(t["shape"]), t["dtype"], _numel(t["shape"]) * ITEMSIZE[t["dtype"]])
+               for name, t in manifest["tensors"].items()]
+    return Description(str(root), "interop", spec.to_dict(), layout.tp, layout.pp, layout.vpp, layout.describe(),
+                       state=manifest.get("state") or {}, tensors=tensors)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def render(info: Description, show_tensors: bool = True, native: bool = False) -> str:
+    spec = info.spec
+    lines = [f"{info.path}: {info.format} checkpoint", f"  layout: {info.layout}",
+             "  model:  " + ", ".join(f"{k}={v}" for k, v in spec.items())]
+    training = info.training_state()
+    if training:
+        lines.append("  training state: " + "; ".join(f"{k} {v}" for k, v in training.items()))
+    else:
+        lines.append("  training state: none (weights only)")
+    scalars = {k: v for k, v in info.state.items() if isinstance(v, (int, float, str, bool))}
+    if scalars:
+        lines.append("  state:  " + ", ".join(f"{k}={v}" for k, v in scalars.items()))
+    lines += [f"  note:   {n}" for n in info.notes]
+    if show_tensors:
+        width = max((len(t.name) for t in info.tensors), default=4)
+        with_native = native and any(t.native for t in info.tensors)
+        nwidth = max((len(t.native or "") for t in info.tensors), default=6) if with_native else 0
+        head = f"  {'name':<{width}}  " + (f"{info.format + ' name':<{nwidth}}  " if with_native else "")
+        lines.append(head + f"{'shape':<20} {'dtype':<9} {'bytes':>12}")
+        for t in info.tensors:
+            middle = f"{t.native or '':<{nwidth}}  " if with_native else ""
+            lines.append(f"  {t.name:<{width}}  {middle}{str(t.shape):<20} {t.dtype:<9} {t.bytes:>12,}")
+    total = info.total
+    lines.append(f"  total: {total['tensors']} tensors, {total['parameters']:,} parameters, "
+                 f"{total['bytes'] / 1e6:.1f} MB")
+    return "\n".join(lines)
