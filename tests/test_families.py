@@ -1,0 +1,174 @@
+"""Qwen2 (tied and untied), Qwen3, Llama-3.x rope scaling and Mistral through every format, against
+transformers' own classes (Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM).
+
+Layouts confirmed in the frameworks' sources: megatron-core SelfAttention builds
+`q_layernorm` / `k_layernorm` after `linear_qkv` (transformer/attention.py); its rope scaling is
+RotaryEmbedding._apply_scaling with low 1 / high 4 / original 8192 fixed
+(models/common/embeddings/rotary_pos_embedding.py); its window mask lets query i see keys
+i - left .. i + right (transformer/utils.py get_sliding_window_causal_mask).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import family_models as F
+from interop.convert import convert
+from interop.converters.megatron.args import args_from_spec, explicit_args, spec_from_args
+from interop.errors import InteropError
+from interop.layout import ParallelLayout
+from interop.mappings import megatron_args as M
+from interop.mappings.hf_config import hf_config_from_spec, spec_from_hf_config
+from interop.spec import ModelSpec, llama3_rope_scaling
+
+transformers = pytest.importorskip("transformers")
+TOKENS = torch.randint(0, F.VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for kind in F.KINDS + ["llama3-odd"]:
+        model = F.build(kind)
+        model.save_pretrained(root / kind)
+        with torch.no_grad():
+            out[kind] = (root / kind, model(TOKENS).logits)
+    return out
+
+
+def model_notes(summary) -> list[str]:
+    """Summary notes about the model (not the side files such as generation_config.json)."""
+    return [note for note in summary.notes if not note.startswith("not carried:") and "tokenizer" not in note]
+
+
+def hf_spec(path) -> ModelSpec:
+    return spec_from_hf_config(json.loads((path / "config.json").read_text()))
+
+
+def test_each_family_is_its_facts(checkpoints):
+    """The HF config reads as the facts that make the family, and is written back as the same class."""
+    qwen2, qwen2_tied, qwen3, llama3, mistral = (hf_spec(checkpoints[k][0]) for k in F.KINDS)
+    assert (qwen2.qkv_bias, qwen2.linear_bias, qwen2.has_mlp_bias, qwen2.tied_embeddings) == (True, False, False, False)
+    assert qwen2_tied.tied_embeddings and qwen2_tied.qkv_bias and not qwen2_tied.linear_bias
+    assert qwen3.qk_norm and qwen3.head_dim == 24 and qwen3.heads * qwen3.head_dim != qwen3.hidden
+    assert not (qwen3.qkv_bias or qwen3.linear_bias)
+    assert llama3.rope_scaling == llama3_rope_scaling(8.0) and llama3.rope_base == 500000.0
+    assert mistral.sliding_window == F.SLIDING_WINDOW and not mistral.qkv_bias
+    for spec, model_type in zip((qwen2, qwen2_tied, qwen3, llama3, mistral), ("qwen2", "qwen2", "qwen3", "llama", "mistral")):
+        config = hf_config_from_spec(spec)
+        assert config["model_type"] == model_type
+        assert hf_spec_from(config) == spec
+
+
+def hf_spec_from(config):
+    return spec_from_hf_config(json.loads(json.dumps(config)))
+
+
+@pytest.mark.parametrize("kind", F.KINDS)
+def test_every_format_round_trip_is_bit_exact(checkpoints, tmp_path, kind):
+    """HF -> Megatron torch tp2/pp2 -> Megatron torch_dist tp2/pp2 -> MindSpore tp2 -> interop pp2 -> HF:
+    the same tensors bit for bit, and transformers' own class gives the same logits exactly."""
+    src, logits = checkpoints[kind]
+    summary = convert(src, tmp_path / "torch", dst_format="megatron", tp=2, pp=2)
+    assert model_notes(summary) == []  # nothing of these families is lost in Megatron's args
+    convert(tmp_path / "torch", tmp_path / "dist", dst_format="megatron", tp=2, pp=2, options={"format": "torch_dist"})
+    last = tmp_path / "dist"
+    if kind != "qwen3":  # MindSpore has no place for q/k norms: see test_qwen3_mindspore_is_refused
+        convert(last, tmp_path / "ms", dst_format="mindspore", tp=2, pp=1)
+        last = tmp_path / "ms"
+    convert(last, tmp_path / "io", dst_format="interop", tp=1, pp=2)
+    convert(tmp_path / "io", tmp_path / "back", dst_format="hf")
+    a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert type(back).__name__ == json.loads((src / "config.json").read_text())["architectures"][0]
+    assert hf_spec(tmp_path / "back") == hf_spec(src)
+    with torch.no_grad():
+        assert torch.equal(back(TOKENS).logits, logits)
+
+
+def test_megatron_checkpoint_args_say_each_family(checkpoints, tmp_path):
+    """The stored args carry --add-qkv-bias without --add-bias-linear, --qk-layernorm,
+    --use-rope-scaling / --rope-scaling-factor and --window-size (W - 1, 0)."""
+    want = {"qwen2": {"add_qkv_bias": True, "add_bias_linear": False, "qk_layernorm": False},
+            "qwen3": {"qk_layernorm": True, "add_qkv_bias": False},
+            "llama3": {"use_rope_scaling": True, "rope_scaling_factor": 8.0},
+            "mistral": {"window_size": (F.SLIDING_WINDOW - 1, 0), "use_rope_scaling": False}}
+    for kind, expected in want.items():
+        convert(checkpoints[kind][0], tmp_path / kind, dst_format="megatron", tp=2, pp=1)
+        state = torch.load(tmp_path / kind / "release" / "mp_rank_01" / "model_optim_rng.pt", weights_only=False)
+        args = vars(state["args"])
+        assert {k: args[k] for k in expected} == expected, kind
+        if kind == "qwen3":
+            q_norm = state["model"]["decoder.layers.0.self_attention.q_layernorm.weight"]
+            hf = load_file(checkpoints[kind][0] / "model.safetensors")
+            assert torch.equal(q_norm, hf["model.layers.0.self_attn.q_norm.weight"])  # whole on every tp rank
+
+
+@pytest.mark.parametrize("kind", F.KINDS + ["llama3-odd"])
+def test_megatron_args_round_trip(checkpoints, kind):
+    """ModelSpec -> Megatron args -> ModelSpec keeps every family fact Megatron can say."""
+    spec = hf_spec(checkpoints[kind][0])
+    args = args_from_spec(spec, ParallelLayout.build(spec.num_layers, 2, 2))
+    back = spec_from_args(M.complete(explicit_args(args)), "args")  # as a checkpoint's stored args are read
+    if kind == "llama3-odd":  # Megatron fixes 1 / 4 / 8192: only the factor survives
+        assert back.rope_scaling == llama3_rope_scaling(16.0)
+        back = back.replace(rope_scaling=spec.rope_scaling)
+    assert back == spec
+
+
+def test_rope_scaling_megatron_cannot_say_is_a_note(checkpoints, tmp_path):
+    """Llama-3 scaling other than Megatron's fixed 1 / 4 / 8192: the tensors convert, the summary says what
+    the args lost; through interop alone the facts survive exactly."""
+    src, logits = checkpoints["llama3-odd"]
+    summary = convert(src, tmp_path / "meg", dst_format="megatron", tp=1, pp=1)
+    assert any("--use-rope-scaling" in note and "1024" in note for note in summary.notes), summary.notes
+    convert(src, tmp_path / "io", dst_format="interop", tp=2, pp=1)
+    summary = convert(tmp_path / "io", tmp_path / "back", dst_format="hf")
+    assert model_notes(summary) == []
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["rope_parameters"] == \
+        json.loads((src / "config.json").read_text())["rope_parameters"]
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        assert torch.equal(back(TOKENS).logits, logits)
+
+
+def test_qwen3_mindspore_is_refused(checkpoints, tmp_path):
+    """Neither MindSpore dialect's table names q/k norms: one error line, nothing written."""
+    for dialect in ("mindspeed", "mindformers"):
+        with pytest.raises(InteropError, match="no place for layers.0.attn.q_norm.weight"):
+            convert(checkpoints["qwen3"][0], tmp_path / dialect, dst_format="mindspore", options={"dialect": dialect})
+        assert not (tmp_path / dialect).exists()
+
+
+def test_legacy_megatron_has_no_qk_norm(checkpoints):
+    from interop.converters.megatron.rows import expand_rows
+    spec = hf_spec(checkpoints["qwen3"][0])
+    with pytest.raises(InteropError, match="legacy names have no place for layers.0.attn.q_norm.weight"):
+        expand_rows("legacy", spec, ParallelLayout.build(spec.num_layers))
+    assert len(expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers))) > 0
+
+
+def test_hf_refusals():
+    """Configs whose model the spec cannot describe are refused with the reason."""
+    base = hf_config_from_spec(hf_spec_from({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64,
+                                             "num_attention_heads": 8, "intermediate_size": 96, "vocab_size": 100}))
+    with pytest.raises(InteropError, match="use_sliding_window"):
+        hf_spec_from(base | {"use_sliding_window": True, "sliding_window": 16})
+    with pytest.raises(InteropError, match="rope type 'yarn'"):
+        hf_spec_from(base | {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}})
+    with pytest.raises(InteropError, match="llama3 rope scaling lacks low_freq_factor"):
+        hf_spec_from(base | {"rope_parameters": {"rope_type": "llama3", "factor": 4.0, "rope_theta": 1e4}})
+    spec = hf_spec_from(base)
+    with pytest.raises(InteropError, match="HF qwen2 cannot hold a sliding window"):
+        hf_config_from_spec(spec.replace(sliding_window=8))
+    with pytest.raises(InteropError, match="rope_scaling must have exactly the keys"):
+        spec.replace(rope_scaling={"type": "llama3", "factor": 8.0})
+    with pytest.raises(InteropError, match="sliding_window must be a positive integer"):
+        spec.replace(sliding_window=0)
