@@ -12,6 +12,9 @@ LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "l
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 ODD_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 2.0,
             "high_freq_factor": 8.0, "original_max_position_embeddings": 1024}
+# Scaling that moves short sequences (original context 64): the reference trainer's logits test sees it.
+SHORT_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 2.0, "original_max_position_embeddings": 64}
 SLIDING_WINDOW = 5  # shorter than the test sequences, so the window changes the logits
 
 
@@ -24,8 +27,8 @@ def build(kind: str, seed: int = 0):
     elif kind == "qwen3":  # head_dim 24: heads * head_dim (192) != hidden (64)
         config = transformers.Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=False, rope_theta=7000.0)
         model = transformers.Qwen3ForCausalLM(config)
-    elif kind in ("llama3", "llama3-odd"):
-        rope = LLAMA31_ROPE if kind == "llama3" else ODD_ROPE
+    elif kind in ("llama3", "llama3-odd", "llama3-short"):
+        rope = {"llama3": LLAMA31_ROPE, "llama3-odd": ODD_ROPE, "llama3-short": SHORT_ROPE}[kind]
         config = transformers.LlamaConfig(**COMMON, tie_word_embeddings=False, rope_parameters=dict(rope))
         model = transformers.LlamaForCausalLM(config)
     elif kind == "mistral":

@@ -32,7 +32,7 @@ TOKENS = torch.randint(0, F.VOCAB, (2, 12), generator=torch.Generator().manual_s
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
     out = {}
-    for kind in F.KINDS + ["llama3-odd"]:
+    for kind in F.KINDS + ["llama3-odd", "llama3-short"]:
         model = F.build(kind)
         model.save_pretrained(root / kind)
         with torch.no_grad():
@@ -172,3 +172,63 @@ def test_hf_refusals():
         spec.replace(rope_scaling={"type": "llama3", "factor": 8.0})
     with pytest.raises(InteropError, match="sliding_window must be a positive integer"):
         spec.replace(sliding_window=0)
+
+
+def trainer_logits(store, tokens) -> torch.Tensor:
+    """The reference trainer's model (one process, tp 1) on an interop checkpoint: its full logits."""
+    from interop.store import StoreReader
+    from interop.trainer.checkpoint import load_weights
+    from interop.trainer.grid import Grid
+    from interop.trainer.model import Stage, attention_mask, rope_tables
+
+    reader = StoreReader(store)
+    spec = reader.spec
+    grid = Grid(1, 1, 1, 0)
+    stage = Stage(spec, ParallelLayout.build(spec.num_layers), grid)
+    load_weights(stage, reader, grid)
+    with torch.no_grad():
+        x = stage.embed(tokens)
+        rope = rope_tables(spec, tokens.shape[1])
+        mask = attention_mask(spec, tokens.shape[1])
+        for block in stage.layers.values():
+            x = block(x, rope, mask)
+        head = stage.embed.word.weight if spec.tied_embeddings else stage.lm_head.weight
+        return torch.nn.functional.linear(stage.final_norm(x), head)[..., :spec.vocab]
+
+
+@pytest.mark.parametrize("kind", F.KINDS + ["llama3-odd", "llama3-short"])
+def test_reference_trainer_logits_equal_transformers(checkpoints, tmp_path, kind):
+    """q/k/v biases (Qwen2), q/k norms with head_dim != hidden / heads (Qwen3), llama3 rope scaling
+    (Llama-3.1's and other values), a sliding window shorter than the sequence (Mistral): the reference
+    trainer's logits equal transformers' within 1e-5 (fp32)."""
+    src, logits = checkpoints[kind]
+    convert(src, tmp_path / "io", dst_format="interop")
+    ours = trainer_logits(tmp_path / "io", TOKENS)
+    assert ours.shape == logits.shape
+    assert (ours - logits).abs().max().item() < 1e-5
+
+
+def test_sliding_window_and_rope_scaling_change_the_model(checkpoints, tmp_path):
+    """The facts matter at these sizes: the same weights without the window or the scaling give other
+    logits (so the equality above cannot pass by ignoring them)."""
+    import shutil
+    for kind, change in (("mistral", {"sliding_window": None}),
+                         ("llama3-short", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})):
+        src, logits = checkpoints[kind]
+        shutil.copytree(src, tmp_path / kind)
+        config = json.loads((src / "config.json").read_text()) | change
+        (tmp_path / kind / "config.json").write_text(json.dumps(config))
+        convert(tmp_path / kind, tmp_path / f"{kind}-io", dst_format="interop")
+        assert (trainer_logits(tmp_path / f"{kind}-io", TOKENS) - logits).abs().max().item() > 1e-3, kind
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "mistral", "llama3-short"])
+def test_parity_tensor_parallel_training(checkpoints, kind):
+    """Four updates at tp 1 and tp 2 (Qwen3's q/k norm gradients summed over the ranks' heads; Mistral's
+    window; Llama-3 scaling) give transformers' losses within 1e-5."""
+    from interop.trainer.config import TrainConfig
+    from interop.trainer.parity import parity
+    cfg = TrainConfig(steps=4, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=2e-2)
+    result = parity(checkpoints[kind][0], cfg, layouts=[(1, 1, 1), (2, 1, 1)], frameworks=["torch", "hf"])
+    assert list(result.runs) == ["torch 1x1", "torch 2x1", "hf"]
+    assert result.max_diff < 1e-5, result.table()
