@@ -649,7 +649,9 @@ def test_distrib_optim_is_reported_weights_converted(tmp_path, models):
     model, hf = models["llama"]
     src = add_optimizer(hand_built(tmp_path / "m", model, "llama", tp=2, pp=2), 2, 2, distrib=True)
     summary = convert(src, tmp_path / "hf", dst_format="hf")
-    assert any("distrib_optim.pt" in n and "cannot be mapped" in n and "weights converted" in n for n in summary.notes)
+    # (a real distrib_optim.pt is read: tests/test_megatron_versions.py; this one is not megatron-core's layout)
+    assert any("distrib_optim.pt" in n and "not megatron-core's coalesced parameter state" in n
+               and "weights converted" in n for n in summary.notes)
     assert_same_hf(hf, tmp_path / "hf")
 
 

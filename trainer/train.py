@@ -109,8 +109,11 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
             raise InteropError(f"--resume: no complete checkpoint in {places}")
         reader = open_checkpoint(found)
         state = reader.source.state
-        if "iteration" not in state:
+        if not isinstance(state.get("iteration"), int):
             raise InteropError(f"{found}: no training state to resume from (not saved by the trainer)")
+        if not isinstance(state.get("consumed_samples"), int):  # e.g. converted from a checkpoint that had none
+            raise InteropError(f"{found}: the training state lacks consumed_samples (the data position), "
+                               "so the run cannot continue where it stopped")
         start_step, consumed, resumed, start = int(state["iteration"]), int(state["consumed_samples"]), True, found
         _note_changes(state, cfg, found)
         if cfg.save:

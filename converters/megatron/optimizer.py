@@ -5,8 +5,9 @@ Megatron saves `optimizer` as {"optimizer": a torch Adam state_dict, "fp32_from_
 (FP32Optimizer).  Torch numbers the parameters 0.. across `param_groups` in group order; within
 a group they follow the model's parameter order (model chunks in order, each in state-dict
 order).  Megatron puts biases and 1-D parameters (norms) in a no-weight-decay group
-(`wd_mult` 0, or `weight_decay` 0 in older saves).  The distributed optimizer's
-`distrib_optim.pt` is bucket-ordered and cannot be mapped back: the reader says so.
+(`wd_mult` 0, or `weight_decay` 0 in older saves).  The distributed optimizer keeps only the
+param groups in the rank file (`distrib_hyper`); its moments and masters are in `distrib_optim.pt`,
+in bucket order (`distrib.py`).
 
 torch_dist (megatron-core's `sharded_state_dict` of the same optimizers) stores each moment as
 a tensor of its own, `optimizer.state.<kind>.<weight key>`, with the weight's global (stacked,
@@ -135,3 +136,27 @@ def dist_common(hyper: dict | None, step, kinds) -> dict:
     inner = {"state": {"common_step": torch.tensor(float(step or 0))},
              "param_groups": [dict(g) for g in (hyper.get("param_groups") or DEFAULT_GROUPS)]}
     return {"optimizer": inner} if "fp32_param" in kinds else inner
+
+
+def distrib_hyper(saved) -> dict:
+    """The hyperparameters of the distributed optimizer's rank-file entry (its moments are in distrib_optim.pt).
+
+    megatron-core's `DistributedOptimizer.state_dict()` keeps the torch param_groups (the step inside each
+    group in recent releases) without `state`; older releases kept the step under `state`."""
+    inner = saved.get("optimizer", saved) if isinstance(saved, dict) else {}
+    inner = inner if isinstance(inner, dict) else {}
+    groups = [g for g in inner.get("param_groups") or [] if isinstance(g, dict)]
+    step = next((g["step"] for g in groups if "step" in g), None)
+    state = inner.get("state") if isinstance(inner.get("state"), dict) else {}
+    if step is None:
+        step = state.get("common_step", next((s.get("step") for s in state.values() if isinstance(s, dict)), None))
+    return {"param_groups": [{k: to_plain(v) for k, v in g.items() if k not in ("params", "step")} for g in groups],
+            "step": _step_value(step)}
+
+
+def dist_common_distributed(hyper: dict | None, step) -> dict:
+    """The `optimizer` entry of common.pt for megatron-core's distributed optimizer (`fully_reshardable`):
+    its `state_dict()` -- torch param groups with the step inside each, no per-parameter state."""
+    hyper = hyper or {}
+    groups = [dict(g, step=float(step or 0)) for g in (hyper.get("param_groups") or DEFAULT_GROUPS)]
+    return {"optimizer": {"param_groups": groups}, "param_state_sharding_type": "fully_reshardable"}

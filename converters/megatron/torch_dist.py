@@ -13,6 +13,10 @@ table and the Megatron args <-> ModelSpec rules are the `torch` converter's
 Adam state of the non-distributed optimizer is stored by megatron-core as tensors of the same
 layout under `optimizer.state.<kind>.<weight key>` (`optimizer.py` has the common.pt side): it
 becomes `optim.<kind>.<canonical name>` through the same unfusing as the weights, and back.
+The distributed optimizer's layouts are read too: `fully_sharded_model_space` (the same keys, each
+tensor flattened per fragment), `fully_reshardable` (the same keys, the master under `param`; also
+written, for a source that used the distributed optimizer) and `dp_reshardable` (flat buckets,
+mapped to parameters by `distrib.py`).
 
 Reading goes one layer slice at a time; writing appends each finished Megatron tensor's raw bytes
 to a scratch file and streams them into DCP at the end, so memory stays at one tensor.
@@ -20,6 +24,7 @@ to a scratch file and streams them into DCP at the end, so memory stays at one t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from collections import OrderedDict
@@ -36,13 +41,18 @@ from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...memory import BufferPool
-from .args import (args_dict, args_from_spec, args_losses, base_args, explicit_args, layout_from_args, model_config_args,
+from .args import (args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, layout_from_args, model_config_args,
                    padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
-from .optimizer import KINDS, dist_common, dist_hyper
+from . import distrib
+from .optimizer import KINDS, dist_common, dist_common_distributed, dist_hyper, distrib_hyper
+from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows, from_ranks, rank_shapes, to_rank
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+# the distributed optimizer's `dp_reshardable` buckets (megatron-core 0.14+): one flat tensor per bucket and kind
+_BUCKET = re.compile(r"^optimizer\.distributed\.dp_group_idx_0\.gbuf_idx_(\d+)\.dtype_\((.+)\)\.bucket_idx_(\d+)\."
+                     r"(param|exp_avg|exp_avg_sq)$")
 
 
 def stacked_key(key: str) -> tuple[str, int | None]:
@@ -80,6 +90,7 @@ class Reader:
         self.ckpt = dist.DistCheckpoint(self.dir)
         common, notes = self.ckpt.common, []
         stored = args_dict(common.get("args"))
+        check_args(stored, self.dir / dist.COMMON_PT)
         if model_config is not None:
             full = model_config_args(model_config)
             notes.append(f"model description taken from {model_config}")
@@ -125,14 +136,17 @@ class Reader:
         if unknown:
             raise InteropError(f"{self.dir}: tensor {unknown[0]} does not belong to this {spec.arch} model "
                                "(args describe a different model?)")
+        self.stored_args = stored or {}
         hyper = self._optimizer([k for k in keys if k.startswith("optimizer.")], expected, common, notes)
         if self.ckpt.objects():
             notes.append(f"ignored {len(self.ckpt.objects())} byte objects (_extra_state slots, rng state): not weights")
         it = common.get("iteration")
+        scheduler = plain_arg(common.get("opt_param_scheduler"))
         state = {"iteration": it if isinstance(it, int) else None,
+                 **from_megatron(stored or {}, scheduler, (hyper or {}).get("step")),
                  "megatron": {"checkpoint_version": plain_arg(common.get("checkpoint_version")), "scheme": scheme,
                               "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
-                              "opt_param_scheduler": plain_arg(common.get("opt_param_scheduler")), "optimizer": hyper,
+                              "opt_param_scheduler": scheduler, "optimizer": hyper,
                               "num_floating_point_operations_so_far": plain_arg(
                                   common.get("num_floating_point_operations_so_far"))}}
         # torch_dist holds global tensors (readable at any layout); the layout shown is the one it was saved at
@@ -142,45 +156,155 @@ class Reader:
     def _optimizer(self, optim: list[str], expected: dict, common: dict, notes: list[str]) -> dict | None:
         """Which Adam state kinds map onto the weights (`self.kinds`), and the hyperparameters."""
         self.kinds: list[str] = []
+        self.buckets = None  # the distributed optimizer's: {(bucket, megatron kind): key}
         if not optim:
             return None
-        kinds = [k for k in KINDS if any(key.startswith(optim_key(k, "")) for key in optim)]
-        mapped = {optim_key(k, key): shape for k in kinds for key, shape in expected.items()}
+        if all(_BUCKET.match(k) for k in optim):
+            why = self._distributed(optim)
+            if isinstance(why, str):
+                notes.append(f"optimizer state not converted (distributed optimizer, {len(optim)} bucket tensors: "
+                             f"{why}); weights converted")
+                return None
+            notes.append(f"converted the optimizer state ({', '.join(self.kinds)}) from the distributed optimizer's "
+                         f"buckets (dp_reshardable), step {why['step']}")
+            return why
+        # megatron-core 0.16's distributed optimizer (`fully_reshardable`) keeps the fp32 master under `param`
+        self.native = {"fp32_param": "param"} if any(k.startswith(optim_key("param", "")) for k in optim) else {}
+        kinds = [k for k in KINDS if any(key.startswith(optim_key(self.native.get(k, k), "")) for key in optim)]
+        mapped = {optim_key(self.native.get(k, k), key): shape for k in kinds for key, shape in expected.items()}
         other = sorted(set(optim) - set(mapped))
+        self.fragments = {key: _fragments(self.ckpt.meta(key)[1], shape, dist.is_stacked(key))
+                          for key, shape in mapped.items() if key in self.ckpt and self.ckpt.meta(key)[1] != shape}
         why = (f"{other[0]} is not per-parameter Adam state (distributed optimizer?)" if other else
                next((f"no {key}" for key in mapped if key not in self.ckpt), None) or
-               next((f"{key} has shape {list(self.ckpt.meta(key)[1])}, its weight {list(shape)}"
-                     for key, shape in mapped.items() if self.ckpt.meta(key)[1] != shape), None))
+               next((f"{key} has shape {list(self.ckpt.meta(key)[1])}, its weight {list(mapped[key])}"
+                     for key, fragments in self.fragments.items() if fragments is None), None))
         if why:
             notes.append(f"optimizer state not converted ({len(optim)} optimizer.* tensors: {why}); weights converted")
             return None
         self.kinds = kinds
-        hyper = dist_hyper(common.get("optimizer"))
-        notes.append(f"converted the optimizer state ({', '.join(kinds)}), step {hyper['step']}")
+        saved = common.get("optimizer")
+        # the distributed optimizer's per-parameter layouts keep the step inside the param groups
+        distributed = bool(self.fragments or self.native)
+        hyper = distrib_hyper(saved) if distributed else dist_hyper(saved)
+        how = (" (distributed optimizer, fully_sharded_model_space)" if self.fragments else
+               " (distributed optimizer, fully_reshardable)" if self.native else "")
+        notes.append(f"converted the optimizer state ({', '.join(kinds)}){how}, step {hyper['step']}")
         return hyper
+
+    def _distributed(self, optim: list[str]) -> dict | str:
+        """Map the distributed optimizer's `dp_reshardable` buckets onto parameters (`distrib.py` has the
+        layout); the hyperparameters (param groups, step) are a byte object beside them."""
+        args = self.stored_args
+        found = {}
+        for key in optim:
+            m = _BUCKET.match(key)
+            found[(int(m.group(1)), m.group(2), int(m.group(3)), m.group(4))] = key
+        if {g for g, _, _, _ in found} != {0} or len({d for _, d, _, _ in found}) != 1:
+            return "more than one buffer (model chunks or dtypes): not understood"
+        saved_at = [args.get(k) or 1 for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                               "virtual_pipeline_model_parallel_size")]
+        if saved_at != [1, 1, 1]:
+            return f"saved at tp/pp/vpp {saved_at}; only tp 1, pp 1 buckets are understood"
+        if args.get("transformer_impl", "local") != "local":
+            return (f"transformer_impl={args.get('transformer_impl')!r}: its parameter order in the buckets is not "
+                    "known here (the local spec's is)")
+        dp = args.get("data_parallel_size")
+        if not isinstance(dp, int) or dp < 1:
+            return "the args do not say data_parallel_size, which lays out the buckets"
+        rows = {r.key: r for r in _rows(self.spec, "mcore") if r.kind != "tied"}
+        order = distrib.module_order(list(rows))
+        buffer = distrib.layout([(k, math.prod(rank_shapes(rows[k], self.index, 1, 0))) for k in order], dp,
+                                distrib.bucket_size(args, 0, 0))
+        for (_, _, b, kind), key in found.items():
+            size = self.ckpt.meta(key)[1]
+            if b >= len(buffer.unpadded) or size not in ((buffer.unpadded[b],), (buffer.padded[b],)):
+                return (f"{key} holds {list(size)} elements, megatron-core's layout of this model at dp {dp} "
+                        f"{buffer.unpadded[b] if b < len(buffer.unpadded) else 'no such bucket'}")
+        missing = [(b, k) for b in range(len(buffer.unpadded)) for k in distrib.KINDS
+                   if not any(f[2:] == (b, k) for f in found)]
+        if missing:
+            return f"no {missing[0][1]} for bucket {missing[0][0]}"
+        self.buckets = {(b, kind): key for (_, _, b, kind), key in found.items()}
+        self.slots = {rows[k].parts: (buffer.slots[k], rows[k]) for k in order}
+        self.kinds = [distrib.KINDS[k] for k in distrib.KINDS]
+        groups = next((k for k in self.ckpt.objects() if k.startswith("optimizer.distributed.dp_group_idx_0.optimizer/")),
+                      None)
+        return distrib_hyper({"optimizer": self.ckpt.read_object(groups)} if groups else None)
+
+    def _read_distributed(self, name: str) -> torch.Tensor:
+        row, _, layer, j = self.row_of[base_param_name(name)]
+        slot, local = self.slots[row.parts]
+        theirs = {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
+        flat = self.ckpt.read_box(self.buckets[(slot.bucket, theirs)], [slot.start], [slot.numel])
+        return from_ranks(local, [flat.view(rank_shapes(local, self.index, 1, 0))], self.index, self.spec)[j]
 
     def metas(self) -> list[TensorMeta]:
         out = []
         for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
             for p in param_table(self.spec):
-                key = _prefix(prefix + p.name) + self.row_of[p.name][1]
+                if prefix and self.buckets is not None:
+                    theirs = {v: k for k, v in distrib.KINDS.items()}[prefix.split(".")[1]]
+                    out.append(TensorMeta(prefix + p.name, self.ckpt.meta(self.buckets[(0, theirs)])[0], p.shape))
+                    continue
+                key = self._key_prefix(prefix + p.name) + self.row_of[p.name][1]
                 out.append(TensorMeta(prefix + p.name, self.ckpt.meta(key)[0], p.shape))
         return out
 
     def read(self, name: str) -> torch.Tensor:
+        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+            return self._read_distributed(name)
         row, key, layer, j = self.row_of[base_param_name(name)]
-        key = _prefix(name) + key  # optimizer state: the weight's layout under its own key
+        key = self._key_prefix(name) + key  # optimizer state: the weight's layout under its own key
         if len(row.parts) == 1:  # holds nothing else: no reason to keep it
-            return from_ranks(row, [self.ckpt.read(key, layer)], self.index, self.spec)[0]
+            return from_ranks(row, [self._read_stored(key, layer)], self.index, self.spec)[0]
         if (key, layer) not in self._cache:  # fused: the row's other tensors are asked for next
-            stored = self.ckpt.read(key, layer)
+            stored = self._read_stored(key, layer)
             self._cache[(key, layer)] = from_ranks(row, [stored], self.index, self.spec)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[(key, layer)][j]
 
+    def _key_prefix(self, name: str) -> str:
+        """`optimizer.state.<kind>.` of an optimizer tensor's name as this checkpoint spells the kind; `` for a weight."""
+        if not name.startswith(OPTIM_PREFIXES):
+            return ""
+        kind = name.split(".")[1]
+        return f"optimizer.state.{getattr(self, 'native', {}).get(kind, kind)}."
+
+    def _read_stored(self, key: str, layer: int | None) -> torch.Tensor:
+        """The Megatron tensor `key` (layer `layer`), reassembled when the distributed optimizer stored it flattened."""
+        stored = self.ckpt.read(key, layer)
+        fragments = getattr(self, "fragments", {}).get(key)
+        return stored if fragments is None else _unflatten(stored, *fragments)
+
     def close(self) -> None:
         self._cache.clear()
+
+
+def _fragments(stored: tuple, weight: tuple, stacked: bool) -> tuple[tuple, tuple] | None:
+    """(fragments per axis, weight shape) when `stored` is megatron-core's flattened form of a tensor of
+    shape `weight` (the distributed optimizer's `fully_sharded_model_space`): [layers,] *fragments, elements
+    of one fragment, each fragment a block of the weight (e.g. fc1's gate and up halves); else None."""
+    if stacked:
+        if not stored or stored[0] != weight[0]:
+            return None
+        stored, weight = stored[1:], weight[1:]
+    fragments, n = stored[:-1], stored[-1] if stored else 0
+    if len(fragments) != len(weight) or any(f < 1 or w % f for f, w in zip(fragments, weight)):
+        return None
+    if n != math.prod(w // f for f, w in zip(fragments, weight)):
+        return None
+    return tuple(fragments), tuple(weight)
+
+
+def _unflatten(stored: torch.Tensor, fragments: tuple, weight: tuple) -> torch.Tensor:
+    """[*fragments, elements] -> the weight: fragment (i, j, ..) is block (i, j, ..) in row-major order."""
+    block = [w // f for f, w in zip(fragments, weight)]
+    x = stored.reshape(*fragments, *block)
+    d = len(fragments)
+    order = [a for i in range(d) for a in (i, d + i)]  # (f0, b0, f1, b1, ...)
+    return x.permute(*order).reshape(weight)
 
 
 class Writer:
@@ -189,9 +313,10 @@ class Writer:
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 iteration: int | None = None):
+                 iteration: int | None = None, distributed_optimizer: bool | None = None):
         spec.check_tp(layout.tp)
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
+        self.distributed_optimizer = distributed_optimizer  # None: as the source's args say
         self.index = param_index(spec)
         self.rows = _rows(spec, "mcore_te")
         self.notes: list[str] = args_losses(spec)
@@ -212,6 +337,7 @@ class Writer:
         self.spool_file = open(self.spool, "wb")
         self.spooled: dict[tuple[str, int | None], int] = {}  # (key, layer) -> byte offset
         self.memory = BufferPool()
+        self.notes: list[str] = []
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
@@ -241,21 +367,46 @@ class Writer:
         meg = state.get("megatron") or {}
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
-        args = argparse.Namespace(**args_from_spec(self.spec, self.layout, base, divisor))
-        args.ckpt_format = "torch_dist"
+        args = args_from_spec(self.spec, self.layout, base, divisor)
         iteration = final_iteration(self.iteration, state)
+        scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
+        if self.kinds:  # a schedule matters to a run that resumes its optimizer
+            self.notes += notes
+        args = argparse.Namespace(**args)
+        args.ckpt_format = "torch_dist"
         args.iteration = 0 if iteration == "release" else iteration
         common = {"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": args.iteration}
-        for k in ("opt_param_scheduler", "num_floating_point_operations_so_far"):
-            if meg.get(k) is not None:
-                common[k] = meg[k]
+        if scheduler is not None:
+            common["opt_param_scheduler"] = scheduler
+        if meg.get("num_floating_point_operations_so_far") is not None:
+            common["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
+        distributed = self.distributed_optimizer
+        if distributed is None:
+            distributed = bool((base or {}).get("use_distributed_optimizer"))
+        args.use_distributed_optimizer = distributed
+        renamed = {}
         if self.kinds:
-            hyper = meg.get("optimizer") or {}
+            hyper = optimizer_hyper(state) or {}
             step = hyper.get("step") if hyper.get("step") is not None else args.iteration
-            common["optimizer"] = dist_common(hyper, step, self.kinds)
+            if distributed:
+                # megatron-core 0.16's `fully_reshardable` layout: per-parameter tensors as the non-distributed
+                # optimizer's, the fp32 master under `param`; param groups carry the step
+                # (megatron/core/optimizer/distrib_optimizer.py, sharded_param_state_fully_reshardable)
+                if "fp32_param" not in self.kinds:
+                    raise InteropError("the distributed optimizer layout needs fp32 master weights, the source has "
+                                       "none (write the non-distributed optimizer's layout instead)")
+                renamed = {optim_key("fp32_param", ""): optim_key("param", "")}
+                common["optimizer"] = dist_common_distributed(hyper, step)
+                common["content_metadata"] = {"distrib_optim_sharding_type": "fully_reshardable",
+                                              "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+            else:
+                common["optimizer"] = dist_common(hyper, step, self.kinds)
         self.spool_file.close()
         fd = os.open(self.spool, os.O_RDONLY)
-        tensors = [(key, dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer, fd)))
+
+        def stored_as(key):
+            return next((new + key[len(old):] for old, new in renamed.items() if key.startswith(old)), key)
+        tensors = [(stored_as(key), dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer, fd)))
                    for key, (dtype, shape) in self.planned.items()]
         # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module.
         n = self.spec.num_layers

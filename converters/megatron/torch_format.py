@@ -18,6 +18,7 @@ The writer streams each rank file the same way, tensor by tensor.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -34,10 +35,12 @@ from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import args_dict, args_losses, args_from_spec, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
+from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
-from .optimizer import KINDS, pack, unpack
+from . import distrib
+from .optimizer import KINDS, distrib_hyper, pack, unpack
+from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_runs, rank_shapes, read_ranks, to_rank
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -58,6 +61,7 @@ class Reader:
             raise InteropError(f"{self.files[(0, 0)].path}: expected a dict, found {type(first).__name__}")
         notes: list[str] = []
         stored = args_dict(first.get("args"))
+        check_args(stored, self.files[(0, 0)].path)
         full = self._model_args(stored, model_config, notes)
         self.chunks = self._model_chunks()
         self.scheme = self._scheme()
@@ -69,16 +73,20 @@ class Reader:
         self._check_tensors(notes)
         self.row_of = {n: (r, j) for r in self.rows if r.kind != "tied" for j, n in enumerate(r.parts)}
         self.moments: dict[str, dict] = {}  # optim kind -> {(t, p, v): {key: stored tensor}}
+        self.moment_files = self.files  # the files the moments are stored in (distrib_optim.pt: their own)
+        self.stored_args = stored or {}
         hyper, note = self._load_optimizer(first)
         if note:
             notes.append(note)
         if "rng_state" in first:
             notes.append("dropped the rng state (per-rank random generator states do not survive resharding)")
+        scheduler = to_plain(first.get("opt_param_scheduler"))
         state = {
             "iteration": first.get("iteration") if isinstance(first.get("iteration"), int) else it,
+            **from_megatron(stored or {}, scheduler, (hyper or {}).get("step")),
             "megatron": {"checkpoint_version": to_plain(first.get("checkpoint_version")), "scheme": self.scheme,
                          "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
-                         "opt_param_scheduler": to_plain(first.get("opt_param_scheduler")), "optimizer": hyper,
+                         "opt_param_scheduler": scheduler, "optimizer": hyper,
                          "num_floating_point_operations_so_far": to_plain(
                              first.get("num_floating_point_operations_so_far"))},
         }
@@ -246,6 +254,10 @@ class Reader:
                 want = rank_shapes(row, self.index, self.tp, t)
                 if tuple(value.shape) != tuple(want):
                     raise InteropError(f"{where}: {key} has shape {list(value.shape)}, args imply {list(want)}")
+                peer = self.state_dicts[(0, p, v)].get(key)
+                if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
+                    raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
+                                       "one dtype expected")
                 tied += row.kind == "tied"
             for (p2, v2, key), row in expected.items():
                 if (p2, v2) == (p, v) and key not in sd:
@@ -257,17 +269,18 @@ class Reader:
 
     def _load_optimizer(self, first: dict) -> tuple[dict | None, str | None]:
         """Map the non-distributed optimizer's state to parameters: (hyperparameters, note)."""
-        if (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file():
-            return None, (f"optimizer state not converted: {DISTRIB_OPTIM_FILE} (distributed optimizer) stores it in "
-                          "gradient-bucket order, which cannot be mapped back to parameters; weights converted")
-        if "optimizer" not in first:
+        distributed = (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file()
+        if "optimizer" not in first and not distributed:
             return None, None
         found, hyper = {k: {} for k in KINDS}, None
         for (t, p), f in self.files.items():
             params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
                       for key, x in self.state_dicts[(t, p, v)].items()
                       if isinstance(x, torch.Tensor) and ignored_why(key) is None]
-            got = unpack(f.obj.get("optimizer"), params, f.read)
+            if distributed:
+                got = self._distributed(t, p, params, f)
+            else:
+                got = unpack(f.obj.get("optimizer"), params, f.read)
             if isinstance(got, str):
                 return None, f"optimizer state not converted ({f.path}: {got}); weights converted"
             by_param, hyper = got
@@ -284,19 +297,61 @@ class Reader:
         self.moments = {k: found[k] for k in kinds}
         if not kinds:
             return None, "optimizer state not converted (the optimizer holds no Adam state yet)"
-        return hyper, f"converted the optimizer state ({', '.join(kinds)}), step {hyper.get('step')}"
+        how = f" from {DISTRIB_OPTIM_FILE} (distributed optimizer)" if distributed else ""
+        return hyper, f"converted the optimizer state ({', '.join(kinds)}){how}, step {hyper.get('step')}"
+
+    def _distributed(self, t: int, p: int, params, rank_file) -> tuple[dict, dict] | str:
+        """The distributed optimizer's per-parameter state of rank (t, p), cut from its `distrib_optim.pt`
+        (`distrib.py` has the buffer layout), and the hyperparameters from the rank file."""
+        path = self.dir / self.rank_dirs[(t, p)] / DISTRIB_OPTIM_FILE
+        if not path.is_file():
+            return f"{DISTRIB_OPTIM_FILE} is missing beside it"
+        dfile = LazyTorchFile(path)
+        state = dfile.obj
+        if not isinstance(state, dict) or state.get("buckets_coalesced") is not True:
+            return f"{path.name} is not megatron-core's coalesced parameter state (buckets_coalesced)"
+        args = self.stored_args
+        dp = args.get("data_parallel_size")
+        if not isinstance(dp, int) or dp < 1:
+            return f"the args do not say data_parallel_size, which lays out the buffers of {path.name}"
+        if self.pp > 1 and self.spec.tied_embeddings:
+            return f"{path.name}: a tied embedding over several pipeline stages has a bucket of its own (not supported)"
+        if self.moment_files is self.files:
+            self.moment_files = {}
+        self.moment_files[(t, p)] = dfile
+        out = {}
+        for v in range(len(self.chunks[p])):
+            mine = [(key, math.prod(shape)) for (c, _), key, shape in params if c == v]
+            buffers = state.get(v)
+            if not isinstance(buffers, dict) or len(buffers) != 1:
+                return f"{path.name}: model chunk {v} has {len(buffers or {})} buffers (one dtype is understood)"
+            world = next(iter(buffers.values()))
+            buffer = distrib.layout(mine, dp, distrib.bucket_size(args, p, v))
+            if world.get("numel_unpadded") != sum(buffer.unpadded):
+                return (f"{path.name}: chunk {v} holds {world.get('numel_unpadded')} elements, megatron-core's "
+                        f"layout of its parameters at dp {dp} {sum(buffer.unpadded)}")
+            offsets = distrib.coalesced_offsets(buffer)
+            for (c, key), _, shape in params:
+                if c != v:
+                    continue
+                first, n = offsets[key], buffer.slots[key].numel
+                out[(v, key)] = {ours: world[theirs][first:first + n].view(shape)
+                                 for theirs, ours in distrib.KINDS.items()}
+        return out, distrib_hyper(rank_file.obj.get("optimizer"))
 
     # -- the Reader contract -------------------------------------------------------------------
-    def _stored(self, name: str) -> tuple[dict, str]:
-        """The per-rank dicts `name` lives in (weights, or one optimizer kind's), and its parameter."""
+    def _stored(self, name: str) -> tuple[dict, str, dict]:
+        """The per-rank dicts `name` lives in (weights, or one optimizer kind's), its parameter, and the files."""
         base = base_param_name(name)
-        return (self.state_dicts, base) if base == name else (self.moments[name.split(".")[1]], base)
+        if base == name:
+            return self.state_dicts, base, self.files
+        return self.moments[name.split(".")[1]], base, self.moment_files
 
     def metas(self) -> list[TensorMeta]:
         out = []
         for prefix in [""] + [f"optim.{k}." for k in self.moments]:
             for p in param_table(self.spec):
-                dicts, _ = self._stored(prefix + p.name)
+                dicts, _, _ = self._stored(prefix + p.name)
                 row, _ = self.row_of[p.name]
                 out.append(TensorMeta(prefix + p.name, dicts[(0, row.stage, row.chunk)][row.key].dtype, p.shape))
         return out
@@ -305,7 +360,7 @@ class Reader:
         """Every TP rank holds the whole tensor (norms, biases of row-parallel layers): rank 0's is read."""
         return row.kind == "copy" and self.index[row.parts[0]].axis is None
 
-    def _read_row(self, dicts: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def _read_row(self, dicts: dict, files: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
             self._cache.clear()
             self.memory.release_idle()
@@ -315,19 +370,19 @@ class Reader:
             raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(d) for d in dtypes.values())} "
                                "by the tp ranks (tp 0, 1, ...): one dtype expected")
         if self._replicated(row):  # rank 0's copy
-            tensor = self.files[(0, row.stage)].read(stored[0])
+            tensor = files[(0, row.stage)].read(stored[0])
             return [tensor if out is None else out[0].copy_(tensor)]
-        read_into = lambda t, runs: self.files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
+        read_into = lambda t, runs: files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
         return read_ranks(row, read_into, self.tp, stored[0].dtype, self.index, self.spec, self.memory, out)
 
     def read(self, name: str) -> torch.Tensor:
-        dicts, base = self._stored(name)
+        dicts, base, files = self._stored(name)
         row, j = self.row_of[base]
         if len(row.parts) == 1:
-            return self._read_row(dicts, row)[0]
+            return self._read_row(dicts, files, row)[0]
         ident = (name[:len(name) - len(base)], row.stage, row.chunk, row.key)
         if ident not in self._cache:  # fused: the row's other tensors are asked for next
-            self._cache[ident] = self._read_row(dicts, row)
+            self._cache[ident] = self._read_row(dicts, files, row)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[ident][j]
@@ -336,7 +391,7 @@ class Reader:
         """`name`'s bytes as ranges (path, offset, bytes) of the rank files in row-major order, when every
         rank holds its part as runs of whole rows (q, k, v of a fused QKV, gate and up, vocab blocks,
         replicated norms); None for a split on dim 1 or a file without record offsets."""
-        dicts, base = self._stored(name)
+        dicts, base, files = self._stored(name)
         row, j = self.row_of[base]
         replicated = self._replicated(row)
         ranks = [0] if replicated else range(self.tp)
@@ -354,7 +409,7 @@ class Reader:
             pos = x.untyped_storage()._checkpoint_offset + x.storage_offset() * item
             for target, start, stop in runs:
                 if target is full[j]:
-                    pieces.append((start, str(self.files[(t, row.stage)].path), pos, (stop - start) * item))
+                    pieces.append((start, str(files[(t, row.stage)].path), pos, (stop - start) * item))
                 pos += (stop - start) * item
         ranges, at = [], 0
         for start, path, pos, nbytes in sorted(pieces):
@@ -369,11 +424,11 @@ class Reader:
 
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when its Megatron tensor holds nothing else (not fused); else False."""
-        dicts, base = self._stored(name)
+        dicts, base, files = self._stored(name)
         row, _ = self.row_of[base]
         if len(row.parts) != 1:
             return False
-        self._read_row(dicts, row, [out])
+        self._read_row(dicts, files, row, [out])
         return True
 
     def close(self) -> None:
@@ -464,8 +519,17 @@ class Writer:
         meg = state.get("megatron") or {}
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
-        args = argparse.Namespace(**args_from_spec(self.spec, self.layout, base, divisor))
+        args = args_from_spec(self.spec, self.layout, base, divisor)
         iteration = final_iteration(self.iteration, state)
+        scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
+        if self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
+            self.notes += notes
+            if args.get("use_distributed_optimizer"):
+                args["use_distributed_optimizer"] = False
+                self.notes.append("the distributed optimizer's state is written as the non-distributed optimizer's "
+                                  f"(in the rank files; no {DISTRIB_OPTIM_FILE}): resume without "
+                                  "--use-distributed-optimizer, or write --format torch_dist")
+        args = argparse.Namespace(**args)
         args.iteration = 0 if iteration == "release" else iteration
         for (t, p), f in self.files.items():
             obj = {"args": args, "checkpoint_version": CHECKPOINT_VERSION,
@@ -474,7 +538,7 @@ class Writer:
             if self.optim_kinds:
                 params = [(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, key)] for k in self.optim_kinds})
                           for v, sd in enumerate(chunks) for key, ref in sd.items() if ref is not None]
-                hyper = meg.get("optimizer") or {}
+                hyper = optimizer_hyper(state) or {}
                 step = hyper.get("step") if hyper.get("step") is not None else args.iteration
                 obj["optimizer"] = pack(params, hyper, step, f.add)
             if self.layout.vpp == 1:
@@ -482,8 +546,8 @@ class Writer:
             else:
                 for v, sd in enumerate(chunks):
                     obj[f"model{v}"] = sd
-            if meg.get("opt_param_scheduler"):
-                obj["opt_param_scheduler"] = meg["opt_param_scheduler"]
+            if scheduler is not None:
+                obj["opt_param_scheduler"] = scheduler
             if meg.get("num_floating_point_operations_so_far") is not None:
                 obj["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
             f.finish(obj)

@@ -30,6 +30,7 @@ import json
 import pathlib
 import pickle
 import re
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
@@ -290,6 +291,17 @@ class _ChunkLoadPlanner(DefaultLoadPlanner):
         return self.state_dict[index.fqn]  # dest offsets are relative to our box already
 
 
+class _BytesLoadPlanner(DefaultLoadPlanner):
+    """Loads the raw bytes of one byte object, unpickled by the caller (safely), never by DCP's torch.load."""
+
+    def __init__(self, key: str):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.key, self.raw = key, None
+
+    def load_bytes(self, read_item, value) -> None:
+        self.raw = value.read()
+
+
 class DistCheckpoint:
     """One torch_dist checkpoint directory, read lazily.
 
@@ -360,14 +372,38 @@ class DistCheckpoint:
             if not shape or not 0 <= layer < shape[0]:
                 raise InteropError(f"{self.path}: {key} has no layer {layer} (shape {list(shape)})")
             offsets[0], sizes[0] = layer, 1
-        out = torch.empty(sizes, dtype=dtype)
+        out = self.read_box(key, offsets, sizes)
+        return out[0] if layer is not None else out
+
+    def read_object(self, key: str):
+        """Byte object `key` (megatron-core stores a ShardedObject as `torch.save([value])`), unpickled safely."""
+        if key not in self._objects:
+            raise InteropError(f"{self.path}: no byte object named {key!r}")
+        planner = _BytesLoadPlanner(key)
+        try:
+            with _single_process():
+                dcp.load({key: io.BytesIO()}, storage_reader=self._reader, planner=planner, no_dist=True)
+        except (Exception, CheckpointException) as exc:
+            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(_cause(exc))})") from None
+        with tempfile.TemporaryDirectory(prefix="interop-object-") as tmp:
+            file = Path(tmp) / "object.pt"
+            file.write_bytes(planner.raw or b"")
+            value = _load_pickle(file)
+        return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+    def read_box(self, key: str, offsets, sizes) -> torch.Tensor:
+        """The box `offsets` / `sizes` of global tensor `key` (e.g. one parameter's run of a flat buffer)."""
+        dtype, shape = self.meta(key)
+        if len(offsets) != len(shape) or any(o < 0 or n < 0 or o + n > d for o, n, d in zip(offsets, sizes, shape)):
+            raise InteropError(f"{self.path}: {key} {list(shape)} has no box at {list(offsets)} of {list(sizes)}")
+        out = torch.empty(list(sizes), dtype=dtype)
         try:
             with _single_process():
                 dcp.load({key: out}, storage_reader=self._reader, planner=_ChunkLoadPlanner(key, offsets, sizes),
                          no_dist=True)
         except (Exception, CheckpointException) as exc:  # missing/damaged .distcp files surface as many types
             raise InteropError(f"{self.path}: cannot read {key} ({_first_line(_cause(exc))})") from None
-        return out[0] if layer is not None else out
+        return out
 
 
 @contextlib.contextmanager
