@@ -29,6 +29,9 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--format", "megatron_format", type=click.Choice(["torch", "torch_dist"]),
               help="Megatron on-disk format to write (default: torch).")
 @click.option("--iteration", type=int, help="Megatron iteration to read (default: the tracker's).")
+@click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
+              help="Megatron torch_dist output: write the optimizer in the distributed optimizer's layout "
+              "(default: as the source was saved).")
 @click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
               "(HF config.json, Megatron args file or MindSpeed YAML).")
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
@@ -49,8 +52,8 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
-            megatron_format, iteration, model_config, dialect, qkv_concat, qkv_layout, qkv_bias_layout, dp, tokenizer,
-            max_shard_size, then_verify, quiet):
+            megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
+            qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -65,6 +68,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                               dtype=dtype, force=force, progress=bar,
                               options={"format": megatron_format, "iteration": iteration,
+                                       "distributed_optimizer": distributed_optimizer,
                                        "model_config": model_config, "dialect": dialect,
                                        "qkv_concat": qkv_concat, "qkv_layout": qkv_layout,
                                        "qkv_bias_layout": qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,

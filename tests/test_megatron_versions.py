@@ -250,3 +250,23 @@ def test_mixed_precision_masters_to_mindspore(fmt, tmp_path):
         assert not any(n.startswith("optim.fp32_param.") for n in names)
         for name in (m.name for m in src.metas() if m.name.startswith(("optim.exp_avg.", "optim.exp_avg_sq."))):
             assert torch.equal(out.read(name), src.read(name)), (dialect, name)
+
+
+def test_distributed_optimizer_flag_on_the_command_line(tmp_path):
+    """`--distributed-optimizer` reaches the torch_dist writer (a mixed-precision source written in the
+    distributed optimizer's layout); with the torch format it is one error line, exit 2, nothing written."""
+    from click.testing import CliRunner
+
+    from interop.cli.main import main
+    from interop.io.megatron_dist import DistCheckpoint
+
+    src = FIXTURES / "0.16.1" / "fp16opt" / "torch"
+    run = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "dist"), "--to", "megatron", "-q",
+                                    "--format", "torch_dist", "--distributed-optimizer"])
+    assert run.exit_code == 0, run.output
+    ckpt = DistCheckpoint(next((tmp_path / "dist").glob("iter_*")))
+    assert ckpt.common["content_metadata"]["distrib_optim_sharding_type"] == "fully_reshardable"
+    bad = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "pt"), "--to", "megatron", "-q",
+                                    "--distributed-optimizer"])
+    assert bad.exit_code == 2 and bad.output.startswith("error: ") and "torch_dist" in bad.output, bad.output
+    assert not (tmp_path / "pt").exists()
