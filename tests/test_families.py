@@ -265,3 +265,22 @@ def test_map_args_carries_each_family_both_ways(checkpoints, tmp_path, kind):
     megatron_spec = spec_from_args(M.complete(explicit), "args")
     assert megatron_spec.replace(padded_vocab=want.padded_vocab, vocab=want.vocab, max_positions=want.max_positions) \
         == want.replace(dtype=megatron_spec.dtype)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen2-tied"])
+def test_qwen2_mindformers_names(checkpoints, tmp_path, kind):
+    """MindFormers' Qwen2 (research/qwen2/convert_weight.py) is its Llama with q/k/v biases: q_proj.bias ->
+    attention.wq.bias, no wo / feed_forward biases.  mindspore itself loads the file; back to HF bit-exact."""
+    ms = pytest.importorskip("mindspore")
+    src = checkpoints[kind][0]
+    convert(src, tmp_path / "mf", dst_format="mindspore", options={"dialect": "mindformers"})
+    files = sorted((tmp_path / "mf").rglob("*.ckpt"))
+    assert files
+    names = set(ms.load_checkpoint(str(files[0])))
+    for i in range(4):
+        assert {f"model.layers.{i}.attention.w{x}.bias" for x in "qkv"} <= names
+    assert not any(n.endswith(("wo.bias", "w1.bias", "w2.bias", "w3.bias")) for n in names)
+    assert ("lm_head.weight" in names) == (kind == "qwen2")
+    convert(tmp_path / "mf", tmp_path / "back", dst_format="hf")
+    a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
