@@ -64,7 +64,8 @@ class ModelSpec:
              f"heads ({self.heads}) must be a multiple of kv_groups ({self.kv_groups})"),
             (self.padded_vocab >= self.vocab > 0,
              f"padded_vocab ({self.padded_vocab}) must be >= vocab ({self.vocab}) > 0"),
-            (self.sliding_window is None or (isinstance(self.sliding_window, int) and self.sliding_window > 0),
+            (self.sliding_window is None or (isinstance(self.sliding_window, int)
+                                             and not isinstance(self.sliding_window, bool) and self.sliding_window > 0),
              f"sliding_window must be a positive integer or None, got {self.sliding_window!r}"),
             (not self.qk_norm or self.norm == "rmsnorm", "qk_norm is an RMSNorm: it needs norm=rmsnorm"),
             (self.rope_scaling is None or self.position == "rope", "rope_scaling needs position=rope"),

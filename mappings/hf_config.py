@@ -98,13 +98,18 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     missing = [k for k in LLAMA3_ROPE_KEYS if scaling.get(k) is None]
     if missing:
         raise InteropError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
+    bad = [k for k in LLAMA3_ROPE_KEYS if not isinstance(scaling[k], (int, float)) or isinstance(scaling[k], bool)]
+    if bad:
+        raise InteropError(f"{where}: llama3 rope scaling {bad[0]} must be a number, got {scaling[bad[0]]!r}")
     return llama3_rope_scaling(**{ours: scaling[hf] for hf, ours in LLAMA3_ROPE_KEYS.items()})
 
 
 def _sliding_window(config: dict, family: dict, where: str):
     window = config.get("sliding_window")
     if family["sliding"] == "model":
-        return int(window) if window is not None else None
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise InteropError(f"{where}: sliding_window must be a positive integer, got {window!r}")
+        return window
     if family["sliding"] == "per_layer" and config.get("use_sliding_window"):
         raise InteropError(f"{where}: use_sliding_window (a window on some layers only) is not supported")
     return None

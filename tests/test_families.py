@@ -165,6 +165,17 @@ def test_hf_refusals():
         hf_spec_from(base | {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}})
     with pytest.raises(InteropError, match="llama3 rope scaling lacks low_freq_factor"):
         hf_spec_from(base | {"rope_parameters": {"rope_type": "llama3", "factor": 4.0, "rope_theta": 1e4}})
+    with pytest.raises(InteropError, match="low_freq_factor must be a number"):
+        hf_spec_from(base | {"rope_parameters": {"rope_type": "llama3", "factor": 4.0, "rope_theta": 1e4,
+                                                 "low_freq_factor": "1", "high_freq_factor": 4.0,
+                                                 "original_max_position_embeddings": 8192}})
+    mistral = base | {"model_type": "mistral"}
+    with pytest.raises(InteropError, match="sliding_window must be a positive integer"):
+        hf_spec_from(mistral | {"sliding_window": "4096"})
+    assert hf_spec_from(mistral | {"sliding_window": 7}).sliding_window == 7
+    with pytest.raises(InteropError, match="window_size=.*not a .left, right. pair"):
+        spec_from_args(M.complete({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 8, "vocab_size": 100,
+                                   "window_size": 5}), "args")
     spec = hf_spec_from(base)
     with pytest.raises(InteropError, match="HF qwen2 cannot hold a sliding window"):
         hf_config_from_spec(spec.replace(sliding_window=8))
