@@ -23,6 +23,13 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 POSITIONS = ("learned", "rope")
 DTYPES = ("float32", "bfloat16", "float16")
+# Sane bounds, so that a hostile or mistyped description fails here, before anything is sized by it:
+# the deepest published decoders have a few hundred layers; every size must fit a torch dimension.
+MAX_LAYERS = 10_000
+MAX_SIZE = 2**31 - 1
+INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
+              "max_positions")
+BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm")
 
 
 @dataclass(frozen=True)
@@ -53,28 +60,8 @@ class ModelSpec:
     sliding_window: int | None = None  # every layer attends to at most this many positions (itself included)
 
     def __post_init__(self):
-        checks = [
-            (self.arch in ARCHS, f"arch must be one of {ARCHS}, got {self.arch!r}"),
-            (self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}"),
-            (self.activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got {self.activation!r}"),
-            (self.position in POSITIONS, f"position must be one of {POSITIONS}, got {self.position!r}"),
-            (self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}"),
-            (self.num_layers > 0 and self.hidden > 0 and self.heads > 0, "num_layers, hidden and heads must be positive"),
-            (self.kv_groups > 0 and self.heads % self.kv_groups == 0,
-             f"heads ({self.heads}) must be a multiple of kv_groups ({self.kv_groups})"),
-            (self.padded_vocab >= self.vocab > 0,
-             f"padded_vocab ({self.padded_vocab}) must be >= vocab ({self.vocab}) > 0"),
-            (self.sliding_window is None or (isinstance(self.sliding_window, int)
-                                             and not isinstance(self.sliding_window, bool) and self.sliding_window > 0),
-             f"sliding_window must be a positive integer or None, got {self.sliding_window!r}"),
-            (not self.qk_norm or self.norm == "rmsnorm", "qk_norm is an RMSNorm: it needs norm=rmsnorm"),
-            (self.rope_scaling is None or self.position == "rope", "rope_scaling needs position=rope"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InteropError(f"invalid model spec: {message}")
-        if self.rope_scaling is not None:
-            check_rope_scaling(self.rope_scaling)
+        for message in _problems(self):
+            raise InteropError(f"invalid model spec: {message}")
 
     @property
     def gated_mlp(self) -> bool:
@@ -92,15 +79,22 @@ class ModelSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelSpec":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+    def from_dict(cls, data, where: str | None = None) -> "ModelSpec":
+        """A spec from stored fields (a manifest's `spec`, a YAML); `where` names the file in errors."""
+        prefix = f"{where}: " if where else ""
+        if not isinstance(data, dict):
+            raise InteropError(f"{prefix}invalid model spec: expected an object of fields, found {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise InteropError(f"invalid model spec: unknown fields {unknown}")
+            raise InteropError(f"{prefix}invalid model spec: unknown fields {unknown}")
+        missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
+        if missing:
+            raise InteropError(f"{prefix}invalid model spec: missing fields {missing}")
         try:
             return cls(**data)
-        except TypeError as exc:
-            raise InteropError(f"invalid model spec: {exc}") from None
+        except InteropError as exc:
+            raise InteropError(f"{prefix}{exc}") from None
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
@@ -112,24 +106,64 @@ class ModelSpec:
                 raise InteropError(f"tp={tp} does not divide the {what} ({n})")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _problems(spec: ModelSpec):
+    """What is wrong with each field, first the types (so later checks can do arithmetic), then ranges."""
+    choices = {"arch": ARCHS, "norm": NORMS, "activation": ACTIVATIONS, "position": POSITIONS, "dtype": DTYPES}
+    for name, allowed in choices.items():
+        if getattr(spec, name) not in allowed:
+            yield f"{name} must be one of {allowed}, got {getattr(spec, name)!r}"
+    for name in INT_FIELDS:
+        value = getattr(spec, name)
+        if not _is_int(value):
+            yield f"{name} must be an integer, got {value!r}"
+        elif not 1 <= value <= (MAX_LAYERS if name == "num_layers" else MAX_SIZE):
+            yield f"{name} must be between 1 and {MAX_LAYERS if name == 'num_layers' else MAX_SIZE:,}, got {value:,}"
+    for name in BOOL_FIELDS:
+        if not isinstance(getattr(spec, name), bool):
+            yield f"{name} must be true or false, got {getattr(spec, name)!r}"
+    if spec.mlp_bias is not None and not isinstance(spec.mlp_bias, bool):
+        yield f"mlp_bias must be true, false or null, got {spec.mlp_bias!r}"
+    if not _is_number(spec.norm_eps) or not 0 <= spec.norm_eps < 1:
+        yield f"norm_eps must be a number in [0, 1), got {spec.norm_eps!r}"
+    if not _is_number(spec.rope_base) or spec.rope_base <= 0:
+        yield f"rope_base must be a positive number, got {spec.rope_base!r}"
+    if _is_int(spec.heads) and _is_int(spec.kv_groups) and spec.kv_groups > 0 and spec.heads % spec.kv_groups:
+        yield f"heads ({spec.heads}) must be a multiple of kv_groups ({spec.kv_groups})"
+    if _is_int(spec.vocab) and _is_int(spec.padded_vocab) and spec.padded_vocab < spec.vocab:
+        yield f"padded_vocab ({spec.padded_vocab}) must be >= vocab ({spec.vocab})"
+    if spec.sliding_window is not None and not (_is_int(spec.sliding_window) and spec.sliding_window > 0):
+        yield f"sliding_window must be a positive integer or None, got {spec.sliding_window!r}"
+    if spec.qk_norm and spec.norm != "rmsnorm":
+        yield "qk_norm is an RMSNorm: it needs norm=rmsnorm"
+    if spec.rope_scaling is not None:
+        if spec.position != "rope":
+            yield "rope_scaling needs position=rope"
+        yield from rope_scaling_problems(spec.rope_scaling)
+
+
 # Fields left out of `to_dict` when they hold their "absent" value, so older descriptions stay unchanged.
 OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None}
 ROPE_SCALING_TYPES = ("llama3",)
 ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions")
 
 
-def check_rope_scaling(scaling) -> None:
+def rope_scaling_problems(scaling):
     if not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
-        raise InteropError(f"invalid model spec: rope_scaling must have exactly the keys {list(ROPE_SCALING_KEYS)}, "
-                           f"got {scaling!r}")
-    if scaling["type"] not in ROPE_SCALING_TYPES:
-        raise InteropError(f"invalid model spec: rope_scaling type must be one of {ROPE_SCALING_TYPES}, "
-                           f"got {scaling['type']!r}")
-    numbers = [scaling[k] for k in ROPE_SCALING_KEYS[1:]]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in numbers):
-        raise InteropError(f"invalid model spec: rope_scaling values must be positive numbers, got {scaling!r}")
-    if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
-        raise InteropError("invalid model spec: rope_scaling high_freq_factor must exceed low_freq_factor")
+        yield f"rope_scaling must have exactly the keys {list(ROPE_SCALING_KEYS)}, got {scaling!r}"
+    elif scaling["type"] not in ROPE_SCALING_TYPES:
+        yield f"rope_scaling type must be one of {ROPE_SCALING_TYPES}, got {scaling['type']!r}"
+    elif not all(_is_number(scaling[k]) and scaling[k] > 0 for k in ROPE_SCALING_KEYS[1:]):
+        yield f"rope_scaling values must be positive numbers, got {scaling!r}"
+    elif scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        yield "rope_scaling high_freq_factor must exceed low_freq_factor"
 
 
 def llama3_rope_scaling(factor: float, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
