@@ -20,6 +20,21 @@ def cli(*args):
     return result.exit_code, result.stderr, result.stdout
 
 
+def run(*args):
+    """(exit code, stdout and stderr together) of `interop ARGS` run in this process."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def assert_one_error(code, output, *words):
+    """Exit 2, exactly one `error: ...` line holding every one of `words`, no traceback."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), output
+    assert "Traceback" not in output
+    for word in words:
+        assert word in lines[0], (word, output)
+
+
 def cli_subprocess(*args, timeout=300, env=None):
     """(exit code, stderr, stdout) of `python -m interop ARGS` in a fresh interpreter."""
     proc = subprocess.run([sys.executable, "-m", "interop", *map(str, args)], capture_output=True, text=True,

@@ -6,7 +6,6 @@ read exactly or refused; `.pt` files interop writes carry CRC-32s that are check
 """
 import errno
 import json
-import os
 import pickle
 import shutil
 import struct
@@ -15,9 +14,8 @@ import zipfile
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from interop.cli.main import main
+from hostile import assert_one_error, run
 from interop.errors import InteropError
 from interop.io.megatron_dist import DCP_METADATA, DistCheckpoint, _MetadataUnpickler
 from interop.io.safetensors import SafetensorsFile
@@ -25,17 +23,6 @@ from interop.io.torch_file import LazyTorchFile, TensorRef, TorchFileWriter, _St
 from interop.store import StoreReader
 
 
-def run(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    return result.exit_code, result.output
-
-
-def assert_one_error(code, output, *words):
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), output
-    assert "Traceback" not in output
-    for word in words:
-        assert word in lines[0], (word, output)
 
 
 def tensors_of(store) -> dict:

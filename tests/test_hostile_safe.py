@@ -11,9 +11,8 @@ import struct
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from interop.cli.main import main
+from hostile import assert_one_error, run
 from interop.errors import InteropError
 from interop.io.megatron_dist import DCP_METADATA, DistCheckpoint, _MetadataUnpickler
 from interop.io.paths import inside
@@ -23,17 +22,6 @@ from interop.store import StoreReader
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
-def run(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    return result.exit_code, result.output
-
-
-def assert_one_error(code, output, *words):
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), output
-    assert "Traceback" not in output
-    for word in words:
-        assert word in lines[0], (word, output)
 
 
 @pytest.fixture(scope="module")
