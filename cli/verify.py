@@ -24,12 +24,14 @@ def report(result) -> None:
 @click.option("--from", "src_format", type=FORMAT_CHOICE, help="Format of SRC (detected when omitted).")
 @click.option("--dst-from", "dst_format", type=FORMAT_CHOICE, help="Format of DST (detected when omitted).")
 @click.option("--model-config", type=click.Path(), help="Model description for a SRC that carries none.")
+@click.option("--dst-model-config", type=click.Path(), help="Model description for a DST that carries none "
+              "(e.g. MindSpeed rank_N/ files).")
 @click.option("--iteration", type=int, help="Megatron iteration of SRC to read (default: the tracker's).")
 @click.option("--tolerance", type=float, help="Largest allowed |logit difference| [1e-5 fp32, 1e-2 fp16, 5e-2 bf16].")
 @click.option("--reference-only", is_flag=True, help="Skip the checkpoints' own frameworks (transformers, "
               "mindspore, megatron-core); run the reference model only.")
 @user_errors
-def verify(src, dst, src_format, dst_format, model_config, iteration, tolerance, reference_only):
+def verify(src, dst, src_format, dst_format, model_config, dst_model_config, iteration, tolerance, reference_only):
     """Prove DST holds the model SRC holds: one fixed batch through both, in the reference model and in
     each checkpoint's own framework where installed.  Prints both losses and the largest logit
     difference; exits 1 over the tolerance.
@@ -41,4 +43,5 @@ def verify(src, dst, src_format, dst_format, model_config, iteration, tolerance,
     """
     from ..verify import verify as run_verify
     report(run_verify(src, dst, src_format=src_format, dst_format=dst_format, tolerance=tolerance,
-                      frameworks=not reference_only, model_config=model_config, iteration=iteration))
+                      frameworks=not reference_only, dst_model_config=dst_model_config, model_config=model_config,
+                      iteration=iteration))

@@ -6,8 +6,12 @@ torch.distributed.checkpoint and Megatron's dist_checkpointing record shards.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import InteropError
+
+if TYPE_CHECKING:  # torch is imported where tensors are touched (assemble), not at start-up
+    import torch
 
 
 @dataclass(frozen=True)

@@ -62,18 +62,22 @@ class VerifyResult:
 
 
 def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = None, tolerance: float | None = None,
-           frameworks: bool = True, options: dict | None = None, **format_options) -> VerifyResult:
+           frameworks: bool = True, dst_model_config=None, options: dict | None = None,
+           **format_options) -> VerifyResult:
     """Run the fixed batch through `src` and `dst`; see the module docstring.  Reader options for the
-    source (`model_config=`, `iteration=`) as keywords or in `options`."""
+    source (`model_config=`, `iteration=`) as keywords or in `options`; `dst_model_config` describes a
+    destination that carries no model description."""
     import torch
     from .convert import convert
     from .store import StoreReader, is_store
     src_options = {k: v for k, v in {**(options or {}), **format_options}.items() if v is not None}
     src_format = src_format or detect_format(src)
     dst_format = dst_format or detect_format(dst)
+    dst_options = {"model_config": dst_model_config} if dst_model_config else {}
     with tempfile.TemporaryDirectory(prefix="interop-verify-") as tmp:
         stores = {}
-        for which, path, fmt, opts in (("source", src, src_format, src_options), ("converted", dst, dst_format, {})):
+        for which, path, fmt, opts in (("source", src, src_format, src_options),
+                                       ("converted", dst, dst_format, dst_options)):
             if is_store(path):
                 stores[which] = Path(path)
             else:
@@ -188,7 +192,8 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
         from .trainer import mindspore_model
     except ImportError as exc:
         raise FrameworkUnavailable(f"mindspore is not installed ({exc}); ran in the reference model only") from None
-    desc = json.loads((Path(path) / "mindspore_model.json").read_text()) if Path(path).is_dir() else None
+    sidecar = Path(path) / "mindspore_model.json"  # interop's optional description; real MindSpeed files lack it
+    desc = json.loads(sidecar.read_text()) if sidecar.is_file() else None
     if desc is None or desc["layout"]["tp"] != 1 or desc["layout"]["pp"] != 1:
         from .convert import convert
         dialect = (desc or {}).get("dialect")

@@ -27,6 +27,16 @@ def test_convert_verify_to_mindspore(hf_checkpoints, tmp_path):
     assert "tolerance 1e-05): OK" in out
 
 
+def test_verify_mindspeed_files_without_interop_sidecar(hf_checkpoints, tmp_path):
+    """Real MindSpeed output carries no mindspore_model.json: verify takes the model from --dst-model-config."""
+    convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore", tp=2)
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    result = cli("verify", hf_checkpoints["llama"], tmp_path / "ms", "--dst-model-config",
+                 hf_checkpoints["llama"] / "config.json")
+    assert result.exit_code == 0, result.output
+    assert "mindspore, converted (mindspore)" in result.output and "OK" in result.output
+
+
 def test_verify_megatron_in_megatron_core(hf_checkpoints, tmp_path):
     pytest.importorskip("megatron.core")
     convert(hf_checkpoints["gpt2"], tmp_path / "meg", dst_format="megatron", tp=2, pp=2)
