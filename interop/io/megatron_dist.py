@@ -27,10 +27,12 @@ import dataclasses
 import importlib
 import io
 import json
+import os
 import pathlib
 import pickle
 import re
 import tempfile
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
@@ -38,26 +40,20 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
+    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    SavePlan,
-    TensorWriteData,
-    WriteItem,
-    WriteItemType,
-)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future
@@ -66,6 +62,8 @@ from ..errors import InteropError
 from ..shards import Box, tiling_error
 from .paths import inside
 from .safe_pickle import safe_torch_load
+from .torch_file import append_tensor
+from .writeback import Writeback
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -441,47 +439,112 @@ class LazyTensor(NamedTuple):
     load: Callable[[int | None], torch.Tensor]
 
 
-class _ChunkSavePlanner(DefaultSavePlanner):
-    """Plans one write item per stored chunk (per layer for stacked keys) and produces each on demand."""
+class DistWriter:
+    """Writes a torch_dist checkpoint a chunk at a time, as DCP lays it out, without DCP's planning.
 
-    def __init__(self, tensors: dict[str, LazyTensor], objects: dict[str, bytes]):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.tensors, self.objects = tensors, objects
+    One `__0_0.distcp` holds every item back to back: each tensor chunk a `torch.save` of it (stacked
+    keys one chunk per layer, `[1, ...]`, as mcore stores them), each byte object its raw bytes;
+    `.metadata` (DCP's `Metadata`: per key its chunks, per chunk its byte range) is written last, by
+    `finish`, after checking that every declared chunk arrived exactly once.  Chunks are written the
+    moment they are given, in any order: memory is the chunk in hand.
+    """
 
-    def create_local_plan(self) -> SavePlan:
-        items = []
-        for key, t in self.tensors.items():
-            properties = TensorProperties(dtype=t.dtype)
-            size = torch.Size(t.shape)
+    FILE = "__0_0.distcp"
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if self.path.exists() and any(self.path.iterdir()):
+            raise InteropError(f"{self.path}: destination is not empty")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.file = self.path / self.FILE
+        self.fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self.offset = 0
+        self.declared: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        self.objects: list[str] = []
+        self.storage: dict[MetadataIndex, _StorageInfo] = {}
+        self.writeback = Writeback(self.fd)
+
+    def declare(self, key: str, dtype: torch.dtype, shape) -> None:
+        """Tensor `key` of global `shape` will be written (per layer if stacked)."""
+        if key in self.declared:
+            raise ValueError(f"duplicate tensor key {key!r}")
+        if is_stacked(key) and not shape:
+            raise ValueError(f"{key}: a stacked key needs a leading layer axis")
+        self.declared[key] = (dtype, tuple(shape))
+
+    def write(self, key: str, layer: int | None, data: torch.Tensor) -> None:
+        """Layer `layer` of stacked `key` (without the layer axis), or (layer None) the whole tensor `key`."""
+        dtype, shape = self.declared[key]
+        stacked = is_stacked(key)
+        if stacked != (layer is not None) or (stacked and not 0 <= layer < shape[0]):
+            raise ValueError(f"{key}: {'a layer in range' if stacked else 'no layer'} expected, got {layer}")
+        want = shape[1:] if stacked else shape
+        if tuple(data.shape) != tuple(want) or data.dtype != dtype:
+            raise ValueError(f"{key}: planned {dtype} {list(want)}, got {data.dtype} {list(data.shape)}")
+        offsets = torch.Size([layer] + [0] * (len(shape) - 1)) if stacked else torch.Size([0] * len(shape))
+        index = MetadataIndex(key, offsets)
+        if index in self.storage:
+            raise ValueError(f"{key}: layer {layer} written twice")
+        length = append_tensor(self.fd, self.file, data.unsqueeze(0) if stacked else data)
+        self._stored(index, length)
+
+    def write_object(self, key: str, value) -> None:
+        """A ShardedObject as mcore stores it: `torch.save([value])`, raw bytes in the file."""
+        if key in self.objects or key in self.declared:
+            raise ValueError(f"duplicate key {key!r}")
+        buffer = io.BytesIO()
+        torch.save([value], buffer)
+        raw = buffer.getbuffer()
+        view, done = memoryview(raw), 0
+        while done < len(view):
+            done += os.write(self.fd, view[done:])
+        self.objects.append(key)
+        self._stored(MetadataIndex(key), len(view))
+
+    def rename(self, new_key: Callable[[str], str]) -> None:
+        """Store tensor keys under other names (decided only once the source's state is known)."""
+        names = {key: new_key(key) for key in self.declared}
+        if len(set(names.values())) != len(names) or set(names.values()) & set(self.objects):
+            raise ValueError("renaming makes two keys one")
+        self.declared = {names[k]: v for k, v in self.declared.items()}
+        self.storage = {MetadataIndex(names.get(i.fqn, i.fqn), i.offset): info for i, info in self.storage.items()}
+
+    def _stored(self, index: MetadataIndex, length: int) -> None:
+        self.storage[index] = _StorageInfo(self.FILE, self.offset, length)
+        self.offset += length
+        self.writeback.wrote(self.offset)
+
+    def finish(self, common: dict | None = None) -> None:
+        """`.metadata`, common.pt and metadata.json; refuses if a declared chunk never came."""
+        entries: dict[str, Any] = {}
+        for key, (dtype, shape) in self.declared.items():
+            size = torch.Size(shape)
             if is_stacked(key):
-                for layer in range(t.shape[0]):
-                    chunk = ChunkStorageMetadata(offsets=torch.Size([layer] + [0] * (len(size) - 1)),
-                                                 sizes=torch.Size([1, *size[1:]]))
-                    items.append(WriteItem(index=MetadataIndex(key, chunk.offsets), type=WriteItemType.SHARD,
-                                           tensor_data=TensorWriteData(chunk, properties, size)))
+                chunks = [ChunkStorageMetadata(torch.Size([i] + [0] * (len(size) - 1)), torch.Size([1, *size[1:]]))
+                          for i in range(size[0])]
             else:
-                chunk = ChunkStorageMetadata(offsets=torch.Size([0] * len(size)), sizes=size)
-                items.append(WriteItem(index=MetadataIndex(key, chunk.offsets), type=WriteItemType.TENSOR,
-                                       tensor_data=TensorWriteData(chunk, properties, size)))
-        items += [WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO) for key in self.objects]
-        self.plan = SavePlan(items)
-        return self.plan
+                chunks = [ChunkStorageMetadata(torch.Size([0] * len(size)), size)]
+            missing = next((c for c in chunks if MetadataIndex(key, c.offsets) not in self.storage), None)
+            if missing is not None:
+                raise InteropError(f"{self.path}: {key} at {list(missing.offsets)} was never written")
+            entries[key] = TensorStorageMetadata(TensorProperties(dtype=dtype), size, chunks)
+        entries.update({key: BytesStorageMetadata() for key in self.objects})
+        self.writeback.wait()
+        os.close(self.fd)
+        self.fd = None
+        metadata = Metadata(state_dict_metadata=entries, planner_data=None, storage_data=self.storage,
+                            storage_meta=StorageMeta(checkpoint_id=str(self.path), save_id=str(uuid.uuid4())),
+                            version=CURRENT_DCP_VERSION)
+        with open(self.path / DCP_METADATA, "wb") as f:
+            pickle.dump(metadata, f)
+        torch.save(common or {}, self.path / COMMON_PT)
+        (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
 
-    def resolve_data(self, write_item: WriteItem):
-        key = write_item.index.fqn
-        if write_item.type == WriteItemType.BYTE_IO:
-            return io.BytesIO(self.objects[key])
-        t = self.tensors[key]
-        if is_stacked(key):
-            layer = write_item.index.offset[0]
-            data = t.load(layer)
-            want = t.shape[1:]
-        else:
-            data, want = t.load(None), t.shape
-        if tuple(data.shape) != tuple(want) or data.dtype != t.dtype:
-            raise ValueError(f"{key}: planned {t.dtype} {list(want)}, got {data.dtype} {list(data.shape)}")
-        data = data.detach().cpu().contiguous()
-        return data.unsqueeze(0) if is_stacked(key) else data
+    def abort(self) -> None:
+        if self.fd is not None:
+            self.writeback.wait()
+            os.close(self.fd)
+            self.fd = None
 
 
 def _as_lazy(value) -> LazyTensor:
@@ -504,28 +567,16 @@ def write_dist_checkpoint(path, tensors: Iterable[tuple[str, Any]], common: dict
     its model declares.  `common` goes to common.pt (Megatron-LM: args, checkpoint_version,
     iteration, ...).  `path` must be empty or absent.
     """
-    path = Path(path)
-    if path.exists() and any(path.iterdir()):
-        raise InteropError(f"{path}: destination is not empty")
-    path.mkdir(parents=True, exist_ok=True)
-    planned: dict[str, LazyTensor] = {}
-    for key, value in tensors:
-        if key in planned:
-            raise ValueError(f"duplicate tensor key {key!r}")
-        planned[key] = _as_lazy(value)
-        if is_stacked(key) and not planned[key].shape:
-            raise ValueError(f"{key}: a stacked key needs a leading layer axis")
-    blobs = {}
-    for key, value in (objects or {}).items():
-        buffer = io.BytesIO()
-        torch.save([value], buffer)
-        blobs[key] = buffer.getvalue()
-    writer = FileSystemWriter(str(path), single_file_per_rank=True, thread_count=1)
+    writer = DistWriter(path)
     try:
-        with _single_process():
-            dcp.save({**planned, **blobs}, storage_writer=writer, planner=_ChunkSavePlanner(planned, blobs),
-                     no_dist=True)
-    except CheckpointException as exc:
-        raise _cause(exc) from None
-    torch.save(common or {}, path / COMMON_PT)
-    (path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
+        planned = [(key, _as_lazy(value)) for key, value in tensors]
+        for key, t in planned:
+            writer.declare(key, t.dtype, t.shape)
+        for key, value in (objects or {}).items():
+            writer.write_object(key, value)
+        for key, t in planned:
+            for layer in (range(t.shape[0]) if is_stacked(key) else [None]):
+                writer.write(key, layer, t.load(layer))
+        writer.finish(common)
+    finally:
+        writer.abort()
