@@ -27,6 +27,7 @@ import dataclasses
 import importlib
 import io
 import json
+import math
 import os
 import pathlib
 import pickle
@@ -54,7 +55,6 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
-from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future
 
@@ -198,6 +198,47 @@ class _Reader(FileSystemReader):
     def read_metadata(self, *args, **kwargs):
         return self._metadata
 
+    def load_chunk(self, file: Path, view, index: MetadataIndex) -> torch.Tensor:
+        """The stored chunk `index` from `view` (its byte range), checked to be a tensor of exactly the dtype
+        and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
+        tensor = torch.load(view, map_location="cpu", weights_only=True)
+        key = index.fqn
+        entry = self._metadata.state_dict_metadata[key]
+        sizes = next((c.sizes for c in entry.chunks if c.offsets == index.offset), None)
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != entry.properties.dtype \
+                or sizes is None or tensor.shape != sizes:
+            got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) \
+                else type(tensor).__name__
+            raise InteropError(f"{file}: the chunk of {key} at {list(index.offset)} holds {got}, .metadata says "
+                               f"{entry.properties.dtype} {list(sizes or [])}")
+        return tensor
+
+    def read_box(self, key: str, offsets, sizes) -> torch.Tensor:
+        """The box `offsets`/`sizes` of tensor `key`: each stored chunk it meets is read by its byte range
+        (no DCP load planning); a box that is exactly one chunk (a layer, a whole tensor) is that chunk."""
+        entry = self._metadata.state_dict_metadata[key]
+        root = Path(self.path)
+        out = None
+        if math.prod(sizes) == 0:
+            return torch.empty(list(sizes), dtype=entry.properties.dtype)
+        for chunk in entry.chunks:
+            lo = [max(o, c) for o, c in zip(offsets, chunk.offsets)]
+            hi = [min(o + n, c + m) for o, n, c, m in zip(offsets, sizes, chunk.offsets, chunk.sizes)]
+            if any(a >= b for a, b in zip(lo, hi)):
+                continue
+            index = MetadataIndex(key, chunk.offsets)
+            info = self._metadata.storage_data[index]
+            file = inside(root, info.relative_path, root / DCP_METADATA)
+            with open(file, "rb") as stream:
+                tensor = self.load_chunk(file, _create_file_view(stream, info.offset, info.length), index)
+            if list(chunk.offsets) == list(offsets) and list(chunk.sizes) == list(sizes):
+                return tensor
+            if out is None:
+                out = torch.empty(list(sizes), dtype=entry.properties.dtype)
+            src = tensor[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, chunk.offsets))]
+            out[tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, offsets))].copy_(src)
+        return out
+
     def read_data(self, plan: LoadPlan, planner) -> Future:
         """DCP's FileSystemReader.read_data, stricter: each stored chunk must be a tensor of exactly the
         dtype and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
@@ -213,21 +254,11 @@ class _Reader(FileSystemReader):
                     if item.type == LoadItemType.BYTE_IO:
                         planner.load_bytes(item, io.BytesIO(view.read(-1)))
                         continue
-                    tensor = torch.load(view, map_location="cpu", weights_only=True)
-                    key = item.storage_index.fqn
-                    entry = self._metadata.state_dict_metadata[key]
-                    sizes = next((c.sizes for c in entry.chunks if c.offsets == item.storage_index.offset), None)
-                    if not isinstance(tensor, torch.Tensor) or tensor.dtype != entry.properties.dtype \
-                            or sizes is None or tensor.shape != sizes:
-                        got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) \
-                            else type(tensor).__name__
-                        raise InteropError(f"{root / relative_path}: the chunk of {key} at "
-                                           f"{list(item.storage_index.offset)} holds {got}, .metadata says "
-                                           f"{entry.properties.dtype} {list(sizes or [])}")
+                    tensor = self.load_chunk(root / relative_path, view, item.storage_index)
                     tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
                     target = planner.resolve_tensor(item).detach()
                     if target.size() != tensor.size():
-                        raise InteropError(f"{root / relative_path}: {key}: a chunk read does not fit its place")
+                        raise InteropError(f"{root / relative_path}: {item.storage_index.fqn}: a chunk read does not fit its place")
                     target.copy_(tensor)
                     planner.commit_tensor(item, target)
         done: Future = Future()
@@ -271,22 +302,6 @@ def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
         why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
         if why:
             raise InteropError(f"{file}: {key}: {why}")
-
-
-class _ChunkLoadPlanner(DefaultLoadPlanner):
-    """Loads the box `offsets`/`sizes` of one global tensor into a tensor of exactly that box."""
-
-    def __init__(self, key: str, offsets, sizes):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-        self.key = key
-
-    def create_local_plan(self) -> LoadPlan:
-        md = self.metadata.state_dict_metadata[self.key]
-        return LoadPlan(create_read_items_for_chunk_list(self.key, md, [self.chunk]))
-
-    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        return self.state_dict[index.fqn]  # dest offsets are relative to our box already
 
 
 class _BytesLoadPlanner(DefaultLoadPlanner):
@@ -394,14 +409,12 @@ class DistCheckpoint:
         dtype, shape = self.meta(key)
         if len(offsets) != len(shape) or any(o < 0 or n < 0 or o + n > d for o, n, d in zip(offsets, sizes, shape)):
             raise InteropError(f"{self.path}: {key} {list(shape)} has no box at {list(offsets)} of {list(sizes)}")
-        out = torch.empty(list(sizes), dtype=dtype)
         try:
-            with _single_process():
-                dcp.load({key: out}, storage_reader=self._reader, planner=_ChunkLoadPlanner(key, offsets, sizes),
-                         no_dist=True)
-        except (Exception, CheckpointException) as exc:  # missing/damaged .distcp files surface as many types
-            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(_cause(exc))})") from None
-        return out
+            return self._reader.read_box(key, offsets, sizes)
+        except InteropError:
+            raise
+        except Exception as exc:  # missing/damaged .distcp files surface as many types
+            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(exc)})") from None
 
 
 @contextlib.contextmanager
