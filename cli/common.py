@@ -1,14 +1,62 @@
 """What every command shares: user mistakes become one line on stderr and exit code 2."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import signal
 import sys
+import threading
 import traceback
 
 import click
 
 from ..errors import InteropError
+
+# Signals that end a command the way Ctrl-C does: its temporary output is removed on the way out.
+STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP), raised in the main thread like Ctrl-C's KeyboardInterrupt so
+    that every `finally` and cleanup runs; the command then exits 128 + the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(STOP_SIGNALS.get(signum, f"signal {signum}"))
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals_raise():
+    """SIGINT, SIGTERM and SIGHUP raise `Stopped` once; later ones are ignored, so that the cleanup the
+    first one started (removing a temporary directory, stopping training ranks) is not cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = []
+
+    def handler(signum, frame):
+        if not stopping:
+            stopping.append(signum)
+            raise Stopped(signum)
+
+    previous = {}
+    try:
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, handler)
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def stopping_cleanly(fn):
+    """Run `fn` with stop signals raised as `Stopped` (see `stop_signals_raise`)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with stop_signals_raise():
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 VERBOSE = {"level": 0}
@@ -43,10 +91,10 @@ def user_errors(fn):
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
-    return wrapper
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP raised as `Stopped`: after the cleanup
+            click.echo(f"error: {exc if isinstance(exc, Stopped) else 'interrupted'}", err=True)
+            sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
+    return stopping_cleanly(wrapper)
 
 
 class ProgressBar:

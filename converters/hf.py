@@ -18,6 +18,7 @@ from ..errors import InteropError
 from ..fused import split_concat
 from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
+from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, TABLES
@@ -94,10 +95,7 @@ class _WeightFiles:
         self.where: dict[str, object] = {}
         for index_name, kind in (("model.safetensors.index.json", "st"), ("pytorch_model.bin.index.json", "bin")):
             if (root / index_name).is_file():
-                try:
-                    weight_map = json.loads((root / index_name).read_text())["weight_map"]
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise InteropError(f"{root / index_name}: not a valid index ({exc})") from None
+                weight_map = read_json_object(root / index_name, "weight index", limit=256 << 20).get("weight_map")
                 if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                     raise InteropError(f"{root / index_name}: 'weight_map' must map tensor names to file names")
                 files = sorted(set(weight_map.values()))
@@ -160,10 +158,7 @@ class Reader:
         root = Path(path)
         if not detect(root):
             raise InteropError(f"{root}: not a Hugging Face checkpoint (needs config.json and model weights)")
-        try:
-            config = json.loads((root / "config.json").read_text())
-        except ValueError as exc:
-            raise InteropError(f"{root / 'config.json'}: not valid JSON ({exc})") from None
+        config = read_json_object(root / "config.json", "HF config")
         self.files = _WeightFiles(root)
         notes, keys = [], set(self.files.where)
         ignored = {key: why for key in keys for suffix, why in IGNORED_SUFFIXES.items() if key.endswith(suffix)}

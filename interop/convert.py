@@ -25,6 +25,7 @@ from .io.background import background_writes
 from .layout import ParallelLayout
 from .params import base_param_name, param_index
 from .tensors import DTYPE_NAMES, TensorMeta
+from .weights_on_disk import check_weights_on_disk
 
 DTYPE_CHOICES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -184,10 +185,13 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     reader_cls, writer_cls = converter(src_format).Reader, converter(dst_format).Writer
     reader_options, writer_options = split_options(reader_cls, writer_cls, options, src_format, dst_format)
-    check_destination(dst, force)
+    ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers)
+    inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
+    check_destination(dst, force, inputs)
     reader = reader_cls(src, **reader_options)
     try:
         spec = reader.source.spec
+        check_weights_on_disk(spec, src)
         spec.check_tp(tp)
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
         out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
@@ -203,7 +207,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             progress.start(sum(m.nbytes for m in metas_in))
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.tp, layout.pp, layout.vpp,
                           layout.describe(), notes=list(reader.source.notes))
-        with atomic_directory(dst, force) as tmp, one_torch_thread(), background_writes():
+        with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
             writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
             carried = getattr(reader, "carried", None) or {}
             if hasattr(writer, "carry"):

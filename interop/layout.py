@@ -12,6 +12,29 @@ from dataclasses import dataclass
 from .errors import InteropError
 from .params import Param
 
+MAX_RANKS = 1 << 20  # tp * pp; far beyond any cluster, small enough to list
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_layout_flags(tp=1, pp=1, vpp=1, first_stage_layers=None, last_stage_layers=None) -> None:
+    """Refuse layout flags that are nonsense whatever the model (`--first-stage-layers -2`, `--tp 0`),
+    before any file is opened: the same rule for `interop convert` and `interop train`."""
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--vpp", vpp)):
+        if not _is_int(value) or value < 1:
+            raise InteropError(f"{flag} must be a positive integer, got {value!r}")
+    if tp * pp > MAX_RANKS:
+        raise InteropError(f"--tp {tp} x --pp {pp} is more than {MAX_RANKS:,} ranks")
+    for flag, value in (("--first-stage-layers", first_stage_layers), ("--last-stage-layers", last_stage_layers)):
+        if value is not None and (not _is_int(value) or value < 1):
+            raise InteropError(f"{flag} must be a positive number of layers, got {value!r} "
+                               "(Megatron requires at least one layer on the first and last stages)")
+    uneven = first_stage_layers is not None or last_stage_layers is not None
+    if uneven and vpp > 1:
+        raise InteropError("uneven first/last pipeline stages cannot be combined with virtual pipeline chunks")
+
 
 @dataclass(frozen=True)
 class ParallelLayout:
@@ -19,6 +42,13 @@ class ParallelLayout:
     pp: int
     # stages[p][v] = (first layer, end layer) of virtual chunk v on pipeline stage p
     stages: tuple[tuple[tuple[int, int], ...], ...]
+
+    check_flags = staticmethod(check_layout_flags)
+
+    def __post_init__(self):
+        problem = _layout_problem(self.tp, self.pp, self.stages)
+        if problem:
+            raise InteropError(f"invalid parallel layout: {problem}")
 
     @property
     def vpp(self) -> int:
@@ -31,12 +61,8 @@ class ParallelLayout:
     @classmethod
     def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
               first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> "ParallelLayout":
-        if tp < 1 or pp < 1 or vpp < 1:
-            raise InteropError(f"tp, pp and vpp must be >= 1 (got tp={tp}, pp={pp}, vpp={vpp})")
-        uneven = first_stage_layers is not None or last_stage_layers is not None
-        if uneven and vpp > 1:
-            raise InteropError("uneven first/last pipeline stages cannot be combined with virtual pipeline chunks")
-        if uneven:
+        check_layout_flags(tp, pp, vpp, first_stage_layers, last_stage_layers)
+        if first_stage_layers is not None or last_stage_layers is not None:
             counts = _uneven_counts(num_layers, pp, first_stage_layers, last_stage_layers)
             bounds, start = [], 0
             for n in counts:
@@ -82,15 +108,19 @@ class ParallelLayout:
         return {"tp": self.tp, "pp": self.pp, "stages": [[list(c) for c in chunks] for chunks in self.stages]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ParallelLayout":
+    def from_dict(cls, data, where: str | None = None) -> "ParallelLayout":
+        """A layout from stored fields (a manifest's `layout`); `where` names the file in errors."""
+        prefix = f"{where}: " if where else ""
+        if not isinstance(data, dict) or not {"tp", "pp", "stages"} <= set(data):
+            raise InteropError(f"{prefix}invalid parallel layout: expected an object with tp, pp and stages")
+        stages = data["stages"]
+        if not isinstance(stages, list) or not all(
+                isinstance(chunks, list) and all(isinstance(c, list) and len(c) == 2 for c in chunks) for chunks in stages):
+            raise InteropError(f"{prefix}invalid parallel layout: stages must be lists of [first, end] layer pairs")
         try:
-            stages = tuple(tuple((int(a), int(b)) for a, b in chunks) for chunks in data["stages"])
-            layout = cls(int(data["tp"]), int(data["pp"]), stages)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InteropError(f"invalid parallel layout {data!r}: {exc}") from None
-        if len(stages) != layout.pp or len({len(c) for c in stages}) != 1:
-            raise InteropError(f"invalid parallel layout {data!r}: stages do not match pp")
-        return layout
+            return cls(data["tp"], data["pp"], tuple(tuple((a, b) for a, b in chunks) for chunks in stages))
+        except InteropError as exc:
+            raise InteropError(f"{prefix}{exc}") from None
 
     def describe(self) -> str:
         parts = []
@@ -101,20 +131,49 @@ class ParallelLayout:
         return f"tp={self.tp} pp={self.pp}{vpp} ({'; '.join(parts)})"
 
 
+def _layout_problem(tp, pp, stages) -> str | None:
+    """What is wrong with a layout's fields, or None.  Chunks taken in Megatron's order (virtual chunk
+    v of every stage, then v + 1) must tile layers 0..L-1 with no gap or overlap; a chunk may be empty
+    (a stage that holds only embeddings), a whole layout may not."""
+    if not _is_int(tp) or not _is_int(pp) or tp < 1 or pp < 1:
+        return f"tp and pp must be positive integers, got tp={tp!r}, pp={pp!r}"
+    if tp * pp > MAX_RANKS:
+        return f"tp={tp} x pp={pp} is more than {MAX_RANKS:,} ranks"
+    if not isinstance(stages, tuple) or len(stages) != pp:
+        return f"{len(stages) if isinstance(stages, tuple) else 'no'} stages listed for pp={pp}"
+    if not all(isinstance(chunks, tuple) and chunks for chunks in stages) or len({len(c) for c in stages}) != 1:
+        return "every stage must list the same number (at least one) of virtual chunks"
+    end = 0
+    for v in range(len(stages[0])):
+        for p in range(pp):
+            chunk = stages[p][v]
+            if not (isinstance(chunk, tuple) and len(chunk) == 2 and all(_is_int(x) for x in chunk)):
+                return f"stage {p} chunk {v} is not a pair of layer numbers: {chunk!r}"
+            start, stop = chunk
+            if start != end or stop < start:
+                return f"stage {p} chunk {v} holds layers [{start}, {stop}), expected to start at layer {end}"
+            end = stop
+    if end < 1:
+        return "no layers"
+    return None
+
+
 def _uneven_counts(num_layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
     """Layers per stage when the first and/or last stage differ, the rest split evenly."""
-    if pp == 1:
-        return [num_layers]
-    fixed = [first, last]
+    fixed = [first, last] if pp > 1 else [first if first is not None else last]
     middle_stages = pp - sum(x is not None for x in fixed)
     rest = num_layers - sum(x for x in fixed if x is not None)
-    if rest < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
+    if rest < 0 or (middle_stages and (rest < middle_stages or rest % middle_stages)) or (not middle_stages and rest):
         raise InteropError(
-            f"{num_layers} layers do not fit pp={pp} with first stage {first} and last stage {last} layers")
+            f"{num_layers} layers do not fit pp={pp} with first stage {first} and last stage {last} layers "
+            "(every stage needs at least one layer, the middle stages an equal number)")
     per = rest // middle_stages if middle_stages else 0
     counts = [per] * pp
     if first is not None:
         counts[0] = first
     if last is not None:
         counts[-1] = last
+    if pp == 1 and first is not None and last is not None and first != last:
+        raise InteropError(f"at pp=1 the first stage is the last: --first-stage-layers {first} and "
+                           f"--last-stage-layers {last} disagree")
     return counts

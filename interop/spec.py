@@ -19,6 +19,13 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 POSITIONS = ("learned", "rope")
 DTYPES = ("float32", "bfloat16", "float16")
+# Sane bounds, so that a hostile or mistyped description fails here, before anything is sized by it:
+# the deepest published decoders have a few hundred layers; every size must fit a torch dimension.
+MAX_LAYERS = 10_000
+MAX_SIZE = 2**31 - 1
+INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
+              "max_positions")
+BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias")
 
 
 @dataclass(frozen=True)
@@ -45,21 +52,8 @@ class ModelSpec:
     dtype: str = "float32"
 
     def __post_init__(self):
-        checks = [
-            (self.arch in ARCHS, f"arch must be one of {ARCHS}, got {self.arch!r}"),
-            (self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}"),
-            (self.activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got {self.activation!r}"),
-            (self.position in POSITIONS, f"position must be one of {POSITIONS}, got {self.position!r}"),
-            (self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}"),
-            (self.num_layers > 0 and self.hidden > 0 and self.heads > 0, "num_layers, hidden and heads must be positive"),
-            (self.kv_groups > 0 and self.heads % self.kv_groups == 0,
-             f"heads ({self.heads}) must be a multiple of kv_groups ({self.kv_groups})"),
-            (self.padded_vocab >= self.vocab > 0,
-             f"padded_vocab ({self.padded_vocab}) must be >= vocab ({self.vocab}) > 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InteropError(f"invalid model spec: {message}")
+        for message in _problems(self):
+            raise InteropError(f"invalid model spec: {message}")
 
     @property
     def gated_mlp(self) -> bool:
@@ -76,15 +70,22 @@ class ModelSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelSpec":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+    def from_dict(cls, data, where: str | None = None) -> "ModelSpec":
+        """A spec from stored fields (a manifest's `spec`, a YAML); `where` names the file in errors."""
+        prefix = f"{where}: " if where else ""
+        if not isinstance(data, dict):
+            raise InteropError(f"{prefix}invalid model spec: expected an object of fields, found {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise InteropError(f"invalid model spec: unknown fields {unknown}")
+            raise InteropError(f"{prefix}invalid model spec: unknown fields {unknown}")
+        missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
+        if missing:
+            raise InteropError(f"{prefix}invalid model spec: missing fields {missing}")
         try:
             return cls(**data)
-        except TypeError as exc:
-            raise InteropError(f"invalid model spec: {exc}") from None
+        except InteropError as exc:
+            raise InteropError(f"{prefix}{exc}") from None
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
@@ -94,6 +95,41 @@ class ModelSpec:
         for what, n in (("attention heads", self.heads), ("kv groups", self.kv_groups), ("ffn_hidden", self.ffn_hidden)):
             if tp < 1 or n % tp:
                 raise InteropError(f"tp={tp} does not divide the {what} ({n})")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _problems(spec: ModelSpec):
+    """What is wrong with each field, first the types (so later checks can do arithmetic), then ranges."""
+    choices = {"arch": ARCHS, "norm": NORMS, "activation": ACTIVATIONS, "position": POSITIONS, "dtype": DTYPES}
+    for name, allowed in choices.items():
+        if getattr(spec, name) not in allowed:
+            yield f"{name} must be one of {allowed}, got {getattr(spec, name)!r}"
+    for name in INT_FIELDS:
+        value = getattr(spec, name)
+        if not _is_int(value):
+            yield f"{name} must be an integer, got {value!r}"
+        elif not 1 <= value <= (MAX_LAYERS if name == "num_layers" else MAX_SIZE):
+            yield f"{name} must be between 1 and {MAX_LAYERS if name == 'num_layers' else MAX_SIZE:,}, got {value:,}"
+    for name in BOOL_FIELDS:
+        if not isinstance(getattr(spec, name), bool):
+            yield f"{name} must be true or false, got {getattr(spec, name)!r}"
+    if spec.mlp_bias is not None and not isinstance(spec.mlp_bias, bool):
+        yield f"mlp_bias must be true, false or null, got {spec.mlp_bias!r}"
+    if not _is_number(spec.norm_eps) or not 0 <= spec.norm_eps < 1:
+        yield f"norm_eps must be a number in [0, 1), got {spec.norm_eps!r}"
+    if not _is_number(spec.rope_base) or spec.rope_base <= 0:
+        yield f"rope_base must be a positive number, got {spec.rope_base!r}"
+    if _is_int(spec.heads) and _is_int(spec.kv_groups) and spec.kv_groups > 0 and spec.heads % spec.kv_groups:
+        yield f"heads ({spec.heads}) must be a multiple of kv_groups ({spec.kv_groups})"
+    if _is_int(spec.vocab) and _is_int(spec.padded_vocab) and spec.padded_vocab < spec.vocab:
+        yield f"padded_vocab ({spec.padded_vocab}) must be >= vocab ({spec.vocab})"
 
 
 def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:

@@ -37,8 +37,48 @@ GPT2_UNSUPPORTED = {"scale_attn_by_inverse_layer_idx": False, "reorder_and_upcas
                     "add_cross_attention": False}
 
 
-def _read_table(config: dict, table) -> dict:
-    return {field: config.get(key, default) if config.get(key) is not None else default for field, key, default in table}
+def _read_table(config: dict, table, where: str) -> dict:
+    """The table's values, defaults filled in; a number that is not one is refused here, naming its key,
+    before any arithmetic on it (a string hidden_size would otherwise multiply as a string)."""
+    out = {}
+    for field, key, default in table:
+        value = config.get(key) if config.get(key) is not None else default
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            kind = "true or false" if isinstance(default, bool) else "a positive integer" if isinstance(default, int) \
+                else "a number"
+            raise InteropError(f"{where}: {key} must be {kind}, got {value!r}")
+        out[field] = value
+    return out
+
+
+def _optional_int(config: dict, key: str, where: str):
+    value = config.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InteropError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _head_dim(config: dict, f: dict, where: str) -> int:
+    given = _optional_int(config, "head_dim", where)
+    if given:
+        return given
+    if f["hidden"] % f["heads"]:
+        raise InteropError(f"{where}: the hidden size ({f['hidden']}) is not a multiple of the attention heads "
+                           f"({f['heads']})")
+    return f["hidden"] // f["heads"]
+
+
+def _spec(where: str, **fields) -> ModelSpec:
+    try:
+        return ModelSpec(**fields)
+    except InteropError as exc:
+        raise InteropError(f"{where}: {exc}") from None
 
 
 def spec_from_hf_config(config: dict, dtype: str = "float32", where: str = "config.json") -> ModelSpec:
@@ -54,30 +94,35 @@ def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
     for key, ok in GPT2_UNSUPPORTED.items():
         if config.get(key, ok) != ok:
             raise InteropError(f"{where}: {key}={config[key]!r} is not supported")
-    f = _read_table(config, GPT2_KEYS)
+    f = _read_table(config, GPT2_KEYS, where)
     act = config.get("activation_function", "gelu_new")
     if act not in GPT2_ACTIVATIONS:
         raise InteropError(f"{where}: activation_function {act!r} is not supported")
-    return ModelSpec(
-        arch="gpt2", ffn_hidden=config.get("n_inner") or 4 * f["hidden"], kv_groups=f["heads"],
-        head_dim=f["hidden"] // f["heads"], padded_vocab=f["vocab"], norm="layernorm",
+    return _spec(
+        where, arch="gpt2", ffn_hidden=_optional_int(config, "n_inner", where) or 4 * f["hidden"], kv_groups=f["heads"],
+        head_dim=_head_dim({}, f, where), padded_vocab=f["vocab"], norm="layernorm",
         activation=GPT2_ACTIVATIONS[act], position="learned", qkv_bias=True, linear_bias=True, dtype=dtype, **f)
 
 
 def _llama_spec(config: dict, dtype: str, where: str) -> ModelSpec:
-    f = _read_table(config, LLAMA_KEYS)
+    f = _read_table(config, LLAMA_KEYS, where)
     if config.get("hidden_act", "silu") != "silu":
         raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
     rope = config.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise InteropError(f"{where}: rope_parameters must be an object, got {rope!r}")
     if config.get("rope_scaling") or rope.get("rope_type", "default") != "default":
         raise InteropError(f"{where}: rope scaling ({config.get('rope_scaling') or rope}) is not supported")
     attention_bias = bool(config.get("attention_bias", False))
     mlp_bias = bool(config.get("mlp_bias", False))
     heads = f["heads"]
-    return ModelSpec(
-        arch="llama", kv_groups=config.get("num_key_value_heads") or heads,
-        head_dim=config.get("head_dim") or f["hidden"] // heads, padded_vocab=f["vocab"], norm="rmsnorm",
-        activation="swiglu", position="rope", rope_base=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+    rope_base = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+    if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool):
+        raise InteropError(f"{where}: rope_theta must be a number, got {rope_base!r}")
+    return _spec(
+        where, arch="llama", kv_groups=_optional_int(config, "num_key_value_heads", where) or heads,
+        head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
+        activation="swiglu", position="rope", rope_base=float(rope_base),
         qkv_bias=attention_bias, linear_bias=attention_bias,  # HF Llama: attention_bias is q, k, v and o
         mlp_bias=None if mlp_bias == attention_bias else mlp_bias, dtype=dtype, **f)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from interop.errors import InteropError
+from interop.io.small_files import read_small_text, require_small_file
 
 from .optim import OptimConfig
 
@@ -153,8 +154,8 @@ def _typed(field: str, value, where: str):
 def from_yaml(path) -> dict:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml.safe_load(read_small_text(path, "training config")) or {}
+    except (yaml.YAMLError, RecursionError) as exc:
         raise InteropError(f"{path}: cannot read YAML ({exc})") from None
     if not isinstance(data, dict):
         raise InteropError(f"{path}: expected a mapping of config sections")
@@ -182,6 +183,7 @@ def from_yaml(path) -> dict:
 def from_args_file(path) -> dict:
     """Megatron flags from an args file or a whole launch script (variables, arrays, continuations)."""
     from interop.argsfile import parse_file
+    require_small_file(path, "training config")
     tokens = parse_file(path).tokens
     out, i, model = dict(MEGATRON_DEFAULTS), 0, {}
     while i < len(tokens):

@@ -15,6 +15,7 @@ import yaml
 
 from interop.atomic import atomic_directory
 from interop.errors import InteropError
+from interop.io.small_files import read_small_text
 from interop.layout import ParallelLayout
 from interop.params import param_table
 from interop.spec import ModelSpec
@@ -26,12 +27,12 @@ def read_spec(path) -> ModelSpec:
     """A ModelSpec from a YAML or JSON file holding its fields (arch, num_layers, hidden, ...)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise InteropError(f"{path}: cannot read the model spec ({exc})") from None
+        data = yaml.safe_load(read_small_text(path, "model spec"))
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise InteropError(f"{path}: cannot read the model spec ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise InteropError(f"{path}: expected a mapping of ModelSpec fields")
-    return ModelSpec.from_dict(data)
+    return ModelSpec.from_dict(data, where=str(path))
 
 
 def init_tensor(name: str, shape, spec: ModelSpec, gen: torch.Generator) -> torch.Tensor:

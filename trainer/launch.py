@@ -112,6 +112,13 @@ def spawn(plan: Plan) -> list[dict]:
                              f"the last complete checkpoint is still usable") from None
     except mp.ProcessRaisedException as exc:
         raise TrainingFailed(f"rank {exc.error_index} of {plan.world} failed:\n{exc}") from None
+    except BaseException:  # Ctrl-C, or SIGTERM raised by the CLI: stop the ranks too (exit would wait for them)
+        for proc in procs.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs.processes:
+            proc.join(timeout=30)
+        raise
     drain()
     for kind, value in outcome:
         if kind == "ok":

@@ -81,6 +81,7 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     for name in ("tp", "pp", "steps", "micro_batch_size", "seq_length", "log_interval"):
         if getattr(cfg, name) < (0 if name == "steps" else 1):
             raise InteropError(f"--{name.replace('_', '-')} must be positive (got {getattr(cfg, name)})")
+    ParallelLayout.check_flags(cfg.tp, cfg.pp, 1, cfg.first_stage_layers, cfg.last_stage_layers)
     if world is not None:
         dp = cfg.dp if cfg.dp is not None else world // (cfg.tp * cfg.pp)
         if dp < 1 or dp * cfg.tp * cfg.pp != world:

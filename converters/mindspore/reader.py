@@ -7,13 +7,13 @@ interop's optional `mindspore_model.json`; the training state from the scalars b
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile
+from ...io.small_files import read_json_object
 from ...layout import ParallelLayout
 from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, MEGATRON_TIED_HEAD,
                                          MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
@@ -29,20 +29,14 @@ FORMAT = "mindspore"
 
 
 def _load_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InteropError(f"{path}: unreadable {what} ({exc})") from None
-    if not isinstance(data, dict):
-        raise InteropError(f"{path}: {what} is not a JSON object")
-    return data
+    return read_json_object(path, what)
 
 
 def _spec_from_config(path, dtype: str) -> ModelSpec:
     from ...mappings.hf_config import spec_from_hf_config
     data = _load_json(Path(path), "model config")
     if "spec" in data:
-        return ModelSpec.from_dict(data["spec"])
+        return ModelSpec.from_dict(data["spec"], where=str(path))
     return spec_from_hf_config(data, dtype, where=str(path))
 
 
