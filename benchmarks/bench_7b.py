@@ -65,6 +65,8 @@ def main():
     ap.add_argument("--megatron-lm", help="a Megatron-LM checkout, for the peers section")
     ap.add_argument("--keep", help="work in this directory and keep it")
     opts = ap.parse_args()
+    if opts.layers < 4 or opts.layers % 4:
+        ap.error("--layers must be a multiple of 4 (the chain splits the layers over 2 and 4 pipeline stages)")
     shape = dict(SHAPES[opts.shape], layers=opts.layers)
     work = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="bench_7b-"))
     try:
