@@ -68,6 +68,10 @@ def hf_rows(spec: ModelSpec) -> list[tuple[str, str, list[str]]]:
             names = [p.format(i=i) for p in parts]
             if all(n in present for n in names):
                 rows.append((hf_name.format(i=i), kind, names))
+    held = {n for _, _, names in rows for n in names}
+    homeless = [n for n in present if n not in held]
+    if homeless:
+        raise InteropError(f"HF {spec.arch} names have no place for {homeless[0]}")
     return rows
 
 

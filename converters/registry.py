@@ -14,6 +14,7 @@ FORMATS = {
     "interop": "interop.converters.interop_format",
     "hf": "interop.converters.hf",
     "mindspore": "interop.converters.mindspore",
+    "deepspeed": "interop.converters.deepspeed",  # before megatron: Megatron-DeepSpeed also writes its tracker file
     "megatron": "interop.converters.megatron",
 }
 

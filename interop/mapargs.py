@@ -326,7 +326,8 @@ def read_table(doc: dict, rows, target: str) -> tuple[dict, list[Entry]]:
             values[row.source[0]] = value
     read = {row.path for row in rows}
     entries = [Entry(path, value, f"no Megatron equivalent for this {target} key")
-               for path, value in _leaves(doc) if path not in read and not any(p.startswith(path + ".") for p in read)]
+               for path, value in _leaves(doc) if path not in read and not any(p.startswith(path + ".") for p in read)
+               and not any(path.startswith(p + ".") for p in read)]  # inside a value a row reads whole
     return values, notes + entries
 
 

@@ -40,6 +40,8 @@ def layer_params(spec: ModelSpec, i: int) -> list[Param]:
         (p + "attn.k.bias", (kv_rows,), "column", spec.qkv_bias),
         (p + "attn.v.weight", (kv_rows, h), "column", True),
         (p + "attn.v.bias", (kv_rows,), "column", spec.qkv_bias),
+        (p + "attn.q_norm.weight", (d,), "replicated", spec.qk_norm),
+        (p + "attn.k_norm.weight", (d,), "replicated", spec.qk_norm),
         (p + "attn.o.weight", (h, q_rows), "row", True),
         (p + "attn.o.bias", (h,), "replicated", spec.linear_bias),
         (p + "mlp_norm.weight", (h,), "replicated", True),

@@ -1,5 +1,9 @@
 """ModelSpec: the framework-neutral description of a GPT2- or Llama-style decoder.
 
+Llama-style families differ by facts, not by code: Qwen2 is `qkv_bias` without
+`linear_bias`, Qwen3 adds `qk_norm`, Llama-3.x adds `rope_scaling`, Mistral a
+`sliding_window`.  Each format says which facts it can hold (`mappings/`).
+
 Every converter reads a spec from its own config (HF config.json, Megatron args,
 MindSpore YAML) and writes one back; the canonical parameter table
 (`interop.params`) is derived from it.
@@ -25,7 +29,7 @@ MAX_LAYERS = 10_000
 MAX_SIZE = 2**31 - 1
 INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
               "max_positions")
-BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias")
+BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,10 @@ class ModelSpec:
     linear_bias: bool = False  # biases on o, gate/up and down
     mlp_bias: bool | None = None  # gate/up and down when unlike o (HF Llama attention_bias without mlp_bias)
     dtype: str = "float32"
+    qk_norm: bool = False  # RMSNorm over each q and k head (weights [head_dim], shared by the heads): Qwen3
+    rope_scaling: dict | None = None  # {"type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    #                                    "original_max_positions"}: Llama-3.x long-context frequencies
+    sliding_window: int | None = None  # every layer attends to at most this many positions (itself included)
 
     def __post_init__(self):
         for message in _problems(self):
@@ -65,8 +73,9 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        if data["mlp_bias"] is None:  # as before the field existed
-            del data["mlp_bias"]
+        for key, absent in OPTIONAL_FIELDS.items():  # as before these fields existed
+            if data[key] == absent:
+                del data[key]
         return data
 
     @classmethod
@@ -130,6 +139,38 @@ def _problems(spec: ModelSpec):
         yield f"heads ({spec.heads}) must be a multiple of kv_groups ({spec.kv_groups})"
     if _is_int(spec.vocab) and _is_int(spec.padded_vocab) and spec.padded_vocab < spec.vocab:
         yield f"padded_vocab ({spec.padded_vocab}) must be >= vocab ({spec.vocab})"
+    if spec.sliding_window is not None and not (_is_int(spec.sliding_window) and spec.sliding_window > 0):
+        yield f"sliding_window must be a positive integer or None, got {spec.sliding_window!r}"
+    if spec.qk_norm and spec.norm != "rmsnorm":
+        yield "qk_norm is an RMSNorm: it needs norm=rmsnorm"
+    if spec.rope_scaling is not None:
+        if spec.position != "rope":
+            yield "rope_scaling needs position=rope"
+        yield from rope_scaling_problems(spec.rope_scaling)
+
+
+# Fields left out of `to_dict` when they hold their "absent" value, so older descriptions stay unchanged.
+OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None}
+ROPE_SCALING_TYPES = ("llama3",)
+ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions")
+
+
+def rope_scaling_problems(scaling):
+    if not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
+        yield f"rope_scaling must have exactly the keys {list(ROPE_SCALING_KEYS)}, got {scaling!r}"
+    elif scaling["type"] not in ROPE_SCALING_TYPES:
+        yield f"rope_scaling type must be one of {ROPE_SCALING_TYPES}, got {scaling['type']!r}"
+    elif not all(_is_number(scaling[k]) and scaling[k] > 0 for k in ROPE_SCALING_KEYS[1:]):
+        yield f"rope_scaling values must be positive numbers, got {scaling!r}"
+    elif scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        yield "rope_scaling high_freq_factor must exceed low_freq_factor"
+
+
+def llama3_rope_scaling(factor: float, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                        original_max_positions: int = 8192) -> dict:
+    """A rope_scaling fact; the defaults are Llama-3.1's (and the only values megatron-core 0.16 uses)."""
+    return {"type": "llama3", "factor": float(factor), "low_freq_factor": float(low_freq_factor),
+            "high_freq_factor": float(high_freq_factor), "original_max_positions": int(original_max_positions)}
 
 
 def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:

@@ -125,7 +125,7 @@ def reference_logits(store, tokens):
     from .store import StoreReader
     from .trainer.checkpoint import load_weights
     from .trainer.grid import Grid
-    from .trainer.model import Stage, rope_tables
+    from .trainer.model import Stage, attention_mask, rope_tables
     reader = StoreReader(store)  # checksums verified: a corrupt file is an error, not a difference
     try:
         spec = reader.spec.replace(dtype="float32")
@@ -138,8 +138,9 @@ def reference_logits(store, tokens):
     with torch.no_grad():
         x = stage.embed(tokens)
         rope = rope_tables(spec, tokens.shape[1]) if spec.position == "rope" else None
+        mask = attention_mask(spec, tokens.shape[1])  # a sliding window, when the model has one
         for block in stage.layers.values():
-            x = block(x, rope)
+            x = block(x, rope, mask)
         head = stage.embed.word.weight if spec.tied_embeddings else stage.lm_head.weight
         return F.linear(stage.final_norm(x), head)[..., :spec.vocab].float()
 

@@ -1,4 +1,4 @@
-"""Megatron args <-> Hugging Face config.json, for GPT2 and Llama.
+"""Megatron args <-> Hugging Face config.json, for GPT2 and the Llama-style families (Llama, Qwen2, Qwen3, Mistral).
 
 The architecture is the model's: "llama" when RMSNorm + SwiGLU + RoPE, else
 "gpt2". What a config.json cannot say (a GPT2 without
@@ -8,7 +8,7 @@ biases, a Llama with GeLU) is not forced: it shows up as a loss in the report.
 from __future__ import annotations
 
 from ..errors import InteropError
-from .megatron_args import CONST, R, Unmappable
+from .megatron_args import CONST, OMIT, R, Unmappable
 
 GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 GPT2_ACT_BACK = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
@@ -65,9 +65,57 @@ GPT2 = [
     R("params_dtype", "torch_dtype", back=_dtype_back),
 ]
 
-LLAMA = [
-    CONST("model_type", "llama"),
-    CONST("architectures", ["LlamaForCausalLM"]),
+# Megatron-core's --use-rope-scaling fixes these (models/common/embeddings/rotary_pos_embedding.py).
+MEGATRON_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _rope(base, scaling, factor):
+    out = {"rope_theta": float(base), "rope_type": "default"}
+    if scaling:
+        out |= {"rope_type": "llama3", "factor": float(factor), **MEGATRON_LLAMA3}
+    return out
+
+
+def _rope_back(v, doc):
+    """rope_parameters that normalize_doc kept (not the default type): llama3 -> --use-rope-scaling."""
+    kind = v.get("rope_type", v.get("type"))
+    if kind != "llama3":
+        return {"_note": f"rope type {kind!r} has no Megatron equivalent"}
+    out = {"use_rope_scaling": True, "rope_scaling_factor": float(v["factor"])}
+    differ = {k: v.get(k) for k, want in MEGATRON_LLAMA3.items() if v.get(k) != want}
+    if differ:
+        out["_note"] = f"Megatron's rope scaling fixes {MEGATRON_LLAMA3}; {differ} not carried"
+    return out
+
+
+def _window(window):
+    """Megatron --window-size (left, 0) -> HF sliding_window left + 1 (query i sees keys i - left .. i)."""
+    if window in (None, "None"):
+        return None
+    left, right = (int(w) for w in (window.strip("()[] ").split(",") if isinstance(window, str) else window))
+    if right != 0:
+        raise Unmappable(f"HF's sliding_window is causal; Megatron's window {window} looks {right} ahead")
+    return left + 1
+
+
+def _mistral_bias(qkv, linear):
+    if qkv or linear:
+        raise Unmappable(f"Mistral has no biases; Megatron has qkv bias {qkv}, linear bias {linear}")
+    return OMIT
+
+
+def _qwen3_bias(v, doc):
+    if not v:
+        return {"add_qkv_bias": False}
+    return {"add_qkv_bias": True, "add_bias_linear": True,
+            "_note": "Megatron's --add-bias-linear also puts biases on the MLP, which Qwen3 has not"}
+
+
+def _rows(model_type: str, architecture: str, family: list) -> list:
+    return [CONST("model_type", model_type), CONST("architectures", [architecture])] + _LLAMA_SHAPE + family + _LLAMA_TAIL
+
+
+_LLAMA_SHAPE = [
     R("num_layers", "num_hidden_layers"),
     R("hidden_size", "hidden_size"),
     R("ffn_hidden_size", "intermediate_size"),
@@ -78,22 +126,47 @@ LLAMA = [
     R("padded_vocab_size", "vocab_size"),
     R("norm_epsilon", "rms_norm_eps"),
     R("rotary_base", "rope_theta", back=lambda v, doc: {"rotary_base": int(v) if float(v).is_integer() else v}),
-    R("rotary_base", "rope_parameters", to=lambda base: {"rope_theta": float(base), "rope_type": "default"},
-      back=lambda v, doc: {}),
+    R(("rotary_base", "use_rope_scaling", "rope_scaling_factor"), "rope_parameters", to=_rope, back=_rope_back),
     R("activation", "hidden_act", to=_llama_act, back=lambda v, doc: {"activation": "swiglu" if v == "silu" else v}),
     R("untie_embeddings_and_output_weights", "tie_word_embeddings", False, to=lambda v: not v, back=_untie),
-    R(("add_qkv_bias", "add_bias_linear"), "attention_bias", to=_llama_bias,
-      back=lambda v, doc: {"add_qkv_bias": v}),
-    R("add_bias_linear", "mlp_bias", False),
+]
+_LLAMA_TAIL = [
     R("attention_dropout", "attention_dropout"),
     R("init_method_std", "initializer_range"),
     R("params_dtype", "torch_dtype", back=_dtype_back),
 ]
+_ATTENTION_BIAS = R(("add_qkv_bias", "add_bias_linear"), "attention_bias", to=_llama_bias,
+                    back=lambda v, doc: {"add_qkv_bias": v})
+def _no_window(window):
+    if window not in ("", "None"):
+        raise Unmappable(f"Qwen's sliding window covers only some layers; Megatron's window {window} covers all")
+    return False
+
+
+# Qwen's per-layer window: written off; a config that turns it on says what is lost.
+_NO_WINDOW = [R("window_size", "use_sliding_window", False, to=_no_window,
+                back=lambda v, doc: {"_note": "a window on some layers only has no Megatron equivalent"} if v else {})]
+
+# One table per HF family; which one a Megatron model is follows from its flags (family_of).
+LLAMA = _rows("llama", "LlamaForCausalLM", [_ATTENTION_BIAS, R("add_bias_linear", "mlp_bias", False)])
+QWEN2 = _rows("qwen2", "Qwen2ForCausalLM", _NO_WINDOW)  # q/k/v biases always, o and the MLP never (IMPLIED)
+QWEN3 = _rows("qwen3", "Qwen3ForCausalLM", [
+    R(("add_qkv_bias", "add_bias_linear"), "attention_bias", to=_llama_bias, back=_qwen3_bias)] + _NO_WINDOW)  # q/k norms always (IMPLIED)
+MISTRAL = _rows("mistral", "MistralForCausalLM", [
+    R(("add_qkv_bias", "add_bias_linear"), "attention_bias", to=_mistral_bias, back=lambda v, doc: {}),
+    R("window_size", "sliding_window", to=_window,
+      back=lambda v, doc: {"window_size": f"({int(v) - 1}, 0)"} if v is not None else {}),
+])
+FAMILY_TABLES = {"llama": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "mistral": MISTRAL}
 
 # What the architecture itself implies on the Megatron side when reading a config.json back.
+_LLAMA_IMPLIED = {"normalization": "RMSNorm", "position_embedding_type": "rope", "add_bias_linear": False}
 IMPLIED = {
     "gpt2": {"normalization": "LayerNorm", "position_embedding_type": "learned_absolute"},
-    "llama": {"normalization": "RMSNorm", "position_embedding_type": "rope", "add_bias_linear": False},
+    "llama": _LLAMA_IMPLIED,
+    "qwen2": _LLAMA_IMPLIED | {"add_qkv_bias": True},
+    "qwen3": _LLAMA_IMPLIED | {"qk_layernorm": True},
+    "mistral": _LLAMA_IMPLIED | {"add_qkv_bias": False},
 }
 
 
@@ -102,19 +175,33 @@ def arch_of(full: dict) -> str:
     return "llama" if llama else "gpt2"
 
 
+def family_of(full: dict) -> str:
+    """The HF model_type of a Llama-style Megatron model: the family whose facts its flags are."""
+    if full.get("qk_layernorm"):
+        return "qwen3"
+    if full.get("add_qkv_bias") and not full.get("add_bias_linear"):
+        return "qwen2"
+    if full.get("window_size") not in (None, "", "None"):
+        return "mistral"
+    return "llama"
+
+
 def rows_for(full: dict):
-    return LLAMA if full and arch_of(full) == "llama" else GPT2
+    return FAMILY_TABLES[family_of(full)] if full and arch_of(full) == "llama" else GPT2
 
 
 def normalize_doc(doc: dict) -> dict:
     """transformers 5 writes `dtype` and `rope_parameters: {rope_theta, rope_type}`; 4.x wrote
-    `torch_dtype` and `rope_theta`. Read either: the 4.x keys the rows use, filled from the 5.x ones."""
+    `torch_dtype` and `rope_theta`. Read either: the 4.x keys the rows use, filled from the 5.x ones
+    (4.x's `rope_scaling` read as rope_parameters)."""
     doc = dict(doc)
+    if isinstance(doc.get("rope_scaling"), dict) and not isinstance(doc.get("rope_parameters"), dict):
+        doc["rope_parameters"] = doc.pop("rope_scaling")
     rope = doc.get("rope_parameters")
     if isinstance(rope, dict):
         if "rope_theta" in rope and doc.get("rope_theta") is None:
             doc["rope_theta"] = rope["rope_theta"]
-        if rope.get("rope_type", "default") == "default":
+        if rope.get("rope_type", rope.get("type", "default")) == "default":
             doc.pop("rope_parameters")  # said entirely by rope_theta
     if doc.get("dtype") is not None and doc.get("torch_dtype") is None:
         doc["torch_dtype"] = doc["dtype"]
@@ -126,9 +213,9 @@ def normalize_doc(doc: dict) -> dict:
 def rows_for_doc(doc: dict, where: str):
     model_type = doc.get("model_type")
     if model_type not in IMPLIED:
-        raise InteropError(f"{where}: model_type {model_type!r} is not supported (gpt2 and llama are)")
+        raise InteropError(f"{where}: model_type {model_type!r} is not supported ({', '.join(IMPLIED)} are)")
     implied = IMPLIED[model_type]
-    table = LLAMA if model_type == "llama" else GPT2
+    table = FAMILY_TABLES.get(model_type, GPT2)
     first = R((), "model_type", model_type, to=lambda: model_type, back=lambda v, d: dict(implied))
     return [first] + table[1:]
 

@@ -1,4 +1,4 @@
-"""Hugging Face config.json <-> ModelSpec, for GPT2 and Llama.
+"""Hugging Face config.json <-> ModelSpec, for GPT2 and the Llama-style families (Llama, Qwen2, Qwen3, Mistral).
 
 Each architecture is a table of (spec field, config key, default when the key is
 absent); the few values that need a rule (activation names, biases, rope) are
@@ -7,7 +7,7 @@ small functions beside it.
 from __future__ import annotations
 
 from ..errors import InteropError
-from ..spec import ModelSpec
+from ..spec import ModelSpec, llama3_rope_scaling
 
 # (spec field, config key, default)
 GPT2_KEYS = [
@@ -81,13 +81,36 @@ def _spec(where: str, **fields) -> ModelSpec:
         raise InteropError(f"{where}: {exc}") from None
 
 
+# Llama-style HF families: what each model_type holds beyond Llama's keys.
+#   biases      "attention_bias": q, k, v and o follow config["attention_bias"] (mlp: "mlp_bias");
+#               "qkv": q, k, v always biased, o and the MLP never (Qwen2); "none": no biases (Mistral)
+#   qk_norm     the model always has q/k RMSNorm per head (Qwen3)
+#   sliding     "model": config["sliding_window"] applies to every layer (Mistral);
+#               "per_layer": only with use_sliding_window, on some layers (Qwen): refused when on
+#   defaults    the config class's defaults where they differ from LLAMA_KEYS'
+HF_FAMILIES = {
+    "llama": {"architecture": "LlamaForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": None,
+              "defaults": {}},
+    "qwen2": {"architecture": "Qwen2ForCausalLM", "biases": "qkv", "qk_norm": False, "sliding": "per_layer",
+              "defaults": {"vocab": 151936, "ffn_hidden": 22016, "max_positions": 32768}},
+    "qwen3": {"architecture": "Qwen3ForCausalLM", "biases": "attention_bias", "qk_norm": True, "sliding": "per_layer",
+              "defaults": {"vocab": 151936, "ffn_hidden": 22016, "max_positions": 32768}},
+    "mistral": {"architecture": "MistralForCausalLM", "biases": "none", "qk_norm": False, "sliding": "model",
+                "defaults": {"ffn_hidden": 14336, "max_positions": 4096 * 32}},
+}
+# HF rope_parameters keys of the llama3 rope type <-> ModelSpec.rope_scaling keys.
+LLAMA3_ROPE_KEYS = {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+                    "original_max_position_embeddings": "original_max_positions"}
+
+
 def spec_from_hf_config(config: dict, dtype: str = "float32", where: str = "config.json") -> ModelSpec:
     model_type = config.get("model_type")
     if model_type == "gpt2":
         return _gpt2_spec(config, dtype, where)
-    if model_type == "llama":
-        return _llama_spec(config, dtype, where)
-    raise InteropError(f"{where}: model_type {model_type!r} is not supported (gpt2 and llama are)")
+    if model_type in HF_FAMILIES:
+        return _llama_spec(config, model_type, dtype, where)
+    raise InteropError(f"{where}: model_type {model_type!r} is not supported "
+                       f"(gpt2, {', '.join(HF_FAMILIES)} are)")
 
 
 def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
@@ -104,17 +127,54 @@ def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
         activation=GPT2_ACTIVATIONS[act], position="learned", qkv_bias=True, linear_bias=True, dtype=dtype, **f)
 
 
-def _llama_spec(config: dict, dtype: str, where: str) -> ModelSpec:
-    f = _read_table(config, LLAMA_KEYS, where)
+def _rope_scaling(config: dict, rope: dict, where: str):
+    """ModelSpec.rope_scaling from rope_parameters (transformers 5) or rope_scaling (older configs)."""
+    scaling = config.get("rope_scaling") or rope
+    if not isinstance(scaling, dict):
+        raise InteropError(f"{where}: rope_scaling must be an object, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise InteropError(f"{where}: rope type {kind!r} is not supported (default and llama3 are)")
+    missing = [k for k in LLAMA3_ROPE_KEYS if scaling.get(k) is None]
+    if missing:
+        raise InteropError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
+    bad = [k for k in LLAMA3_ROPE_KEYS if not isinstance(scaling[k], (int, float)) or isinstance(scaling[k], bool)]
+    if bad:
+        raise InteropError(f"{where}: llama3 rope scaling {bad[0]} must be a number, got {scaling[bad[0]]!r}")
+    return llama3_rope_scaling(**{ours: scaling[hf] for hf, ours in LLAMA3_ROPE_KEYS.items()})
+
+
+def _sliding_window(config: dict, family: dict, where: str):
+    window = config.get("sliding_window")
+    if family["sliding"] == "model":
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise InteropError(f"{where}: sliding_window must be a positive integer, got {window!r}")
+        return window
+    if family["sliding"] == "per_layer" and config.get("use_sliding_window"):
+        raise InteropError(f"{where}: use_sliding_window (a window on some layers only) is not supported")
+    return None
+
+
+def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelSpec:
+    family = HF_FAMILIES[model_type]
+    table = [(field, key, family["defaults"].get(field, default)) for field, key, default in LLAMA_KEYS]
+    f = _read_table(config, table, where)
     if config.get("hidden_act", "silu") != "silu":
         raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
     rope = config.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise InteropError(f"{where}: rope_parameters must be an object, got {rope!r}")
-    if config.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        raise InteropError(f"{where}: rope scaling ({config.get('rope_scaling') or rope}) is not supported")
-    attention_bias = bool(config.get("attention_bias", False))
-    mlp_bias = bool(config.get("mlp_bias", False))
+    if family["biases"] == "qkv":
+        qkv_bias, linear_bias, mlp_bias = True, False, None
+    elif family["biases"] == "none":
+        qkv_bias, linear_bias, mlp_bias = False, False, None
+    else:
+        attention_bias = bool(config.get("attention_bias", False))
+        mlp = bool(config.get("mlp_bias", False))
+        qkv_bias, linear_bias = attention_bias, attention_bias  # attention_bias is q, k, v and o
+        mlp_bias = None if mlp == attention_bias else mlp
     heads = f["heads"]
     rope_base = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool):
@@ -123,8 +183,20 @@ def _llama_spec(config: dict, dtype: str, where: str) -> ModelSpec:
         where, arch="llama", kv_groups=_optional_int(config, "num_key_value_heads", where) or heads,
         head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
         activation="swiglu", position="rope", rope_base=float(rope_base),
-        qkv_bias=attention_bias, linear_bias=attention_bias,  # HF Llama: attention_bias is q, k, v and o
-        mlp_bias=None if mlp_bias == attention_bias else mlp_bias, dtype=dtype, **f)
+        qkv_bias=qkv_bias, linear_bias=linear_bias, mlp_bias=mlp_bias, qk_norm=family["qk_norm"],
+        rope_scaling=_rope_scaling(config, rope, where), sliding_window=_sliding_window(config, family, where),
+        dtype=dtype, **f)
+
+
+def hf_family(spec: ModelSpec) -> str:
+    """The HF model_type that holds this Llama-style model: the one whose facts match it."""
+    if spec.qk_norm:
+        return "qwen3"
+    if spec.qkv_bias and not spec.linear_bias and not spec.has_mlp_bias:
+        return "qwen2"
+    if spec.sliding_window is not None:
+        return "mistral"
+    return "llama"
 
 
 # What each HF architecture can express; a spec outside it would load as a different model.
@@ -150,15 +222,40 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         table = GPT2_KEYS
     else:
-        if spec.qkv_bias != spec.linear_bias:
-            raise InteropError("HF Llama's attention_bias puts biases on q, k, v and o together; this model has "
-                               "them on only some")
-        config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        model_type = hf_family(spec)
+        family = HF_FAMILIES[model_type]
+        config = {"architectures": [family["architecture"]], "model_type": model_type, "hidden_act": "silu",
                   "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
-                  "rope_theta": spec.rope_base, "rope_parameters": {"rope_theta": spec.rope_base, "rope_type": "default"},
-                  "attention_bias": spec.qkv_bias, "mlp_bias": spec.has_mlp_bias, "attention_dropout": 0.0}
+                  "rope_theta": spec.rope_base, "rope_parameters": _rope_parameters(spec), "attention_dropout": 0.0}
+        if family["biases"] == "attention_bias":
+            if spec.qkv_bias != spec.linear_bias:
+                raise InteropError(f"HF {model_type}'s attention_bias puts biases on q, k, v and o together; "
+                                   "this model has them on only some")
+            config["attention_bias"] = spec.qkv_bias
+            if model_type == "llama":
+                config["mlp_bias"] = spec.has_mlp_bias
+            elif spec.has_mlp_bias:
+                raise InteropError(f"HF {model_type} has no MLP biases; this model has them")
+        elif family["biases"] == "none" and (spec.qkv_bias or spec.linear_bias or spec.has_mlp_bias):
+            raise InteropError(f"HF {model_type} has no biases; this model has them")
+        if family["sliding"] == "model":
+            config["sliding_window"] = spec.sliding_window
+        elif family["sliding"] == "per_layer":
+            config["use_sliding_window"] = False
+            config["sliding_window"] = None
+        if spec.sliding_window is not None and family["sliding"] != "model":
+            raise InteropError(f"HF {model_type} cannot hold a sliding window on every layer "
+                               f"(sliding_window={spec.sliding_window})")
         table = LLAMA_KEYS
     for field, key, _ in table:
         config[key] = getattr(spec, field)
     config["torch_dtype"] = spec.dtype
     return config
+
+
+def _rope_parameters(spec: ModelSpec) -> dict:
+    if spec.rope_scaling is None:
+        return {"rope_theta": spec.rope_base, "rope_type": "default"}
+    out = {"rope_theta": spec.rope_base, "rope_type": "llama3"}
+    out.update({hf: spec.rope_scaling[ours] for hf, ours in LLAMA3_ROPE_KEYS.items()})
+    return out

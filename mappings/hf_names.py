@@ -29,6 +29,7 @@ GPT2 = [
     ("lm_head.weight", "copy", ["lm_head.weight"]),
 ]
 
+# Llama and the families that share its names (Qwen2, Qwen3, Mistral): absent tensors are skipped.
 LLAMA = [
     ("model.embed_tokens.weight", "copy", ["embed.word.weight"]),
     ("model.layers.{i}.input_layernorm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
@@ -39,6 +40,8 @@ LLAMA = [
     ("model.layers.{i}.self_attn.v_proj.weight", "copy", ["layers.{i}.attn.v.weight"]),
     ("model.layers.{i}.self_attn.v_proj.bias", "copy", ["layers.{i}.attn.v.bias"]),
     ("model.layers.{i}.self_attn.o_proj.weight", "copy", ["layers.{i}.attn.o.weight"]),
+    ("model.layers.{i}.self_attn.q_norm.weight", "copy", ["layers.{i}.attn.q_norm.weight"]),  # Qwen3
+    ("model.layers.{i}.self_attn.k_norm.weight", "copy", ["layers.{i}.attn.k_norm.weight"]),
     ("model.layers.{i}.self_attn.o_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
     ("model.layers.{i}.post_attention_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
     ("model.layers.{i}.mlp.gate_proj.weight", "copy", ["layers.{i}.mlp.gate.weight"]),

@@ -15,6 +15,14 @@ module order of Megatron's models, which is also the parameter order its optimiz
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
 
+# --qk-layernorm (Qwen3): one [head_dim] norm each for q and k, the same on every TP rank (megatron-core
+# SelfAttention builds them after linear_qkv: transformer/attention.py; MEGATRON-LAYOUTS.md).  Legacy
+# megatron/model has no such norm: a model with them has no place there and is refused.
+_QK_NORM = [
+    ("decoder.layers.{i}.self_attention.q_layernorm.weight", "copy", ["layers.{i}.attn.q_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.k_layernorm.weight", "copy", ["layers.{i}.attn.k_norm.weight"]),
+]
+
 
 def _mlp(prefix: str, fc1: str, fc2: str) -> list:
     return [
@@ -37,6 +45,7 @@ MCORE = [
     ("decoder.layers.{i}.self_attention.linear_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
     ("decoder.layers.{i}.self_attention.linear_qkv.weight", "qkv", _QKV_W),
     ("decoder.layers.{i}.self_attention.linear_qkv.bias", "qkv", _QKV_B),
+    *_QK_NORM,
     ("decoder.layers.{i}.pre_mlp_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
     ("decoder.layers.{i}.pre_mlp_layernorm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
@@ -55,6 +64,7 @@ MCORE_TE = [
     ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_bias", "copy", ["layers.{i}.attn_norm.bias"]),
     ("decoder.layers.{i}.self_attention.linear_qkv.weight", "qkv", _QKV_W),
     ("decoder.layers.{i}.self_attention.linear_qkv.bias", "qkv", _QKV_B),
+    *_QK_NORM,
     ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "copy", ["layers.{i}.mlp_norm.weight"]),
     ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias", "copy", ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),

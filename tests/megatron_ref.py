@@ -1,6 +1,7 @@
 """megatron-core on CPU as the Megatron reference for the tests.
 
-Real mcore GPTModels (GPT2-style and Llama-style, tp 1 and 2 over gloo) compute the loss
+Real mcore GPTModels (GPT2-style, Llama-style, Qwen2-style q/k/v biases and Qwen3-style
+q/k layernorms; tp 1 and 2 over gloo) compute the loss
 on a fixed batch and save themselves exactly as Megatron-LM's training loop does, in the
 legacy `torch` layout and in `torch_dist`; they also load torch_dist checkpoints written
 by interop.  Everything mcore runs in ONE spawned group of 2 processes (tp 2, then tp 1
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-KINDS = ("gpt2", "llama")
+KINDS = ("gpt2", "llama", "qwen2", "qwen3")
 TPS = (2, 1)
 VOCAB = 256  # a multiple of 128 * tp for tp 1 and 2: Megatron pads nothing, so no padded logits
 SEQ, BATCH = 16, 2
@@ -38,7 +39,24 @@ DIMS = {
     "llama": dict(num_layers=2, hidden_size=64, num_attention_heads=8, num_query_groups=2, ffn_hidden_size=96,
                   max_position_embeddings=32, normalization="RMSNorm", swiglu=True, add_bias_linear=False,
                   position_embedding_type="rope", untie_embeddings_and_output_weights=True),
+    # Qwen2: q/k/v biases without --add-bias-linear; Qwen3: --qk-layernorm and kv_channels * heads != hidden.
+    "qwen2": dict(num_layers=2, hidden_size=64, num_attention_heads=8, num_query_groups=2, ffn_hidden_size=96,
+                  max_position_embeddings=32, normalization="RMSNorm", swiglu=True, add_bias_linear=False,
+                  add_qkv_bias=True, position_embedding_type="rope", untie_embeddings_and_output_weights=False),
+    "qwen3": dict(num_layers=2, hidden_size=64, num_attention_heads=8, num_query_groups=2, ffn_hidden_size=96,
+                  max_position_embeddings=32, normalization="RMSNorm", swiglu=True, add_bias_linear=False,
+                  qk_layernorm=True, kv_channels=12, position_embedding_type="rope",
+                  untie_embeddings_and_output_weights=True),
 }
+# DIMS keys with a default, for the kinds that leave them out.
+FAMILY_DEFAULTS = dict(add_qkv_bias=None, qk_layernorm=False, kv_channels=None)
+
+
+def dims(kind: str) -> dict:
+    d = FAMILY_DEFAULTS | DIMS[kind]
+    d["add_qkv_bias"] = d["add_bias_linear"] if d["add_qkv_bias"] is None else d["add_qkv_bias"]
+    d["kv_channels"] = d["kv_channels"] or d["hidden_size"] // d["num_attention_heads"]
+    return d
 NORM_EPS, ROPE_BASE = 1e-5, 10000.0
 
 
@@ -63,7 +81,7 @@ def build_hf(kind: str, path, seed: int = 0):
     """An HF model with the same shape as the mcore one of `kind`, non-trivial norms and biases, saved."""
     import transformers
 
-    d = DIMS[kind]
+    d = dims(kind)
     torch.manual_seed(seed)
     if kind == "gpt2":
         config = transformers.GPT2Config(n_layer=d["num_layers"], n_embd=d["hidden_size"], n_head=d["num_attention_heads"],
@@ -71,6 +89,14 @@ def build_hf(kind: str, path, seed: int = 0):
                                          layer_norm_epsilon=NORM_EPS, activation_function="gelu",
                                          bos_token_id=0, eos_token_id=0)
         model = transformers.GPT2LMHeadModel(config)
+    elif kind in ("qwen2", "qwen3"):
+        cls = transformers.Qwen2Config if kind == "qwen2" else transformers.Qwen3Config
+        config = cls(hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
+                     num_key_value_heads=d["num_query_groups"], num_hidden_layers=d["num_layers"], head_dim=d["kv_channels"],
+                     intermediate_size=d["ffn_hidden_size"], vocab_size=VOCAB, max_position_embeddings=d["max_position_embeddings"],
+                     rope_theta=ROPE_BASE, rms_norm_eps=NORM_EPS, bos_token_id=0, eos_token_id=0,
+                     tie_word_embeddings=not d["untie_embeddings_and_output_weights"])
+        model = (transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.Qwen3ForCausalLM)(config)
     else:
         config = transformers.LlamaConfig(hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
                                           num_key_value_heads=d["num_query_groups"], num_hidden_layers=d["num_layers"],
@@ -99,12 +125,13 @@ def patch_cpu() -> None:
 def transformer_config(kind: str):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    d = DIMS[kind]
+    d = dims(kind)
     extra = dict(gated_linear_unit=True, activation_func=torch.nn.functional.silu) if d["swiglu"] else {}
     return TransformerConfig(
         num_layers=d["num_layers"], hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
         num_query_groups=d["num_query_groups"], ffn_hidden_size=d["ffn_hidden_size"],
         normalization=d["normalization"], layernorm_epsilon=NORM_EPS, add_bias_linear=d["add_bias_linear"],
+        add_qkv_bias=d["add_qkv_bias"], qk_layernorm=d["qk_layernorm"], kv_channels=d["kv_channels"],
         tensor_model_parallel_size=_tp(), params_dtype=torch.float32,
         use_cpu_initialization=True, bias_dropout_fusion=False, masked_softmax_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
@@ -126,9 +153,10 @@ def build_model(kind: str, seed: int):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    d = DIMS[kind]
+    d = dims(kind)
     torch.manual_seed(seed)
-    model = GPTModel(transformer_config(kind), get_gpt_layer_local_spec(normalization=d["normalization"]),
+    model = GPTModel(transformer_config(kind), get_gpt_layer_local_spec(normalization=d["normalization"],
+                                                                        qk_layernorm=d["qk_layernorm"]),
                      vocab_size=VOCAB, max_sequence_length=d["max_position_embeddings"],
                      position_embedding_type="learned_absolute" if d["position_embedding_type"] == "learned_absolute" else "rope",
                      rotary_base=int(ROPE_BASE),
@@ -154,12 +182,12 @@ def mcore_loss(model) -> float:
 
 def megatron_args(kind: str, tp: int, ckpt_format: str) -> argparse.Namespace:
     """The slice of Megatron-LM's `args` a converter reads, under Megatron's own names."""
-    d = DIMS[kind]
+    d = dims(kind)
     return argparse.Namespace(
-        **d, kv_channels=d["hidden_size"] // d["num_attention_heads"], group_query_attention=kind == "llama",
+        **d, group_query_attention=d["num_query_groups"] != d["num_attention_heads"],
         norm_epsilon=NORM_EPS, rotary_base=int(ROPE_BASE), rotary_percent=1.0, rotary_interleaved=False,
-        add_qkv_bias=d["add_bias_linear"], openai_gelu=False, squared_relu=False, bias_gelu_fusion=False,
-        apply_layernorm_1p=False, qk_layernorm=False, num_experts=None, seq_length=SEQ,
+        openai_gelu=False, squared_relu=False, bias_gelu_fusion=False,
+        apply_layernorm_1p=False, num_experts=None, seq_length=SEQ,
         vocab_size=VOCAB, padded_vocab_size=VOCAB, make_vocab_size_divisible_by=128, tokenizer_type="NullTokenizer",
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
         num_layers_per_virtual_pipeline_stage=None, sequence_parallel=False, context_parallel_size=1,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from interop.errors import InteropError
-from interop.spec import ModelSpec
+from interop.spec import ModelSpec, llama3_rope_scaling
 
 from .config import TrainConfig
 from .data import TokenData
@@ -125,11 +125,28 @@ def build_gpt_model(spec: ModelSpec):
         add_qkv_bias=spec.qkv_bias, gated_linear_unit=spec.gated_mlp, activation_func=act,
         bias_activation_fusion=False, params_dtype=torch.float32, use_cpu_initialization=True,
         bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
-        persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0)
-    return GPTModel(config, get_gpt_layer_local_spec(normalization=norm), vocab_size=spec.padded_vocab,
-                    max_sequence_length=spec.max_positions,
+        persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
+        qk_layernorm=spec.qk_norm)
+    scaling = spec.rope_scaling
+    if scaling is not None and scaling != llama3_rope_scaling(scaling["factor"]):
+        raise InteropError(f"megatron-core's rope scaling fixes low_freq_factor 1, high_freq_factor 4 and "
+                           f"original_max_position_embeddings 8192; this model has {scaling}")
+    # A sliding window is given as the attention mask (causal_mask); megatron-core's own window_size
+    # builds its mask on CUDA only.
+    return GPTModel(config, get_gpt_layer_local_spec(normalization=norm, qk_layernorm=spec.qk_norm),
+                    vocab_size=spec.padded_vocab, max_sequence_length=spec.max_positions,
                     position_embedding_type="rope" if spec.position == "rope" else "learned_absolute",
-                    rotary_base=int(spec.rope_base), share_embeddings_and_output_weights=spec.tied_embeddings)
+                    rotary_base=int(spec.rope_base), share_embeddings_and_output_weights=spec.tied_embeddings,
+                    rope_scaling=scaling is not None, rope_scaling_factor=scaling["factor"] if scaling else 8.0)
+
+
+def causal_mask(spec: ModelSpec, s: int) -> torch.Tensor:
+    """[1, 1, s, s], True = masked: the future, and with a sliding window the keys W or more behind."""
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    masked = j > i
+    if spec.sliding_window is not None:
+        masked |= i - j >= spec.sliding_window
+    return masked[None, None]
 
 
 def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
@@ -157,7 +174,7 @@ def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
         data = TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)
         b, s = cfg.global_batch_size, cfg.seq_length
         positions = torch.arange(s).unsqueeze(0).expand(b, s)
-        causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]  # True = masked
+        causal = causal_mask(spec, s)
         losses = []
         for step in range(1, cfg.steps + 1):
             tokens, targets = data.batch((step - 1) * b, b)
@@ -200,9 +217,8 @@ def _forward(ckpt: str, tokens):
         tokens = torch.from_numpy(tokens)
         b, s = tokens.shape
         positions = torch.arange(s).unsqueeze(0).expand(b, s)
-        causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]  # True = masked
         with torch.no_grad():
-            logits = model(input_ids=tokens, position_ids=positions, attention_mask=causal)
+            logits = model(input_ids=tokens, position_ids=positions, attention_mask=causal_mask(spec, s))
         return logits[..., :spec.vocab].float().numpy().copy()
     finally:
         parallel_state.destroy_model_parallel()

@@ -152,6 +152,14 @@ def _rope(spec: ModelSpec, x, seq: int):
     import mindspore.ops as ops
     d = spec.head_dim
     inv = 1.0 / (spec.rope_base ** (np.arange(0, d, 2, dtype=np.float32) / d))
+    if spec.rope_scaling is not None:  # Llama-3.x: the same rule as trainer/model.py llama3_inv_freq
+        r = spec.rope_scaling
+        context, low, high, factor = r["original_max_positions"], r["low_freq_factor"], r["high_freq_factor"], r["factor"]
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > context / low, inv / factor, inv)
+        smooth = (context / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        inv = np.where((wavelen >= context / high) & (wavelen <= context / low), blended, scaled).astype(np.float32)
     freqs = np.outer(np.arange(seq, dtype=np.float32), inv)
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = ms.Tensor(np.cos(emb)), ms.Tensor(np.sin(emb))
@@ -170,7 +178,10 @@ def logits(m: MsModel, tokens: np.ndarray):
     x = ops.gather(glob["embed"], ids, 0)
     if s.position == "learned":
         x = x + glob["pos"][:t]
-    mask = ms.Tensor(np.triu(np.full((t, t), -np.inf, dtype=np.float32), k=1))
+    blocked = np.triu(np.ones((t, t), dtype=bool), k=1)
+    if s.sliding_window is not None:  # Mistral: keys W or more positions back are out of sight
+        blocked |= np.tril(np.ones((t, t), dtype=bool), k=-s.sliding_window)
+    mask = ms.Tensor(np.where(blocked, -np.inf, 0.0).astype(np.float32))
     rep = s.heads // s.kv_groups
     for i in range(s.num_layers):
         L = _layer(m, i)

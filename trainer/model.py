@@ -12,6 +12,8 @@ tensors one to one; each tensor holds only this rank's tensor-parallel shard.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,18 +27,22 @@ from .tp import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (as HF Llama and Megatron do)."""
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (as HF Llama and Megatron do).
 
-    def __init__(self, hidden: int, eps: float):
+    `tp_group`: the norm runs on this rank's heads only (Qwen3's q/k norms), so each rank's weight
+    gradient is partial; copy_to_tp sums them in the backward pass, keeping the copies identical.
+    """
+
+    def __init__(self, hidden: int, eps: float, tp_group=None):
         super().__init__()
-        self.eps = eps
+        self.eps, self.tp_group = eps, tp_group
         self.weight = nn.Parameter(torch.ones(hidden))
 
     def forward(self, x):
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return copy_to_tp(self.weight, self.tp_group) * x.to(dtype)
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
@@ -49,9 +55,38 @@ def rope_tables(spec: ModelSpec, seq: int, device=None):
     """cos/sin [seq, head_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default)."""
     d = spec.head_dim
     inv_freq = 1.0 / (spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    if spec.rope_scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, spec.rope_scaling)
     angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
+
+
+def llama3_inv_freq(inv_freq, scaling: dict):
+    """Llama-3.x frequencies: long wavelengths slowed by `factor`, short ones kept, the band between blended.
+
+    With wavelength w = 2 pi / f and the original context C: w < C / high_freq_factor keeps f;
+    w > C / low_freq_factor becomes f / factor; between, s = (C / w - low) / (high - low) mixes
+    (1 - s) * f / factor + s * f.
+    """
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_positions"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= context / high) & (wavelen <= context / low)
+    return torch.where(medium, blended, scaled)
+
+
+def attention_mask(spec: ModelSpec, seq: int, device=None):
+    """None for plain causal attention; with a sliding window, True where query i may see key j
+    (j <= i and i - j < window, as HF Mistral's mask)."""
+    if spec.sliding_window is None or spec.sliding_window >= seq:
+        return None
+    i = torch.arange(seq, device=device)[:, None]
+    j = torch.arange(seq, device=device)[None, :]
+    return (j <= i) & (i - j < spec.sliding_window)
 
 
 def apply_rope(x, cos, sin):
@@ -72,16 +107,24 @@ class Attention(nn.Module):
         self.k = ColumnParallelLinear(h, spec.kv_groups * d, spec.qkv_bias, tp, g)
         self.v = ColumnParallelLinear(h, spec.kv_groups * d, spec.qkv_bias, tp, g)
         self.o = RowParallelLinear(spec.heads * d, h, spec.linear_bias, tp, g)
+        self.window = spec.sliding_window
+        if spec.qk_norm:  # Qwen3: RMSNorm over each head's d values, before the rotation
+            self.q_norm = RMSNorm(d, spec.norm_eps, g)
+            self.k_norm = RMSNorm(d, spec.norm_eps, g)
 
-    def forward(self, x, rope):
+    def forward(self, x, rope, mask=None):
         b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.heads, self.d).transpose(1, 2)
-        k = self.k(x).view(b, s, self.groups, self.d).transpose(1, 2)
+        q = self.q(x).view(b, s, self.heads, self.d)
+        k = self.k(x).view(b, s, self.groups, self.d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(b, s, self.groups, self.d).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         # GQA: each kv head serves heads/groups query heads (enable_gqa repeats them without a copy)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.groups != self.heads)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=self.groups != self.heads)
         return self.o(y.transpose(1, 2).reshape(b, s, self.heads * self.d))
 
 
@@ -115,8 +158,8 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(spec)
         self.mlp = MLP(spec, grid)
 
-    def forward(self, x, rope):
-        x = x + self.attn(self.attn_norm(x), rope)
+    def forward(self, x, rope, mask=None):
+        x = x + self.attn(self.attn_norm(x), rope, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -161,8 +204,9 @@ class Stage(nn.Module):
         if self.first:
             x = self.embed(x)
         rope = rope_tables(self.spec, x.shape[1], x.device) if self.spec.position == "rope" else None
+        mask = attention_mask(self.spec, x.shape[1], x.device)
         for block in self.layers.values():
-            x = block(x, rope)
+            x = block(x, rope, mask)
         if not self.last:
             return x
         return self.loss(self.final_norm(x), targets)

@@ -16,11 +16,11 @@ from ...errors import InteropError
 from ...io.safe_pickle import to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
-from ...spec import ModelSpec, padded_vocab_size
+from ...spec import ModelSpec, llama3_rope_scaling, padded_vocab_size
 from ...tensors import DTYPE_NAMES, NAME_OF_DTYPE
 
 UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
-    "num_experts": None, "qk_layernorm": False, "rotary_interleaved": False, "multi_latent_attention": False,
+    "num_experts": None, "rotary_interleaved": False, "multi_latent_attention": False,
     "apply_residual_connection_post_layernorm": False, "squared_relu": False,
 }
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
@@ -31,7 +31,7 @@ MODEL_NUMBERS = {**dict.fromkeys(
      "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
      "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "data_parallel_size",
      "global_batch_size", "consumed_train_samples", "ddp_bucket_size"), M.INT),
-    **dict.fromkeys(("norm_epsilon", "rotary_base", "rotary_percent"), M.FLOAT)}
+    **dict.fromkeys(("norm_epsilon", "rotary_base", "rotary_percent", "rope_scaling_factor"), M.FLOAT)}
 NORMS_OUT = {v: k for k, v in NORMS.items()}
 
 
@@ -97,6 +97,14 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     if not padded:
         raise InteropError(f"{where}: the vocabulary size is unknown (no padded_vocab_size or vocab_size)")
     linear_bias = bool(full.get("add_bias_linear", True))
+    qk_norm = bool(full.get("qk_layernorm"))
+    if qk_norm and norm != "rmsnorm":
+        raise InteropError(f"{where}: qk_layernorm with normalization={full.get('normalization')!r} is not supported "
+                           "(RMSNorm is)")
+    sliding_window = _sliding_window(full, where)
+    rope_scaling = None
+    if full.get("use_rope_scaling") and position == "rope":
+        rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
     arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
     return ModelSpec(
         arch=arch, num_layers=int(full["num_layers"]), hidden=hidden,
@@ -106,7 +114,29 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         norm=norm, norm_eps=float(full.get("norm_epsilon") or 1e-5), activation=activation, position=position,
         rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
+        qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
         dtype=dtype or full.get("params_dtype") or "float32")
+
+
+def _sliding_window(full: dict, where: str) -> int | None:
+    """--window-size (left, right) on every layer -> ModelSpec.sliding_window.
+
+    megatron-core lets query i see keys i - left .. i + right (transformer/utils.py
+    get_sliding_window_causal_mask); HF Mistral's window W lets it see i - W + 1 .. i: W = left + 1, right 0.
+    """
+    window = full.get("window_size")
+    if window in (None, "", "None"):
+        return None
+    if isinstance(window, str):
+        window = [w.strip() for w in window.strip("()[] ").split(",")]
+    try:
+        left, right = (int(w) for w in window)
+    except (TypeError, ValueError):
+        raise InteropError(f"{where}: window_size={full['window_size']!r} is not a (left, right) pair") from None
+    if right != 0 or left < 0 or full.get("window_attn_skip_freq") not in (None, "", "None"):
+        raise InteropError(f"{where}: window_size={full['window_size']!r} with window_attn_skip_freq="
+                           f"{full.get('window_attn_skip_freq')!r} is not supported (a causal window on every layer is)")
+    return left + 1
 
 
 def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
@@ -136,7 +166,10 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
         "rotary_base": int(spec.rope_base) if float(spec.rope_base).is_integer() else spec.rope_base,
         "rotary_percent": 1.0, "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not spec.tied_embeddings,
-        "add_bias_linear": spec.linear_bias, "add_qkv_bias": add_qkv_bias,
+        "add_bias_linear": spec.linear_bias, "add_qkv_bias": add_qkv_bias, "qk_layernorm": spec.qk_norm,
+        "use_rope_scaling": spec.rope_scaling is not None,
+        "rope_scaling_factor": spec.rope_scaling["factor"] if spec.rope_scaling else 8.0,
+        "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
         "vocab_size": spec.vocab, "padded_vocab_size": spec.padded_vocab,
         "make_vocab_size_divisible_by": divisible_by,
         "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
@@ -154,6 +187,15 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     args.pop("compute_dtype", None)
     args["params_dtype"] = DTYPE_NAMES[spec.dtype]
     return args
+
+
+def args_losses(spec: ModelSpec) -> list[str]:
+    """What Megatron args cannot say about `spec`: summary notes, so the loss is never silent."""
+    notes = []
+    if spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
+        notes.append(f"Megatron's --use-rope-scaling fixes low_freq_factor 1, high_freq_factor 4 and "
+                     f"original_max_position_embeddings 8192; this model's {spec.rope_scaling} is not in the args")
+    return notes
 
 
 def layout_from_args(full: dict, num_layers: int) -> ParallelLayout:

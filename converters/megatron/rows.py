@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 import torch
 
+from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...memory import BufferPool
 from ...mappings.megatron_names import IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TIED_HEAD
@@ -49,6 +50,11 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout) -> list[Ro
                         seen.add(key)
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
                 rows.append(Row(p, v, TIED_HEAD[scheme], "tied", ["embed.word.weight"]))
+    held = {name for row in rows for name in row.parts}
+    homeless = [name for name in present if name not in held]
+    if homeless:
+        raise InteropError(f"Megatron's {scheme} names have no place for {homeless[0]} "
+                           f"(e.g. q/k norms need megatron-core, not the legacy model)")
     return rows
 
 

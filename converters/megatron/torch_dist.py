@@ -39,7 +39,7 @@ from ...mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import (args_dict, args_from_spec, check_args, base_args, explicit_args, layout_from_args, model_config_args,
+from .args import (args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, layout_from_args, model_config_args,
                    padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from . import distrib
@@ -317,6 +317,7 @@ class Writer:
         self.distributed_optimizer = distributed_optimizer  # None: as the source's args say
         self.index = param_index(spec)
         self.rows = _rows(spec, "mcore_te")
+        self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
         dtype_of = {m.name: m.dtype for m in metas}
         self.kinds = [k for k in KINDS if any(m.name.startswith(f"optim.{k}.") for m in metas)]

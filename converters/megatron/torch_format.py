@@ -35,7 +35,7 @@ from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import args_dict, args_from_spec, check_args, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
+from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from . import distrib
@@ -455,7 +455,7 @@ class Writer:
         self.tied_rows = [r for r in self.rows if r.kind == "tied"]
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
-        self.notes: list[str] = []
+        self.notes: list[str] = args_losses(spec)
         self.pending: dict[tuple, dict] = {}
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef

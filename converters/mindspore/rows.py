@@ -46,6 +46,10 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
             if name not in taken and all(n in present for n in names):
                 rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, kind, names))
                 taken.add(name)
+    held = {name for _, _, names in rows for name in names}
+    homeless = [name for name in present if name not in held]
+    if homeless:  # e.g. Qwen3's q/k norms: neither dialect's table names them (not confirmed in their sources)
+        raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}")
     return rows
 
 

@@ -41,6 +41,11 @@ ALLOWED = {
     "numpy.dtype": numpy.dtype,
 }
 
+# Classes whose names are lower case (so `_is_class_like` would take them for functions): stood in for.
+LOWERCASE_CLASSES = {
+    "deepspeed.utils.tensor_fragment.fragment_address",  # a dataclass (numel, start) in ZeRO optimizer files
+}
+
 # Modules whose names in a pickle mean "run something": never stand in for them, refuse.
 DANGEROUS_MODULES = {
     "os", "posix", "nt", "sys", "subprocess", "builtins", "__builtin__", "shutil", "socket", "importlib",
@@ -94,6 +99,8 @@ def _numpy_dtype_classes() -> list[type]:
 def _is_class_like(full_name: str) -> bool:
     """Classes are CamelCase; a lower-case final name is a function, which a checkpoint never needs."""
     module, _, name = full_name.rpartition(".")
+    if full_name in LOWERCASE_CLASSES:
+        return True
     return bool(module) and name.lstrip("_")[:1].isupper() and module.split(".")[0] not in DANGEROUS_MODULES
 
 

@@ -1,0 +1,429 @@
+"""Megatron-DeepSpeed / DeepSpeed pipeline checkpoints -> canonical tensors (a source only).
+
+On disk (DeepSpeed `engine.save_checkpoint` of a PipelineModule, deepspeed/runtime/pipe/module.py
+`ckpt_layer_path`, deepspeed/runtime/engine.py `_get_ckpt_name` / `_get_zero_ckpt_name`):
+
+    save/latest                                      the tag, e.g. `global_step1000`
+    save/latest_checkpointed_iteration.txt           Megatron-DeepSpeed's tracker (the iteration)
+    save/global_step1000/layer_XX-model_YY-model_states.pt   spec XX's state dict on TP rank YY
+                                                     (no `-model_YY` without a model-parallel axis)
+    save/global_step1000/mp_rank_MM_model_states.pt  engine state of model rank MM = stage * tp + YY:
+                                                     args, iteration, ds_config, param_shapes, `module`
+                                                     None (the layer files hold the weights)
+    save/global_step1000/zero_pp_rank_D_mp_rank_MM_optim_states.pt   ZeRO 1/2: fp32 masters and Adam
+                                                     moments, flat per param group, of data-parallel rank D
+
+Layer files name parameters as GPTModelPipe's modules do (`interop.mappings.deepspeed_names`).
+Every `.pt` is unpickled safely with tensors left on disk (`interop.io.torch_file.LazyTorchFile`).
+"""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from ..errors import InteropError
+from ..fused import split_qkv_grouped
+from ..io.safe_pickle import to_plain
+from ..io.torch_file import LazyTorchFile
+from ..layout import ParallelLayout
+from ..mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
+from ..params import base_param_name, param_index, param_table
+from ..spec import ModelSpec
+from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
+
+LATEST = "latest"
+LAYER_FILE = re.compile(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt")
+MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")
+ZERO_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
+# ZeRO's names for what the canonical optimizer state calls exp_avg, exp_avg_sq, fp32_param
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _tag_dir(root: Path) -> Path | None:
+    """The folder holding the rank files: `root` itself, or the one `latest` names."""
+    if any(LAYER_FILE.fullmatch(p.name) or MP_FILE.fullmatch(p.name) for p in root.iterdir()):
+        return root
+    latest = root / LATEST
+    if latest.is_file():
+        try:
+            tag = latest.read_bytes()[:4096].decode().strip()
+        except UnicodeDecodeError:
+            return None
+        if tag and "/" not in tag and tag not in (".", ".."):
+            return root / tag
+    return None
+
+
+def detect(path) -> bool:
+    root = Path(path)
+    if not root.is_dir():
+        return False
+    folder = _tag_dir(root)
+    return folder is not None and folder.is_dir() and any(LAYER_FILE.fullmatch(p.name) for p in folder.iterdir())
+
+
+def _args(obj, where) -> dict:
+    args = obj.get("args") if isinstance(obj, dict) else None
+    if args is None:
+        raise InteropError(f"{where}: no Megatron-DeepSpeed args in the engine state (the model's heads, norm and "
+                           "vocabulary are described there only)")
+    args = to_plain(args)
+    if not isinstance(args, dict) and hasattr(obj.get("args"), "state"):  # a placeholder Namespace subclass
+        args = to_plain(obj["args"].state)
+    if not isinstance(args, dict):
+        raise InteropError(f"{where}: args is {type(obj.get('args')).__name__}, not a namespace")
+    return args
+
+
+def _int(args: dict, key: str, where, default=None) -> int:
+    value = args.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InteropError(f"{where}: args.{key} is {value!r}, not a positive integer")
+    return value
+
+
+def spec_from_args(args: dict, where, dtype: str, has_bias: bool, has_position: bool) -> ModelSpec:
+    """A ModelSpec from Megatron-DeepSpeed's args (megatron/arguments.py spellings: num_key_value_heads,
+    normalization layernorm|rmsnorm, use_rotary_position_embeddings, rope_theta, swiglu)."""
+    heads, hidden = _int(args, "num_attention_heads", where), _int(args, "hidden_size", where)
+    groups = _int(args, "num_key_value_heads", where, heads) if args.get("num_key_value_heads") else heads
+    norm = str(args.get("normalization") or "layernorm").lower()
+    if norm not in ("layernorm", "rmsnorm"):
+        raise InteropError(f"{where}: args.normalization={norm!r} is not supported (layernorm, rmsnorm are)")
+    rope = bool(args.get("use_rotary_position_embeddings")) or args.get("position_embedding_type") == "rope"
+    if rope == has_position:
+        raise InteropError(f"{where}: args say {'rotary' if rope else 'learned'} positions, the embedding file "
+                           f"{'has' if has_position else 'has no'} position_embeddings")
+    # megatron/model/transformer.py ParallelMLP: bias_gelu_fusion (with biases) is the tanh GeLU, else F.gelu (erf)
+    tanh = args.get("openai_gelu") or (args.get("bias_gelu_fusion") and has_bias)
+    activation = "swiglu" if args.get("swiglu") else ("gelu_tanh" if tanh else "gelu")
+    padded = _int(args, "padded_vocab_size", where)
+    vocab = args.get("vocab_size")  # not a Megatron arg; some launchers record it
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and 0 < vocab <= padded else padded
+    arch = "gpt2" if (norm == "layernorm" and not rope and activation != "swiglu") else "llama"
+    return ModelSpec(
+        arch=arch, num_layers=_int(args, "num_layers", where), hidden=hidden,
+        ffn_hidden=_int(args, "ffn_hidden_size", where, 4 * hidden), heads=heads, kv_groups=groups,
+        head_dim=_int(args, "kv_channels", where, hidden // heads), vocab=vocab, padded_vocab=padded,
+        max_positions=_int(args, "max_position_embeddings", where, 2048), norm=norm,
+        norm_eps=float(args.get("layernorm_epsilon") or 1e-5), activation=activation,
+        position="rope" if rope else "learned", rope_base=float(args.get("rope_theta") or 10000),
+        tied_embeddings=not args.get("untie_embeddings_and_output_weights"), qkv_bias=has_bias,
+        linear_bias=has_bias, dtype=dtype)
+
+
+class Reader:
+    """A DeepSpeed pipeline checkpoint with Megatron-DeepSpeed's GPTModelPipe layers."""
+
+    def __init__(self, path):
+        root = Path(path)
+        if root.is_dir() and _tag_dir(root) is None and (root / LATEST).is_file():
+            raise InteropError(f"{root / LATEST}: does not name a tag folder of this checkpoint (e.g. global_step1000)")
+        if not root.is_dir() or _tag_dir(root) is None:
+            raise InteropError(f"{root}: not a DeepSpeed checkpoint (no `latest` tag file and no "
+                               "layer_*-model_states.pt files)")
+        self.dir = _tag_dir(root)
+        if not self.dir.is_dir():
+            raise InteropError(f"{root / LATEST} names {self.dir.name}, which is not a folder here")
+        notes: list[str] = []
+        self._open_layer_files()
+        mp_files = {int(m.group(1)): self.dir / p for p in sorted(q.name for q in self.dir.iterdir())
+                    if (m := MP_FILE.fullmatch(p))}
+        if 0 not in mp_files:
+            raise InteropError(f"{self.dir}: mp_rank_00_model_states.pt is missing (it holds the args)")
+        engine = LazyTorchFile(mp_files[0]).obj
+        args = _args(engine, mp_files[0])
+        if len(mp_files) % self.tp or sorted(mp_files) != list(range(len(mp_files))):
+            raise InteropError(f"{self.dir}: mp_rank_* files {sorted(mp_files)} do not make whole pipeline stages "
+                               f"of tp {self.tp} (mp rank = stage * tp + tp rank)")
+        dtype = NAME_OF_DTYPE.get(self._any_tensor().dtype)
+        if dtype is None:
+            raise InteropError(f"{self.dir}: weights stored as {self._any_tensor().dtype} (fp32, bf16, fp16 are read)")
+        has_bias = any(k.endswith("dense.bias") for k in self.keys["layer"][0])
+        has_position = "position_embeddings.weight" in self.keys["embedding"][0]
+        self.spec = spec_from_args(args, mp_files[0], dtype, has_bias, has_position)
+        if self.spec.activation == "gelu" and "bias_gelu_fusion" not in args and not args.get("openai_gelu"):
+            notes.append("args do not say bias_gelu_fusion: assumed the exact (erf) GeLU")
+        if len(self.layer_indices) != self.spec.num_layers:
+            raise InteropError(f"{self.dir}: {len(self.layer_indices)} transformer layer files, args say "
+                               f"num_layers={self.spec.num_layers}")
+        has_head = "lm_head" in self.kinds.values()
+        if self.spec.tied_embeddings == has_head:
+            raise InteropError(f"{self.dir}: args say untie_embeddings_and_output_weights="
+                               f"{not self.spec.tied_embeddings}, but the layer files {'do' if has_head else 'do not'} "
+                               "hold an lm_head")
+        self.spec.check_tp(self.tp)
+        self.index = param_index(self.spec)
+        self._rows(notes)
+        self.layout = self._layout(mp_files)
+        self.moments: dict[str, dict] = {}
+        notes.append(self._load_optimizer(mp_files, engine))
+        iteration = engine.get("iteration") if isinstance(engine.get("iteration"), int) else engine.get("global_steps")
+        opt = (engine.get("ds_config") or {}).get("optimizer") or {}
+        params = opt.get("params") or {}
+        state = {"iteration": iteration, "consumed_samples": to_plain(engine.get("global_samples")),
+                 "deepspeed": {"tag": self.dir.name, "ds_version": to_plain(engine.get("ds_version")),
+                               "ds_config": to_plain(engine.get("ds_config")), "args": args}}
+        if self.moments:
+            state["optimizer"] = {"type": str(opt.get("type", "adam")).lower(), "step": self.step,
+                                  "betas": list(params["betas"]) if "betas" in params else None,
+                                  "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
+                                  "clip_grad": (engine.get("ds_config") or {}).get("gradient_clipping")}
+        if self.spec.vocab == self.spec.padded_vocab:
+            notes.append(f"the true vocabulary size is not recorded (Megatron-DeepSpeed's args keep padded_vocab_size): "
+                         f"keeping all {self.spec.padded_vocab} rows")
+        if engine.get("rng_state") is not None:
+            notes.append("dropped the rng state (per-rank random generator states do not survive resharding)")
+        if engine.get("lr_scheduler") is not None:
+            notes.append("DeepSpeed's lr_scheduler state is not converted")
+        self.source = Source(self.spec, self.layout, state, notes)
+        self._cache: OrderedDict = OrderedDict()
+
+    # -- opening -------------------------------------------------------------------------------
+    def _open_layer_files(self) -> None:
+        found: dict[tuple[int, int], Path] = {}
+        for p in self.dir.iterdir():
+            if m := LAYER_FILE.fullmatch(p.name):
+                found[(int(m.group(1)), int(m.group(2) or 0))] = p
+        if not found:
+            raise InteropError(f"{self.dir}: no layer_*-model_states.pt files (a pipeline checkpoint stores its "
+                               "weights there; a non-pipelined engine's `module` is not read)")
+        indices = sorted({i for i, _ in found})
+        self.tp = max(t for _, t in found) + 1
+        for i in indices:
+            for t in range(self.tp):
+                if (i, t) not in found:
+                    raise InteropError(f"{self.dir}: layer_{i:02d}-model_{t:02d}-model_states.pt is missing "
+                                       f"(the checkpoint has {self.tp} model-parallel ranks)")
+        self.files = {k: LazyTorchFile(p) for k, p in found.items()}
+        self.kinds, self.keys = {}, {"embedding": [], "layer": [], "final_norm": [], "lm_head": []}
+        for i in indices:
+            sd = self.files[(i, 0)].obj
+            if not isinstance(sd, dict):
+                raise InteropError(f"{self.files[(i, 0)].path}: expected a state dict, found {type(sd).__name__}")
+            kind = kind_of(k for k in sd if not self._ignored(k))
+            if kind is None:
+                raise InteropError(f"{self.files[(i, 0)].path}: not a Megatron-DeepSpeed GPTModelPipe module "
+                                   f"(keys {sorted(sd)[:4]})")
+            self.kinds[i] = kind
+            self.keys[kind].append(list(sd))
+        for kind in ("embedding", "final_norm"):
+            if len(self.keys[kind]) != 1:
+                raise InteropError(f"{self.dir}: {len(self.keys[kind])} {kind.replace('_', ' ')} layer files "
+                                   "(one expected)")
+        if not self.keys["layer"]:
+            raise InteropError(f"{self.dir}: no transformer layer files")
+        self.layer_indices = [i for i in indices if self.kinds[i] == "layer"]
+
+    @staticmethod
+    def _ignored(key: str) -> str | None:
+        return next((why for suffix, why in IGNORED_SUFFIXES.items() if key.endswith(suffix)), None)
+
+    def _any_tensor(self) -> torch.Tensor:
+        emb = next(i for i, k in self.kinds.items() if k == "embedding")
+        return self.files[(emb, 0)].obj["word_embeddings.weight"]
+
+    def _rows(self, notes: list[str]) -> None:
+        """{canonical name: (layer index, key, kind, parts, part number)} from the name tables."""
+        self.row_of, dropped = {}, set()
+        for idx, kind in self.kinds.items():
+            i = self.layer_indices.index(idx) if kind == "layer" else None
+            stored = self.files[(idx, 0)].obj
+            used = set()
+            for key, how, parts in TABLES[kind]:
+                names = [p.format(i=i) for p in parts]
+                if key in used or key not in stored or not all(n in self.index for n in names):
+                    continue
+                used.add(key)
+                for j, n in enumerate(names):
+                    self.row_of[n] = (idx, key, how, names, j)
+            for key in stored:
+                if key not in used:
+                    why = self._ignored(key)
+                    if why is None:
+                        raise InteropError(f"{self.files[(idx, 0)].path}: {key} does not belong to the model the "
+                                           f"args describe ({self.spec.arch}, bias {self.spec.linear_bias})")
+                    dropped.add(why)
+        missing = [p.name for p in param_table(self.spec) if p.name not in self.row_of]
+        if missing:
+            raise InteropError(f"{self.dir}: {missing[0]} is in no layer file")
+        for name, (idx, key, how, names, j) in self.row_of.items():
+            if j == 0:
+                got = tuple(self.files[(idx, 0)].obj[key].shape)
+                want = self._rank_shape(names, how)
+                if got != want:
+                    raise InteropError(f"{self.files[(idx, 0)].path}: {key} has shape {list(got)}, the args imply "
+                                       f"{list(want)} per tp rank")
+        if dropped:
+            notes.append(f"dropped buffers that are not parameters ({'; '.join(sorted(dropped))})")
+
+    def _rank_shape(self, names: list[str], how: str) -> tuple[int, ...]:
+        first = self.index[names[0]]
+        if how in ("qkv", "fc1"):
+            return (sum(self.index[n].shape[0] for n in names) // self.tp,) + first.shape[1:]
+        if first.axis is None:
+            return first.shape
+        shape = list(first.shape)
+        shape[first.axis] //= self.tp
+        return tuple(shape)
+
+    def _layout(self, mp_files: dict) -> ParallelLayout:
+        """The pipeline stages: which transformer layers each stage's engine file lists (param_shapes)."""
+        pp = len(mp_files) // self.tp
+        stages, start = [], 0
+        for p in range(pp):
+            engine = LazyTorchFile(mp_files[p * self.tp]).obj
+            shapes = engine.get("param_shapes") if isinstance(engine, dict) else None
+            if not isinstance(shapes, list):
+                raise InteropError(f"{mp_files[p * self.tp]}: no param_shapes (which layers stage {p} holds)")
+            indices = {int(k.split(".", 1)[0]) for group in shapes for k in group if k.split(".", 1)[0].isdigit()}
+            count = len(indices & set(self.layer_indices))
+            stages.append(((start, start + count),))
+            start += count
+        if start != len(self.layer_indices):
+            raise InteropError(f"{self.dir}: the stages' param_shapes list {start} transformer layers, the files "
+                               f"{len(self.layer_indices)}")
+        return ParallelLayout(self.tp, pp, tuple(stages))
+
+    # -- optimizer -----------------------------------------------------------------------------
+    def _load_optimizer(self, mp_files: dict, engine: dict) -> str:
+        """ZeRO 1/2 masters and Adam moments per parameter, or why not (the note for the summary).
+
+        Each parameter group's flat buffer (parameters in `param_shapes` order, padded at the end)
+        is cut in equal partitions, one per data-parallel rank (deepspeed/runtime/zero/stage_1_and_2.py);
+        `param_slice_mappings` says where each parameter's fragment lies in a rank's partition."""
+        zero = {}
+        for p in self.dir.iterdir():
+            if m := ZERO_FILE.fullmatch(p.name):
+                zero[(int(m.group(1)), int(m.group(2)))] = p
+        if not zero:
+            if any(p.name.startswith("bf16_zero_pp_rank_") for p in self.dir.iterdir()):
+                return ("optimizer state not converted (DeepSpeed's bf16 optimizer files bf16_zero_pp_rank_* are not "
+                        "read); weights converted")
+            if engine.get("optimizer") is not None:
+                return "optimizer state not converted (DeepSpeed's non-ZeRO optimizer in mp_rank files); weights converted"
+            return "optimizer state not converted (no zero_pp_rank_*_optim_states.pt files); weights converted"
+        dp = max(d for d, _ in zero) + 1
+        where: dict[str, tuple] = {}  # "{mp}/{ds name}" -> (partitions, partition size, offset, numel)
+        for mp in sorted(mp_files):
+            shapes = LazyTorchFile(mp_files[mp]).obj.get("param_shapes")
+            parts = []
+            for d in range(dp):
+                path = zero.get((d, mp))
+                if path is None:
+                    return (f"optimizer state not converted (zero_pp_rank_{d}_mp_rank_{mp:02d}_optim_states.pt is "
+                            "missing); weights converted")
+                f = LazyTorchFile(path)
+                osd = f.obj.get("optimizer_state_dict") if isinstance(f.obj, dict) else None
+                if not isinstance(osd, dict) or "param_slice_mappings" not in osd:
+                    return f"optimizer state not converted ({path.name} is not ZeRO stage 1/2's state); weights converted"
+                parts.append((f, osd))
+            if not isinstance(shapes, list) or len(shapes) != len(parts[0][1]["param_slice_mappings"]):
+                return f"optimizer state not converted ({mp_files[mp].name}: param_shapes do not match its ZeRO groups)"
+            for g, group in enumerate(shapes):
+                partitions = []
+                for f, osd in parts:
+                    state = ((osd.get("base_optimizer_state") or {}).get("state") or {}).get(g) or {}
+                    if not all(k in state for k in MOMENTS):
+                        return "optimizer state not converted (the optimizer holds no Adam state yet); weights converted"
+                    partitions.append((f, {"fp32_param": osd["single_partition_of_fp32_groups"][g],
+                                           **{k: state[k] for k in MOMENTS}}))
+                    step = state.get("step")
+                    self.step = int(f.read(step).item() if isinstance(step, torch.Tensor) else step or 0)
+                size = partitions[0][1]["fp32_param"].numel()
+                offset = 0
+                for name, shape in group.items():
+                    numel = torch.Size(shape).numel()
+                    where[f"{mp}/{name}"] = (partitions, size, offset, numel)
+                    offset += numel
+                if offset > size * dp:
+                    return f"optimizer state not converted (ZeRO group {g} of mp rank {mp} is smaller than its parameters)"
+                for d, (f, osd) in enumerate(parts):  # DeepSpeed's own fragment map must agree with the offsets
+                    for name, frag in osd["param_slice_mappings"][g].items():
+                        fields = frag.state if isinstance(getattr(frag, "state", None), dict) else vars(frag)
+                        _, _, at, numel = where.get(f"{mp}/{name}", (None, None, -1, 0))
+                        if max(at - d * size, 0) != int(fields["start"]) or int(fields["numel"]) > numel:
+                            return (f"optimizer state not converted ({f.path.name}: {name}'s fragment is not where "
+                                    "the parameter order puts it); weights converted")
+        self.zero_where = where
+        self.moments = {k: {} for k in ("exp_avg", "exp_avg_sq", "fp32_param")}
+        how = f" over {dp} data-parallel partitions" if dp > 1 else ""
+        return f"converted the ZeRO optimizer state (exp_avg, exp_avg_sq, fp32 masters){how}, step {self.step}"
+
+    def _zero_tensor(self, kind: str, idx: int, key: str, t: int) -> torch.Tensor:
+        """Layer file (idx, t)'s `key` in the ZeRO state, gathered from the partitions, shaped like the weight."""
+        mp = self._stage_of_index(idx) * self.tp + t
+        names = [f"{idx}.{key}"] + ([f"tied_modules.embed.{key}"] if self.kinds[idx] == "embedding" else [])
+        for n in names:
+            if f"{mp}/{n}" in self.zero_where:
+                partitions, size, offset, numel = self.zero_where[f"{mp}/{n}"]
+                shape = self.files[(idx, t)].obj[key].shape
+                if numel != shape.numel():
+                    raise InteropError(f"{self.dir}: ZeRO state of {n} holds {numel} elements, its weight {shape.numel()}")
+                pieces = []
+                for d, (f, flats) in enumerate(partitions):
+                    lo, hi = max(offset, d * size), min(offset + numel, (d + 1) * size)
+                    if lo < hi:
+                        pieces.append(f.read(flats[kind][lo - d * size:hi - d * size]))
+                return torch.cat(pieces).view(shape)
+        raise InteropError(f"{self.dir}: no ZeRO optimizer state for {names[0]} (mp rank {mp})")
+
+    def _stage_of_index(self, idx: int) -> int:
+        kind = self.kinds[idx]
+        if kind == "embedding":
+            return 0
+        if kind in ("final_norm", "lm_head"):
+            return self.layout.pp - 1
+        return self.layout.stage_of_layer(self.layer_indices.index(idx))
+
+    # -- the Reader contract -------------------------------------------------------------------
+    def metas(self) -> list[TensorMeta]:
+        out = []
+        for p in param_table(self.spec):
+            idx, key, _, _, _ = self.row_of[p.name]
+            out.append(TensorMeta(p.name, self.files[(idx, 0)].obj[key].dtype, p.shape))
+        for kind in self.moments:
+            out += [TensorMeta(f"optim.{kind}.{p.name}", torch.float32, p.shape) for p in param_table(self.spec)]
+        return out
+
+    def _stored(self, kind: str, idx: int, key: str, t: int) -> torch.Tensor:
+        if not kind:
+            return self.files[(idx, t)].read(self.files[(idx, t)].obj[key])
+        return self._zero_tensor(kind, idx, key, t)
+
+    def _assemble(self, kind: str, idx: int, key: str, how: str, names: list[str]) -> list[torch.Tensor]:
+        """The canonical tensors of one stored key, from every TP rank's file."""
+        first = self.index[names[0]]
+        if how == "copy" and first.axis is None:
+            return [self._stored(kind, idx, key, 0)]
+        ranks = [self._stored(kind, idx, key, t) for t in range(self.tp)]
+        if how == "copy":
+            return [torch.cat(ranks, dim=first.axis)]
+        if how == "fc1":
+            halves = [r.chunk(2, dim=0) for r in ranks]
+            return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+        s = self.spec
+        return list(split_qkv_grouped(torch.cat(ranks), s.kv_groups, s.heads, s.head_dim))
+
+    def read(self, name: str) -> torch.Tensor:
+        base = base_param_name(name)
+        kind = name.split(".")[1] if base != name else ""
+        idx, key, how, names, j = self.row_of[base]
+        ident = (kind, idx, key)
+        if ident not in self._cache:
+            self._cache[ident] = self._assemble(kind, idx, key, how, names)
+            while len(self._cache) > 2:
+                self._cache.popitem(last=False)
+        return self._cache[ident][j].contiguous()
+
+    def native_name(self, name: str) -> str:
+        idx, key, _, names, j = self.row_of[base_param_name(name)]
+        tp = f"-model_00..{self.tp - 1:02d}" if self.tp > 1 else ""
+        part = f" [part {j + 1}/{len(names)}]" if len(names) > 1 else ""
+        return f"layer_{idx:02d}{tp}: {key}{part}"
+
+    def close(self) -> None:
+        self._cache.clear()

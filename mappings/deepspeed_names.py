@@ -1,0 +1,72 @@
+"""Megatron-DeepSpeed pipeline layer files (`layer_XX-model_YY-model_states.pt`) <-> canonical names.
+
+GPTModelPipe (Megatron-DeepSpeed megatron/model/gpt_model.py) is a DeepSpeed PipelineModule whose
+specs are: functions (`_to_float16`, in BLOOM's fork also transposes) that have no file, the
+EmbeddingPipe (tied as 'embed' unless --untie-embeddings-and-output-weights), one
+ParallelTransformerLayerPipe per layer, the final LayerNorm / RMSNorm, and the head (the tied
+embedding's forward_fn, no file; or LMHeadPipe when untied).  DeepSpeed saves each spec that has
+a state dict as `layer_{index:02d}-model_{tp rank:02d}-model_states.pt`, index = position in the
+specs, so the offsets differ by fork: the kind of a file is told by its keys (`FILE_KINDS`), and
+transformer layers are numbered in index order.
+
+Rows: (key in the layer file, how it is stored, canonical tensors), kinds as in
+`megatron_names`: "copy" (cut across TP ranks as its canonical split says), "qkv"
+(query_key_value: per query group [q heads; k; v], megatron/model/transformer.py `split_tensor`),
+"fc1" (swiglu dense_h_to_4h: each TP rank holds [gate_r; up_r], `swiglu` chunks it in two).
+A key with several rows: the first whose canonical tensors all exist applies.
+"""
+
+_QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
+_QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
+
+EMBEDDING = [
+    ("word_embeddings.weight", "copy", ["embed.word.weight"]),
+    ("position_embeddings.weight", "copy", ["embed.position.weight"]),
+]
+
+LAYER = [
+    ("input_layernorm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
+    ("input_layernorm.bias", "copy", ["layers.{i}.attn_norm.bias"]),
+    ("self_attention.query_key_value.weight", "qkv", _QKV_W),
+    ("self_attention.query_key_value.bias", "qkv", _QKV_B),
+    ("self_attention.dense.weight", "copy", ["layers.{i}.attn.o.weight"]),
+    ("self_attention.dense.bias", "copy", ["layers.{i}.attn.o.bias"]),
+    ("post_attention_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
+    ("post_attention_layernorm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
+    ("mlp.dense_h_to_4h.weight", "fc1", ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
+    ("mlp.dense_h_to_4h.weight", "copy", ["layers.{i}.mlp.up.weight"]),
+    ("mlp.dense_h_to_4h.bias", "fc1", ["layers.{i}.mlp.gate.bias", "layers.{i}.mlp.up.bias"]),
+    ("mlp.dense_h_to_4h.bias", "copy", ["layers.{i}.mlp.up.bias"]),
+    ("mlp.dense_4h_to_h.weight", "copy", ["layers.{i}.mlp.down.weight"]),
+    ("mlp.dense_4h_to_h.bias", "copy", ["layers.{i}.mlp.down.bias"]),
+]
+
+FINAL_NORM = [
+    ("weight", "copy", ["final_norm.weight"]),
+    ("bias", "copy", ["final_norm.bias"]),
+]
+
+LM_HEAD = [("lm_head.weight", "copy", ["lm_head.weight"])]
+
+TABLES = {"embedding": EMBEDDING, "layer": LAYER, "final_norm": FINAL_NORM, "lm_head": LM_HEAD}
+
+# Layer-file keys that are buffers, not parameters: dropped with the reason.
+IGNORED_SUFFIXES = {
+    "rotary_emb.inv_freq": "rotary frequency buffer, recomputed from the rotary base",
+    "attention.bias": "causal mask buffer",
+    "masked_bias": "causal mask buffer",
+}
+
+
+def kind_of(keys) -> str | None:
+    """Which module a layer file holds, from its keys (None: not a GPTModelPipe module)."""
+    keys = set(keys)
+    if "word_embeddings.weight" in keys:
+        return "embedding"
+    if any(k.startswith("self_attention.") for k in keys):
+        return "layer"
+    if keys == {"lm_head.weight"}:
+        return "lm_head"
+    if keys and keys <= {"weight", "bias"}:
+        return "final_norm"
+    return None

@@ -1,0 +1,48 @@
+"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral models built with transformers' own classes (nothing downloaded)."""
+from __future__ import annotations
+
+import torch
+
+VOCAB = 250
+COMMON = dict(max_position_embeddings=64 * 1024, hidden_size=64, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=4,
+              intermediate_size=96, vocab_size=VOCAB, rms_norm_eps=1e-5,
+              bos_token_id=0, eos_token_id=0)
+# Llama-3.1's rope scaling (megatron-core's fixed 1 / 4 / 8192), and one Megatron cannot express.
+LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+ODD_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0, "original_max_position_embeddings": 1024}
+# Scaling that moves short sequences (original context 64): the reference trainer's logits test sees it.
+SHORT_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 2.0, "original_max_position_embeddings": 64}
+SLIDING_WINDOW = 5  # shorter than the test sequences, so the window changes the logits
+
+
+def build(kind: str, seed: int = 0):
+    transformers = __import__("transformers")
+    torch.manual_seed(seed)
+    if kind in ("qwen2", "qwen2-tied"):
+        config = transformers.Qwen2Config(**COMMON, tie_word_embeddings=kind == "qwen2-tied", rope_theta=7000.0)
+        model = transformers.Qwen2ForCausalLM(config)
+    elif kind == "qwen3":  # head_dim 24: heads * head_dim (192) != hidden (64)
+        config = transformers.Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=False, rope_theta=7000.0)
+        model = transformers.Qwen3ForCausalLM(config)
+    elif kind in ("llama3", "llama3-odd", "llama3-short"):
+        rope = {"llama3": LLAMA31_ROPE, "llama3-odd": ODD_ROPE, "llama3-short": SHORT_ROPE}[kind]
+        config = transformers.LlamaConfig(**COMMON, tie_word_embeddings=False, rope_parameters=dict(rope))
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**COMMON, sliding_window=SLIDING_WINDOW, tie_word_embeddings=False,
+                                            rope_theta=7000.0)
+        model = transformers.MistralForCausalLM(config)
+    else:
+        raise ValueError(kind)
+    # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+    return model.eval()
+
+
+KINDS = ["qwen2", "qwen2-tied", "qwen3", "llama3", "mistral"]
