@@ -336,7 +336,6 @@ class Writer:
         self.out = dist.DistWriter(self.partial)
         for key, (dtype, shape) in self.planned.items():
             self.out.declare(key, dtype, shape)
-        self.notes: list[str] = []
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
