@@ -402,9 +402,8 @@ def _to_target(explicit: dict, target: str) -> tuple[str, dict, dict, list[str]]
     if target == "megatron":
         text, entries, warnings = format_args(explicit)
         return text, {}, {e.flag: e.why for e in entries}, warnings
-    if target == "hf":
-        hf_args.require(full)
-    doc, why = write_table(full, _table(target, full), NULLABLE.get(target))
+    written = hf_args.require(full) if target == "hf" else full
+    doc, why = write_table(written, _table(target, written), NULLABLE.get(target))
     return render(doc, target), doc, why, _target_warnings(full, doc, target)
 
 
@@ -429,6 +428,9 @@ def _target_warnings(full: dict, doc: dict, target: str) -> list[str]:
         warnings.append(f"{', '.join(p for p, _ in missing)} not written: the source does not give "
                         f"{', '.join(f for _, f in missing)} (the {target} model needs it; give it with "
                         f"{' '.join(f'--set {f}=N' for _, f in missing)})")
+    if target == "hf" and full.get("vocab_size") is None and full.get("padded_vocab_size"):
+        warnings.append(f"vocab_size: written as Megatron's padded {full['padded_vocab_size']}: the source does not "
+                        "give the tokenizer's true vocabulary (give it with --set vocab_size=N)")
     batch_row = {"mindspeed": "dataset_config.micro_batch_num", "mindformers": "dataset_config.micro_batch_num",
                  "mindformers-legacy": "parallel_config.micro_batch_num"}.get(target)
     if batch_row and full["micro_batch_num"] is None and full["global_batch_size"]:

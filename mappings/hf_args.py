@@ -3,7 +3,9 @@
 The architecture is the model's: "llama" when RMSNorm + SwiGLU + RoPE, else
 "gpt2". What a config.json cannot say (a GPT2 without
 biases, a Llama with GeLU) is not forced: it shows up as a loss in the report.
-`vocab_size` is the padded vocabulary, the rows the weights really have.
+`vocab_size` is the tokenizer's true vocabulary, as `interop convert --to hf` writes it (it strips
+Megatron's padding rows); only where the source records no more than the padded size is that
+written, with a warning.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ GPT2 = [
     R("num_attention_heads", "n_head"),
     R("ffn_hidden_size", "n_inner"),
     R("max_position_embeddings", "n_positions"),
-    R("padded_vocab_size", "vocab_size"),
+    R("vocab_size", "vocab_size"),
     R("norm_epsilon", "layer_norm_epsilon"),
     R("activation", "activation_function", to=_gpt2_act,
       back=lambda v, doc: {"activation": GPT2_ACT_BACK.get(v, v)}),
@@ -123,7 +125,7 @@ _LLAMA_SHAPE = [
     R("num_query_groups", "num_key_value_heads", back=_kv_heads_back),
     R("kv_channels", "head_dim"),
     R("max_position_embeddings", "max_position_embeddings"),
-    R("padded_vocab_size", "vocab_size"),
+    R("vocab_size", "vocab_size"),
     R("norm_epsilon", "rms_norm_eps"),
     R("rotary_base", "rope_theta", back=lambda v, doc: {"rotary_base": int(v) if float(v).is_integer() else v}),
     R(("rotary_base", "use_rope_scaling", "rope_scaling_factor"), "rope_parameters", to=_rope, back=_rope_back),
@@ -220,8 +222,10 @@ def rows_for_doc(doc: dict, where: str):
     return [first] + table[1:]
 
 
-def require(full: dict) -> None:
-    """A config.json must say how many embedding rows there are."""
-    if full.get("padded_vocab_size") is None:
+def require(full: dict) -> dict:
+    """A config.json must say how many embedding rows there are: the true vocabulary, or (a checkpoint's
+    args that record only Megatron's padded size) the padded one, which `_target_warnings` reports."""
+    if full.get("padded_vocab_size") is None and full.get("vocab_size") is None:
         raise InteropError("hf: the vocabulary size is unknown: give --vocab-size N (or --tokenizer-type "
                            "GPT2BPETokenizer / Llama2Tokenizer)")
+    return full if full.get("vocab_size") is not None else {**full, "vocab_size": full["padded_vocab_size"]}

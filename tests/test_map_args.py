@@ -200,9 +200,28 @@ def test_checkpoint_directory_args(tmp_path):
                ckpt / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
     result = mapargs.map_args(ckpt, "hf")
     data = json.loads(result.text)
-    assert data["n_layer"] == 2 and data["vocab_size"] == 512 and data["layer_norm_epsilon"] == 1e-6
+    # the tokenizer's true vocabulary, as `convert --to hf` writes it (it strips the padding rows)
+    assert data["n_layer"] == 2 and data["vocab_size"] == 500 and data["layer_norm_epsilon"] == 1e-6
     note = next(e for e in result.entries if e.flag == "(checkpoint args)")
     assert note.value == ["some_new_megatron_arg"] and not note.lost
+
+
+def test_hf_vocab_from_args_that_hold_only_the_padded_size(tmp_path):
+    """A real pretrain_gpt.py run with a HF tokenizer saves vocab_size=None: config.json gets the padded rows
+    (what the weights have), and a warning says so and how to give the true size."""
+    ns = argparse.Namespace(num_layers=2, hidden_size=64, num_attention_heads=4, max_position_embeddings=32,
+                            tensor_model_parallel_size=1, padded_vocab_size=512, vocab_size=None)
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "iter_0000001" / "mp_rank_00").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
+    torch.save({"args": ns, "iteration": 1, "checkpoint_version": 3.0},
+               ckpt / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
+    result = mapargs.map_args(ckpt, "hf")
+    assert json.loads(result.text)["vocab_size"] == 512
+    assert any(w.startswith("vocab_size: written as Megatron's padded 512") and "--set vocab_size=N" in w
+               for w in result.warnings), result.warnings
+    given = mapargs.map_args(ckpt, "hf", values={"vocab_size": "500"})  # --set vocab_size=500
+    assert json.loads(given.text)["vocab_size"] == 500 and not any("vocab" in w for w in given.warnings)
 
 
 def test_hf_config_json_as_source(tmp_path):
