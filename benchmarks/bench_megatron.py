@@ -1,4 +1,4 @@
-"""Convert ~1 GB Megatron tp 2 / pp 2 checkpoints to HF and to Megatron tp 4 / pp 1.
+"""Convert ~1 GB Megatron tp 2 / pp 2 checkpoints to HF, to Megatron tp 4 / pp 1 and to torch_dist; torch_dist to HF.
 
     .venv/bin/python benchmarks/bench_megatron.py [--arch gpt2 llama] [--repeat 3] [--keep DIR]
 
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import measured_convert, measured_copy, median_run, report, settle, tree_size  # noqa: E402
 
 from interop.converters.megatron import Writer  # noqa: E402
+from interop.convert import convert  # noqa: E402
 from interop.layout import ParallelLayout  # noqa: E402
 from interop.params import param_table  # noqa: E402
 from interop.spec import ModelSpec  # noqa: E402
@@ -71,12 +72,18 @@ def main():
             warm = size * 5 // 4  # fresh page cache for the output: see common.warm_page_cache
             print(f"checkpoint: {size / 1e9:.2f} GB (megatron tp2 pp2, {arch}-style, bf16)")
             copies, runs = [], {"-> HF": [], "-> megatron tp4 pp1": []}
-            targets = {"-> HF": {"dst_format": "hf"}, "-> megatron tp4 pp1": {"dst_format": "megatron", "tp": 4, "pp": 1}}
+            dist_src = work / f"torch_dist-{arch}"
+            if not dist_src.exists():
+                convert(src, dist_src, dst_format="megatron", format="torch_dist")
+            runs["-> torch_dist"], runs["torch_dist -> HF"] = [], []
+            targets = {"-> HF": {"dst_format": "hf"}, "-> megatron tp4 pp1": {"dst_format": "megatron", "tp": 4, "pp": 1},
+                       "-> torch_dist": {"dst_format": "megatron", "format": "torch_dist"},
+                       "torch_dist -> HF": {"dst_format": "hf", "src": dist_src}}
             for _ in range(opts.repeat):
                 print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
                 for label, kwargs in targets.items():
                     copies.append(measured_copy(src, work / "copy", warm))
-                    runs[label].append(measured_convert(warm, src=src, dst=work / "out", **kwargs))
+                    runs[label].append(measured_convert(warm, **{"src": src, "dst": work / "out", **kwargs}))
                     shutil.rmtree(work / "out")
                     settle()
             copy = statistics.median(copies)

@@ -13,7 +13,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from interop.errors import InteropError
-from interop.io.megatron_dist import (BACKEND_CONFIG, DistCheckpoint, LazyTensor, checkpoint_dir, is_stacked,
+from interop.io.megatron_dist import (BACKEND_CONFIG, DistCheckpoint, DistWriter, LazyTensor, checkpoint_dir, is_stacked,
                                       write_dist_checkpoint)
 
 QKV = "decoder.layers.self_attention.linear_qkv.weight"
@@ -211,3 +211,27 @@ def test_mcore_loads_what_we_write(ref, name):
     entry = results[name]
     assert entry["rewritten_equal"]
     assert entry["rewritten_loss"] == entry["loss"]
+
+
+def test_torchs_own_dcp_load_reads_what_we_write_without_its_planner(written):
+    """We write `.distcp`/`.metadata` ourselves (no DCP save planning): torch's own `dcp.load`,
+    the reader megatron-core uses underneath, must read it back exactly, boxes across layers included."""
+    import torch.distributed.checkpoint as dcp
+    path, want, _ = written
+    got = {k: torch.empty_like(v) for k, v in want.items()}
+    dcp.load(got, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    assert torch.equal(DistCheckpoint(path).read_box(QKV, [1, 2, 0], [2, 5, 8]), want[QKV][1:3, 2:7])
+
+
+def test_a_chunk_never_written_or_written_twice_is_refused(tmp_path):
+    out = DistWriter(tmp_path / "a")
+    out.declare(QKV, torch.float32, (2, 3, 4))
+    out.write(QKV, 0, torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="written twice"):
+        out.write(QKV, 0, torch.zeros(3, 4))
+    with pytest.raises(InteropError, match="never written"):
+        out.finish({})
+    out.abort()
+    assert not (tmp_path / "a" / ".metadata").exists()

@@ -18,14 +18,13 @@ tensor flattened per fragment), `fully_reshardable` (the same keys, the master u
 written, for a source that used the distributed optimizer) and `dp_reshardable` (flat buckets,
 mapped to parameters by `distrib.py`).
 
-Reading goes one layer slice at a time; writing appends each finished Megatron tensor's raw bytes
-to a scratch file and streams them into DCP at the end, so memory stays at one tensor.
+Reading goes one layer slice at a time; writing appends each finished Megatron tensor (one layer of a
+stacked key) to the DCP file as it comes (`megatron_dist.DistWriter`), so memory stays at one tensor.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -40,7 +39,6 @@ from ...mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ...memory import BufferPool
 from .args import (args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, layout_from_args, model_config_args,
                    padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
@@ -331,13 +329,13 @@ class Writer:
                 self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]],
                                                        (spec.num_layers, *shape) if layer is not None else shape)
         self.pending: dict[tuple, dict] = {}
-        # Finished Megatron tensors wait here as raw bytes until DCP asks for them in its own order.
-        self.spool = self.root / ".spool"
+        # Finished Megatron tensors go straight into the DCP file of a folder renamed `iter_*` at the end
+        # (the iteration is known only from the final state).
         self.root.mkdir(parents=True, exist_ok=True)
-        self.spool_file = open(self.spool, "wb")
-        self.spooled: dict[tuple[str, int | None], int] = {}  # (key, layer) -> byte offset
-        self.memory = BufferPool()
-        self.notes: list[str] = []
+        self.partial = self.root / ".partial"
+        self.out = dist.DistWriter(self.partial)
+        for key, (dtype, shape) in self.planned.items():
+            self.out.declare(key, dtype, shape)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
@@ -349,16 +347,7 @@ class Writer:
         del self.pending[(prefix, row.parts)]
         fused = to_rank(row, [got[n] for n in row.parts], self.index, 1, 0, self.spec)
         key, layer = stacked_key(row.key)
-        key = prefix + key
-        self.spooled[(key, layer)] = self.spool_file.tell()
-        self.spool_file.write(_bytes(fused.contiguous()))
-
-    def _load(self, key: str, layer: int | None, fd: int) -> torch.Tensor:
-        dtype, shape = self.planned[key]
-        out = self.memory.empty(shape[1:] if layer is not None else shape, dtype)
-        if out.numel() and os.preadv(fd, [_bytes(out)], self.spooled[(key, layer)]) != out.numel() * dtype.itemsize:
-            raise InteropError(f"{self.spool}: truncated")
-        return out
+        self.out.write(prefix + key, layer, fused)
 
     def finish(self, state: dict | None = None) -> None:
         if self.pending:
@@ -401,30 +390,17 @@ class Writer:
                                               "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
             else:
                 common["optimizer"] = dist_common(hyper, step, self.kinds)
-        self.spool_file.close()
-        fd = os.open(self.spool, os.O_RDONLY)
-
-        def stored_as(key):
-            return next((new + key[len(old):] for old, new in renamed.items() if key.startswith(old)), key)
-        tensors = [(stored_as(key), dist.LazyTensor(dtype, shape, lambda layer, key=key: self._load(key, layer, fd)))
-                   for key, (dtype, shape) in self.planned.items()]
+        self.out.rename(lambda key: next((new + key[len(old):] for old, new in renamed.items() if key.startswith(old)),
+                                         key))
         # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module.
         n = self.spec.num_layers
-        objects = {f"{stacked_key(m.format(i=i))[0]}._extra_state/shard_{i}_{n}": None
-                   for m in EXTRA_STATE_MODULES if "{i}" in m for i in range(n)}
-        folder = self.root / iteration_name(iteration)
-        try:
-            dist.write_dist_checkpoint(folder, tensors, common=common, objects=objects)
-        finally:
-            os.close(fd)
-        self.spool.unlink()
+        for m in EXTRA_STATE_MODULES:
+            if "{i}" in m:
+                for i in range(n):
+                    self.out.write_object(f"{stacked_key(m.format(i=i))[0]}._extra_state/shard_{i}_{n}", None)
+        self.out.finish(common)
+        self.partial.rename(self.root / iteration_name(iteration))
         write_tracker(self.root, iteration)
 
     def abort(self) -> None:
-        self.spool_file.close()
-        self.spool.unlink(missing_ok=True)
-
-
-def _bytes(t: torch.Tensor) -> memoryview:
-    """The bytes of contiguous tensor `t`, without a copy."""
-    return memoryview(t.view(-1).view(torch.uint8).numpy())
+        self.out.abort()

@@ -27,10 +27,13 @@ import dataclasses
 import importlib
 import io
 import json
+import math
+import os
 import pathlib
 import pickle
 import re
 import tempfile
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
@@ -38,27 +41,20 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
+    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    SavePlan,
-    TensorWriteData,
-    WriteItem,
-    WriteItemType,
-)
-from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future
 
@@ -66,6 +62,8 @@ from ..errors import InteropError
 from ..shards import Box, tiling_error
 from .paths import inside
 from .safe_pickle import safe_torch_load
+from .torch_file import append_tensor
+from .writeback import Writeback
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -200,6 +198,47 @@ class _Reader(FileSystemReader):
     def read_metadata(self, *args, **kwargs):
         return self._metadata
 
+    def load_chunk(self, file: Path, view, index: MetadataIndex) -> torch.Tensor:
+        """The stored chunk `index` from `view` (its byte range), checked to be a tensor of exactly the dtype
+        and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
+        tensor = torch.load(view, map_location="cpu", weights_only=True)
+        key = index.fqn
+        entry = self._metadata.state_dict_metadata[key]
+        sizes = next((c.sizes for c in entry.chunks if c.offsets == index.offset), None)
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != entry.properties.dtype \
+                or sizes is None or tensor.shape != sizes:
+            got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) \
+                else type(tensor).__name__
+            raise InteropError(f"{file}: the chunk of {key} at {list(index.offset)} holds {got}, .metadata says "
+                               f"{entry.properties.dtype} {list(sizes or [])}")
+        return tensor
+
+    def read_box(self, key: str, offsets, sizes) -> torch.Tensor:
+        """The box `offsets`/`sizes` of tensor `key`: each stored chunk it meets is read by its byte range
+        (no DCP load planning); a box that is exactly one chunk (a layer, a whole tensor) is that chunk."""
+        entry = self._metadata.state_dict_metadata[key]
+        root = Path(self.path)
+        out = None
+        if math.prod(sizes) == 0:
+            return torch.empty(list(sizes), dtype=entry.properties.dtype)
+        for chunk in entry.chunks:
+            lo = [max(o, c) for o, c in zip(offsets, chunk.offsets)]
+            hi = [min(o + n, c + m) for o, n, c, m in zip(offsets, sizes, chunk.offsets, chunk.sizes)]
+            if any(a >= b for a, b in zip(lo, hi)):
+                continue
+            index = MetadataIndex(key, chunk.offsets)
+            info = self._metadata.storage_data[index]
+            file = inside(root, info.relative_path, root / DCP_METADATA)
+            with open(file, "rb") as stream:
+                tensor = self.load_chunk(file, _create_file_view(stream, info.offset, info.length), index)
+            if list(chunk.offsets) == list(offsets) and list(chunk.sizes) == list(sizes):
+                return tensor
+            if out is None:
+                out = torch.empty(list(sizes), dtype=entry.properties.dtype)
+            src = tensor[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, chunk.offsets))]
+            out[tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, offsets))].copy_(src)
+        return out
+
     def read_data(self, plan: LoadPlan, planner) -> Future:
         """DCP's FileSystemReader.read_data, stricter: each stored chunk must be a tensor of exactly the
         dtype and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
@@ -215,21 +254,11 @@ class _Reader(FileSystemReader):
                     if item.type == LoadItemType.BYTE_IO:
                         planner.load_bytes(item, io.BytesIO(view.read(-1)))
                         continue
-                    tensor = torch.load(view, map_location="cpu", weights_only=True)
-                    key = item.storage_index.fqn
-                    entry = self._metadata.state_dict_metadata[key]
-                    sizes = next((c.sizes for c in entry.chunks if c.offsets == item.storage_index.offset), None)
-                    if not isinstance(tensor, torch.Tensor) or tensor.dtype != entry.properties.dtype \
-                            or sizes is None or tensor.shape != sizes:
-                        got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) \
-                            else type(tensor).__name__
-                        raise InteropError(f"{root / relative_path}: the chunk of {key} at "
-                                           f"{list(item.storage_index.offset)} holds {got}, .metadata says "
-                                           f"{entry.properties.dtype} {list(sizes or [])}")
+                    tensor = self.load_chunk(root / relative_path, view, item.storage_index)
                     tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
                     target = planner.resolve_tensor(item).detach()
                     if target.size() != tensor.size():
-                        raise InteropError(f"{root / relative_path}: {key}: a chunk read does not fit its place")
+                        raise InteropError(f"{root / relative_path}: {item.storage_index.fqn}: a chunk read does not fit its place")
                     target.copy_(tensor)
                     planner.commit_tensor(item, target)
         done: Future = Future()
@@ -273,22 +302,6 @@ def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
         why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
         if why:
             raise InteropError(f"{file}: {key}: {why}")
-
-
-class _ChunkLoadPlanner(DefaultLoadPlanner):
-    """Loads the box `offsets`/`sizes` of one global tensor into a tensor of exactly that box."""
-
-    def __init__(self, key: str, offsets, sizes):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-        self.key = key
-
-    def create_local_plan(self) -> LoadPlan:
-        md = self.metadata.state_dict_metadata[self.key]
-        return LoadPlan(create_read_items_for_chunk_list(self.key, md, [self.chunk]))
-
-    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        return self.state_dict[index.fqn]  # dest offsets are relative to our box already
 
 
 class _BytesLoadPlanner(DefaultLoadPlanner):
@@ -396,14 +409,12 @@ class DistCheckpoint:
         dtype, shape = self.meta(key)
         if len(offsets) != len(shape) or any(o < 0 or n < 0 or o + n > d for o, n, d in zip(offsets, sizes, shape)):
             raise InteropError(f"{self.path}: {key} {list(shape)} has no box at {list(offsets)} of {list(sizes)}")
-        out = torch.empty(list(sizes), dtype=dtype)
         try:
-            with _single_process():
-                dcp.load({key: out}, storage_reader=self._reader, planner=_ChunkLoadPlanner(key, offsets, sizes),
-                         no_dist=True)
-        except (Exception, CheckpointException) as exc:  # missing/damaged .distcp files surface as many types
-            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(_cause(exc))})") from None
-        return out
+            return self._reader.read_box(key, offsets, sizes)
+        except InteropError:
+            raise
+        except Exception as exc:  # missing/damaged .distcp files surface as many types
+            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(exc)})") from None
 
 
 @contextlib.contextmanager
@@ -441,47 +452,112 @@ class LazyTensor(NamedTuple):
     load: Callable[[int | None], torch.Tensor]
 
 
-class _ChunkSavePlanner(DefaultSavePlanner):
-    """Plans one write item per stored chunk (per layer for stacked keys) and produces each on demand."""
+class DistWriter:
+    """Writes a torch_dist checkpoint a chunk at a time, as DCP lays it out, without DCP's planning.
 
-    def __init__(self, tensors: dict[str, LazyTensor], objects: dict[str, bytes]):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.tensors, self.objects = tensors, objects
+    One `__0_0.distcp` holds every item back to back: each tensor chunk a `torch.save` of it (stacked
+    keys one chunk per layer, `[1, ...]`, as mcore stores them), each byte object its raw bytes;
+    `.metadata` (DCP's `Metadata`: per key its chunks, per chunk its byte range) is written last, by
+    `finish`, after checking that every declared chunk arrived exactly once.  Chunks are written the
+    moment they are given, in any order: memory is the chunk in hand.
+    """
 
-    def create_local_plan(self) -> SavePlan:
-        items = []
-        for key, t in self.tensors.items():
-            properties = TensorProperties(dtype=t.dtype)
-            size = torch.Size(t.shape)
+    FILE = "__0_0.distcp"
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if self.path.exists() and any(self.path.iterdir()):
+            raise InteropError(f"{self.path}: destination is not empty")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.file = self.path / self.FILE
+        self.fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self.offset = 0
+        self.declared: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        self.objects: list[str] = []
+        self.storage: dict[MetadataIndex, _StorageInfo] = {}
+        self.writeback = Writeback(self.fd)
+
+    def declare(self, key: str, dtype: torch.dtype, shape) -> None:
+        """Tensor `key` of global `shape` will be written (per layer if stacked)."""
+        if key in self.declared:
+            raise ValueError(f"duplicate tensor key {key!r}")
+        if is_stacked(key) and not shape:
+            raise ValueError(f"{key}: a stacked key needs a leading layer axis")
+        self.declared[key] = (dtype, tuple(shape))
+
+    def write(self, key: str, layer: int | None, data: torch.Tensor) -> None:
+        """Layer `layer` of stacked `key` (without the layer axis), or (layer None) the whole tensor `key`."""
+        dtype, shape = self.declared[key]
+        stacked = is_stacked(key)
+        if stacked != (layer is not None) or (stacked and not 0 <= layer < shape[0]):
+            raise ValueError(f"{key}: {'a layer in range' if stacked else 'no layer'} expected, got {layer}")
+        want = shape[1:] if stacked else shape
+        if tuple(data.shape) != tuple(want) or data.dtype != dtype:
+            raise ValueError(f"{key}: planned {dtype} {list(want)}, got {data.dtype} {list(data.shape)}")
+        offsets = torch.Size([layer] + [0] * (len(shape) - 1)) if stacked else torch.Size([0] * len(shape))
+        index = MetadataIndex(key, offsets)
+        if index in self.storage:
+            raise ValueError(f"{key}: layer {layer} written twice")
+        length = append_tensor(self.fd, self.file, data.unsqueeze(0) if stacked else data)
+        self._stored(index, length)
+
+    def write_object(self, key: str, value) -> None:
+        """A ShardedObject as mcore stores it: `torch.save([value])`, raw bytes in the file."""
+        if key in self.objects or key in self.declared:
+            raise ValueError(f"duplicate key {key!r}")
+        buffer = io.BytesIO()
+        torch.save([value], buffer)
+        raw = buffer.getbuffer()
+        view, done = memoryview(raw), 0
+        while done < len(view):
+            done += os.write(self.fd, view[done:])
+        self.objects.append(key)
+        self._stored(MetadataIndex(key), len(view))
+
+    def rename(self, new_key: Callable[[str], str]) -> None:
+        """Store tensor keys under other names (decided only once the source's state is known)."""
+        names = {key: new_key(key) for key in self.declared}
+        if len(set(names.values())) != len(names) or set(names.values()) & set(self.objects):
+            raise ValueError("renaming makes two keys one")
+        self.declared = {names[k]: v for k, v in self.declared.items()}
+        self.storage = {MetadataIndex(names.get(i.fqn, i.fqn), i.offset): info for i, info in self.storage.items()}
+
+    def _stored(self, index: MetadataIndex, length: int) -> None:
+        self.storage[index] = _StorageInfo(self.FILE, self.offset, length)
+        self.offset += length
+        self.writeback.wrote(self.offset)
+
+    def finish(self, common: dict | None = None) -> None:
+        """`.metadata`, common.pt and metadata.json; refuses if a declared chunk never came."""
+        entries: dict[str, Any] = {}
+        for key, (dtype, shape) in self.declared.items():
+            size = torch.Size(shape)
             if is_stacked(key):
-                for layer in range(t.shape[0]):
-                    chunk = ChunkStorageMetadata(offsets=torch.Size([layer] + [0] * (len(size) - 1)),
-                                                 sizes=torch.Size([1, *size[1:]]))
-                    items.append(WriteItem(index=MetadataIndex(key, chunk.offsets), type=WriteItemType.SHARD,
-                                           tensor_data=TensorWriteData(chunk, properties, size)))
+                chunks = [ChunkStorageMetadata(torch.Size([i] + [0] * (len(size) - 1)), torch.Size([1, *size[1:]]))
+                          for i in range(size[0])]
             else:
-                chunk = ChunkStorageMetadata(offsets=torch.Size([0] * len(size)), sizes=size)
-                items.append(WriteItem(index=MetadataIndex(key, chunk.offsets), type=WriteItemType.TENSOR,
-                                       tensor_data=TensorWriteData(chunk, properties, size)))
-        items += [WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO) for key in self.objects]
-        self.plan = SavePlan(items)
-        return self.plan
+                chunks = [ChunkStorageMetadata(torch.Size([0] * len(size)), size)]
+            missing = next((c for c in chunks if MetadataIndex(key, c.offsets) not in self.storage), None)
+            if missing is not None:
+                raise InteropError(f"{self.path}: {key} at {list(missing.offsets)} was never written")
+            entries[key] = TensorStorageMetadata(TensorProperties(dtype=dtype), size, chunks)
+        entries.update({key: BytesStorageMetadata() for key in self.objects})
+        self.writeback.wait()
+        os.close(self.fd)
+        self.fd = None
+        metadata = Metadata(state_dict_metadata=entries, planner_data=None, storage_data=self.storage,
+                            storage_meta=StorageMeta(checkpoint_id=str(self.path), save_id=str(uuid.uuid4())),
+                            version=CURRENT_DCP_VERSION)
+        with open(self.path / DCP_METADATA, "wb") as f:
+            pickle.dump(metadata, f)
+        torch.save(common or {}, self.path / COMMON_PT)
+        (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
 
-    def resolve_data(self, write_item: WriteItem):
-        key = write_item.index.fqn
-        if write_item.type == WriteItemType.BYTE_IO:
-            return io.BytesIO(self.objects[key])
-        t = self.tensors[key]
-        if is_stacked(key):
-            layer = write_item.index.offset[0]
-            data = t.load(layer)
-            want = t.shape[1:]
-        else:
-            data, want = t.load(None), t.shape
-        if tuple(data.shape) != tuple(want) or data.dtype != t.dtype:
-            raise ValueError(f"{key}: planned {t.dtype} {list(want)}, got {data.dtype} {list(data.shape)}")
-        data = data.detach().cpu().contiguous()
-        return data.unsqueeze(0) if is_stacked(key) else data
+    def abort(self) -> None:
+        if self.fd is not None:
+            self.writeback.wait()
+            os.close(self.fd)
+            self.fd = None
 
 
 def _as_lazy(value) -> LazyTensor:
@@ -504,28 +580,16 @@ def write_dist_checkpoint(path, tensors: Iterable[tuple[str, Any]], common: dict
     its model declares.  `common` goes to common.pt (Megatron-LM: args, checkpoint_version,
     iteration, ...).  `path` must be empty or absent.
     """
-    path = Path(path)
-    if path.exists() and any(path.iterdir()):
-        raise InteropError(f"{path}: destination is not empty")
-    path.mkdir(parents=True, exist_ok=True)
-    planned: dict[str, LazyTensor] = {}
-    for key, value in tensors:
-        if key in planned:
-            raise ValueError(f"duplicate tensor key {key!r}")
-        planned[key] = _as_lazy(value)
-        if is_stacked(key) and not planned[key].shape:
-            raise ValueError(f"{key}: a stacked key needs a leading layer axis")
-    blobs = {}
-    for key, value in (objects or {}).items():
-        buffer = io.BytesIO()
-        torch.save([value], buffer)
-        blobs[key] = buffer.getvalue()
-    writer = FileSystemWriter(str(path), single_file_per_rank=True, thread_count=1)
+    writer = DistWriter(path)
     try:
-        with _single_process():
-            dcp.save({**planned, **blobs}, storage_writer=writer, planner=_ChunkSavePlanner(planned, blobs),
-                     no_dist=True)
-    except CheckpointException as exc:
-        raise _cause(exc) from None
-    torch.save(common or {}, path / COMMON_PT)
-    (path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
+        planned = [(key, _as_lazy(value)) for key, value in tensors]
+        for key, t in planned:
+            writer.declare(key, t.dtype, t.shape)
+        for key, value in (objects or {}).items():
+            writer.write_object(key, value)
+        for key, t in planned:
+            for layer in (range(t.shape[0]) if is_stacked(key) else [None]):
+                writer.write(key, layer, t.load(layer))
+        writer.finish(common)
+    finally:
+        writer.abort()

@@ -26,10 +26,13 @@ _CRC_THREAD = ThreadPoolExecutor(1, thread_name_prefix="interop-zip-crc")
 class ZipWriter:
     """Appends stored (uncompressed) records to a new file; `close()` writes the central directory."""
 
-    def __init__(self, path, archive_name: str):
+    def __init__(self, path, archive_name: str, fd: int | None = None):
+        """A new file at `path`; or, with `fd`, a zip appended at fd's position (offsets counted from there;
+        the caller keeps the fd: DCP's `.distcp` files are torch.save zips one after another)."""
         self.path = os.fspath(path)
         self.prefix = archive_name
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._owned = fd is None
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666) if fd is None else fd
         self.offset = 0
         self._entries: list[tuple[bytes, int, int, int]] = []  # (name, crc, size, header offset)
 
@@ -91,5 +94,6 @@ class ZipWriter:
 
     def release(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            if self._owned:
+                os.close(self.fd)
             self.fd = None

@@ -1,0 +1,97 @@
+"""Llama-7B-shaped conversions (synthetic bf16 weights), each against a plain copy of the same bytes.
+
+    .venv/bin/python benchmarks/bench_7b.py                 # 8 of the 32 layers (~5 GB; ~15 GB of disk at peak)
+    .venv/bin/python benchmarks/bench_7b.py --layers 32     # the full 13.5 GB model (~45 GB of disk at peak)
+    .venv/bin/python benchmarks/bench_7b.py --shape 70b --layers 4   # 70B-shaped layers: extrapolate memory
+
+The chain, each step in a fresh interpreter (`common.measured_convert`) and each compared with
+`common.copy_tree` (copy + fsync) of its own source, from one run:
+
+    HF -> Megatron torch tp2/pp2 -> MindSpore tp8/pp4 -> HF
+    HF -> Megatron torch_dist -> HF
+
+Peak RSS is reported against the model size; with `--layers` short of the full depth, RSS per
+layer extrapolates (it is bounded by a layer plus the largest tensor, the embedding).  A peers
+section runs transformers' and Megatron-LM's own converters where their environments exist
+(`--megatron-lm DIR`: a Megatron-LM checkout), and says why it skips them otherwise.  Everything
+is written under a temporary directory deleted at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import (llama_config, measured_convert, measured_copy, report, settle, tree_size,  # noqa: E402
+                    write_synthetic_hf)
+
+SHAPES = {"7b": dict(layers=32, hidden=4096, ffn=11008, heads=32, kv=32, vocab=32000),
+          "70b": dict(layers=80, hidden=8192, ffn=28672, heads=64, kv=8, vocab=32000)}
+
+STEPS = [  # (label, source, destination, convert options)
+    ("HF -> megatron torch tp2/pp2", "hf", "megatron", dict(dst_format="megatron", tp=2, pp=2)),
+    ("megatron -> mindspore tp8/pp4", "megatron", "mindspore", dict(dst_format="mindspore", tp=8, pp=4)),
+    ("mindspore -> HF", "mindspore", "hf-from-ms", dict(dst_format="hf")),
+    ("HF -> torch_dist", "hf", "torch_dist", dict(dst_format="megatron", format="torch_dist")),
+    ("torch_dist -> HF", "torch_dist", "hf-from-dist", dict(dst_format="hf")),
+]
+
+
+def peers(work: Path, megatron_lm: str | None) -> None:
+    """The tools users would otherwise run; each skipped with its reason where its environment is missing."""
+    print("peers:")
+    script = importlib.util.find_spec("transformers.models.llama.convert_llama_weights_to_hf")
+    print("  transformers' convert_llama_weights_to_hf: "
+          + ("present, but it reads Meta's consolidated.*.pth layout, which this benchmark does not generate: skipped"
+             if script else "skipped: not in the installed transformers (removed from recent releases)"))
+    tool = Path(megatron_lm or os.environ.get("MEGATRON_LM", "")) / "tools" / "checkpoint" / "convert.py"
+    if not (megatron_lm or os.environ.get("MEGATRON_LM")) or not tool.is_file():
+        print("  Megatron-LM tools/checkpoint/convert.py: skipped: no Megatron-LM checkout "
+              "(pass --megatron-lm DIR or set MEGATRON_LM; it also needs megatron.training and a GPU-free build)")
+    else:
+        print(f"  Megatron-LM {tool}: found; run it by hand with its loader/saver for the HF checkpoint in {work}: "
+              "its command line depends on the checkout's version, so it is not timed here")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="7b")
+    ap.add_argument("--layers", type=int, default=8, help="decoder layers to generate (the 7B model has 32)")
+    ap.add_argument("--megatron-lm", help="a Megatron-LM checkout, for the peers section")
+    ap.add_argument("--keep", help="work in this directory and keep it")
+    opts = ap.parse_args()
+    if opts.layers < 4 or opts.layers % 4:
+        ap.error("--layers must be a multiple of 4 (the chain splits the layers over 2 and 4 pipeline stages)")
+    shape = dict(SHAPES[opts.shape], layers=opts.layers)
+    work = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="bench_7b-"))
+    try:
+        hf = work / "hf"
+        if not hf.exists():
+            write_synthetic_hf(hf, llama_config(**shape))
+        size = tree_size(hf)
+        print(f"{opts.shape}-shaped Llama, {opts.layers} of {SHAPES[opts.shape]['layers']} layers: {size / 1e9:.2f} GB bf16;"
+              f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+        for label, src, dst, kwargs in STEPS:
+            source = work / src
+            source_size = tree_size(source)
+            warm = source_size * 5 // 4
+            copy = measured_copy(source, work / "copy", warm)
+            result = measured_convert(warm, src=source, dst=work / dst, **kwargs)
+            settle()
+            print(f"  {report(label, result, copy, source_size)}  (copy {copy:.2f} s)")
+            if dst in ("hf-from-ms", "hf-from-dist"):
+                shutil.rmtree(work / dst)
+        print(f"  load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        peers(work, opts.megatron_lm)
+    finally:
+        if not opts.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
