@@ -121,7 +121,7 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
 def _namer(reader, source):
     """canonical name -> the name the checkpoint stores it under: the reader's own `native_name` when it has
     one, else from its name table rows (Megatron `torch` rank files: a stage-local key; MindSpore: a global
-    name), with the part when the stored tensor is fused.  None when neither is known (torch_dist)."""
+    name), with the part when the stored tensor is fused.  None when neither is known."""
     if hasattr(reader, "native_name"):
         return reader.native_name
     rows = getattr(reader, "rows", None)

@@ -87,6 +87,20 @@ def test_inspect_native_names_and_training_state(hf_checkpoints, tmp_path):
     assert "language_model.encoder.layers.4." in row
 
 
+def test_inspect_native_names_of_torch_dist(hf_checkpoints, tmp_path):
+    """torch_dist: the layer-stacked DCP key at its global layer, with the part of a fused tensor; the
+    distributed optimizer's state as its flat bucket and element range."""
+    from interop.io.megatron_dist import DistCheckpoint, checkpoint_dir
+    convert(hf_checkpoints["llama"], tmp_path / "dist", dst_format="megatron", tp=2, pp=2, format="torch_dist")
+    info = describe(tmp_path / "dist", native=True)
+    names = {t.name: t.native for t in info.tensors}
+    assert names["layers.3.attn.k.weight"] == "decoder.layers.self_attention.linear_qkv.weight [layer 3] [part 2/3]"
+    assert names["embed.word.weight"] == "embedding.word_embeddings.weight"
+    ckpt = DistCheckpoint(checkpoint_dir(tmp_path / "dist"))  # the names are the checkpoint's own keys
+    assert "decoder.layers.self_attention.linear_qkv.weight" in ckpt and "embedding.word_embeddings.weight" in ckpt
+    assert not any("does not report native names" in n for n in info.notes)
+
+
 def test_inspect_model_config_and_state(hf_checkpoints, tmp_path):
     """--model-config for a checkpoint without a description; the training state a trainer save holds."""
     import shutil

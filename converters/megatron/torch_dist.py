@@ -263,6 +263,19 @@ class Reader:
                 self._cache.popitem(last=False)
         return self._cache[(key, layer)][j]
 
+    def native_name(self, name: str) -> str:
+        """Where canonical `name` is stored: its DCP key (at its layer when the key is layer-stacked), with its
+        part when fused; the distributed optimizer's flat bucket and element range for optimizer state."""
+        row, key, layer, j = self.row_of[base_param_name(name)]
+        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+            slot, _ = self.slots[row.parts]
+            theirs = {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
+            where = f"{self.buckets[(slot.bucket, theirs)]} [{slot.start}:{slot.start + slot.numel}]"
+        else:
+            key = self._key_prefix(name) + key
+            where = key if layer is None else f"{key} [layer {layer}]"
+        return where if len(row.parts) == 1 else f"{where} [part {j + 1}/{len(row.parts)}]"
+
     def _key_prefix(self, name: str) -> str:
         """`optimizer.state.<kind>.` of an optimizer tensor's name as this checkpoint spells the kind; `` for a weight."""
         if not name.startswith(OPTIM_PREFIXES):
