@@ -63,8 +63,16 @@ def _py(value, indent=0):
     return pprint.pformat(value)
 
 
+# AMP_TYPE is where seed 003's ColossalAI (0.1-0.2) keeps it, or in `colossalai.legacy.amp` (0.3 and later,
+# e.g. 0.5.0); imported only by a config that names it, so one without fp16 loads with no AMP module at all.
+AMP_IMPORT = ["try:", "    from colossalai.amp import AMP_TYPE  # ColossalAI 0.1-0.2",
+              "except ImportError:", "    from colossalai.legacy.amp import AMP_TYPE  # 0.3 and later"]
+
+
 def render(doc: dict) -> str:
-    lines = ["# ColossalAI config written by `interop map-args`.", "from colossalai.amp import AMP_TYPE", ""]
+    lines = ["# ColossalAI config written by `interop map-args`."]
+    lines += AMP_IMPORT if NAIVE in repr(doc) else []
+    lines.append("")
     for key, value in doc.items():
         lines.append(f"{key} = {_py(value)}")
     return "\n".join(lines) + "\n"

@@ -731,3 +731,29 @@ def test_mindspeed_yaml_holds_the_scripts_values(script):
     if a["micro_batch_num"] is not None:
         assert dc["micro_batch_num"] == a["micro_batch_num"]
     assert tc["use_distributed_optimizer"] == a["use_distributed_optimizer"]
+
+
+def test_colossalai_output_loads_in_colossalai(tmp_path):
+    """ColossalAI 0.5.0's own loader (`colossalai.context.Config.from_file`, which imports the file) reads a
+    `--to colossalai` config, and the values are what its legacy ParallelContext parses
+    (colossalai/legacy/context/parallel_context.py `_set_parallel_size_from_config`: an int or a dict's
+    `size`; the tensor mode one of colossalai/legacy/constants.py ALLOWED_MODES -- that package needs peft,
+    so its rules are encoded here).  A config without fp16 imports no AMP module (0.5.0 keeps AMP_TYPE in
+    colossalai.legacy.amp); one with fp16 imports it from where the release has it."""
+    context = pytest.importorskip("colossalai.context", reason="colossalai is not installed (scripts/setup.sh)")
+    allowed_modes = [None, "1d", "2d", "2.5d", "3d", "sequence"]
+
+    def size(entry):
+        return entry if isinstance(entry, int) else entry["size"]
+
+    out = tmp_path / "llama2_colossalai.py"  # ColossalAI takes .py files only
+    code, _, err = run(FIXTURES / "llama2_small.sh", "--to", "colossalai", "-o", out)
+    assert code == 0, err
+    config = context.Config.from_file(str(out))
+    launch = context.Config(config.CONFIG)  # the script calls colossalai.launch_from_torch(config=CONFIG)
+    assert launch.parallel.tensor.mode in allowed_modes
+    assert (size(launch.parallel.pipeline), size(launch.parallel.tensor)) == (1, 2)
+    assert config.SEQ_LEN == 4096 and config.BATCH_SIZE == 16 and launch.NUM_MICRO_BATCHES == 16
+    assert "AMP_TYPE" not in out.read_text()
+    fp16 = mapargs.to_target(mapargs.load(FIXTURES / "gpt3_small.sh", {"1": "/c"}).explicit, "colossalai")[0]
+    assert "from colossalai.legacy.amp import AMP_TYPE" in fp16 and "mode=AMP_TYPE.NAIVE" in fp16
