@@ -36,3 +36,12 @@ def save(kind: str, path, seed: int = 0):
 
 
 KINDS = ["gpt2", "llama", "llama-tied"]
+
+
+def assert_same_hf(a, b):
+    """Two HF checkpoint folders (one model.safetensors each) hold the same tensors: names, dtypes, values."""
+    from safetensors.torch import load_file
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert sorted(x) == sorted(y)
+    for key in x:
+        assert x[key].dtype == y[key].dtype and torch.equal(x[key], y[key]), key

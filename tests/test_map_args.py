@@ -189,15 +189,21 @@ def test_hf_config_loads_in_transformers(tmp_path):
 
 # ---------------------------------------------------------------- other sources
 
-def test_checkpoint_directory_args(tmp_path):
-    ns = argparse.Namespace(num_layers=2, hidden_size=64, num_attention_heads=4, max_position_embeddings=32,
-                            layernorm_epsilon=1e-6, tensor_model_parallel_size=1, padded_vocab_size=512,
-                            vocab_size=500, some_new_megatron_arg=3, bf16=True)
+def _args_checkpoint(tmp_path, ns):
+    """A one-rank Megatron torch checkpoint holding only `ns` as its args, as map-args reads them."""
     ckpt = tmp_path / "ckpt"
     (ckpt / "iter_0000001" / "mp_rank_00").mkdir(parents=True)
     (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
     torch.save({"args": ns, "iteration": 1, "checkpoint_version": 3.0},
                ckpt / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
+    return ckpt
+
+
+def test_checkpoint_directory_args(tmp_path):
+    ns = argparse.Namespace(num_layers=2, hidden_size=64, num_attention_heads=4, max_position_embeddings=32,
+                            layernorm_epsilon=1e-6, tensor_model_parallel_size=1, padded_vocab_size=512,
+                            vocab_size=500, some_new_megatron_arg=3, bf16=True)
+    ckpt = _args_checkpoint(tmp_path, ns)
     result = mapargs.map_args(ckpt, "hf")
     data = json.loads(result.text)
     # the tokenizer's true vocabulary, as `convert --to hf` writes it (it strips the padding rows)
@@ -211,11 +217,7 @@ def test_hf_vocab_from_args_that_hold_only_the_padded_size(tmp_path):
     (what the weights have), and a warning says so and how to give the true size."""
     ns = argparse.Namespace(num_layers=2, hidden_size=64, num_attention_heads=4, max_position_embeddings=32,
                             tensor_model_parallel_size=1, padded_vocab_size=512, vocab_size=None)
-    ckpt = tmp_path / "ckpt"
-    (ckpt / "iter_0000001" / "mp_rank_00").mkdir(parents=True)
-    (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
-    torch.save({"args": ns, "iteration": 1, "checkpoint_version": 3.0},
-               ckpt / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
+    ckpt = _args_checkpoint(tmp_path, ns)
     result = mapargs.map_args(ckpt, "hf")
     assert json.loads(result.text)["vocab_size"] == 512
     assert any(w.startswith("vocab_size: written as Megatron's padded 512") and "--set vocab_size=N" in w

@@ -7,6 +7,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
+from hf_models import assert_same_hf
 from interop.cli.main import main
 from interop.convert import convert
 from interop.converters.registry import FORMATS
@@ -19,11 +20,6 @@ def options(dialect, qkv_concat):
     return {"dialect": dialect, **({"qkv_concat": True} if qkv_concat else {})}
 
 
-def assert_same_hf(a, b):
-    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert sorted(x) == sorted(y)
-    for key in x:
-        assert x[key].dtype == y[key].dtype and torch.equal(x[key], y[key]), key
 
 
 def run(*args):

@@ -23,29 +23,18 @@ import json
 import shutil
 import types
 
-import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from interop.cli.main import main
+from hf_models import assert_same_hf
+from hostile import run
 from interop.convert import convert
 from interop.io.ms_ckpt import load_ckpt, save_ckpt
 
 ms = pytest.importorskip("mindspore")
 
 
-def run(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    return result.exit_code, result.output
-
-
-def assert_same_hf(a, b):
-    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert sorted(x) == sorted(y)
-    for key in x:
-        assert torch.equal(x[key], y[key]), key
 
 
 def bare(src_dir, dst_dir):

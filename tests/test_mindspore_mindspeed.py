@@ -42,10 +42,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from interop.cli.main import main
+from hf_models import assert_same_hf
+from hostile import run
 from interop.convert import convert
 from interop.converters.mindspore.scalars import state_to_scalars
 from interop.io.ms_ckpt import CkptFile
@@ -240,16 +240,6 @@ PT_EXTRA = {
 }
 
 
-def run(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    return result.exit_code, result.output
-
-
-def assert_same_hf(a, b):
-    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert sorted(x) == sorted(y)
-    for key in x:
-        assert torch.equal(x[key], y[key]), key
 
 
 CASES = [("llama", 2, 2, 1), ("gpt2", 2, 3, 1), ("llama-tied", 1, 2, 3), ("llama", 2, 3, 2)]
