@@ -19,10 +19,10 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_layout_flags(tp=1, pp=1, vpp=1, first_stage_layers=None, last_stage_layers=None) -> None:
+def check_layout_flags(tp=1, pp=1, vpp=1, first_stage_layers=None, last_stage_layers=None, ep=1) -> None:
     """Refuse layout flags that are nonsense whatever the model (`--first-stage-layers -2`, `--tp 0`),
     before any file is opened: the same rule for `interop convert` and `interop train`."""
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--vpp", vpp)):
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--vpp", vpp), ("--ep", ep)):
         if not _is_int(value) or value < 1:
             raise InteropError(f"{flag} must be a positive integer, got {value!r}")
     if tp * pp > MAX_RANKS:
@@ -42,11 +42,14 @@ class ParallelLayout:
     pp: int
     # stages[p][v] = (first layer, end layer) of virtual chunk v on pipeline stage p
     stages: tuple[tuple[tuple[int, int], ...], ...]
+    ep: int = 1  # expert parallelism: MoE experts split evenly over ep ranks (dense tensors: every ep rank)
 
     check_flags = staticmethod(check_layout_flags)
 
     def __post_init__(self):
         problem = _layout_problem(self.tp, self.pp, self.stages)
+        if problem is None and (not _is_int(self.ep) or not 1 <= self.ep <= MAX_RANKS):
+            problem = f"ep must be a positive integer, got {self.ep!r}"
         if problem:
             raise InteropError(f"invalid parallel layout: {problem}")
 
@@ -60,15 +63,16 @@ class ParallelLayout:
 
     @classmethod
     def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
-              first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> "ParallelLayout":
-        check_layout_flags(tp, pp, vpp, first_stage_layers, last_stage_layers)
+              first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+              ep: int = 1) -> "ParallelLayout":
+        check_layout_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep)
         if first_stage_layers is not None or last_stage_layers is not None:
             counts = _uneven_counts(num_layers, pp, first_stage_layers, last_stage_layers)
             bounds, start = [], 0
             for n in counts:
                 bounds.append(((start, start + n),))
                 start += n
-            return cls(tp, pp, tuple(bounds))
+            return cls(tp, pp, tuple(bounds), ep)
         chunks = pp * vpp
         if num_layers % chunks:
             raise InteropError(f"{num_layers} layers cannot be split evenly over pp={pp} x vpp={vpp} chunks")
@@ -76,7 +80,13 @@ class ParallelLayout:
         stages = tuple(
             tuple(((v * pp + p) * per, (v * pp + p + 1) * per) for v in range(vpp)) for p in range(pp)
         )
-        return cls(tp, pp, stages)
+        return cls(tp, pp, stages, ep)
+
+    def ep_rank_of(self, param: Param, num_experts: int | None) -> int | None:
+        """The expert-parallel rank holding a routed expert's tensor; None for every other tensor."""
+        if param.expert is None:
+            return None
+        return param.expert // (num_experts // self.ep)
 
     def layers_of_stage(self, p: int) -> list[int]:
         return [i for start, stop in self.stages[p] for i in range(start, stop)]
@@ -105,7 +115,10 @@ class ParallelLayout:
         return [(t, p) for p in range(self.pp) for t in range(self.tp)]
 
     def to_dict(self) -> dict:
-        return {"tp": self.tp, "pp": self.pp, "stages": [[list(c) for c in chunks] for chunks in self.stages]}
+        data = {"tp": self.tp, "pp": self.pp, "stages": [[list(c) for c in chunks] for chunks in self.stages]}
+        if self.ep != 1:  # absent for dense layouts, as before expert parallelism existed
+            data["ep"] = self.ep
+        return data
 
     @classmethod
     def from_dict(cls, data, where: str | None = None) -> "ParallelLayout":
@@ -118,7 +131,8 @@ class ParallelLayout:
                 isinstance(chunks, list) and all(isinstance(c, list) and len(c) == 2 for c in chunks) for chunks in stages):
             raise InteropError(f"{prefix}invalid parallel layout: stages must be lists of [first, end] layer pairs")
         try:
-            return cls(data["tp"], data["pp"], tuple(tuple((a, b) for a, b in chunks) for chunks in stages))
+            return cls(data["tp"], data["pp"], tuple(tuple((a, b) for a, b in chunks) for chunks in stages),
+                       data.get("ep", 1))
         except InteropError as exc:
             raise InteropError(f"{prefix}{exc}") from None
 
@@ -128,7 +142,8 @@ class ParallelLayout:
             ranges = ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in chunks)
             parts.append(f"pp{p}: layers {ranges}")
         vpp = f" vpp={self.vpp}" if self.vpp > 1 else ""
-        return f"tp={self.tp} pp={self.pp}{vpp} ({'; '.join(parts)})"
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return f"tp={self.tp} pp={self.pp}{vpp}{ep} ({'; '.join(parts)})"
 
 
 def _layout_problem(tp, pp, stages) -> str | None:

@@ -20,6 +20,8 @@ class Param:
     shape: tuple[int, ...]
     split: str  # column | row | vocab | replicated
     layer: int | None  # global layer number, None for embeddings / final norm / head
+    expert: int | None = None  # routed expert number (global) for MoE expert tensors: expert parallelism
+    #                            gives expert e to EP rank e // (num_experts // ep)
 
     @property
     def axis(self) -> int | None:
@@ -46,6 +48,10 @@ def layer_params(spec: ModelSpec, i: int) -> list[Param]:
         (p + "attn.o.bias", (h,), "replicated", spec.linear_bias),
         (p + "mlp_norm.weight", (h,), "replicated", True),
         (p + "mlp_norm.bias", (h,), "replicated", has_norm_bias),
+    ]
+    if spec.is_moe_layer(i):
+        return [Param(name, shape, split, i) for name, shape, split, present in rows if present] + moe_params(spec, i)
+    rows += [
         (p + "mlp.gate.weight", (ffn, h), "column", spec.gated_mlp),
         (p + "mlp.gate.bias", (ffn,), "column", spec.gated_mlp and spec.has_mlp_bias),
         (p + "mlp.up.weight", (ffn, h), "column", True),
@@ -54,6 +60,33 @@ def layer_params(spec: ModelSpec, i: int) -> list[Param]:
         (p + "mlp.down.bias", (h,), "replicated", spec.has_mlp_bias),
     ]
     return [Param(name, shape, split, i) for name, shape, split, present in rows if present]
+
+
+def moe_params(spec: ModelSpec, i: int) -> list[Param]:
+    """A MoE layer's MLP: the router, each routed expert's MLP (no biases), the shared expert and its gate.
+
+    Names: `layers.{i}.mlp.router.weight` [E, h] (and `router.expert_bias` [E]),
+    `layers.{i}.mlp.experts.{e}.{gate,up,down}.weight`, `layers.{i}.mlp.shared.{gate,up,down}.weight`,
+    `layers.{i}.mlp.shared_gate.weight` [1, h].  Within an expert TP splits like a dense MLP.
+    """
+    h, ffn, p = spec.hidden, spec.moe_ffn_hidden, f"layers.{i}.mlp."
+    out = [Param(p + "router.weight", (spec.num_experts, h), "replicated", i)]
+    if spec.moe_router_bias:
+        out.append(Param(p + "router.expert_bias", (spec.num_experts,), "replicated", i))
+    for e in range(spec.num_experts):
+        if spec.gated_mlp:
+            out.append(Param(f"{p}experts.{e}.gate.weight", (ffn, h), "column", i, e))
+        out.append(Param(f"{p}experts.{e}.up.weight", (ffn, h), "column", i, e))
+        out.append(Param(f"{p}experts.{e}.down.weight", (h, ffn), "row", i, e))
+    if spec.shared_expert_ffn_hidden is not None:
+        s = spec.shared_expert_ffn_hidden
+        if spec.gated_mlp:
+            out.append(Param(p + "shared.gate.weight", (s, h), "column", i))
+        out.append(Param(p + "shared.up.weight", (s, h), "column", i))
+        out.append(Param(p + "shared.down.weight", (h, s), "row", i))
+        if spec.shared_expert_gate:
+            out.append(Param(p + "shared_gate.weight", (1, h), "replicated", i))
+    return out
 
 
 def param_table(spec: ModelSpec) -> list[Param]:

@@ -58,6 +58,19 @@ class ModelSpec:
     rope_scaling: dict | None = None  # {"type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
     #                                    "original_max_positions"}: Llama-3.x long-context frequencies
     sliding_window: int | None = None  # every layer attends to at most this many positions (itself included)
+    # Mixture of experts (absent: a dense model).  A MoE layer replaces the MLP with a router over
+    # `num_experts` gated experts of `moe_ffn_hidden` (each a SwiGLU/GeLU MLP like the dense one, no biases),
+    # of which each token uses `moe_topk`; optionally plus a shared expert every token uses.
+    num_experts: int | None = None  # routed experts per MoE layer (Mixtral 8, Qwen2-MoE 60, DeepSeek-V3 256)
+    moe_topk: int | None = None  # experts per token
+    moe_ffn_hidden: int | None = None  # each routed expert's intermediate size (Mixtral: = ffn_hidden)
+    moe_layers: list | None = None  # global layer numbers that are MoE (None with num_experts: every layer)
+    moe_router_score: str = "softmax"  # softmax | sigmoid (DeepSeek-V3)
+    moe_norm_topk: bool = True  # renormalise the top-k probabilities to sum to 1 (Mixtral yes, Qwen2-MoE no)
+    moe_router_bias: bool = False  # DeepSeek-V3's per-expert score-correction bias (used for choice only)
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight, Switch/Megatron style
+    shared_expert_ffn_hidden: int | None = None  # intermediate size of the shared expert(s), summed
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared expert's output
 
     def __post_init__(self):
         for message in _problems(self):
@@ -66,6 +79,14 @@ class ModelSpec:
     @property
     def gated_mlp(self) -> bool:
         return self.activation == "swiglu"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether global layer `i` holds experts instead of a dense MLP."""
+        return self.is_moe and (self.moe_layers is None or i in self.moe_layers)
 
     @property
     def has_mlp_bias(self) -> bool:
@@ -104,6 +125,17 @@ class ModelSpec:
         for what, n in (("attention heads", self.heads), ("kv groups", self.kv_groups), ("ffn_hidden", self.ffn_hidden)):
             if tp < 1 or n % tp:
                 raise InteropError(f"tp={tp} does not divide the {what} ({n})")
+        if self.is_moe and tp > 1 and self.moe_ffn_hidden % tp:
+            raise InteropError(f"tp={tp} does not divide the experts' ffn_hidden ({self.moe_ffn_hidden})")
+
+    def check_ep(self, ep: int) -> None:
+        """Expert parallelism gives each ep rank the same number of whole experts."""
+        if ep == 1:
+            return
+        if not self.is_moe:
+            raise InteropError(f"--ep {ep} needs a mixture-of-experts model; this one is dense")
+        if self.num_experts % ep:
+            raise InteropError(f"ep={ep} does not divide the {self.num_experts} experts")
 
 
 def _is_int(value) -> bool:
@@ -143,6 +175,7 @@ def _problems(spec: ModelSpec):
         yield f"sliding_window must be a positive integer or None, got {spec.sliding_window!r}"
     if spec.qk_norm and spec.norm != "rmsnorm":
         yield "qk_norm is an RMSNorm: it needs norm=rmsnorm"
+    yield from moe_problems(spec)
     if spec.rope_scaling is not None:
         if spec.position != "rope":
             yield "rope_scaling needs position=rope"
@@ -150,7 +183,44 @@ def _problems(spec: ModelSpec):
 
 
 # Fields left out of `to_dict` when they hold their "absent" value, so older descriptions stay unchanged.
-OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None}
+OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None,
+                   "num_experts": None, "moe_topk": None, "moe_ffn_hidden": None, "moe_layers": None,
+                   "moe_router_score": "softmax", "moe_norm_topk": True, "moe_router_bias": False,
+                   "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False}
+MOE_ROUTER_SCORES = ("softmax", "sigmoid")
+
+
+def moe_problems(spec: ModelSpec):
+    """A MoE spec names its experts, top-k and expert size together; a dense spec names none of them."""
+    moe_fields = ("moe_topk", "moe_ffn_hidden", "moe_layers", "shared_expert_ffn_hidden")
+    if spec.num_experts is None:
+        named = [f for f in moe_fields if getattr(spec, f) is not None] + \
+            [f for f in ("moe_router_bias", "shared_expert_gate") if getattr(spec, f)]
+        if named:
+            yield f"{named[0]} needs num_experts"
+        return
+    for name in ("num_experts", "moe_topk", "moe_ffn_hidden"):
+        value = getattr(spec, name)
+        if not _is_int(value) or not 1 <= value <= MAX_SIZE:
+            yield f"{name} must be a positive integer for a MoE model, got {value!r}"
+            return
+    if spec.moe_topk > spec.num_experts:
+        yield f"moe_topk ({spec.moe_topk}) must not exceed num_experts ({spec.num_experts})"
+    if spec.moe_layers is not None and (not isinstance(spec.moe_layers, (list, tuple)) or not all(
+            _is_int(i) and 0 <= i < spec.num_layers for i in spec.moe_layers)):
+        yield f"moe_layers must be a list of layer numbers below {spec.num_layers}, got {spec.moe_layers!r}"
+    if spec.shared_expert_ffn_hidden is not None and not (
+            _is_int(spec.shared_expert_ffn_hidden) and 1 <= spec.shared_expert_ffn_hidden <= MAX_SIZE):
+        yield f"shared_expert_ffn_hidden must be a positive integer, got {spec.shared_expert_ffn_hidden!r}"
+    if spec.shared_expert_gate and spec.shared_expert_ffn_hidden is None:
+        yield "shared_expert_gate needs shared_expert_ffn_hidden"
+    if spec.moe_router_score not in MOE_ROUTER_SCORES:
+        yield f"moe_router_score must be one of {MOE_ROUTER_SCORES}, got {spec.moe_router_score!r}"
+    if not _is_number(spec.moe_aux_loss_coeff) or spec.moe_aux_loss_coeff < 0:
+        yield f"moe_aux_loss_coeff must be a number >= 0, got {spec.moe_aux_loss_coeff!r}"
+    for name in ("moe_norm_topk", "moe_router_bias", "shared_expert_gate"):
+        if not isinstance(getattr(spec, name), bool):
+            yield f"{name} must be true or false, got {getattr(spec, name)!r}"
 ROPE_SCALING_TYPES = ("llama3",)
 ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions")
 
