@@ -49,11 +49,13 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               "sharded output gets model.safetensors.index.json. [5GiB]")
 @click.option("--verify", "then_verify", is_flag=True,
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
+@click.option("--workers", type=int, help="Processes to split the writing over, by target files (default: the "
+              "cores available; jobs under 1 GiB of source per worker, and targets of one file, use one).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
             megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
-            qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
+            qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, workers, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -66,7 +68,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
     try:
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                              dtype=dtype, force=force, progress=bar,
+                              dtype=dtype, force=force, progress=bar, workers=workers,
                               options={"format": megatron_format, "iteration": iteration,
                                        "distributed_optimizer": distributed_optimizer,
                                        "model_config": model_config, "dialect": dialect,

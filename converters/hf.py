@@ -237,7 +237,7 @@ class Writer:
         return spec.vocab  # HF holds the true vocabulary only
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
-                 max_shard_bytes: int | None = None, tokenizer=None):
+                 max_shard_bytes: int | None = None, tokenizer=None, only=None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
         (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
@@ -256,7 +256,8 @@ class Writer:
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))
-        self.row_of, self.pending, self.dropped_optim = {}, {}, set()
+        self.row_of, self.pending = {}, {}
+        self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
         for hf_key, kind, parts in rows:
@@ -277,15 +278,19 @@ class Writer:
         else:
             names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         self.shard_files = list(zip(names, shards))
+        self.units = names  # `only`: the shard files to write, for a conversion split over processes (`interop.workers`)
         self.writers, self.file_of = {}, {}
         for name, entries in self.shard_files:
-            self.writers[name] = SafetensorsWriter(self.root / name, entries, {"format": "pt"}, checksum=False)
+            if only is None or name in only:
+                self.writers[name] = SafetensorsWriter(self.root / name, entries, {"format": "pt"}, checksum=False)
             for key, _, _ in entries:
                 self.file_of[key] = name
 
+    def wants(self, name: str) -> bool:
+        return not name.startswith(OPTIM_PREFIXES) and self.file_of[self.row_of[name][0]] in self.writers
+
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only
-            self.dropped_optim.add(name.split(".")[1])
+        if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
             return
         hf_key, kind, parts = self.row_of[name]
         got = self.pending.setdefault(hf_key, {})
@@ -298,8 +303,7 @@ class Writer:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
         (a single-tensor row, not transposed); False when it must come through `write`."""
         if name.startswith(OPTIM_PREFIXES):
-            self.write(name, None)  # not kept: no need to read it
-            return True
+            return True  # not kept: no need to read it
         hf_key, kind, parts = self.row_of[name]
         if kind != "copy" or len(parts) != 1:
             return False
@@ -349,10 +353,16 @@ class Writer:
             self.written_notes.append(f"tokenizer: {named}, the checkpoint's --tokenizer-model "
                                       "(--tokenizer overrides)")
 
+    def finish_units(self, state: dict | None = None) -> dict:
+        """Close this writer's shard files: {file: bytes}."""
+        return {name: writer.close()[0] for name, writer in self.writers.items()}
+
     def finish(self, state: dict | None = None) -> None:
-        total = 0
-        for writer in self.writers.values():
-            total += writer.close()[0]
+        self.finish_global(state, self.finish_units(state))
+
+    def finish_global(self, state: dict | None, sizes: dict) -> None:
+        """config.json, the shard index, tokenizer and generation config: the files beside the weights."""
+        total = sum(sizes[name] for name in self.units)
         self._tokenizer_from_args(state)
         files = self._model_files()
         for name, path in files.items():

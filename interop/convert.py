@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import memory
+from . import workers as parallel
 from .atomic import atomic_directory, check_destination
 from .converters.registry import converter, detect_format
 from .errors import InteropError
@@ -97,7 +98,7 @@ def fit_vocab(tensor: torch.Tensor, rows: int, true_vocab: int, name: str, notes
 
 def _accepted(cls, options: dict) -> dict:
     params = inspect.signature(cls.__init__).parameters
-    return {k: v for k, v in options.items() if k in params}
+    return {k: v for k, v in options.items() if k in params and k != "only"}  # `only`: the engine's (workers)
 
 
 def split_options(reader_cls, writer_cls, options: dict, src_format: str, dst_format: str) -> tuple[dict, dict]:
@@ -162,10 +163,49 @@ def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | 
     return out
 
 
+def stream(reader, writer, metas_in, metas_out, index: dict, true_vocab: int, src, notes: list[str], progress=None,
+           wants=None) -> tuple[int, int]:
+    """Read each source tensor, fit and cast it, hand it to the writer; returns (tensors, bytes) written.
+    `wants(name)`, when given, says which tensors the writer needs (a worker's share): the others are
+    not read.  `progress.update(n)` gets every tensor's source bytes, read or not."""
+    tensors = nbytes = 0
+    for m_in, m_out in zip(metas_in, metas_out):
+        if wants is None or wants(m_out.name):
+            if not _passed_through(reader, writer, m_in, m_out):
+                vocab = index[base_param_name(m_in.name)].split == "vocab"
+                tensor = _read_padded(reader, m_in, m_out) if vocab else None
+                if tensor is None:
+                    tensor = reader.read(m_in.name)
+                    if tuple(tensor.shape) != m_in.shape:
+                        raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, "
+                                           f"expected {list(m_in.shape)}")
+                    if vocab:
+                        tensor = fit_vocab(tensor, m_out.shape[0], true_vocab, m_in.name, notes)
+                writer.write(m_out.name, tensor.to(m_out.dtype))
+            tensors += 1
+            nbytes += m_out.nbytes
+        if progress:
+            progress.update(m_in.nbytes)
+    return tensors, nbytes
+
+
+def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict):
+    """The writer, and the unit sets of the workers (`interop.workers`); one part: convert in this process.
+    With workers, this process's writer owns no unit: it writes only the files describing the whole."""
+    if requested == 1 or not parallel.splittable(writer_cls) or parallel.worker_count(requested, total, 2) < 2:
+        return writer_cls(*args, **options), [None]
+    planner = writer_cls(*args, **options, only=frozenset())
+    n = parallel.worker_count(requested, total, len(planner.units))
+    if n < 2:
+        return writer_cls(*args, **options), [None]
+    return planner, parallel.assign(list(planner.units), n)
+
+
 @without_gc_pauses
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
-            force: bool = False, options: dict | None = None, progress=None, **format_options) -> Summary:
+            force: bool = False, options: dict | None = None, progress=None, workers: int | None = 1,
+            **format_options) -> Summary:
     """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp). Returns a Summary.
 
     Format-specific options are keyword arguments (`dialect="mindspeed"`, `format="torch_dist"`,
@@ -173,6 +213,8 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     same as a dict in `options`): each goes to the reader and/or writer whose constructor names it;
     one that neither takes is an error.  `progress`, when given, is a tqdm bar, a
     callable(done_bytes, total_bytes), or an object with `.start(total_bytes)` and `.update(nbytes)`.
+    `workers`: processes to split the writing over by target files (`interop.workers`; None: the
+    cores available); small jobs and targets of one file stay in this process.
     `dst` appears only when complete.
     """
     started = time.perf_counter()
@@ -208,7 +250,12 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.tp, layout.pp, layout.vpp,
                           layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
-            writer = writer_cls(tmp, out_spec, layout, metas_out, **writer_options)
+            total = sum(m.nbytes for m in metas_in)
+            writer, parts = _writer_and_parts(writer_cls, workers, total, (tmp, out_spec, layout, metas_out),
+                                              writer_options)
+            task = dict(src=src, src_format=src_format, dst_format=dst_format, reader_options=reader_options,
+                        writer_options=writer_options, dst=tmp, spec=out_spec, layout=layout, metas_in=metas_in,
+                        metas_out=metas_out, true_vocab=spec.vocab)
             carried = getattr(reader, "carried", None) or {}
             if hasattr(writer, "carry"):
                 writer.carry(carried)  # e.g. an HF source's tokenizer and generation config
@@ -217,26 +264,22 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                                      f"holds weights and the model's shape only; give --tokenizer {src} when "
                                      f"converting to hf)")
             try:
-                for m_in, m_out in zip(metas_in, metas_out):
-                    if not _passed_through(reader, writer, m_in, m_out):
-                        vocab = index[base_param_name(m_in.name)].split == "vocab"
-                        tensor = _read_padded(reader, m_in, m_out) if vocab else None
-                        if tensor is None:
-                            tensor = reader.read(m_in.name)
-                            if tuple(tensor.shape) != m_in.shape:
-                                raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, "
-                                                   f"expected {list(m_in.shape)}")
-                            if vocab:
-                                tensor = fit_vocab(tensor, m_out.shape[0], spec.vocab, m_in.name, summary.notes)
-                        writer.write(m_out.name, tensor.to(m_out.dtype))
-                    summary.tensors += 1
-                    summary.bytes += m_out.nbytes
-                    if progress:
-                        progress.update(m_in.nbytes)
-                if hasattr(reader, "confirm"):
-                    reader.confirm()  # e.g. checksums verified in the background while we read
-                writer.finish(reader.source.state)
-                summary.notes += getattr(writer, "notes", [])  # what the writer could not write, and why
+                if len(parts) > 1:
+                    done = parallel.run([dict(task, worker=w, only=only) for w, only in enumerate(parts)],
+                                       progress, total)
+                    summary.notes += parallel.merge_notes(d["notes"] for d in done)
+                    if hasattr(reader, "confirm"):
+                        reader.confirm()
+                    writer.finish_global(reader.source.state, {k: v for d in done for k, v in d["results"].items()})
+                    summary.notes += parallel.merge_notes([*(d["writer_notes"] for d in done), getattr(writer, "notes", [])])
+                    summary.tensors, summary.bytes = len(metas_out), sum(m.nbytes for m in metas_out)
+                else:
+                    summary.tensors, summary.bytes = stream(reader, writer, metas_in, metas_out, index, spec.vocab,
+                                                            src, summary.notes, progress)
+                    if hasattr(reader, "confirm"):
+                        reader.confirm()  # e.g. checksums verified in the background while we read
+                    writer.finish(reader.source.state)
+                    summary.notes += getattr(writer, "notes", [])  # what the writer could not write, and why
             except BaseException:
                 if hasattr(writer, "abort"):
                     writer.abort()

@@ -189,28 +189,45 @@ def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]
 
 
 class StoreWriter:
-    """Writes a common-format checkpoint at `layout`, taking one global tensor at a time."""
+    """Writes a common-format checkpoint at `layout`, taking one global tensor at a time.
 
-    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]):
+    `only`: the files (`units`) this writer writes, for a conversion split over processes
+    (`interop.workers`); None: all of them."""
+
+    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], only=None):
         spec.check_tp(layout.tp)
         if layout.num_layers != spec.num_layers:
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
         self.root, self.spec, self.layout = Path(root), spec, layout
         self.metas = metas
         self.placement, files = plan_shards(spec, layout, metas)
+        self.units = sorted(files)
         self.writers = {name: SafetensorsWriter(self.root / name, entries, {"format": "pt"})
-                        for name, entries in sorted(files.items())}
+                        for name, entries in sorted(files.items()) if only is None or name in only}
+
+    def wants(self, name: str) -> bool:
+        return any(fname in self.writers for fname, _ in self.placement[name])
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         for fname, box in self.placement[name]:
-            self.writers[fname].write(name, tensor[box.slices()])
+            if fname in self.writers:
+                self.writers[fname].write(name, tensor[box.slices()])
 
-    def finish(self, state: dict | None = None) -> None:
+    def finish_units(self, state: dict | None = None) -> dict:
+        """Close this writer's files: {file: {"bytes", "crc32"}}."""
         files = {}
         for name, writer in self.writers.items():
             nbytes, crc = writer.close()
             files[name] = {"bytes": nbytes, "crc32": crc}
-        write_manifest(self.root, self.spec, self.layout, self.metas, self.placement, files, state)
+        return files
+
+    def finish_global(self, state: dict | None, files: dict) -> None:
+        """interop.json, from every file's size and checksum."""
+        write_manifest(self.root, self.spec, self.layout, self.metas, self.placement,
+                       {name: files[name] for name in self.units}, state)
+
+    def finish(self, state: dict | None = None) -> None:
+        self.finish_global(state, self.finish_units(state))
 
     def abort(self) -> None:
         for writer in self.writers.values():

@@ -56,23 +56,33 @@ class Writer:
     padded_vocab = staticmethod(_padded_vocab)
 
     def __init__(self, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
-                 distributed_optimizer: bool | None = None):
+                 distributed_optimizer: bool | None = None, only=None):
         if (format or "torch") not in FORMATS:
             raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
         if format == "torch_dist":
             self.impl = _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
-                                             distributed_optimizer=distributed_optimizer)
+                                             distributed_optimizer=distributed_optimizer, only=only)
         else:
             if distributed_optimizer:
                 raise InteropError("the distributed optimizer's layout is written in torch_dist (--format torch_dist); "
                                    "the torch format's distrib_optim.pt is not written")
-            self.impl = torch_format.Writer(root, spec, layout, metas, iteration=iteration)
+            self.impl = torch_format.Writer(root, spec, layout, metas, iteration=iteration, only=only)
+        self.units = self.impl.units  # the files a conversion split over processes divides (`interop.workers`)
 
     def write(self, name, tensor) -> None:
         self.impl.write(name, tensor)
 
+    def wants(self, name) -> bool:
+        return self.impl.wants(name)
+
     def finish(self, state: dict | None = None) -> None:
         self.impl.finish(state)
+
+    def finish_units(self, state: dict | None = None) -> dict:
+        return self.impl.finish_units(state)
+
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        self.impl.finish_global(state, results)
 
     def abort(self) -> None:
         self.impl.abort()

@@ -77,6 +77,11 @@ def detect(path) -> bool:
     return True
 
 
+def _file_of(key: str, layer: int | None) -> int:
+    """The `.distcp` file of a chunk: one per decoder layer (1 + layer), and file 0 for the rest."""
+    return 0 if layer is None else 1 + layer
+
+
 def _rows(spec: ModelSpec, scheme: str):
     """The name table at tp=1, pp=1 (global tensors, global layer numbers)."""
     return expand_rows(scheme, spec, ParallelLayout.build(spec.num_layers))
@@ -324,7 +329,9 @@ class Writer:
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 iteration: int | None = None, distributed_optimizer: bool | None = None):
+                 iteration: int | None = None, distributed_optimizer: bool | None = None, only=None):
+        """`only`: the `.distcp` files (`units`: 0 for the embedding, final norm and output layer, 1 + i for
+        decoder layer i) to write, for a conversion split over processes (`interop.workers`); None: all."""
         spec.check_tp(layout.tp)
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
         self.distributed_optimizer = distributed_optimizer  # None: as the source's args say
@@ -346,9 +353,15 @@ class Writer:
         # (the iteration is known only from the final state).
         self.root.mkdir(parents=True, exist_ok=True)
         self.partial = self.root / ".partial"
-        self.out = dist.DistWriter(self.partial)
+        self.units = list(range(spec.num_layers + 1))
+        self.only = only
+        self.out = dist.DistWriter(self.partial, _file_of, only)
         for key, (dtype, shape) in self.planned.items():
             self.out.declare(key, dtype, shape)
+
+    def wants(self, name: str) -> bool:
+        key, layer = stacked_key(self.row_of[base_param_name(name)].key)
+        return self.only is None or _file_of(key, layer) in self.only
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
@@ -362,9 +375,18 @@ class Writer:
         key, layer = stacked_key(row.key)
         self.out.write(prefix + key, layer, fused)
 
-    def finish(self, state: dict | None = None) -> None:
+    def finish_units(self, state: dict | None = None) -> dict:
+        """Close this writer's `.distcp` files; returns their DCP storage entries."""
         if self.pending:
             raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
+        return self.out.close_files()
+
+    def finish(self, state: dict | None = None) -> None:
+        self.finish_global(state, self.finish_units(state))
+
+    def finish_global(self, state: dict | None, storage: dict) -> None:
+        """`.metadata` (every file's chunks), the byte objects, common.pt, metadata.json; then the folder's name."""
+        self.out.add_storage({i: info for i, info in storage.items() if i not in self.out.storage})
         state = state or {}
         meg = state.get("megatron") or {}
         base = base_args(meg)

@@ -444,7 +444,9 @@ class Writer:
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 iteration: int | None = None):
+                 iteration: int | None = None, only=None):
+        """`only`: the (tp, pp) rank files (`units`) to write, for a conversion split over processes
+        (`interop.workers`); None: all of them."""
         spec.check_tp(layout.tp)
         if layout.num_layers != spec.num_layers:
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
@@ -460,11 +462,22 @@ class Writer:
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
         self.dir = self.root / "iter_pending"
+        self.units = layout.ranks()
         self.files = {}
-        for t, p in layout.ranks():
+        for t, p in self.units:
+            if only is not None and (t, p) not in only:
+                continue
             path = self.dir / rank_dir_name(t, p, layout.pp) / RANK_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             self.files[(t, p)] = TorchFileWriter(path)
+
+    def _targets(self, row, base: str) -> list:
+        return [row] + (self.tied_rows if base == "embed.word.weight" else [])
+
+    def wants(self, name: str) -> bool:
+        base = base_param_name(name)
+        stages = {r.stage for r in self._targets(self.row_of[base], base)}
+        return any((t, p) in self.files for t in range(self.layout.tp) for p in stages)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base = base_param_name(name)
@@ -479,9 +492,12 @@ class Writer:
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
         for t in range(self.layout.tp):
+            mine = [r for r in self._targets(row, base) if (t, r.stage) in self.files]
+            if not mine:
+                continue
             piece = to_rank(row, parts, self.index, self.layout.tp, t, self.spec,
                             out=self.memory.empty(rank_shapes(row, self.index, self.layout.tp, t), parts[0].dtype))
-            for r in [row] + (self.tied_rows if base == "embed.word.weight" else []):
+            for r in mine:
                 self.refs[(kind, t, r.stage, r.chunk, r.key)] = self.files[(t, r.stage)].add(piece)
 
     def _model_dict(self, t: int, p: int, v: int) -> OrderedDict:
@@ -512,25 +528,32 @@ class Writer:
             out["output_layer._extra_state"] = None
         return out
 
-    def finish(self, state: dict | None = None) -> None:
-        if self.pending:
-            raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
-        state = state or {}
+    def _final(self, state: dict) -> tuple:
+        """(args, iteration, scheduler, notes) for the rank files, from the source's state."""
         meg = state.get("megatron") or {}
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = args_from_spec(self.spec, self.layout, base, divisor)
         iteration = final_iteration(self.iteration, state)
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
-        if self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
-            self.notes += notes
-            if args.get("use_distributed_optimizer"):
-                args["use_distributed_optimizer"] = False
-                self.notes.append("the distributed optimizer's state is written as the non-distributed optimizer's "
-                                  f"(in the rank files; no {DISTRIB_OPTIM_FILE}): resume without "
-                                  "--use-distributed-optimizer, or write --format torch_dist")
+        if not self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
+            notes = []
+        elif args.get("use_distributed_optimizer"):
+            args["use_distributed_optimizer"] = False
+            notes.append("the distributed optimizer's state is written as the non-distributed optimizer's "
+                         f"(in the rank files; no {DISTRIB_OPTIM_FILE}): resume without "
+                         "--use-distributed-optimizer, or write --format torch_dist")
         args = argparse.Namespace(**args)
         args.iteration = 0 if iteration == "release" else iteration
+        return args, iteration, scheduler, notes
+
+    def finish_units(self, state: dict | None = None) -> dict:
+        """Write this writer's rank files (their pickles, after the tensors already in them)."""
+        if self.pending:
+            raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
+        state = state or {}
+        meg = state.get("megatron") or {}
+        args, iteration, scheduler, _ = self._final(state)
         for (t, p), f in self.files.items():
             obj = {"args": args, "checkpoint_version": CHECKPOINT_VERSION,
                    "iteration": 0 if iteration == "release" else iteration}
@@ -551,8 +574,17 @@ class Writer:
             if meg.get("num_floating_point_operations_so_far") is not None:
                 obj["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
             f.finish(obj)
+        return {}
+
+    def finish_global(self, state: dict | None, results: dict | None = None) -> None:
+        """Name the iteration folder and write the tracker, once every rank file is written."""
+        _, iteration, _, notes = self._final(state or {})
+        self.notes += notes
         self.dir.rename(self.root / iteration_name(iteration))
         write_tracker(self.root, iteration)
+
+    def finish(self, state: dict | None = None) -> None:
+        self.finish_global(state, self.finish_units(state))
 
     def abort(self) -> None:
         for f in self.files.values():

@@ -42,7 +42,9 @@ class Writer:
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  dialect: str | None = None, qkv_concat: bool = False, qkv_layout: str | None = None,
-                 qkv_bias_layout: str | None = None, dp: int | None = None):
+                 qkv_bias_layout: str | None = None, dp: int | None = None, only=None):
+        """`only`: the (tp, pp) rank files (`units`) to write, for a conversion split over processes
+        (`interop.workers`); None: all of them."""
         dialect = dialect or "mindspeed"
         if dialect not in DIALECTS:
             raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
@@ -87,7 +89,10 @@ class Writer:
                                    "the model weights are written")
         self.pending: dict[str, dict] = {}
         self.files: dict[tuple[int, int], CkptWriter] = {}
-        for t, p in layout.ranks():
+        self.units = layout.ranks()
+        for t, p in self.units:
+            if only is not None and (t, p) not in only:
+                continue
             path = self._path(t, p)
             path.parent.mkdir(parents=True, exist_ok=True)
             self.files[(t, p)] = CkptWriter(path)
@@ -102,6 +107,21 @@ class Writer:
             if name.startswith(prefix):
                 return native, name[len(prefix):]
         return "", name
+
+    def wants(self, name: str) -> bool:
+        """Whether `write(name)` would put anything into this writer's files."""
+        if name.startswith(MASTER_PREFIX):
+            if self.dialect != "mindspeed":
+                return False
+            name = name[len(MASTER_PREFIX):]
+        elif self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
+            return False
+        canonical = self._split(name)[1]
+        stages = {self.layout.stage_of(self.index[canonical])}
+        if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
+                and self.spec.tied_embeddings and self.layout.pp > 1):
+            stages.add(self.layout.pp - 1)
+        return any((t, p) in self.files for t in range(self.layout.tp) for p in stages)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if name.startswith(MASTER_PREFIX):
@@ -131,6 +151,8 @@ class Writer:
         stage = self.layout.stage_of(first) if stage is None else stage
         tp = self.layout.tp
         for t in range(tp):
+            if (t, stage) not in self.files:
+                continue
             shards = [part[shard_box(tuple(part.shape), first.axis, t, tp).slices()] for part in parts]
             fused = fuse(kind, shards, self.spec.kv_groups // tp)
             self.files[(t, stage)].write(ms_name, fused)
@@ -151,18 +173,29 @@ class Writer:
             return "embed.word.weight"
         return self.first_part[ms_name]
 
-    def finish(self, state: dict | None = None) -> None:
+    def finish_units(self, state: dict | None = None) -> dict:
+        """Close this writer's rank files (MindSpeed's: after the step/epoch/optimizer scalars)."""
         state = dict(state or {})
         if self.pending:
             raise InteropError(f"{self.root}: fused tensors left incomplete: {sorted(self.pending)[:3]}")
         if self.dialect == "mindspeed":
             scalars, notes = state_to_scalars(state)
-            self.notes += notes
+            self.notes += [n for n in notes if n not in self.notes]
             for writer in self.files.values():
                 for tag, value in scalars.items():
                     writer.write(tag, value)
         for writer in self.files.values():
             writer.close()
+        return {}
+
+    def finish(self, state: dict | None = None) -> None:
+        self.finish_global(state, self.finish_units(state))
+
+    def finish_global(self, state: dict | None, results: dict | None = None) -> None:
+        """The files describing all ranks: MindFormers' strategy files, interop's sidecar."""
+        state = dict(state or {})
+        if self.dialect == "mindspeed":  # the scalars' notes (a writer split over processes wrote none itself)
+            self.notes += [n for n in state_to_scalars(state)[1] if n not in self.notes]
         if self.dialect == "mindformers" and self.layout.tp * self.layout.pp > 1:
             (self.root / "strategy").mkdir()
             for p in range(self.layout.pp):

@@ -455,27 +455,43 @@ class LazyTensor(NamedTuple):
 class DistWriter:
     """Writes a torch_dist checkpoint a chunk at a time, as DCP lays it out, without DCP's planning.
 
-    One `__0_0.distcp` holds every item back to back: each tensor chunk a `torch.save` of it (stacked
-    keys one chunk per layer, `[1, ...]`, as mcore stores them), each byte object its raw bytes;
-    `.metadata` (DCP's `Metadata`: per key its chunks, per chunk its byte range) is written last, by
-    `finish`, after checking that every declared chunk arrived exactly once.  Chunks are written the
-    moment they are given, in any order: memory is the chunk in hand.
+    Each chunk goes to the `.distcp` file `file_of(key, layer)` names (`__{n}_0.distcp`; default: all to
+    `__0_0.distcp`), appended there as a `torch.save` of it (stacked keys one chunk per layer, `[1, ...]`,
+    as mcore stores them); byte objects go to file 0 as their raw bytes.  `.metadata` (DCP's `Metadata`:
+    per key its chunks, per chunk its file and byte range) is written last, by `finish`, after checking
+    that every declared chunk arrived exactly once.  Chunks are written the moment they are given, in any
+    order: memory is the chunk in hand.
+
+    `only`: the files this writer writes, for a checkpoint written by several processes
+    (`interop.workers`): each closes its files with `close_files()`, which returns their storage
+    entries, and one writer adds them all (`add_storage`) before `finish`.
     """
 
     FILE = "__0_0.distcp"
 
-    def __init__(self, path):
+    def __init__(self, path, file_of: Callable[[str, int | None], int] | None = None, only=None):
         self.path = Path(path)
-        if self.path.exists() and any(self.path.iterdir()):
+        if only is None and self.path.exists() and any(self.path.iterdir()):
             raise InteropError(f"{self.path}: destination is not empty")
         self.path.mkdir(parents=True, exist_ok=True)
-        self.file = self.path / self.FILE
-        self.fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        self.offset = 0
+        self.file_of = file_of or (lambda key, layer: 0)
+        self.only = only
+        self.open_files: dict[int, tuple[int, Writeback]] = {}
+        self.offsets: dict[int, int] = {}
         self.declared: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
         self.objects: list[str] = []
         self.storage: dict[MetadataIndex, _StorageInfo] = {}
-        self.writeback = Writeback(self.fd)
+
+    @staticmethod
+    def file_name(unit: int) -> str:
+        return f"__{unit}_0.distcp"
+
+    def _fd(self, unit: int) -> int:
+        if unit not in self.open_files:
+            fd = os.open(self.path / self.file_name(unit), os.O_WRONLY | os.O_CREAT, 0o666)
+            self.offsets[unit] = os.lseek(fd, 0, os.SEEK_END)
+            self.open_files[unit] = (fd, Writeback(fd))
+        return self.open_files[unit][0]
 
     def declare(self, key: str, dtype: torch.dtype, shape) -> None:
         """Tensor `key` of global `shape` will be written (per layer if stacked)."""
@@ -498,21 +514,26 @@ class DistWriter:
         index = MetadataIndex(key, offsets)
         if index in self.storage:
             raise ValueError(f"{key}: layer {layer} written twice")
-        length = append_tensor(self.fd, self.file, data.unsqueeze(0) if stacked else data)
-        self._stored(index, length)
+        unit = self.file_of(key, layer)
+        if self.only is not None and unit not in self.only:
+            raise ValueError(f"{key} (layer {layer}) belongs to {self.file_name(unit)}, not this writer's")
+        fd = self._fd(unit)
+        length = append_tensor(fd, self.path / self.file_name(unit), data.unsqueeze(0) if stacked else data)
+        self._stored(unit, index, length)
 
     def write_object(self, key: str, value) -> None:
-        """A ShardedObject as mcore stores it: `torch.save([value])`, raw bytes in the file."""
+        """A ShardedObject as mcore stores it: `torch.save([value])`, raw bytes in file 0."""
         if key in self.objects or key in self.declared:
             raise ValueError(f"duplicate key {key!r}")
         buffer = io.BytesIO()
         torch.save([value], buffer)
         raw = buffer.getbuffer()
         view, done = memoryview(raw), 0
+        fd = self._fd(0)
         while done < len(view):
-            done += os.write(self.fd, view[done:])
+            done += os.write(fd, view[done:])
         self.objects.append(key)
-        self._stored(MetadataIndex(key), len(view))
+        self._stored(0, MetadataIndex(key), len(view))
 
     def rename(self, new_key: Callable[[str], str]) -> None:
         """Store tensor keys under other names (decided only once the source's state is known)."""
@@ -522,10 +543,25 @@ class DistWriter:
         self.declared = {names[k]: v for k, v in self.declared.items()}
         self.storage = {MetadataIndex(names.get(i.fqn, i.fqn), i.offset): info for i, info in self.storage.items()}
 
-    def _stored(self, index: MetadataIndex, length: int) -> None:
-        self.storage[index] = _StorageInfo(self.FILE, self.offset, length)
-        self.offset += length
-        self.writeback.wrote(self.offset)
+    def _stored(self, unit: int, index: MetadataIndex, length: int) -> None:
+        self.storage[index] = _StorageInfo(self.file_name(unit), self.offsets[unit], length)
+        self.offsets[unit] += length
+        self.open_files[unit][1].wrote(self.offsets[unit])
+
+    def close_files(self) -> dict:
+        """Close the files written so far; returns their storage entries ({MetadataIndex: _StorageInfo})."""
+        while self.open_files:
+            _, (fd, writeback) = self.open_files.popitem()
+            writeback.wait()
+            os.close(fd)
+        return dict(self.storage)
+
+    def add_storage(self, storage: dict) -> None:
+        """Storage entries of chunks other writers wrote into this checkpoint's files."""
+        twice = next((i for i in storage if i in self.storage), None)
+        if twice is not None:
+            raise InteropError(f"{self.path}: {twice.fqn} at {list(twice.offset)} was written twice")
+        self.storage.update(storage)
 
     def finish(self, common: dict | None = None) -> None:
         """`.metadata`, common.pt and metadata.json; refuses if a declared chunk never came."""
@@ -542,10 +578,11 @@ class DistWriter:
                 raise InteropError(f"{self.path}: {key} at {list(missing.offsets)} was never written")
             entries[key] = TensorStorageMetadata(TensorProperties(dtype=dtype), size, chunks)
         entries.update({key: BytesStorageMetadata() for key in self.objects})
-        self.writeback.wait()
-        os.close(self.fd)
-        self.fd = None
-        metadata = Metadata(state_dict_metadata=entries, planner_data=None, storage_data=self.storage,
+        self.close_files()
+        # in file order (the same whichever process wrote which file)
+        storage = dict(sorted(self.storage.items(), key=lambda item: (_file_number(item[1].relative_path),
+                                                                       item[1].offset)))
+        metadata = Metadata(state_dict_metadata=entries, planner_data=None, storage_data=storage,
                             storage_meta=StorageMeta(checkpoint_id=str(self.path), save_id=str(uuid.uuid4())),
                             version=CURRENT_DCP_VERSION)
         with open(self.path / DCP_METADATA, "wb") as f:
@@ -554,10 +591,15 @@ class DistWriter:
         (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
 
     def abort(self) -> None:
-        if self.fd is not None:
-            self.writeback.wait()
-            os.close(self.fd)
-            self.fd = None
+        for fd, writeback in self.open_files.values():
+            writeback.wait()
+            os.close(fd)
+        self.open_files = {}
+
+
+def _file_number(name: str) -> int:
+    m = re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+    return int(m.group(1)) if m else -1
 
 
 def _as_lazy(value) -> LazyTensor:

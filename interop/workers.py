@@ -1,0 +1,208 @@
+"""`--workers N`: one conversion split over processes by target files.
+
+A writer that can be split names its target *units* (`writer.units`): the Megatron torch and
+MindSpore rank files, the common store's rank files, HF's shard files, torch_dist's `.distcp`
+files (one per decoder layer).  Worker w of N owns the units i with i % N == w.  It opens the
+source itself (only names, shapes and options cross the process boundary, never a tensor),
+streams the canonical tensors in the usual order, reads only those its units need
+(`writer.wants(name)`), and finishes its units' files (`writer.finish_units(state)`, which returns
+what the files describing the whole checkpoint need: sizes, checksums, DCP storage entries).
+The parent holds the atomic temporary directory, shows progress, and once every worker is done
+writes the describing files itself (`writer.finish_global(state, results)` of a writer that owns
+no unit).  Each worker's unit files are what one process would write: the bytes are the same.
+
+Workers start from a fork server that has imported torch and interop once ('forkserver': a fork
+of a process whose torch threads may be running is unsafe, and a fresh interpreter per worker
+pays torch's import again).  A worker costs its start-up, so a job is split only into parts of
+at least `MIN_BYTES_PER_WORKER` of source.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queues
+import traceback
+
+from .errors import InteropError
+
+# Below this much source per worker, a worker's start-up (fork server: ~0.1 s per fork after a one-time
+# ~1.5 s torch import; measured in tests/test_workers.py's docstring) costs more than it saves.
+MIN_BYTES_PER_WORKER = 1 << 30
+PROGRESS_BYTES = 16 << 20  # a worker reports progress at most every this many bytes of source
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, as taskset or a container's cpuset sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_count(requested: int | None, total_bytes: int, units: int) -> int:
+    """How many processes to use: at most `requested` (default: the cores), one per unit, and one per
+    `MIN_BYTES_PER_WORKER` of source; 1 means convert in this process."""
+    if requested is not None and requested < 1:
+        raise InteropError(f"--workers must be >= 1, got {requested}")
+    wanted = available_cores() if requested is None else requested
+    return max(1, min(wanted, units, total_bytes // max(MIN_BYTES_PER_WORKER, 1)))
+
+
+def splittable(writer_cls) -> bool:
+    """Whether the writer takes `only=` (a set of its units) and finishes in two halves."""
+    import inspect
+    return "only" in inspect.signature(writer_cls.__init__).parameters and hasattr(writer_cls, "finish_global")
+
+
+def assign(units: list, n: int) -> list[frozenset]:
+    """Units i % n == w for worker w: consecutive units (neighbouring ranks, layers) go to different workers."""
+    return [frozenset(u for i, u in enumerate(units) if i % n == w) for w in range(n)]
+
+
+def merge_notes(lists) -> list[str]:
+    """Every note once, in first-seen order (each worker repeats the notes all of them make)."""
+    out: list[str] = []
+    for notes in lists:
+        out += [n for n in notes if n not in out]
+    return out
+
+
+def _context():
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["interop.workers", "interop.convert"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def run(tasks: list[dict], progress=None, total: int = 0) -> list[dict]:
+    """Run one `_work(task)` per task in its own process; returns each worker's result in task order.
+
+    A worker that fails stops the others and raises here as it would have raised alone (an
+    InteropError with its message, an OSError with its errno and file); one that dies without a word
+    (killed, out of memory) is an InteropError naming its exit."""
+    ctx = _context()
+    messages = ctx.Queue()
+    procs = [ctx.Process(target=_work, args=(task, messages), daemon=True, name=f"interop-worker-{w}")
+             for w, task in enumerate(tasks)]
+    results: dict[int, dict] = {}
+    seen = shown = 0
+    try:
+        for p in procs:
+            p.start()
+        while len(results) < len(procs):
+            try:
+                kind, w, payload = messages.get(timeout=0.5)
+            except queues.Empty:
+                for w, p in enumerate(procs):
+                    if w not in results and p.exitcode is not None:
+                        _raise_dead(w, p.exitcode, messages)
+                continue
+            if kind == "progress":
+                seen += payload
+                if progress is not None:  # every worker passes over every tensor: show their mean
+                    step = min(seen // len(procs), total) - shown
+                    if step > 0:
+                        progress.update(step)
+                        shown += step
+            elif kind == "done":
+                results[w] = payload
+            else:
+                _raise_failed(w, payload)
+        for p in procs:
+            p.join()
+    finally:
+        procs = [p for p in procs if p.pid is not None]  # started
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        messages.close()
+    return [results[w] for w in range(len(procs))]
+
+
+def _raise_dead(w: int, exitcode: int, messages) -> None:
+    try:  # its last words may still be in the queue
+        kind, who, payload = messages.get(timeout=1)
+        if kind == "error":
+            _raise_failed(who, payload)
+    except queues.Empty:
+        pass
+    how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with status {exitcode}"
+    raise InteropError(f"conversion worker {w} {how} (out of memory?); nothing was written")
+
+
+def _raise_failed(w: int, error: dict) -> None:
+    if error["type"] == "interop":
+        raise InteropError(error["message"])
+    if error["type"] == "os":
+        raise OSError(error["errno"], error["strerror"], error["filename"])
+    if error["type"] == "interrupt":
+        raise KeyboardInterrupt
+    raise RuntimeError(f"conversion worker {w} failed:\n{error['traceback']}")
+
+
+class _Progress:
+    """Sends the bytes of source a worker has passed, in steps of PROGRESS_BYTES."""
+
+    def __init__(self, messages, w: int):
+        self.messages, self.w, self.pending = messages, w, 0
+
+    def update(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= PROGRESS_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.messages.put(("progress", self.w, self.pending))
+            self.pending = 0
+
+
+def _work(task: dict, messages) -> None:
+    """One worker: open the source, stream the tensors its units need, finish its units' files."""
+    w = task["worker"]
+    try:
+        from .convert import one_torch_thread, stream
+        from .converters.registry import converter
+        from .io.background import background_writes
+        from .params import param_index
+        reader = converter(task["src_format"]).Reader(task["src"], **task["reader_options"])
+        try:
+            with one_torch_thread(), background_writes():
+                writer = converter(task["dst_format"]).Writer(task["dst"], task["spec"], task["layout"],
+                                                              task["metas_out"], **task["writer_options"],
+                                                              only=task["only"])
+                notes: list[str] = []
+                progress = _Progress(messages, w)
+                try:
+                    stream(reader, writer, task["metas_in"], task["metas_out"], param_index(task["spec"]),
+                           task["true_vocab"], task["src"], notes, progress, wants=writer.wants)
+                    if hasattr(reader, "confirm"):
+                        reader.confirm()
+                    results = writer.finish_units(reader.source.state)
+                except BaseException:
+                    if hasattr(writer, "abort"):
+                        writer.abort()
+                    raise
+                progress.flush()
+        finally:
+            reader.close()
+        messages.put(("done", w, {"results": results, "notes": notes, "writer_notes": list(getattr(writer, "notes", []))}))
+    except InteropError as exc:
+        messages.put(("error", w, {"type": "interop", "message": str(exc)}))
+    except OSError as exc:
+        messages.put(("error", w, {"type": "os", "errno": exc.errno, "strerror": exc.strerror or str(exc),
+                                   "filename": exc.filename}))
+    except KeyboardInterrupt:
+        messages.put(("error", w, {"type": "interrupt"}))
+    except BaseException:
+        messages.put(("error", w, {"type": "bug", "traceback": traceback.format_exc()}))
+    finally:
+        messages.close()
+        messages.join_thread()  # the message is in the pipe before the process ends
