@@ -1,0 +1,186 @@
+"""`convert --workers N`: a conversion split over processes by target files writes what one process writes.
+
+Each target is converted with one worker and with two (the size threshold lowered so that a tiny
+model splits), and the outputs are compared file by file: byte for byte, except the two fields that
+differ between any two runs even with one worker (torch.save's random `.data/serialization_id` record
+in Megatron rank files; `.metadata`'s `storage_meta`, a fresh save id and the temporary folder's path),
+which are compared as records / as DCP metadata instead.
+"""
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import interop.workers as parallel
+from interop.convert import convert
+from interop.errors import InteropError
+from interop.io.megatron_dist import _MetadataUnpickler
+from interop.io.safetensors import SafetensorsWriter
+
+from hostile import assert_one_error, leftovers, run
+
+H, FFN, HEADS, KV, VOCAB, LAYERS = 64, 96, 8, 4, 256, 4
+
+
+def _write_hf(path: Path) -> None:
+    """A small HF Llama (bf16, random), written directly: no transformers import."""
+    import json
+    path.mkdir()
+    d = H // HEADS
+    entries = [("model.embed_tokens.weight", (VOCAB, H))]
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        entries += [(p + "input_layernorm.weight", (H,)), (p + "self_attn.q_proj.weight", (H, H)),
+                    (p + "self_attn.k_proj.weight", (KV * d, H)), (p + "self_attn.v_proj.weight", (KV * d, H)),
+                    (p + "self_attn.o_proj.weight", (H, H)), (p + "post_attention_layernorm.weight", (H,)),
+                    (p + "mlp.gate_proj.weight", (FFN, H)), (p + "mlp.up_proj.weight", (FFN, H)),
+                    (p + "mlp.down_proj.weight", (H, FFN))]
+    entries += [("model.norm.weight", (H,)), ("lm_head.weight", (VOCAB, H))]
+    writer = SafetensorsWriter(path / "model.safetensors", [(k, torch.bfloat16, s) for k, s in entries],
+                               {"format": "pt"})
+    gen = torch.Generator().manual_seed(0)
+    for key, shape in entries:
+        writer.write(key, torch.randn(shape, generator=gen).to(torch.bfloat16))
+    writer.close()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H,
+              "intermediate_size": FFN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV, "vocab_size": VOCAB, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("workers")
+    _write_hf(root / "hf")
+    convert(root / "hf", root / "megatron", dst_format="megatron", tp=2, pp=2)
+    convert(root / "hf", root / "store", dst_format="interop", tp=2, pp=2)
+    return root
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Lower the threshold so that a tiny model splits; record how many workers each run started."""
+    monkeypatch.setattr(parallel, "MIN_BYTES_PER_WORKER", 1)
+    started = []
+    real = parallel.run
+
+    def counting(tasks, *args, **kwargs):
+        started.append(len(tasks))
+        return real(tasks, *args, **kwargs)
+
+    monkeypatch.setattr(parallel, "run", counting)
+    return started
+
+
+def _files(root: Path) -> dict[str, Path]:
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _same_torch_file(a: Path, b: Path) -> None:
+    """Same zip records at the same offsets with the same bytes; the random serialization id aside."""
+    assert a.stat().st_size == b.stat().st_size
+    with zipfile.ZipFile(a) as x, zipfile.ZipFile(b) as y:
+        xs, ys = x.infolist(), y.infolist()
+        assert [(i.filename, i.header_offset, i.file_size) for i in xs] == \
+               [(i.filename, i.header_offset, i.file_size) for i in ys]
+        for info in xs:
+            if not info.filename.endswith(".data/serialization_id"):
+                assert x.read(info.filename) == y.read(info.filename), (a, info.filename)
+
+
+def _same_dcp_metadata(a: Path, b: Path) -> None:
+    """Same chunks, same files and byte ranges, in the same order; storage_meta (save id, path) aside."""
+    with open(a, "rb") as f:
+        x = _MetadataUnpickler(f).load()
+    with open(b, "rb") as f:
+        y = _MetadataUnpickler(f).load()
+    assert list(x.storage_data.items()) == list(y.storage_data.items())
+    assert list(x.state_dict_metadata.items()) == list(y.state_dict_metadata.items())
+    assert x.version == y.version and x.planner_data == y.planner_data
+
+
+def assert_same_output(a: Path, b: Path) -> None:
+    fa, fb = _files(a), _files(b)
+    assert list(fa) == list(fb)
+    for name, path in fa.items():
+        if path.name == ".metadata":
+            _same_dcp_metadata(path, fb[name])
+        elif path.suffix == ".pt" and zipfile.is_zipfile(path):
+            _same_torch_file(path, fb[name])
+        else:
+            assert path.read_bytes() == fb[name].read_bytes(), name
+
+
+CASES = {  # target: (source, convert options, target files split over the workers)
+    "megatron-torch-tp2pp2": ("hf", dict(dst_format="megatron", tp=2, pp=2), 4),
+    "hf-sharded": ("megatron", dict(dst_format="hf", max_shard_size="40KB"), None),
+    "mindspore-tp2pp2": ("hf", dict(dst_format="mindspore", tp=2, pp=2), 4),
+    "torch_dist": ("hf", dict(dst_format="megatron", format="torch_dist"), LAYERS + 1),
+    "interop-store-tp2pp2": ("hf", dict(dst_format="interop", tp=2, pp=2), 4),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_workers_write_the_same_bytes_as_one(sources, split, tmp_path, case):
+    src, options, _ = CASES[case]
+    one = convert(sources / src, tmp_path / "one", workers=1, **options)
+    assert split == []
+    seen = []
+    two = convert(sources / src, tmp_path / "two", workers=2, progress=lambda done, total: seen.append((done, total)),
+                  **options)
+    assert split == [2]
+    assert_same_output(tmp_path / "one", tmp_path / "two")
+    assert (one.tensors, one.bytes, one.notes) == (two.tensors, two.bytes, two.notes)
+    assert seen[-1][0] == seen[-1][1] > 0  # the progress reached the total, once for all workers
+    assert leftovers(tmp_path / "two") == []
+
+
+def test_megatron_output_from_workers_loads(sources, split, tmp_path):
+    """What Megatron reads back: the canonical tensors of the source (our reader, at tp2/pp2 from workers)."""
+    convert(sources / "hf", tmp_path / "meg", workers=2, dst_format="megatron", tp=2, pp=2)
+    convert(tmp_path / "meg", tmp_path / "back", workers=1, dst_format="hf")
+    from safetensors.torch import load_file
+    x, y = load_file(sources / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_a_failing_worker_leaves_nothing_and_one_error_line(sources, split, tmp_path):
+    """A store whose rank file no longer matches its CRC-32: each worker's reader finds it; the CLI prints one
+    `error:` line, exit 2, and neither the destination nor a temporary sibling exists afterwards."""
+    import shutil
+    src = tmp_path / "store"
+    shutil.copytree(sources / "store", src)
+    victim = src / "model-tp01-pp01.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    dst = tmp_path / "out"
+    assert_one_error(*run("convert", src, dst, "--to", "megatron", "--tp", "2", "--pp", "2", "--workers", "2"),
+                     "model-tp01-pp01.safetensors")
+    assert split == [2]
+    assert not dst.exists() and leftovers(dst) == []
+
+
+def test_small_jobs_and_single_files_stay_in_this_process(sources, monkeypatch, tmp_path):
+    """Below MIN_BYTES_PER_WORKER of source per worker (the default threshold) and for a target of one file,
+    no worker starts."""
+    monkeypatch.setattr(parallel, "run", lambda *a, **k: pytest.fail("a worker started"))
+    convert(sources / "hf", tmp_path / "a", workers=4, dst_format="megatron", tp=2, pp=2)  # 0.3 MB: too small
+    monkeypatch.setattr(parallel, "MIN_BYTES_PER_WORKER", 1)
+    convert(sources / "megatron", tmp_path / "b", workers=4, dst_format="hf")  # one model.safetensors
+
+
+def test_worker_count():
+    gib = 1 << 30
+    assert parallel.worker_count(None, 100, 8) == 1
+    assert parallel.worker_count(8, 3 * gib, 8) == 3
+    assert parallel.worker_count(8, 100 * gib, 5) == 5
+    assert parallel.worker_count(2, 100 * gib, 5) == 2
+    with pytest.raises(InteropError, match="--workers"):
+        parallel.worker_count(0, gib, 2)
+    assert parallel.assign(list(range(5)), 2) == [frozenset({0, 2, 4}), frozenset({1, 3})]
