@@ -22,9 +22,7 @@ DCP's metadata classes.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import importlib
 import io
 import json
 import math
@@ -34,18 +32,14 @@ import pickle
 import re
 import tempfile
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
-from torch.distributed.checkpoint.metadata import (
+
+from . import dcp_metadata
+from .dcp_metadata import (
+    CURRENT_DCP_VERSION,
     BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
@@ -53,11 +47,8 @@ from torch.distributed.checkpoint.metadata import (
     StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
+    _StorageInfo,
 )
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
-from torch.distributed.checkpoint.utils import _create_file_view
-from torch.futures import Future
-
 from ..errors import InteropError
 from ..shards import Box, tiling_error
 from .paths import inside
@@ -112,14 +103,6 @@ def checkpoint_dir(root, iteration: int | None = None) -> Path:
 
 # --- reading ---------------------------------------------------------------------------------------------
 
-class _Placeholder:
-    """Stands in for megatron-core's `MCoreSavePlan` (old checkpoints keep the save plans in
-    `planner_data`): it keeps what the pickle gives it and does nothing."""
-
-    def __setstate__(self, state):
-        self.state = state
-
-
 @dataclasses.dataclass
 class _MCoreMetadata(Metadata):
     """megatron-core 0.15's `MCoreMetadata` (`megatron/core/dist_checkpointing/strategies/torch.py`):
@@ -129,31 +112,24 @@ class _MCoreMetadata(Metadata):
 
 
 _MCORE_TORCH = "megatron.core.dist_checkpointing.strategies.torch"
-_DCP = "torch.distributed.checkpoint"
-
-
-def _dcp_class(module: str, name: str):
-    return getattr(importlib.import_module(f"{_DCP}.{module}"), name)
-
+_DCP = dcp_metadata.DCP
 
 # Every global a genuine `.metadata` (written by DCP, by megatron-core 0.15/0.16 or by us) names, as an
-# exact (module, name) pair.  Nothing else is looked up: pickle would resolve a dotted name such as
-# `os.system` through `torch.distributed.checkpoint.filesystem`'s imports.
+# exact (module, name) pair, mapped to the light stand-ins of `dcp_metadata` (DCP itself is never imported).
+# Nothing else is looked up: pickle would resolve a dotted name such as `os.system` through a module's imports.
 _META_GLOBALS = {
-    **{(f"{_DCP}.metadata", n): _dcp_class("metadata", n) for n in (
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")},
-    **{(f"{_DCP}.filesystem", n): _dcp_class("filesystem", n) for n in ("_StorageInfo", "_StoragePrefix")},
-    **{(f"{_DCP}.planner", n): _dcp_class("planner", n) for n in (
+    **{real: ours for ours, real in dcp_metadata.DCP_NAMES.items()},
+    **{(cls.__module__, cls.__name__): cls for cls in dcp_metadata.DCP_NAMES},  # the stand-ins pickled as themselves
+    # save plans that old checkpoints keep in `planner_data`: kept, never used
+    **{(f"{_DCP}.planner", n): dcp_metadata.Opaque for n in (
         "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData", "SavePlan")},
-    # torch <= 2.2 pickled TensorProperties from here (the classes still exist, with the same fields)
-    **{("torch.distributed._shard.sharded_tensor.metadata", n): getattr(
-        importlib.import_module("torch.distributed._shard.sharded_tensor.metadata"), n)
-       for n in ("TensorProperties", "MEM_FORMAT_ENCODING")},
+    # torch <= 2.2 pickled TensorProperties from here (with the same state)
+    ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"): TensorProperties,
+    ("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"): dcp_metadata._MEM_FORMAT_ENCODING,
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # how torch pickles a layout
     (_MCORE_TORCH, "MCoreMetadata"): _MCoreMetadata,
-    (_MCORE_TORCH, "MCoreSavePlan"): _Placeholder,
+    (_MCORE_TORCH, "MCoreSavePlan"): dcp_metadata.Opaque,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("pathlib", "PosixPath"): pathlib.PosixPath,  # StorageMeta.checkpoint_id may be a Path
     ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
@@ -175,12 +151,43 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused global {module}.{name}")
 
 
-class _Reader(FileSystemReader):
-    """FileSystemReader that parses `.metadata` once, safely, and checks it before anything is read:
-    every tensor's chunks tile it exactly once, every chunk's file stays inside the checkpoint."""
+class _FileView(io.RawIOBase):
+    """Bytes `offset`..`offset + length` of an open file, as a file of their own (what torch.load reads a
+    DCP chunk from)."""
+
+    def __init__(self, fd: int, offset: int, length: int):
+        super().__init__()
+        self.fd, self.start, self.length, self.pos = fd, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        want = max(0, min(len(buffer), self.length - self.pos))
+        data = os.pread(self.fd, want, self.start + self.pos) if want else b""
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+class _Reader:
+    """Parses `.metadata` once, safely, and checks it before anything is read: every tensor's chunks tile
+    it exactly once, every chunk's file stays inside the checkpoint.  Chunks are read by their byte ranges
+    (no DCP load planning, no torch.distributed import)."""
 
     def __init__(self, path):
-        super().__init__(str(path))
+        self.path = str(path)
         file = Path(path) / DCP_METADATA
         try:
             with open(file, "rb") as f:
@@ -229,8 +236,11 @@ class _Reader(FileSystemReader):
             index = MetadataIndex(key, chunk.offsets)
             info = self._metadata.storage_data[index]
             file = inside(root, info.relative_path, root / DCP_METADATA)
-            with open(file, "rb") as stream:
-                tensor = self.load_chunk(file, _create_file_view(stream, info.offset, info.length), index)
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                tensor = self.load_chunk(file, _FileView(fd, info.offset, info.length), index)
+            finally:
+                os.close(fd)
             if list(chunk.offsets) == list(offsets) and list(chunk.sizes) == list(sizes):
                 return tensor
             if out is None:
@@ -239,31 +249,16 @@ class _Reader(FileSystemReader):
             out[tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, offsets))].copy_(src)
         return out
 
-    def read_data(self, plan: LoadPlan, planner) -> Future:
-        """DCP's FileSystemReader.read_data, stricter: each stored chunk must be a tensor of exactly the
-        dtype and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
+    def read_bytes(self, key: str) -> bytes:
+        """The raw bytes of byte object `key` (its storage entry's byte range)."""
+        info = self._metadata.storage_data[MetadataIndex(key)]
         root = Path(self.path)
-        by_file: dict[str, list] = {}
-        for item in plan.items:
-            by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        for relative_path, items in by_file.items():
-            with open(inside(root, relative_path, root / DCP_METADATA), "rb") as stream:
-                for item in items:
-                    info = self.storage_data[item.storage_index]
-                    view = _create_file_view(stream, info.offset, info.length)
-                    if item.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(item, io.BytesIO(view.read(-1)))
-                        continue
-                    tensor = self.load_chunk(root / relative_path, view, item.storage_index)
-                    tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
-                    target = planner.resolve_tensor(item).detach()
-                    if target.size() != tensor.size():
-                        raise InteropError(f"{root / relative_path}: {item.storage_index.fqn}: a chunk read does not fit its place")
-                    target.copy_(tensor)
-                    planner.commit_tensor(item, target)
-        done: Future = Future()
-        done.set_result(None)
-        return done
+        with open(inside(root, info.relative_path, root / DCP_METADATA), "rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.length)
+        if len(data) != info.length:
+            raise InteropError(f"{root / info.relative_path}: {key} is cut short ({len(data)} of {info.length} bytes)")
+        return data
 
 
 def _is_size(value) -> bool:
@@ -302,17 +297,6 @@ def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
         why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
         if why:
             raise InteropError(f"{file}: {key}: {why}")
-
-
-class _BytesLoadPlanner(DefaultLoadPlanner):
-    """Loads the raw bytes of one byte object, unpickled by the caller (safely), never by DCP's torch.load."""
-
-    def __init__(self, key: str):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.key, self.raw = key, None
-
-    def load_bytes(self, read_item, value) -> None:
-        self.raw = value.read()
 
 
 class DistCheckpoint:
@@ -392,15 +376,15 @@ class DistCheckpoint:
         """Byte object `key` (megatron-core stores a ShardedObject as `torch.save([value])`), unpickled safely."""
         if key not in self._objects:
             raise InteropError(f"{self.path}: no byte object named {key!r}")
-        planner = _BytesLoadPlanner(key)
         try:
-            with _single_process():
-                dcp.load({key: io.BytesIO()}, storage_reader=self._reader, planner=planner, no_dist=True)
-        except (Exception, CheckpointException) as exc:
-            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(_cause(exc))})") from None
+            raw = self._reader.read_bytes(key)
+        except InteropError:
+            raise
+        except Exception as exc:  # a missing or damaged file surfaces as many types
+            raise InteropError(f"{self.path}: cannot read {key} ({_first_line(exc)})") from None
         with tempfile.TemporaryDirectory(prefix="interop-object-") as tmp:
             file = Path(tmp) / "object.pt"
-            file.write_bytes(planner.raw or b"")
+            file.write_bytes(raw)
             value = _load_pickle(file)
         return value[0] if isinstance(value, list) and len(value) == 1 else value
 
@@ -417,24 +401,9 @@ class DistCheckpoint:
             raise InteropError(f"{self.path}: cannot read {key} ({_first_line(exc)})") from None
 
 
-@contextlib.contextmanager
-def _single_process():
-    """DCP warns on every no_dist call that it assumes one process: that is the point here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
 def _load_pickle(file: Path):
     """common.pt may hold megatron classes (args enums): the shared safe loader handles those."""
     return safe_torch_load(file)
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """DCP wraps what went wrong in a CheckpointException (a BaseException) per rank: unwrap it."""
-    if isinstance(exc, CheckpointException) and exc.failures:
-        return next(iter(exc.failures.values()))[0]
-    return exc
 
 
 def _first_line(exc: BaseException) -> str:
@@ -586,7 +555,7 @@ class DistWriter:
                             storage_meta=StorageMeta(checkpoint_id=str(self.path), save_id=str(uuid.uuid4())),
                             version=CURRENT_DCP_VERSION)
         with open(self.path / DCP_METADATA, "wb") as f:
-            pickle.dump(metadata, f)
+            dcp_metadata.dump(metadata, f)  # what DCP's pickle.dump writes, without importing DCP
         torch.save(common or {}, self.path / COMMON_PT)
         (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
 
