@@ -184,3 +184,43 @@ def test_worker_count():
     with pytest.raises(InteropError, match="--workers"):
         parallel.worker_count(0, gib, 2)
     assert parallel.assign(list(range(5)), 2) == [frozenset({0, 2, 4}), frozenset({1, 3})]
+
+
+# --- torch_dist without torch.distributed.checkpoint (its import costs 1.5-2 s) ---------------------------
+
+def test_dcp_stand_ins_pickle_to_dcps_bytes_and_load_as_dcps_classes():
+    """The light metadata classes are written under DCP's names, byte for byte what DCP's own classes
+    pickle to (torch/distributed/checkpoint/metadata.py, filesystem.py); DCP's pickle.load builds its classes."""
+    import io
+    from torch.distributed.checkpoint import metadata as real
+    from torch.distributed.checkpoint.filesystem import _StorageInfo as RealInfo
+    from interop.io import dcp_metadata as ours
+
+    def build(m, info):
+        size = torch.Size([2, 3])
+        entries = {"w": m.TensorStorageMetadata(m.TensorProperties(dtype=torch.bfloat16), size,
+                                                [m.ChunkStorageMetadata(torch.Size([i, 0]), torch.Size([1, 3]))
+                                                 for i in range(2)]),
+                   "obj/shard_0_1": m.BytesStorageMetadata()}
+        storage = {m.MetadataIndex("w", torch.Size([i, 0])): info(f"__{i + 1}_0.distcp", 0, 700) for i in range(2)}
+        storage[m.MetadataIndex("obj/shard_0_1")] = info("__0_0.distcp", 64, 9)
+        return m.Metadata(state_dict_metadata=entries, storage_data=storage,
+                          storage_meta=m.StorageMeta(checkpoint_id="/ckpt", save_id="id"), version="1.0.0")
+
+    buffer = io.BytesIO()
+    ours.dump(build(ours, ours._StorageInfo), buffer)
+    assert buffer.getvalue() == pickle.dumps(build(real, RealInfo))
+    loaded = pickle.loads(buffer.getvalue())
+    assert type(loaded) is real.Metadata and loaded == build(real, RealInfo)
+
+
+def test_torch_dist_conversions_do_not_import_dcp(sources, tmp_path):
+    import subprocess
+    import sys
+    code = ("import sys; from interop.convert import convert; "
+            f"convert({str(sources / 'hf')!r}, {str(tmp_path / 'dist')!r}, dst_format='megatron', format='torch_dist'); "
+            f"convert({str(tmp_path / 'dist')!r}, {str(tmp_path / 'hf')!r}, dst_format='hf'); "
+            "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.checkpoint')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
