@@ -2,7 +2,10 @@
 
     .venv/bin/python benchmarks/bench_7b.py                 # 8 of the 32 layers (~5 GB; ~15 GB of disk at peak)
     .venv/bin/python benchmarks/bench_7b.py --layers 32     # the full 13.5 GB model (~45 GB of disk at peak)
-    .venv/bin/python benchmarks/bench_7b.py --shape 70b --layers 4   # 70B-shaped layers: extrapolate memory
+    .venv/bin/python benchmarks/bench_7b.py --layers 32 --workers 2   # the same, split over 2 processes
+    .venv/bin/python benchmarks/bench_7b.py --shape 70b --layers 4 --extrapolate-to 80
+                                                            # 70B-shaped: 4 and 8 layers, per layer -> 80
+    .venv/bin/python benchmarks/bench_7b.py --shape tiny --workers 2 --min-mib-per-worker 1   # a smoke run
 
 The chain, each step in a fresh interpreter (`common.measured_convert`) and each compared with
 `common.copy_tree` (copy + fsync) of its own source, from one run:
@@ -10,9 +13,11 @@ The chain, each step in a fresh interpreter (`common.measured_convert`) and each
     HF -> Megatron torch tp2/pp2 -> MindSpore tp8/pp4 -> HF
     HF -> Megatron torch_dist -> HF
 
-Peak RSS is reported against the model size; with `--layers` short of the full depth, RSS per
-layer extrapolates (it is bounded by a layer plus the largest tensor, the embedding).  A peers
-section runs transformers' and Megatron-LM's own converters where their environments exist
+Peak RSS is reported against the model size (with `--workers`, each worker's too: they are forked
+from a fork server, so the parent's figure does not include them).  `--extrapolate-to N` runs the
+chain at `--layers L` and at 2L layers and fits time and peak RSS per layer (a + b * layers) to N
+layers: RSS is bounded by a layer plus the largest tensor, so its per-layer slope should be ~0.
+A peers section runs transformers' and Megatron-LM's own converters where their environments exist
 (`--megatron-lm DIR`: a Megatron-LM checkout), and says why it skips them otherwise.  Everything
 is written under a temporary directory deleted at the end.
 """
@@ -30,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import (llama_config, measured_convert, measured_copy, report, settle, tree_size,  # noqa: E402
                     write_synthetic_hf)
 
-SHAPES = {"7b": dict(layers=32, hidden=4096, ffn=11008, heads=32, kv=32, vocab=32000),
+SHAPES = {"tiny": dict(layers=8, hidden=256, ffn=688, heads=8, kv=8, vocab=32000),
+          "7b": dict(layers=32, hidden=4096, ffn=11008, heads=32, kv=32, vocab=32000),
           "70b": dict(layers=80, hidden=8192, ffn=28672, heads=64, kv=8, vocab=32000)}
 
 STEPS = [  # (label, source, destination, convert options)
@@ -58,35 +64,71 @@ def peers(work: Path, megatron_lm: str | None) -> None:
               "its command line depends on the checkout's version, so it is not timed here")
 
 
+def run_chain(work: Path, shape: dict, name: str, workers: int, min_bytes: int | None) -> dict:
+    """The chain at `shape`, in `work`: {label: (result, copy seconds, source bytes)}."""
+    hf = work / "hf"
+    write_synthetic_hf(hf, llama_config(**shape))
+    size = tree_size(hf)
+    print(f"{name}-shaped Llama, {shape['layers']} of {SHAPES[name]['layers']} layers: {size / 1e9:.2f} GB bf16, "
+          f"--workers {workers}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    out = {}
+    for label, src, dst, kwargs in STEPS:
+        source = work / src
+        source_size = tree_size(source)
+        warm = source_size * 5 // 4
+        copy = measured_copy(source, work / "copy", warm)
+        result = measured_convert(warm, src=source, dst=work / dst, workers=workers, min_bytes_per_worker=min_bytes,
+                                  **kwargs)
+        settle()
+        print(f"  {report(label, result, copy, source_size)}  (copy {copy:.2f} s)")
+        out[label] = (result, copy, source_size)
+        if dst in ("hf-from-ms", "hf-from-dist"):
+            shutil.rmtree(work / dst)
+    print(f"  load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return out
+
+
+def extrapolate(small: dict, large: dict, layers: int, target: int) -> None:
+    """Per step: time, copy and peak RSS as a + b * layers from the two depths, at `target` layers."""
+    print(f"extrapolated from {layers} and {2 * layers} layers to {target} layers (a + b * layers):")
+    at = lambda y1, y2: y1 + (y2 - y1) / layers * (target - layers)  # noqa: E731
+    for label, (r1, c1, s1) in small.items():
+        r2, c2, s2 = large[label]
+        seconds, copy, size = at(r1["seconds"], r2["seconds"]), at(c1, c2), at(s1, s2)
+        peak = max(at(r1["peak_rss"], r2["peak_rss"]), r1["peak_rss"], r2["peak_rss"])
+        workers = [at(a, b) for a, b in zip(r1.get("worker_peak_rss") or [], r2.get("worker_peak_rss") or [])]
+        slope = (r2["peak_rss"] - r1["peak_rss"]) / layers / 2**20
+        print(f"  {label:<32} {seconds:7.1f} s  time/copy {seconds / copy:4.2f}  model {size / 1e9:6.1f} GB  "
+              f"peak RSS {peak / 2**20:6.0f} MiB ({peak / size:5.3f} of size; {slope:+.1f} MiB per layer)"
+              + (f"  workers' peak {max(workers) / 2**20:.0f} MiB" if workers else ""))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b")
     ap.add_argument("--layers", type=int, default=8, help="decoder layers to generate (the 7B model has 32)")
+    ap.add_argument("--workers", type=int, default=1, help="convert --workers (default 1: one process)")
+    ap.add_argument("--min-mib-per-worker", type=int, help="lower interop.workers.MIN_BYTES_PER_WORKER "
+                    "(1 GiB) to split small runs")
+    ap.add_argument("--extrapolate-to", type=int, help="also run at twice --layers and extrapolate to this many layers")
     ap.add_argument("--megatron-lm", help="a Megatron-LM checkout, for the peers section")
     ap.add_argument("--keep", help="work in this directory and keep it")
     opts = ap.parse_args()
     if opts.layers < 4 or opts.layers % 4:
         ap.error("--layers must be a multiple of 4 (the chain splits the layers over 2 and 4 pipeline stages)")
-    shape = dict(SHAPES[opts.shape], layers=opts.layers)
+    min_bytes = opts.min_mib_per_worker << 20 if opts.min_mib_per_worker is not None else None
     work = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="bench_7b-"))
     try:
-        hf = work / "hf"
-        if not hf.exists():
-            write_synthetic_hf(hf, llama_config(**shape))
-        size = tree_size(hf)
-        print(f"{opts.shape}-shaped Llama, {opts.layers} of {SHAPES[opts.shape]['layers']} layers: {size / 1e9:.2f} GB bf16;"
-              f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-        for label, src, dst, kwargs in STEPS:
-            source = work / src
-            source_size = tree_size(source)
-            warm = source_size * 5 // 4
-            copy = measured_copy(source, work / "copy", warm)
-            result = measured_convert(warm, src=source, dst=work / dst, **kwargs)
-            settle()
-            print(f"  {report(label, result, copy, source_size)}  (copy {copy:.2f} s)")
-            if dst in ("hf-from-ms", "hf-from-dist"):
-                shutil.rmtree(work / dst)
-        print(f"  load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        depths = [opts.layers] + ([2 * opts.layers] if opts.extrapolate_to else [])
+        runs = []
+        for layers in depths:
+            folder = work / f"layers-{layers}"
+            folder.mkdir(parents=True, exist_ok=True)
+            runs.append(run_chain(folder, dict(SHAPES[opts.shape], layers=layers), opts.shape, opts.workers, min_bytes))
+            if not opts.keep:
+                shutil.rmtree(folder)  # the disk holds one depth at a time
+        if opts.extrapolate_to:
+            extrapolate(runs[0], runs[1], opts.layers, opts.extrapolate_to)
         peers(work, opts.megatron_lm)
     finally:
         if not opts.keep:

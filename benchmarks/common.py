@@ -96,6 +96,9 @@ task = json.loads(sys.argv[1])
 sys.path.insert(0, task["benchmarks"])
 from common import copy_tree, warm_page_cache
 from interop.convert import convert
+import interop.workers
+if task.get("min_bytes_per_worker") is not None:
+    interop.workers.MIN_BYTES_PER_WORKER = task["min_bytes_per_worker"]
 
 def status(field):
     for line in open("/proc/self/status"):
@@ -111,11 +114,14 @@ if task["copy"]:
 else:
     convert(**task["convert"])
 seconds = time.perf_counter() - t
-print(json.dumps({"seconds": seconds, "peak_rss": status("VmHWM"), "base_rss": base}))
+print(json.dumps({"seconds": seconds, "peak_rss": status("VmHWM"), "base_rss": base,
+                  "worker_peak_rss": interop.workers.last_peak_rss}))
 """
 
 
 def _child(task: dict, warm: int, scratch: Path) -> dict:
+    """Run CHILD; with workers (interop.workers, forked from a fork server, not this child's children) the
+    result also has each worker's peak RSS."""
     task = {**task, "benchmarks": str(Path(__file__).parent), "warm": warm, "scratch": str(scratch)}
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(task)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -129,10 +135,12 @@ def measured_copy(src: Path, dst: Path, warm: int) -> float:
     return result["seconds"]
 
 
-def measured_convert(warm: int, **kwargs) -> dict:
-    """Run one conversion in a fresh interpreter: its seconds, peak RSS and the RSS before it began."""
+def measured_convert(warm: int, min_bytes_per_worker: int | None = None, **kwargs) -> dict:
+    """Run one conversion in a fresh interpreter: its seconds, peak RSS and the RSS before it began (and with
+    `workers=`, each worker's peak RSS; `min_bytes_per_worker` overrides interop.workers' threshold)."""
     kwargs = {k: str(v) if isinstance(v, Path) else v for k, v in kwargs.items()}
-    return _child({"copy": None, "convert": kwargs}, warm, Path(kwargs["dst"]).parent)
+    return _child({"copy": None, "convert": kwargs, "min_bytes_per_worker": min_bytes_per_worker}, warm,
+                  Path(kwargs["dst"]).parent)
 
 
 def median_run(results: list[dict]) -> dict:
@@ -145,6 +153,9 @@ def median_run(results: list[dict]) -> dict:
 def report(label: str, result: dict, copy_seconds: float, size: int) -> str:
     added = result["peak_rss"] - result["base_rss"]
     runs = ", ".join(f"{s:.2f}" for s in result.get("all_seconds", [result["seconds"]]))
+    workers = result.get("worker_peak_rss") or []
+    per_worker = (f"  {len(workers)} workers, peak RSS each {' '.join(f'{w / 2**20:.0f}' for w in workers)} MiB"
+                  if workers else "")
     return (f"{label:<24} {result['seconds']:5.2f} s (runs: {runs})  time/copy {result['seconds'] / copy_seconds:4.2f}  "
             f"peak RSS {result['peak_rss'] / 2**20:6.0f} MiB ({result['peak_rss'] / size:4.2f} of size)  "
-            f"added by the conversion {added / 2**20:5.0f} MiB ({added / size:4.2f} of size)")
+            f"added by the conversion {added / 2**20:5.0f} MiB ({added / size:4.2f} of size){per_worker}")

@@ -29,6 +29,7 @@ from .errors import InteropError
 # ~1.5 s torch import; measured in tests/test_workers.py's docstring) costs more than it saves.
 MIN_BYTES_PER_WORKER = 1 << 30
 PROGRESS_BYTES = 16 << 20  # a worker reports progress at most every this many bytes of source
+last_peak_rss: list[int] = []  # each worker's peak RSS (bytes) in the last run: the benchmarks report it
 
 
 def available_cores() -> int:
@@ -123,7 +124,8 @@ def run(tasks: list[dict], progress=None, total: int = 0) -> list[dict]:
                 p.kill()
                 p.join()
         messages.close()
-    return [results[w] for w in range(len(procs))]
+    last_peak_rss[:] = [results[w].get("peak_rss") or 0 for w in range(len(results))]
+    return [results[w] for w in range(len(results))]
 
 
 def _raise_dead(w: int, exitcode: int, messages) -> None:
@@ -145,6 +147,14 @@ def _raise_failed(w: int, error: dict) -> None:
     if error["type"] == "interrupt":
         raise KeyboardInterrupt
     raise RuntimeError(f"conversion worker {w} failed:\n{error['traceback']}")
+
+
+def _peak_rss() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 class _Progress:
@@ -193,7 +203,7 @@ def _work(task: dict, messages) -> None:
                 progress.flush()
         finally:
             reader.close()
-        messages.put(("done", w, {"results": results, "notes": notes, "writer_notes": list(getattr(writer, "notes", []))}))
+        messages.put(("done", w, {"results": results, "notes": notes, "peak_rss": _peak_rss(), "writer_notes": list(getattr(writer, "notes", []))}))
     except InteropError as exc:
         messages.put(("error", w, {"type": "interop", "message": str(exc)}))
     except OSError as exc:
