@@ -201,7 +201,7 @@ class StoreWriter:
         self.root, self.spec, self.layout = Path(root), spec, layout
         self.metas = metas
         self.placement, files = plan_shards(spec, layout, metas)
-        self.units = sorted(files)
+        self.units = list(files)  # stage by stage (the tensors' order), for `interop.workers`
         self.writers = {name: SafetensorsWriter(self.root / name, entries, {"format": "pt"})
                         for name, entries in sorted(files.items()) if only is None or name in only}
 
@@ -224,7 +224,7 @@ class StoreWriter:
     def finish_global(self, state: dict | None, files: dict) -> None:
         """interop.json, from every file's size and checksum."""
         write_manifest(self.root, self.spec, self.layout, self.metas, self.placement,
-                       {name: files[name] for name in self.units}, state)
+                       {name: files[name] for name in sorted(self.units)}, state)
 
     def finish(self, state: dict | None = None) -> None:
         self.finish_global(state, self.finish_units(state))

@@ -2,7 +2,8 @@
 
 A writer that can be split names its target *units* (`writer.units`): the Megatron torch and
 MindSpore rank files, the common store's rank files, HF's shard files, torch_dist's `.distcp`
-files (one per decoder layer).  Worker w of N owns the units i with i % N == w.  It opens the
+files (one per decoder layer), listed stage by stage.  Worker w of N owns the w-th of N runs of
+consecutive units (so a source tensor is read by as few workers as can be).  It opens the
 source itself (only names, shapes and options cross the process boundary, never a tensor),
 streams the canonical tensors in the usual order, reads only those its units need
 (`writer.wants(name)`), and finishes its units' files (`writer.finish_units(state)`, which returns
@@ -56,8 +57,10 @@ def splittable(writer_cls) -> bool:
 
 
 def assign(units: list, n: int) -> list[frozenset]:
-    """Units i % n == w for worker w: consecutive units (neighbouring ranks, layers) go to different workers."""
-    return [frozenset(u for i, u in enumerate(units) if i % n == w) for w in range(n)]
+    """n runs of consecutive units, as even as can be: writers list their units stage by stage (layer by
+    layer), so a worker's units share their source tensors and each source tensor is read by few workers."""
+    cuts = [len(units) * w // n for w in range(n + 1)]
+    return [frozenset(units[cuts[w]:cuts[w + 1]]) for w in range(n)]
 
 
 def merge_notes(lists) -> list[str]:

@@ -183,7 +183,8 @@ def test_worker_count():
     assert parallel.worker_count(2, 100 * gib, 5) == 2
     with pytest.raises(InteropError, match="--workers"):
         parallel.worker_count(0, gib, 2)
-    assert parallel.assign(list(range(5)), 2) == [frozenset({0, 2, 4}), frozenset({1, 3})]
+    assert parallel.assign(list(range(5)), 2) == [frozenset({0, 1}), frozenset({2, 3, 4})]
+    assert parallel.assign(list(range(4)), 4) == [frozenset({u}) for u in range(4)]
 
 
 # --- torch_dist without torch.distributed.checkpoint (its import costs 1.5-2 s) ---------------------------
