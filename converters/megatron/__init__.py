@@ -20,7 +20,7 @@ FORMATS = ("torch", "torch_dist")
 
 
 def _torch_dist():
-    """The torch_dist module, imported when used: torch.distributed.checkpoint takes a second to import."""
+    """The torch_dist module, imported when a torch_dist checkpoint is read or written."""
     from . import torch_dist
 
     return torch_dist
