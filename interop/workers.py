@@ -92,6 +92,7 @@ def run(tasks: list[dict], progress=None, total: int = 0) -> list[dict]:
              for w, task in enumerate(tasks)]
     results: dict[int, dict] = {}
     seen = shown = 0
+    silent: dict[int, int] = {}  # worker -> polls since it ended (status 0) without its result arriving
     try:
         for p in procs:
             p.start()
@@ -100,7 +101,10 @@ def run(tasks: list[dict], progress=None, total: int = 0) -> list[dict]:
                 kind, w, payload = messages.get(timeout=0.5)
             except queues.Empty:
                 for w, p in enumerate(procs):
-                    if w not in results and p.exitcode is not None:
+                    if w in results or p.exitcode is None:
+                        continue
+                    silent[w] = silent.get(w, 0) + 1  # a result sent just before the end may still be on its way
+                    if p.exitcode != 0 or silent[w] > 4:
                         _raise_dead(w, p.exitcode, messages)
                 continue
             if kind == "progress":
@@ -138,8 +142,9 @@ def _raise_dead(w: int, exitcode: int, messages) -> None:
             _raise_failed(who, payload)
     except queues.Empty:
         pass
-    how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with status {exitcode}"
-    raise InteropError(f"conversion worker {w} {how} (out of memory?); nothing was written")
+    how = (f"was killed by signal {-exitcode} (out of memory?)" if exitcode < 0 else
+           f"exited with status {exitcode}" if exitcode else "ended without a result")
+    raise InteropError(f"conversion worker {w} {how}; nothing was written")
 
 
 def _raise_failed(w: int, error: dict) -> None:
