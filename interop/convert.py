@@ -253,7 +253,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             total = sum(m.nbytes for m in metas_in)
             writer, parts = _writer_and_parts(writer_cls, workers, total, (tmp, out_spec, layout, metas_out),
                                               writer_options)
-            task = dict(src=src, src_format=src_format, dst_format=dst_format, reader_options=reader_options,
+            task = dict(src=src, reader_cls=reader_cls, writer_cls=writer_cls, reader_options=reader_options,
                         writer_options=writer_options, dst=tmp, spec=out_spec, layout=layout, metas_in=metas_in,
                         metas_out=metas_out, true_vocab=spec.vocab)
             carried = getattr(reader, "carried", None) or {}

@@ -187,15 +187,13 @@ def _work(task: dict, messages) -> None:
     w = task["worker"]
     try:
         from .convert import one_torch_thread, stream
-        from .converters.registry import converter
         from .io.background import background_writes
         from .params import param_index
-        reader = converter(task["src_format"]).Reader(task["src"], **task["reader_options"])
+        reader = task["reader_cls"](task["src"], **task["reader_options"])  # classes travel by name
         try:
             with one_torch_thread(), background_writes():
-                writer = converter(task["dst_format"]).Writer(task["dst"], task["spec"], task["layout"],
-                                                              task["metas_out"], **task["writer_options"],
-                                                              only=task["only"])
+                writer = task["writer_cls"](task["dst"], task["spec"], task["layout"], task["metas_out"],
+                                            **task["writer_options"], only=task["only"])
                 notes: list[str] = []
                 progress = _Progress(messages, w)
                 try:
