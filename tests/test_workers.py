@@ -225,3 +225,17 @@ def test_torch_dist_conversions_do_not_import_dcp(sources, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+class _DiesAtOnce:
+    """A reader whose worker is killed (as the kernel's OOM killer would) before it says anything."""
+
+    def __init__(self, *args, **kwargs):
+        import os
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_worker_is_an_error_naming_it():
+    with pytest.raises(InteropError, match="worker 0 was killed by signal 9"):
+        parallel.run([dict(worker=0, reader_cls=_DiesAtOnce, src="unused", reader_options={})])
