@@ -250,9 +250,8 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.tp, layout.pp, layout.vpp,
                           layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
-            total = sum(m.nbytes for m in metas_in)
-            writer, parts = _writer_and_parts(writer_cls, workers, total, (tmp, out_spec, layout, metas_out),
-                                              writer_options)
+            writer, parts = _writer_and_parts(writer_cls, workers, sum(m.nbytes for m in metas_in),
+                                              (tmp, out_spec, layout, metas_out), writer_options)
             task = dict(src=src, reader_cls=reader_cls, writer_cls=writer_cls, reader_options=reader_options,
                         writer_options=writer_options, dst=tmp, spec=out_spec, layout=layout, metas_in=metas_in,
                         metas_out=metas_out, true_vocab=spec.vocab)
@@ -264,15 +263,9 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                                      f"holds weights and the model's shape only; give --tokenizer {src} when "
                                      f"converting to hf)")
             try:
-                if len(parts) > 1:
-                    done = parallel.run([dict(task, worker=w, only=only) for w, only in enumerate(parts)],
-                                       progress, total)
-                    summary.notes += parallel.merge_notes(d["notes"] for d in done)
-                    if hasattr(reader, "confirm"):
-                        reader.confirm()
-                    writer.finish_global(reader.source.state, {k: v for d in done for k, v in d["results"].items()})
-                    summary.notes += parallel.merge_notes([*(d["writer_notes"] for d in done), getattr(writer, "notes", [])])
-                    summary.tensors, summary.bytes = len(metas_out), sum(m.nbytes for m in metas_out)
+                if len(parts) > 1:  # workers write the units' files, this process the describing ones
+                    summary.tensors, summary.bytes = parallel.convert_split(task, parts, reader, writer, progress,
+                                                                            summary.notes)
                 else:
                     summary.tensors, summary.bytes = stream(reader, writer, metas_in, metas_out, index, spec.vocab,
                                                             src, summary.notes, progress)

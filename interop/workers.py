@@ -71,6 +71,19 @@ def merge_notes(lists) -> list[str]:
     return out
 
 
+def convert_split(task: dict, parts: list[frozenset], reader, writer, progress, notes: list[str]) -> tuple[int, int]:
+    """The conversion engine's loop, split: one worker per part of the writer's units, then the describing
+    files from the writer in this process (which owns no unit).  Appends the notes; returns (tensors, bytes)."""
+    total = sum(m.nbytes for m in task["metas_in"])
+    done = run([dict(task, worker=w, only=only) for w, only in enumerate(parts)], progress, total)
+    notes += [n for n in merge_notes(d["notes"] for d in done) if n not in notes]
+    if hasattr(reader, "confirm"):
+        reader.confirm()  # this process's reader too (e.g. a background checksum)
+    writer.finish_global(reader.source.state, {k: v for d in done for k, v in d["results"].items()})
+    notes += merge_notes([*(d["writer_notes"] for d in done), getattr(writer, "notes", [])])
+    return len(task["metas_out"]), sum(m.nbytes for m in task["metas_out"])
+
+
 def _context():
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
