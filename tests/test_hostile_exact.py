@@ -351,7 +351,7 @@ def test_dcp_chunks_must_cover_exactly_once(sources, tmp_path, edit):
 
 
 def test_dcp_overlap_with_equal_count_is_refused(sources, tmp_path):
-    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from interop.io.dcp_metadata import MetadataIndex  # what `.metadata` is read into (no DCP import)
     src = copy(sources["dist"], tmp_path)
 
     def edit(md):
