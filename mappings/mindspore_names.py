@@ -183,3 +183,17 @@ IGNORED_SUFFIXES = {
     ".attention.beta": "GPT2 causal-mask buffer, rebuilt by the model",
     ".attention.masked_beta": "GPT2 mask-fill buffer, rebuilt by the model",
 }
+
+# `pt_meta/` beside MindSpeed-Core-MS r0.1.0's rank folders (tools/converter/convert_pt2ckpt.py): per Megatron
+# rank file `args_tp{TT}_pp{PPP}.pt` (save_args: a torch.save dict of the source's `args`, `checkpoint_version`,
+# `iteration`, `optimizer`, `opt_param_scheduler`, `rng_state`, `num_floating_point_operations_so_far`, and with
+# --convert-param-only `param_name_list` = per virtual chunk the Megatron keys `model[v].<flat name>`, reversed,
+# local layer numbers), plus the `param_map_buffer*_dp*tp*pp*vpp*.json` files its patched Megatron training
+# writes (copied without --convert-param-only).  convert_ckpt2pt.py reads them back from --param-map-path.
+PT_META = "pt_meta"
+PT_META_ARGS = "args_tp{t:02}_pp{p:03}.pt"
+PT_META_KEYS = ("args", "checkpoint_version", "iteration", "optimizer", "opt_param_scheduler", "rng_state",
+                "num_floating_point_operations_so_far", "param_name_list")
+# convert_pt2ckpt.py PARAM_KEY_MAP: Megatron legacy name components -> MindSpeed's (a component at a time)
+MINDSPEED_PARAM_KEY_MAP = {"dense_h_to_4h": "mapping", "dense_4h_to_h": "projection", "self_attention": "attention",
+                           "query_key_value": "qkv_proj", "dense": "out_proj"}

@@ -21,6 +21,7 @@ from ...params import param_index, param_table
 from ...shards import shard_box
 from ...spec import ModelSpec
 from ...tensors import Source, TensorMeta
+from . import pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
 from .rows import converter_names, ms_rows, native_axis, unfuse
 from .scalars import is_scalar_tag, scalars_to_state
@@ -128,6 +129,14 @@ class Reader:
                 raise InteropError(f"{path}: {SIDECAR} says tp={said.tp} pp={said.pp}, "
                                    f"the files are tp={layout.tp} pp={layout.pp}")
             layout = said  # it also knows uneven stages
+        meta = pt_meta.read(path) if path.is_dir() else None
+        if meta is not None:
+            _, tp, pp, vpp = meta
+            if (tp, pp, vpp) != (layout.tp, layout.pp, layout.vpp):
+                raise InteropError(f"{path / 'pt_meta'}: its args files are for tp={tp} pp={pp} vpp={vpp}, the rank "
+                                   f"files hold tp={layout.tp} pp={layout.pp} vpp={layout.vpp}")
+            notes.append(f"layout tp={tp} pp={pp} vpp={vpp} read from the rank files, as pt_meta/ says; "
+                         "pt_meta's Megatron args kept in the training state")
         if qkv_concat and "plain" in (qkv_layout, qkv_bias_layout) and layout.tp > 1:
             raise InteropError(f"{path}: a plainly joined w_qkv split over tp={layout.tp} ranks is not per-head "
                                "shards: merge it with mindspore.transform_checkpoints first")
@@ -151,6 +160,11 @@ class Reader:
         notes += scalar_notes
         if sidecar is not None:
             state = _merge_state(sidecar.get("state") or {}, state)
+        if meta is not None:
+            from_meta = pt_meta.state_from(meta[0])
+            if from_meta:
+                state.setdefault("megatron", {}).update(
+                    {k: v for k, v in from_meta["megatron"].items() if k not in state["megatron"]})
         self.source = Source(spec, layout, state=state, notes=notes)
 
     def _qkv_layouts(self, first: CkptFile, sidecar, qkv_layout, qkv_bias_layout, notes):

@@ -14,6 +14,7 @@ from ...params import param_index
 from ...shards import shard_box
 from ...spec import ModelSpec
 from ...tensors import TensorMeta
+from . import pt_meta
 from .files import SIDECAR, mindformers_file, mindspeed_file
 from .rows import converter_names, fuse, ms_rows
 from .scalars import state_to_scalars
@@ -28,7 +29,8 @@ class Writer:
 
     mindspeed: the layout MindSpeed-Core-MS training loads (`rank_{r}/network.ckpt`, the model's own
     parameter names, step/epoch/optimizer/scheduler scalars as convert_pt2ckpt.py writes them), any
-    tp/pp/vpp; `dp` numbers the folders like the run's data-parallel size (cp folded in).
+    tp/pp/vpp, and `pt_meta/` for its reverse converter; `dp` numbers the folders like the run's
+    data-parallel size (cp folded in).
     mindformers: `qkv_layout` "grouped" (r1.5.0 and later, the default) or "plain" (r1.3.0) for qkv_concat.
     `mindspore_model.json` (spec, layout, state) is an extra for interop; no reader needs it.
     """
@@ -161,6 +163,7 @@ class Writer:
             for writer in self.files.values():
                 for tag, value in scalars.items():
                     writer.write(tag, value)
+            self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
         for writer in self.files.values():
             writer.close()
         if self.dialect == "mindformers" and self.layout.tp * self.layout.pp > 1:
