@@ -41,6 +41,10 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="MindFormers w_qkv / w_gate_hidden: grouped (r1.5.0 and later) or plain (r1.3.x).")
 @click.option("--qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
               help="MindFormers w_qkv.bias when it differs from the weights (convert_weight.py: plain).")
+@click.option("--src-qkv-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindSpore -> MindSpore: the source's w_qkv layout (--qkv-layout is then the output's).")
+@click.option("--src-qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindSpore -> MindSpore: the source's w_qkv.bias layout.")
 @click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N.")
 @click.option("--tokenizer", type=click.Path(), help="HF output: a tokenizer directory, or one "
               "tokenizer file (Megatron's --tokenizer-model sentencepiece model, or a tokenizer.json). "
@@ -53,7 +57,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
             megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
-            qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
+            qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -71,7 +75,8 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
                                        "distributed_optimizer": distributed_optimizer,
                                        "model_config": model_config, "dialect": dialect,
                                        "qkv_concat": qkv_concat, "qkv_layout": qkv_layout,
-                                       "qkv_bias_layout": qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
+                                       "qkv_bias_layout": qkv_bias_layout, "src_qkv_layout": src_qkv_layout,
+                                       "src_qkv_bias_layout": src_qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
                                        "max_shard_size": max_shard_size})
     finally:
         bar.close()

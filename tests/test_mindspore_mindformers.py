@@ -93,6 +93,30 @@ def test_r13_plain_concat_read_with_qkv_layout_plain(hf_checkpoints, tmp_path):
     assert sorted(ours) == sorted(real) and all(torch.equal(ours[k], real[k]) for k in real)
 
 
+def test_mindspore_to_mindspore_names_each_sides_layout(hf_checkpoints, tmp_path):
+    """MindSpore -> MindSpore: --qkv-layout is the output's, --src-qkv-layout the source's.  An r1.3 plain file
+    rewritten grouped (r1.5+) equals interop's grouped output; the source's layout given only as --qkv-layout
+    (ambiguous) is one error line naming --src-qkv-layout, and --qkv-layout without --qkv-concat is refused."""
+    src = hf_checkpoints["llama"]
+    convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
+    (tmp_path / "r13").mkdir()
+    save_ckpt(tmp_path / "r13" / "model.ckpt", r13_concat(load_ckpt(tmp_path / "ms" / "model.ckpt")))
+    cfg = src / "config.json"
+    code, out = run("convert", tmp_path / "r13", tmp_path / "g", "--to", "mindspore", "--dialect", "mindformers",
+                    "--qkv-concat", "--src-qkv-layout", "plain", "--qkv-layout", "grouped", "--model-config", cfg, "-q")
+    assert code == 0, out
+    convert(src, tmp_path / "ours", dst_format="mindspore",
+            options={"dialect": "mindformers", "qkv_concat": True, "qkv_layout": "grouped"})
+    ours, got = load_ckpt(tmp_path / "ours" / "model.ckpt"), load_ckpt(tmp_path / "g" / "model.ckpt")
+    assert sorted(ours) == sorted(got) and all(torch.equal(ours[k], got[k]) for k in ours)
+    for flags in (["--qkv-concat", "--qkv-layout", "grouped"], ["--qkv-layout", "plain"]):
+        code, out = run("convert", tmp_path / "r13", tmp_path / "bad", "--to", "mindspore", "--dialect",
+                        "mindformers", *flags, "--model-config", cfg, "-q")
+        lines = [line for line in out.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and "--src-qkv-layout" in lines[0], out
+        assert not (tmp_path / "bad").exists()
+
+
 def test_tied_llama_with_lm_head_present_is_accepted(hf_checkpoints, tmp_path):
     src = hf_checkpoints["llama-tied"]
     convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})

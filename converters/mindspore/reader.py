@@ -64,7 +64,11 @@ def _runs(layers: list[int]) -> tuple[tuple[int, int], ...]:
 class Reader:
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
 
-    def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None):
+    def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
+                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None):
+        """`qkv_layout` / `qkv_bias_layout`: how a MindFormers w_qkv is joined.  MindSpore -> MindSpore gives
+        the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's)."""
+        qkv_layout, qkv_bias_layout = src_qkv_layout or qkv_layout, src_qkv_bias_layout or qkv_bias_layout
         path = Path(path)
         if not path.exists():
             raise InteropError(f"{path}: no such file or directory")
@@ -135,8 +139,7 @@ class Reader:
             if (tp, pp, vpp) != (layout.tp, layout.pp, layout.vpp):
                 raise InteropError(f"{path / 'pt_meta'}: its args files are for tp={tp} pp={pp} vpp={vpp}, the rank "
                                    f"files hold tp={layout.tp} pp={layout.pp} vpp={layout.vpp}")
-            notes.append(f"layout tp={tp} pp={pp} vpp={vpp} read from the rank files, as pt_meta/ says; "
-                         "pt_meta's Megatron args kept in the training state")
+            notes.append(f"layout tp={tp} pp={pp} vpp={vpp} read from the rank files, as pt_meta/ says")
         if qkv_concat and "plain" in (qkv_layout, qkv_bias_layout) and layout.tp > 1:
             raise InteropError(f"{path}: a plainly joined w_qkv split over tp={layout.tp} ranks is not per-head "
                                "shards: merge it with mindspore.transform_checkpoints first")
@@ -160,9 +163,10 @@ class Reader:
         notes += scalar_notes
         if sidecar is not None:
             state = _merge_state(sidecar.get("state") or {}, state)
-        if meta is not None:
+        if meta is not None and sidecar is None:  # (interop's own pt_meta restates what its sidecar records)
             from_meta = pt_meta.state_from(meta[0])
             if from_meta:
+                notes.append("pt_meta's Megatron args and counters kept in the training state")
                 state.setdefault("megatron", {}).update(
                     {k: v for k, v in from_meta["megatron"].items() if k not in state["megatron"]})
         self.source = Source(spec, layout, state=state, notes=notes)
@@ -175,12 +179,12 @@ class Reader:
         if qkv_layout is None:
             raise InteropError(f"{first.path}: a MindFormers qkv_concat checkpoint does not say how w_qkv / "
                                "w_gate_hidden are joined: pass --qkv-layout grouped (MindFormers r1.5.0 and later) "
-                               "or --qkv-layout plain (r1.3.x)")
+                               "or --qkv-layout plain (r1.3.x); --src-qkv-layout when writing MindSpore too")
         has_bias = any(t.endswith(".attention.w_qkv.bias") for t in first.keys())
         if has_bias and qkv_bias_layout is None and qkv_layout == "grouped" and sidecar is None:
             notes.append("read w_qkv.bias grouped per KV group, as MindFormers' own Llama model uses it; "
                          "MindFormers' convert_weight.py joins the biases plainly: for its output pass "
-                         "--qkv-bias-layout plain")
+                         "--qkv-bias-layout plain (--src-qkv-bias-layout when writing MindSpore too)")
         return qkv_layout, qkv_bias_layout
 
     def _place(self, spec: ModelSpec, notes: list[str]) -> ParallelLayout:

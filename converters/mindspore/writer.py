@@ -52,7 +52,9 @@ class Writer:
             raise InteropError("MindFormers checkpoints are written without virtual pipeline chunks: use --vpp 1")
         if dialect != "mindformers" and qkv_concat:
             raise InteropError("--qkv-concat applies to --dialect mindformers only")
-        # (--qkv-layout without --qkv-concat is the reader's: a MindSpore -> MindSpore conversion gives both)
+        if not qkv_concat and (qkv_layout or qkv_bias_layout):
+            raise InteropError("--qkv-layout / --qkv-bias-layout describe the written w_qkv (--qkv-concat); "
+                               "a MindSpore source's layout is --src-qkv-layout / --src-qkv-bias-layout")
         if dialect != "mindspeed" and dp is not None:
             raise InteropError("--dp numbers MindSpeed rank folders: it applies to --dialect mindspeed only")
         if dp is not None and dp < 1:
