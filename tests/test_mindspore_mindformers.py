@@ -160,6 +160,25 @@ def test_strict_load_into_mindformers_llama(hf_checkpoints, tmp_path, mindformer
     got = dict(model.parameters_and_names())
     assert (got["model.layers.2.attention_norm.weight"].asnumpy()
             == hf["model.layers.2.input_layernorm.weight"].numpy()).all()
+    # every tensor the model now holds equals HF's under MindFormers' names, fused (qkv_concat) by MindFormers'
+    # own convert_weight.convert_qkv_concat_weight (the oracle for the grouped layout)
+    from mindformers.models.llama.convert_weight import convert_qkv_concat_weight
+    renames = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+               "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+               "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
+               "post_attention_layernorm": "ffn_norm", "model.embed_tokens.weight": "model.tok_embeddings.embedding_weight",
+               "model.norm.weight": "model.norm_out.weight"}
+    expected = {}
+    for name, value in hf.items():
+        for old, new in renames.items():
+            name = name.replace(old, new)
+        expected[name] = ms.Parameter(ms.Tensor(value.numpy()), name=name)
+    if qkv_concat:
+        convert_qkv_concat_weight(expected, types.SimpleNamespace(model_config={
+            "num_heads": 8, "n_kv_heads": 4, "hidden_size": 64, "intermediate_size": 96}))
+    assert set(got) <= set(expected), set(got) - set(expected)
+    for name, param in got.items():
+        assert (param.asnumpy() == expected[name].asnumpy()).all(), name
 
 
 def test_mindformers_convert_weight_output_biases_plain(hf_checkpoints, tmp_path, mindformers):
