@@ -252,6 +252,8 @@ class Reader:
     def _local_shape(self, kind: str, parts: list[str], tp: int, index=None) -> tuple[int, ...]:
         index = index or self.index
         shapes = [shard_box(index[p].shape, index[p].axis, 0, tp).shape for p in parts]
+        if kind == "stack":
+            return (len(shapes),) + shapes[0]
         shape = (sum(s[0] for s in shapes),) + shapes[0][1:]
         return tuple(reversed(shape)) if kind == "t" else shape
 

@@ -64,6 +64,9 @@ class Writer:
             raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
                                "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
         spec.check_tp(layout.tp)
+        if layout.ep > 1:
+            raise InteropError(f"MindSpore MoE output is written at --ep 1 (all experts in each rank file), "
+                               f"not --ep {layout.ep}: expert-parallel rank files are not written yet")
         self.root, self.spec, self.layout = Path(root), spec, layout
         self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or 1
         self.qkv_layout = qkv_layout if qkv_concat else None
@@ -165,7 +168,11 @@ class Writer:
             for writer in self.files.values():
                 for tag, value in scalars.items():
                     writer.write(tag, value)
-            self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
+            if self.spec.is_moe:
+                self.notes.append("pt_meta/ not written: MindSpeed's convert_ckpt2pt.py (r0.1.0) converts no "
+                                  "MoE model back")
+            else:
+                self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
         for writer in self.files.values():
             writer.close()
         if self.dialect == "mindformers" and self.layout.tp * self.layout.pp > 1:

@@ -1,0 +1,237 @@
+"""Mixture-of-experts models in MindSpore checkpoints.
+
+- MindFormers 2.1.0 (installed `--no-deps`): its own LlamaForCausalLM built with a MoEConfig is the oracle.
+  interop's output loads into it with strict_load and every tensor equals the canonical one, stacked per
+  expert as [E, out, in] (routed experts: `feed_forward.ffn.w1/w2/w3` and `feed_forward.router.dense`; with
+  shared experts `feed_forward.routed_experts.*`, `shared_experts.w1/w2/w3`, `shared_experts_gate`,
+  `router.router.topk_bias` with balance_via_topk_bias).
+- MindSpeed-Core-MS r0.1.0 (not on PyPI; facts from Ascend/MindSpeed-Core-MS tag r0.1.0):
+  legacy/model/transformer.py (every layer's mlp is a MoELayer when num_experts > 1), moe/moe_layer.py
+  (`router`, `experts`), moe/router.py (`gating`, a bias-free Linear [E, h]), moe/experts.py (SequentialMLP
+  `local_experts` numbered from 0 per expert-parallel rank, each a ParallelMLP: `mapping` [gate_r; up_r] per TP
+  rank, `projection`).
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hostile import run
+from interop.convert import convert
+from interop.io.ms_ckpt import load_ckpt
+from interop.layout import ParallelLayout
+from interop.params import param_table
+from interop.spec import ModelSpec
+from interop.store import StoreReader, StoreWriter
+from interop.tensors import TensorMeta
+
+ms = pytest.importorskip("mindspore")
+
+BASE = dict(arch="llama", num_layers=2, hidden=64, ffn_hidden=96, heads=8, kv_groups=4, head_dim=8, vocab=250,
+            padded_vocab=250, max_positions=64, norm="rmsnorm", norm_eps=1e-6, activation="swiglu", position="rope",
+            tied_embeddings=False, num_experts=4, moe_topk=2, moe_ffn_hidden=96)
+
+
+def moe_store(path, **changes):
+    """A canonical checkpoint of a tiny MoE Llama with random weights: (path, spec, {name: tensor})."""
+    spec = ModelSpec(**{**BASE, **changes})
+    g = torch.Generator().manual_seed(5)
+    tensors = {p.name: torch.randn(p.shape, generator=g) for p in param_table(spec)}
+    path.mkdir()
+    writer = StoreWriter(path, spec, ParallelLayout.build(spec.num_layers),
+                         [TensorMeta(n, torch.float32, tuple(t.shape)) for n, t in tensors.items()])
+    for name, t in tensors.items():
+        writer.write(name, t)
+    writer.finish({})
+    (path.parent / f"{path.name}-spec.json").write_text(json.dumps({"spec": spec.to_dict()}))
+    return path, spec, tensors
+
+
+@pytest.fixture
+def mindformers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # it writes ./output/log on import
+    return pytest.importorskip("mindformers")
+
+
+def mf_model(shared=0, gating=False, topk_bias=False):
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers.modules.transformer.moe import MoEConfig
+    moe = MoEConfig(expert_num=4, num_experts_chosen=2, routing_policy="TopkRouterV2", shared_expert_num=shared,
+                    use_shared_expert_gating=gating, balance_via_topk_bias=topk_bias)
+    return LlamaForCausalLM(LlamaConfig(
+        batch_size=1, seq_length=8, hidden_size=64, num_layers=2, num_heads=8, n_kv_heads=4, vocab_size=250,
+        intermediate_size=96, compute_dtype="float32", layernorm_compute_type="float32",
+        softmax_compute_type="float32", rotary_dtype="float32", param_init_type="float32", use_flash_attention=False,
+        qkv_concat=False, use_past=False, fused_rms_norm=False, moe_config=moe))
+
+
+@pytest.mark.parametrize("changes,shared,gating,topk_bias", [
+    ({}, 0, False, False),
+    ({"moe_router_bias": True}, 0, False, True),
+    ({"shared_expert_ffn_hidden": 192, "shared_expert_gate": True, "moe_router_bias": True}, 2, True, True),
+])
+def test_strict_load_into_mindformers_moe_llama(tmp_path, mindformers, changes, shared, gating, topk_bias):
+    src, spec, tensors = moe_store(tmp_path / "common", **changes)
+    convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
+    model = mf_model(shared, gating, topk_bias)
+    not_loaded, unused = ms.load_param_into_net(model, ms.load_checkpoint(str(tmp_path / "ms" / "model.ckpt")),
+                                                strict_load=True)
+    # the router's running expert-load counts are a training statistic, not a weight: not written
+    assert unused == [] and all(n.endswith(".router.router.expert_load") for n in not_loaded), not_loaded
+    assert len(not_loaded) == (2 if topk_bias else 0)
+    got = {n: p.asnumpy() for n, p in model.parameters_and_names()}
+    ff = "model.layers.1.feed_forward." + ("routed_experts." if shared else "")
+    for mf, part in (("ffn.w1.weight", "gate"), ("ffn.w2.weight", "down"), ("ffn.w3.weight", "up")):
+        want = torch.stack([tensors[f"layers.1.mlp.experts.{e}.{part}.weight"] for e in range(4)]).numpy()
+        assert got[ff + mf].shape == want.shape and (got[ff + mf] == want).all(), mf
+    assert (got[ff + "router.dense.weight"] == tensors["layers.1.mlp.router.weight"].numpy()).all()
+    if topk_bias:
+        assert (got[ff + "router.router.topk_bias"] == tensors["layers.1.mlp.router.expert_bias"].numpy()).all()
+    if shared:
+        for mf, part in (("w1", "gate"), ("w2", "down"), ("w3", "up")):
+            assert (got[f"model.layers.1.feed_forward.shared_experts.{mf}.weight"]
+                    == tensors[f"layers.1.mlp.shared.{part}.weight"].numpy()).all()
+        assert (got["model.layers.1.feed_forward.shared_experts_gate.weight"]
+                == tensors["layers.1.mlp.shared_gate.weight"].numpy()).all()
+    # and back: every canonical tensor exact, without interop's sidecar (the model from --model-config)
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--to", "interop", "--model-config",
+                    tmp_path / "common-spec.json", "-q")
+    assert code == 0, out
+    back = StoreReader(tmp_path / "back")
+    for name, t in tensors.items():
+        assert torch.equal(back.read(name), t), name
+
+
+def test_mindformers_moe_reads_a_file_with_expert_load_buffers(tmp_path, mindformers):
+    """A checkpoint MindFormers saves in training also holds router.router.expert_load: dropped with a note."""
+    src, spec, tensors = moe_store(tmp_path / "common", moe_router_bias=True)
+    model = mf_model(topk_bias=True)
+    convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
+    ms.load_param_into_net(model, ms.load_checkpoint(str(tmp_path / "ms" / "model.ckpt")), strict_load=True)
+    (tmp_path / "saved").mkdir()
+    ms.save_checkpoint(model, str(tmp_path / "saved" / "model.ckpt"))  # MindFormers' own save of the model
+    summary = convert(tmp_path / "saved", tmp_path / "back", dst_format="interop",
+                      options={"model_config": str(tmp_path / "common-spec.json")})
+    assert any("expert-load" in n for n in summary.notes), summary.notes
+    back = StoreReader(tmp_path / "back")
+    for name, t in tensors.items():
+        assert torch.equal(back.read(name), t), name
+
+
+def test_mindformers_moe_tp2_merged_by_transform_checkpoints(tmp_path):
+    """tp 2 rank files + strategy (stacked experts split on their output axis): mindspore's own
+    transform_checkpoints merges them into the tp 1 tensors."""
+    src, spec, tensors = moe_store(tmp_path / "common")
+    convert(src, tmp_path / "ms", dst_format="mindspore", tp=2, options={"dialect": "mindformers"})
+    convert(src, tmp_path / "one", dst_format="mindspore", options={"dialect": "mindformers"})
+    strategy = tmp_path / "ms" / "strategy" / "strategy_stage0.json"
+    layout = json.loads(strategy.read_text())["parallel_layout_item"]
+    assert layout["model.layers.0.feed_forward.ffn.w1.weight"]["tensor_map"] == [-1, 0, -1]
+    assert layout["model.layers.0.feed_forward.ffn.w2.weight"]["tensor_map"] == [-1, -1, 0]
+    (tmp_path / "src_ckpt").mkdir()
+    for r in range(2):
+        (tmp_path / "src_ckpt" / f"rank_{r}").mkdir()
+        (tmp_path / "src_ckpt" / f"rank_{r}" / f"checkpoint_{r}.ckpt").write_bytes(
+            (tmp_path / "ms" / f"rank_{r}" / f"checkpoint_{r}.ckpt").read_bytes())
+    ms.transform_checkpoints(str(tmp_path / "src_ckpt"), str(tmp_path / "merged"), "merged_",
+                             str(strategy), None)
+    merged = load_ckpt(next((tmp_path / "merged").rglob("*.ckpt")))
+    one = load_ckpt(tmp_path / "one" / "model.ckpt")
+    assert sorted(merged) == sorted(one)
+    for name in one:
+        assert torch.equal(merged[name], one[name]), name
+
+
+# ---------------------------------------------------------------- MindSpeed-Core-MS r0.1.0
+
+
+def mindspeed_moe_params(tp, pp, p):
+    """{name: local shape} of the parameters MindSpeed-Core-MS r0.1.0's legacy GPT model with a MoE config
+    builds on stage p at ep 1 (module docstring): attention as the dense model, then per layer the router's
+    gating and each local expert's mapping / projection (Column/RowParallelLinear shards)."""
+    L, h, heads, kv, d, ffn, E, vocab = 2, 64, 8, 4, 8, 96, 4, 250
+    out = {}
+    if p == 0:
+        out["language_model.embedding.word_embeddings.weight"] = (vocab // tp, h)
+    per = L // pp
+    for i in range(p * per, (p + 1) * per):
+        pre = f"language_model.encoder.layers.{i}."
+        out[pre + "input_norm.weight"] = (h,)
+        out[pre + "post_attention_norm.weight"] = (h,)
+        out[pre + "attention.qkv_proj.weight"] = ((heads + 2 * kv) * d // tp, h)
+        out[pre + "attention.out_proj.weight"] = (h, heads * d // tp)
+        out[pre + "mlp.router.gating.weight"] = (E, h)
+        for e in range(E):
+            out[pre + f"mlp.experts.local_experts.{e}.mapping.weight"] = (2 * ffn // tp, h)
+            out[pre + f"mlp.experts.local_experts.{e}.projection.weight"] = (h, ffn // tp)
+    if p == pp - 1:
+        out["language_model.encoder.final_norm.weight"] = (h,)
+        out["language_model.output_layer.weight"] = (vocab // tp, h)
+    return out
+
+
+class _Net(ms.nn.Cell):
+    def __init__(self, shapes):
+        super().__init__(auto_prefix=False)
+        self.params = ms.ParameterTuple([ms.Parameter(ms.Tensor(np.zeros(s, np.float32)), name=n)
+                                         for n, s in shapes.items()])
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)])
+def test_mindspeed_moe_loads_into_its_model_and_reads_back(tmp_path, tp, pp):
+    src, spec, tensors = moe_store(tmp_path / "common")
+    code, out = run("convert", src, tmp_path / "ms", "--to", "mindspore", "--dialect", "mindspeed", "--tp", tp,
+                    "--pp", pp, "-q")
+    assert code == 0, out
+    assert "pt_meta/ not written" in out and not (tmp_path / "ms" / "pt_meta").exists()
+    for p in range(pp):
+        for t in range(tp):
+            params = ms.load_checkpoint(str(tmp_path / "ms" / f"rank_{p * tp + t}" / "network.ckpt"))
+            for scalar in ("epoch_num", "step_num"):
+                params.pop(scalar)
+            not_loaded, unused = ms.load_param_into_net(_Net(mindspeed_moe_params(tp, pp, p)), params,
+                                                        strict_load=True)
+            assert not_loaded == [] and unused == [], (p, t, not_loaded, unused)
+            if p == pp - 1:  # expert 3's mapping: this rank's gate rows, then its up rows
+                got = params[f"language_model.encoder.layers.{spec.num_layers - 1}.mlp.experts.local_experts.3"
+                             ".mapping.weight"].asnumpy()
+                rows = 96 // tp
+                gate = tensors[f"layers.{spec.num_layers - 1}.mlp.experts.3.gate.weight"][t * rows:(t + 1) * rows]
+                up = tensors[f"layers.{spec.num_layers - 1}.mlp.experts.3.up.weight"][t * rows:(t + 1) * rows]
+                assert (got == torch.cat([gate, up]).numpy()).all()
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--to", "interop", "--model-config",
+                    tmp_path / "common-spec.json", "-q")
+    assert code == 0, out
+    back = StoreReader(tmp_path / "back")
+    for name, t in tensors.items():
+        assert torch.equal(back.read(name), t), name
+
+
+# ---------------------------------------------------------------- what cannot be written: one line each
+
+
+@pytest.mark.parametrize("dialect,changes,extra,message", [
+    ("mindspeed", {"shared_expert_ffn_hidden": 96}, [], "hold no shared expert"),
+    ("mindspeed", {"moe_router_score": "sigmoid"}, [], "scores with softmax"),
+    ("mindspeed", {"moe_layers": [1]}, [], "every layer MoE"),
+    ("mindformers", {}, ["--qkv-concat"], "--qkv-concat"),
+    ("mindformers", {"shared_expert_ffn_hidden": 100}, [], "intermediate_size x shared_expert_num"),
+])
+def test_what_the_dialect_cannot_hold_is_refused(tmp_path, dialect, changes, extra, message):
+    src, _, _ = moe_store(tmp_path / "common", **changes)
+    code, out = run("convert", src, tmp_path / "ms", "--to", "mindspore", "--dialect", dialect, *extra, "-q")
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and message in lines[0], out
+    assert not (tmp_path / "ms").exists()
+
+
+def test_expert_parallel_output_is_refused(tmp_path):
+    from interop.errors import InteropError
+    from interop.converters.mindspore import Writer
+    _, spec, tensors = moe_store(tmp_path / "common")
+    metas = [TensorMeta(n, torch.float32, tuple(t.shape)) for n, t in tensors.items()]
+    with pytest.raises(InteropError, match="--ep 1"):
+        Writer(tmp_path / "ms", spec, ParallelLayout.build(2, ep=2), metas)
