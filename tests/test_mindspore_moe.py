@@ -235,3 +235,18 @@ def test_expert_parallel_output_is_refused(tmp_path):
     metas = [TensorMeta(n, torch.float32, tuple(t.shape)) for n, t in tensors.items()]
     with pytest.raises(InteropError, match="--ep 1"):
         Writer(tmp_path / "ms", spec, ParallelLayout.build(2, ep=2), metas)
+
+
+def test_an_expert_parallel_mindspeed_checkpoint_is_refused_in_one_line(tmp_path):
+    """ep 2 as moe_layer.py numbers it: each expert-parallel rank's file holds local_experts 0 .. E/ep - 1."""
+    from interop.io.ms_ckpt import save_ckpt
+    src, _, _ = moe_store(tmp_path / "common")
+    convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindspeed"})
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    path = tmp_path / "ms" / "rank_0" / "network.ckpt"
+    tensors = {n: t for n, t in load_ckpt(path).items() if not any(f"local_experts.{e}." in n for e in (2, 3))}
+    save_ckpt(path, tensors)
+    code, out = run("convert", tmp_path / "ms", tmp_path / "out", "--to", "interop", "--model-config",
+                    tmp_path / "common-spec.json", "-q")
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "expert-parallel (ep=2)" in lines[0], out

@@ -286,6 +286,7 @@ class Reader:
         for key, f in self.files.items():
             for name, shape in expected[key].items():
                 if name not in f:
+                    _refuse_expert_parallel(f, name, self.spec)
                     raise InteropError(f"{f.path}: tensor {name} is missing (a {self.dialect} {self.spec.arch} "
                                        f"model with {self.spec.num_layers} layers at tp={self.layout.tp} "
                                        f"pp={self.layout.pp})")
@@ -410,3 +411,16 @@ def _merge_state(base: dict, scalars: dict) -> dict:
 
 def _brief(layers: list[int]) -> str:
     return str(layers) if len(layers) <= 12 else f"{layers[:6]} ... {layers[-3:]}"
+
+
+def _refuse_expert_parallel(f: CkptFile, name: str, spec: ModelSpec) -> None:
+    """A MindSpeed rank file of an expert-parallel run numbers only its own experts from 0: say so."""
+    marker = ".local_experts."
+    if marker not in name:
+        return
+    stem = name.split(marker)[0] + marker
+    held = {t[len(stem):].split(".")[0] for t in f.keys() if t.startswith(stem)}
+    if held and len(held) < spec.num_experts and spec.num_experts % len(held) == 0:
+        raise InteropError(f"{f.path}: holds {len(held)} of the {spec.num_experts} experts per MoE layer: an "
+                           f"expert-parallel (ep={spec.num_experts // len(held)}) MindSpeed checkpoint, which is "
+                           "not read yet (only ep 1)")
