@@ -185,3 +185,29 @@ def test_reader_takes_pt_meta(hf_checkpoints, tmp_path):
                     src / "config.json", "-q")
     assert code == 2 and len(out.strip().splitlines()) == 1 and "pt_meta" in out, out
     assert not (tmp_path / "bad").exists()
+
+
+def test_reads_the_real_tools_pt_meta(hf_checkpoints, tmp_path):
+    """convert_pt2ckpt.py's own pt_meta (save_args of a Megatron rank file: its args Namespace with a torch
+    dtype, `optimizer` None under --convert-param-only of a weights-only file, an rng_state list, and the copied
+    param_map json of a run without --convert-param-only) is read safely: layout checked, args kept."""
+    from test_mindspore_mindspeed import PT_EXTRA, megatron_legacy_ranks, run_convert_pt2ckpt
+    src = hf_checkpoints["llama"]
+    run_convert_pt2ckpt(megatron_legacy_ranks(src, "llama", 2, 2), tmp_path / "ms", L, 2, 2, pt_extra=PT_EXTRA)
+    for p in range(2):
+        for t in range(2):
+            args = argparse.Namespace(num_layers=L, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                                      params_dtype=torch.bfloat16, global_batch_size=8, seq_length=32)
+            torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 40, "optimizer": None,
+                        "opt_param_scheduler": PT_EXTRA["opt_param_scheduler"], "rng_state": [{"random_rng_state": 1}],
+                        "num_floating_point_operations_so_far": 77,
+                        "param_name_list": [["model.language_model.embedding.word_embeddings.weight"]]},
+                       tmp_path / "ms" / "pt_meta" / f"args_tp{t:02}_pp{p:03}.pt")
+    (tmp_path / "ms" / "pt_meta" / "param_map_buffer0_dp0tp0pp0vpp0.json").write_text("{}")
+    summary = convert(tmp_path / "ms", tmp_path / "common", dst_format="interop",
+                      options={"model_config": str(src / "config.json")})
+    assert any("as pt_meta/ says" in n for n in summary.notes)
+    import json
+    meg = json.loads((tmp_path / "common" / "interop.json").read_text())["state"]["megatron"]
+    assert meg["args"]["global_batch_size"] == 8 and meg["args"]["params_dtype"] == "bfloat16"
+    assert meg["num_floating_point_operations_so_far"] == 77

@@ -72,7 +72,7 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
     source = meg.get("args") if isinstance(meg.get("args"), dict) else {}
     notes = []
     if not source:
-        notes.append("pt_meta args: Megatron's defaults with this model's shape and layout (the source carried "
+        notes.append("its args are Megatron's defaults with this model's shape and layout (the source carried "
                      "no Megatron args)")
     args = {**M.defaults(), **source}
     args.update({
@@ -96,8 +96,8 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
         gbs = (state.get("data") or {}).get("global_batch_size")
         args["global_batch_size"] = gbs if isinstance(gbs, int) and not isinstance(gbs, bool) else None
         if args["global_batch_size"] is None:
-            notes.append("pt_meta args hold no global_batch_size (the source names none): convert_ckpt2pt.py "
-                         "multiplies the iteration by it, so set it in pt_meta/args_*.pt before running that tool")
+            notes.append("they hold no global_batch_size (the source names none), which that tool multiplies the "
+                         "iteration by: set args.global_batch_size in pt_meta/args_*.pt before running it")
     if isinstance(state.get("iteration"), int):
         args["iteration"] = state["iteration"]
     return argparse.Namespace(**args), notes
@@ -123,17 +123,14 @@ def write(root: Path, spec: ModelSpec, layout: ParallelLayout, rows, plain_of: d
         names = param_name_list(spec, layout, rows, plain_of, p)
         for t in range(layout.tp):
             torch.save({**common, "param_name_list": names}, folder / PT_META_ARGS.format(t=t, p=p))
-    notes.append(f"{PT_META}/: Megatron args and parameter names for MindSpeed's convert_ckpt2pt.py "
-                 f"(--convert-param-only --param-map-path <this>/{PT_META}); Megatron's param_map_buffer*.json "
-                 "(its DDP bucket layout) are not written, so that tool's optimizer mode cannot run")
     if not groups:
-        notes.append(f"{PT_META} args files hold no optimizer (the source has no optimizer param groups): "
-                     "convert_ckpt2pt.py then writes none")
+        notes.append("no optimizer (the source has no optimizer param groups), so that tool writes none")
     if not all(len({b - a for a, b in chunks}) == 1 for chunks in layout.stages) or \
             len({sum(b - a for a, b in chunks) for chunks in layout.stages}) != 1:
-        notes.append("uneven pipeline stages: convert_ckpt2pt.py splits layers evenly (cal_corr_vpp_layers) "
-                     "and cannot map this layout back")
-    return notes
+        notes.append("uneven pipeline stages, which that tool (cal_corr_vpp_layers splits evenly) cannot map back")
+    return [f"{PT_META}/: Megatron args and parameter names for MindSpeed's convert_ckpt2pt.py (--convert-param-only "
+            f"--param-map-path <this>/{PT_META}); Megatron's param_map_buffer*.json (its DDP bucket layout) are not "
+            "written, so that tool's optimizer mode cannot run" + "".join("; " + n for n in notes)]
 
 
 def read(root: Path) -> tuple[dict[tuple[int, int], dict], int, int, int] | None:
