@@ -243,6 +243,7 @@ MINDFORMERS_LLAMA_MOE_SHARED = [
     ("model.layers.{i}.feed_forward.shared_experts.w3.weight", "copy", ["layers.{i}.mlp.shared.up.weight"]),
     ("model.layers.{i}.feed_forward.shared_experts_gate.weight", "copy", ["layers.{i}.mlp.shared_gate.weight"]),
 ]
+LOCAL_EXPERTS = ".local_experts."  # MindSpeed: the expert number after it is local to its expert-parallel rank
 # (dialect, has a shared expert) -> the MoE rows; a combination not here is refused
 MOE_TABLES = {
     ("mindspeed", False): MINDSPEED_MOE,

@@ -228,25 +228,69 @@ def test_what_the_dialect_cannot_hold_is_refused(tmp_path, dialect, changes, ext
     assert not (tmp_path / "ms").exists()
 
 
-def test_expert_parallel_output_is_refused(tmp_path):
-    from interop.errors import InteropError
+def write_at(src, dst, **layout_args):
+    """The Writer at a layout convert() has no flag for here (ep), fed from a canonical checkpoint."""
     from interop.converters.mindspore import Writer
-    _, spec, tensors = moe_store(tmp_path / "common")
-    metas = [TensorMeta(n, torch.float32, tuple(t.shape)) for n, t in tensors.items()]
-    with pytest.raises(InteropError, match="--ep 1"):
-        Writer(tmp_path / "ms", spec, ParallelLayout.build(2, ep=2), metas)
+    reader = StoreReader(src)
+    dp, dialect = layout_args.pop("dp", None), layout_args.pop("dialect", "mindspeed")
+    writer = Writer(dst, reader.spec, ParallelLayout.build(reader.spec.num_layers, **layout_args), reader.metas(),
+                    dialect=dialect, dp=dp)
+    for m in reader.metas():
+        writer.write(m.name, reader.read(m.name))
+    writer.finish(reader.source.state)
+    return writer.notes
 
 
-def test_an_expert_parallel_mindspeed_checkpoint_is_refused_in_one_line(tmp_path):
-    """ep 2 as moe_layer.py numbers it: each expert-parallel rank's file holds local_experts 0 .. E/ep - 1."""
-    from interop.io.ms_ckpt import save_ckpt
-    src, _, _ = moe_store(tmp_path / "common")
-    convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindspeed"})
+@pytest.mark.parametrize("tp,pp,ep,dp", [(1, 1, 2, None), (2, 2, 2, 4), (1, 2, 4, 4)])
+def test_mindspeed_expert_parallel_rank_files(tmp_path, tp, pp, ep, dp):
+    """ep ranks are the first data-parallel ranks (rank_{p*dp*tp + d*tp + t}, order tp-cp-ep-dp-pp); each holds
+    local_experts 0 .. E/ep - 1 = global experts d*E/ep + local (moe_layer.py local_expert_indices), which its
+    model loads strictly; dp ranks >= ep of ep rank > 0 get copies; read back exact without the sidecar."""
+    src, spec, tensors = moe_store(tmp_path / "common")
+    notes = write_at(src, tmp_path / "ms", tp=tp, pp=pp, ep=ep, dp=dp)
+    dp = dp or ep
+    per = 4 // ep
+    for p in range(pp):
+        for d in range(dp):
+            for t in range(tp):
+                path = tmp_path / "ms" / f"rank_{p * dp * tp + d * tp + t}" / "network.ckpt"
+                if not path.exists():
+                    assert d % ep == 0  # training.py's fallback to rank p*dp*tp + t: ep rank 0, right experts
+                    path = tmp_path / "ms" / f"rank_{p * dp * tp + t}" / "network.ckpt"
+                params = ms.load_checkpoint(str(path))
+                for scalar in ("epoch_num", "step_num"):
+                    params.pop(scalar)
+                shapes = {n: s for n, s in mindspeed_moe_params(tp, pp, p).items()
+                          if not any(f"local_experts.{e}." in n for e in range(per, 4))}
+                not_loaded, unused = ms.load_param_into_net(_Net(shapes), params, strict_load=True)
+                assert not_loaded == [] and unused == [], (p, d, t, not_loaded, unused)
+                i = (p + 1) * (2 // pp) - 1
+                rows = 96 // tp
+                for local in range(per):
+                    e = (d % ep) * per + local
+                    got = params[f"language_model.encoder.layers.{i}.mlp.experts.local_experts.{local}"
+                                 ".projection.weight"].asnumpy()
+                    want = tensors[f"layers.{i}.mlp.experts.{e}.down.weight"][:, t * rows:(t + 1) * rows]
+                    assert (got == want.numpy()).all(), (p, d, t, local)
+    assert (dp > ep) == any("copied expert-parallel" in n for n in notes)
     (tmp_path / "ms" / "mindspore_model.json").unlink()
-    path = tmp_path / "ms" / "rank_0" / "network.ckpt"
-    tensors = {n: t for n, t in load_ckpt(path).items() if not any(f"local_experts.{e}." in n for e in (2, 3))}
-    save_ckpt(path, tensors)
-    code, out = run("convert", tmp_path / "ms", tmp_path / "out", "--to", "interop", "--model-config",
+    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--to", "interop", "--model-config",
                     tmp_path / "common-spec.json", "-q")
-    lines = [line for line in out.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and "expert-parallel (ep=2)" in lines[0], out
+    assert code == 0, out
+    back = StoreReader(tmp_path / "back")
+    assert back.layout.ep == 1
+    for name, t in tensors.items():
+        assert torch.equal(back.read(name), t), name
+    from interop.converters.mindspore import Reader
+    reader = Reader(tmp_path / "ms", model_config=tmp_path / "common-spec.json")
+    assert (reader.layout.tp, reader.layout.pp, reader.layout.ep) == (tp, pp, ep)
+    reader.close()
+
+
+def test_expert_parallel_refusals(tmp_path):
+    from interop.errors import InteropError
+    src, _, _ = moe_store(tmp_path / "common")
+    with pytest.raises(InteropError, match="MindFormers MoE output is written at --ep 1"):
+        write_at(src, tmp_path / "mf", ep=2, dialect="mindformers")
+    with pytest.raises(InteropError, match="--dp 3 is no multiple of --ep 2"):
+        write_at(src, tmp_path / "ms", ep=2, dp=3)
