@@ -1,4 +1,4 @@
-"""Hugging Face GPT2 / Llama checkpoints <-> canonical tensors.
+"""Hugging Face GPT2 / Llama-style (and Mixtral / Qwen2-MoE) checkpoints <-> canonical tensors.
 
 Reads `model.safetensors` (single or sharded with `model.safetensors.index.json`)
 and `pytorch_model.bin` (single or sharded); writes safetensors + config.json that
@@ -20,8 +20,8 @@ from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
-from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
-from ..mappings.hf_names import IGNORED_SUFFIXES, TABLES
+from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
+from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -58,16 +58,23 @@ def detect(path) -> bool:
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
 
 
+def hf_table(spec: ModelSpec) -> str:
+    """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
+    return hf_family(spec) if spec.is_moe else spec.arch
+
+
 def hf_rows(spec: ModelSpec) -> list[tuple[str, str, list[str]]]:
     """The architecture's name table expanded for this model, keeping rows whose tensors exist."""
     present = param_index(spec)
     rows = []
-    for hf_name, kind, parts in TABLES[spec.arch]:
+    for hf_name, kind, parts in TABLES[hf_table(spec)]:
         layers = range(spec.num_layers) if "{i}" in hf_name else [None]
+        experts = range(spec.num_experts) if "{e}" in hf_name else [None]
         for i in layers:
-            names = [p.format(i=i) for p in parts]
-            if all(n in present for n in names):
-                rows.append((hf_name.format(i=i), kind, names))
+            for e in experts:
+                names = [p.format(i=i, e=e) for p in parts]
+                if all(n in present for n in names):
+                    rows.append((hf_name.format(i=i, e=e), kind, names))
     held = {n for _, _, names in rows for n in names}
     homeless = [n for n in present if n not in held]
     if homeless:
@@ -172,6 +179,11 @@ class Reader:
                          f"({'; '.join(sorted(set(ignored.values())))})")
         float_dtypes = [self.files.meta(k)[0] for k in keys if self.files.meta(k)[0].is_floating_point]
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
+        stacked = sorted(k for k in keys if k.endswith(STACKED_EXPERT_SUFFIXES))
+        if stacked:
+            raise InteropError(f"{root}: {stacked[0]} holds the experts stacked, as transformers 5 holds them in "
+                               "memory; re-save with save_pretrained() (save_original_format=True, its default) "
+                               "for the per-expert names hub checkpoints use")
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
         self.rows = hf_rows(spec)
         index = param_index(spec)
@@ -200,6 +212,13 @@ class Reader:
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
                         "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
+        if spec.is_moe:  # router training settings: not part of the model, kept for HF output and named
+            training = {k: config[k] for k, default in MOE_TRAINING_KEYS[hf_family(spec)].items()
+                        if config.get(k, default) != default}
+            self.carried["config"].update(training)
+            if training:
+                notes.append(f"{', '.join(f'{k}={v}' for k, v in training.items())}: router training settings "
+                             "outside the model description, kept for HF output only")
 
     def metas(self) -> list[TensorMeta]:
         return [TensorMeta(p.name, self.files.meta(self.part_of[p.name][0])[0], p.shape) for p in param_table(self.spec)]
@@ -231,6 +250,7 @@ class Reader:
 
 class Writer:
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
+    holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
@@ -241,8 +261,8 @@ class Writer:
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
         (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
-        if layout.tp != 1 or layout.pp != 1:
-            raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1")
+        if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
+            raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1 --ep 1")
         max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
                                      max_shard_bytes if max_shard_bytes is not None else DEFAULT_SHARD_BYTES)
         self.tokenizer = Path(tokenizer) if tokenizer else None
@@ -253,6 +273,7 @@ class Writer:
         self.carried = {"files": {}, "config": {}}
         self.written_notes: list[str] = []
         self.root, self.spec = Path(root), spec
+        hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))

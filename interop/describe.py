@@ -170,6 +170,11 @@ def render(info: Description, show_tensors: bool = True, native: bool = False) -
     spec = info.spec
     lines = [f"{info.path}: {info.format} checkpoint", f"  layout: {info.layout}",
              "  model:  " + ", ".join(f"{k}={v}" for k, v in spec.items())]
+    if spec.get("num_experts"):
+        layers = "every layer" if spec.get("moe_layers") is None else f"layers {spec['moe_layers']}"
+        shared = f", shared expert {spec['shared_expert_ffn_hidden']}" if spec.get("shared_expert_ffn_hidden") else ""
+        lines.append(f"  experts: {spec['num_experts']} routed, top-{spec['moe_topk']}, each ffn {spec['moe_ffn_hidden']}"
+                     f"{shared}, on {layers}")
     training = info.training_state()
     if training:
         lines.append("  training state: " + "; ".join(f"{k} {v}" for k, v in training.items()))
