@@ -21,7 +21,7 @@ from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
-from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, TABLES
+from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -63,16 +63,20 @@ def hf_table(spec: ModelSpec) -> str:
     return hf_family(spec) if spec.is_moe else spec.arch
 
 
-def hf_rows(spec: ModelSpec) -> list[tuple[str, str, list[str]]]:
-    """The architecture's name table expanded for this model, keeping rows whose tensors exist."""
+def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, str, list[str]]]:
+    """The architecture's name table expanded for this model, keeping rows whose tensors exist.
+    `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
     present = param_index(spec)
     rows = []
-    for hf_name, kind, parts in TABLES[hf_table(spec)]:
+    for hf_name, kind, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
         layers = range(spec.num_layers) if "{i}" in hf_name else [None]
         experts = range(spec.num_experts) if "{e}" in hf_name else [None]
         for i in layers:
             for e in experts:
-                names = [p.format(i=i, e=e) for p in parts]
+                if kind == "stacked":  # every expert's parts in one tensor, expert by expert
+                    names = [p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts]
+                else:
+                    names = [p.format(i=i, e=e) for p in parts]
                 if all(n in present for n in names):
                     rows.append((hf_name.format(i=i, e=e), kind, names))
     held = {n for _, _, names in rows for n in names}
@@ -94,7 +98,7 @@ def _to_hf(kind: str, parts: list[torch.Tensor], empty) -> torch.Tensor:
 
 
 def _from_hf(kind: str, tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    canonical = tensor.t() if kind == "conv1d" else tensor
+    canonical = tensor.t() if kind == "conv1d" else tensor.flatten(0, 1) if kind == "stacked" else tensor
     return split_concat(canonical, sizes) if len(sizes) > 1 else [canonical.contiguous()]
 
 
@@ -179,13 +183,9 @@ class Reader:
                          f"({'; '.join(sorted(set(ignored.values())))})")
         float_dtypes = [self.files.meta(k)[0] for k in keys if self.files.meta(k)[0].is_floating_point]
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
-        stacked = sorted(k for k in keys if k.endswith(STACKED_EXPERT_SUFFIXES))
-        if stacked:
-            raise InteropError(f"{root}: {stacked[0]} holds the experts stacked, as transformers 5 holds them in "
-                               "memory; re-save with save_pretrained() (save_original_format=True, its default) "
-                               "for the per-expert names hub checkpoints use")
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
-        self.rows = hf_rows(spec)
+        stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
+        self.rows = hf_rows(spec, stacked)
         index = param_index(spec)
         self.part_of = {}
         for hf_key, kind, parts in self.rows:
@@ -193,6 +193,8 @@ class Reader:
                 raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {spec.arch} "
                                    f"model with {spec.num_layers} layers)")
             want = (sum(index[p].shape[0] for p in parts),) + index[parts[0]].shape[1:]
+            if kind == "stacked":
+                want = (spec.num_experts, want[0] // spec.num_experts) + want[1:]
             if kind == "conv1d":
                 want = tuple(reversed(want))
             got = self.files.meta(hf_key)[1]

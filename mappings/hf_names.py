@@ -3,6 +3,8 @@
 Each row: (HF name, how it is stored, the canonical tensors it holds, in order).
   "copy"    the canonical tensors concatenated along the output axis (one part: a plain copy)
   "conv1d"  GPT2's Conv1D: the same, stored transposed ([in, out])
+  "stacked" a 3-D [experts, rows, in] tensor: for each expert `{e}` in turn its tensors concatenated
+            along the output axis (transformers 5's in-memory MoE experts); read only
 `{i}` is the global layer number, `{e}` a routed expert's number; a row whose canonical
 names are absent from the model (a bias it does not have, the head of a tied model, an
 expert row on a dense layer) is skipped.
@@ -78,9 +80,18 @@ QWEN2_MOE = [
 ]
 
 TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE}
-# transformers 5's in-memory names for stacked experts (`save_pretrained(save_original_format=False)` writes
-# them): not read; the message says how to get the hub names back.
-STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+
+# transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with
+# each expert's gate rows then its up rows, down_proj [E, hidden, ffn]; Mixtral's router renamed to mlp.gate),
+# which `save_pretrained(save_original_format=False)` writes: read, never written.
+STACKED_EXPERTS = [
+    ("model.layers.{i}.mlp.gate.weight", "copy", ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.mlp.experts.gate_up_proj", "stacked",
+     ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.mlp.experts.down_proj", "stacked", ["layers.{i}.mlp.experts.{e}.down.weight"]),
+]
+STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:]}
+STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart
 
 # Buffers some HF checkpoints carry that are not parameters: dropped with this reason.
 IGNORED_SUFFIXES = {

@@ -129,6 +129,9 @@ def test_store_at_ep2_puts_each_expert_with_its_rank(sources, tmp_path):
         reader.close()
     code, out = run("inspect", tmp_path / "store", "--no-tensors")
     assert code == 0 and "ep=2" in out and "experts: 4 routed, top-2, each ffn 16, shared expert 24, on layers [0, 2]" in out
+    code, out = run("inspect", tmp_path / "store", "--json", "--no-tensors")
+    info = json.loads(out)
+    assert code == 0 and info["ep"] == 2 and (info["spec"]["num_experts"], info["spec"]["moe_topk"]) == (4, 2)
 
 
 def test_resharding_ep_down_and_up_keeps_every_tensor(sources, tmp_path):
@@ -196,10 +199,18 @@ def test_ep_on_a_dense_model_is_refused(tmp_path):
     assert_one_error(code, out, "needs a mixture-of-experts model")
 
 
-def test_stacked_experts_are_refused_with_the_way_out(tmp_path):
-    build("mixtral").save_pretrained(tmp_path / "stacked", save_original_format=False)
-    code, out = run("convert", tmp_path / "stacked", tmp_path / "out", "--to", "interop", "-q")
-    assert_one_error(code, out, "experts stacked", "save_original_format=True")
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_transformers_stacked_experts_are_read_and_written_with_hub_names(sources, tmp_path, kind):
+    """`save_pretrained(save_original_format=False)` writes the model's own stacked experts
+    (mlp.experts.gate_up_proj [E, 2 ffn, h], down_proj [E, h, ffn]; Mixtral's router as mlp.gate)."""
+    src, logits = sources[kind]
+    build(kind).save_pretrained(tmp_path / "stacked", save_original_format=False)
+    with safe_open(tmp_path / "stacked" / "model.safetensors", "pt") as f:
+        assert "model.layers.0.mlp.experts.gate_up_proj" in f.keys()
+    convert(tmp_path / "stacked", tmp_path / "store", dst_format="interop", ep=2)
+    convert(tmp_path / "store", tmp_path / "hf", dst_format="hf")
+    assert_same_hf(src, tmp_path / "hf")
+    assert torch.equal(hf_logits(tmp_path / "hf"), logits)
 
 
 def test_router_training_settings_are_carried_to_hf_and_named(tmp_path):
