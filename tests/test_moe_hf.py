@@ -229,3 +229,42 @@ def test_verify_refuses_moe_in_one_line(sources, tmp_path):
     convert(src, tmp_path / "store", dst_format="interop")
     code, out = run("verify", src, tmp_path / "store")
     assert_one_error(code, out, "verify cannot run a mixture-of-experts model yet")
+
+
+# The hub's config.json of mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen1.5-MoE-A2.7B (written by transformers 4.36 /
+# 4.39: rope_theta at the top, no qkv_bias or mlp_only_layers key), with 2 layers instead of 32 / 24 to stay small.
+MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+                "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+                "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+                "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_key_value_heads": 8, "num_local_experts": 8,
+                "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+                "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
+                "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32000}
+QWEN15_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+              "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+              "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+              "model_type": "qwen2_moe", "num_attention_heads": 16, "num_hidden_layers": 2, "num_key_value_heads": 16,
+              "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": False,
+              "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+              "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+              "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": False, "output_router_logits": False,
+              "router_aux_loss_coef": 0.001}
+
+
+@pytest.mark.parametrize("config", [MIXTRAL_8X7B, QWEN15_MOE], ids=["mixtral-8x7b", "qwen1.5-moe"])
+def test_real_configs_describe_the_model_transformers_builds(config):
+    """The spec read from a real config.json, written back, makes transformers build a model with exactly the
+    canonical table's parameters (counted on the meta device: nothing is allocated)."""
+    import math
+    from interop.params import param_table
+    spec = spec_from_hf_config(config, "bfloat16")
+    written = transformers.AutoConfig.for_model(**hf_config_from_spec(spec))
+    for key in ("num_experts_per_tok", "router_aux_loss_coef", "rms_norm_eps", "num_key_value_heads", "vocab_size",
+                "intermediate_size") + (("num_local_experts",) if config["model_type"] == "mixtral" else
+                                        ("num_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
+                                         "norm_topk_prob", "decoder_sparse_step")):
+        assert getattr(written, key) == config[key], key
+    assert written.rope_parameters["rope_theta"] == config["rope_theta"]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(written)
+    assert sum(p.numel() for p in model.parameters()) == sum(math.prod(p.shape) for p in param_table(spec))
