@@ -275,7 +275,10 @@ class Writer:
         self.carried = {"files": {}, "config": {}}
         self.written_notes: list[str] = []
         self.root, self.spec = Path(root), spec
-        hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
+        config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
+        if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:
+            self.written_notes.append(f"ffn_hidden {spec.ffn_hidden} not written (no layer is dense): HF Mixtral's "
+                                      f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))

@@ -89,7 +89,7 @@ def _spec(where: str, **fields) -> ModelSpec:
 #   sliding     "model": config["sliding_window"] applies to every layer (Mistral);
 #               "per_layer": only with use_sliding_window, on some layers (Qwen): refused when on
 #   defaults    the config class's defaults where they differ from LLAMA_KEYS'
-#   moe         the family's mixture-of-experts rule (MOE_FAMILIES), absent for a dense family
+#   moe         the family's mixture-of-experts keys (MOE_KEYS), absent for a dense family
 #   rope_theta  the config class's rope_theta when config.json names none (LLAMA's 10000 otherwise)
 HF_FAMILIES = {
     "llama": {"architecture": "LlamaForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": None,
@@ -328,6 +328,8 @@ def _moe_config(spec: ModelSpec, model_type: str) -> dict:
         cannot.append(f"a {spec.moe_router_score} router")
     if spec.moe_router_bias:
         cannot.append("a router expert bias")
+    if spec.qk_norm:
+        cannot.append("q/k norms")
     if model_type == "mixtral":
         if not spec.moe_norm_topk:
             cannot.append("top-k probabilities left unnormalised (Mixtral always renormalises them)")

@@ -173,6 +173,7 @@ def test_what_hf_cannot_hold_is_refused_before_writing(sources, tmp_path):
     for changes, words in ((dict(moe_router_score="sigmoid"), "a sigmoid router"),
                            (dict(moe_norm_topk=False), "Mixtral always renormalises"),
                            (dict(moe_layers=[1]), "dense layers"),
+                           (dict(qk_norm=True), "q/k norms"),
                            (dict(shared_expert_ffn_hidden=16), "shared expert without its sigmoid gate")):
         with pytest.raises(InteropError, match=words):
             hf_config_from_spec(spec.replace(**changes))
@@ -268,3 +269,15 @@ def test_real_configs_describe_the_model_transformers_builds(config):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(written)
     assert sum(p.numel() for p in model.parameters()) == sum(math.prod(p.shape) for p in param_table(spec))
+
+
+def test_a_dense_size_mixtral_cannot_hold_is_named(sources, tmp_path):
+    """Megatron's --ffn-hidden-size may differ from --moe-ffn-hidden-size; HF Mixtral has only the experts' width."""
+    convert(sources["mixtral"][0], tmp_path / "store", dst_format="interop")
+    manifest = json.loads((tmp_path / "store" / "interop.json").read_text())
+    manifest["spec"]["ffn_hidden"] = 64
+    (tmp_path / "store" / "interop.json").write_text(json.dumps(manifest))
+    summary = convert(tmp_path / "store", tmp_path / "hf", dst_format="hf")
+    assert any("ffn_hidden 64 not written" in n for n in summary.notes)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["intermediate_size"] == 24
+    assert_same_hf(sources["mixtral"][0], tmp_path / "hf")
