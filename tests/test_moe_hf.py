@@ -281,3 +281,17 @@ def test_a_dense_size_mixtral_cannot_hold_is_named(sources, tmp_path):
     assert any("ffn_hidden 64 not written" in n for n in summary.notes)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["intermediate_size"] == 24
     assert_same_hf(sources["mixtral"][0], tmp_path / "hf")
+
+
+def test_optimizer_state_of_an_expert_goes_with_its_ep_rank(sources):
+    from interop.layout import ParallelLayout
+    from interop.params import param_table
+    from interop.store import plan_shards
+    from interop.tensors import TensorMeta
+    spec = spec_from_hf_config(json.loads((sources["mixtral"][0] / "config.json").read_text()))
+    metas = [TensorMeta(prefix + p.name, torch.float32, p.shape) for prefix in ("", "optim.exp_avg.")
+             for p in param_table(spec)]
+    placement, _ = plan_shards(spec, ParallelLayout.build(2, tp=2, ep=2), metas)
+    assert [f for f, _ in placement["optim.exp_avg.layers.1.mlp.experts.2.down.weight"]] == \
+        ["optim-tp00-pp00-ep01.safetensors", "optim-tp01-pp00-ep01.safetensors"]
+    assert [f for f, _ in placement["optim.exp_avg.layers.1.mlp.router.weight"]] == ["optim-tp00-pp00.safetensors"]
