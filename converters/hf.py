@@ -190,7 +190,7 @@ class Reader:
         self.part_of = {}
         for hf_key, kind, parts in self.rows:
             if hf_key not in keys:
-                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {spec.arch} "
+                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
                                    f"model with {spec.num_layers} layers)")
             want = (sum(index[p].shape[0] for p in parts),) + index[parts[0]].shape[1:]
             if kind == "stacked":
@@ -207,10 +207,11 @@ class Reader:
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
         if keys:
-            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {spec.arch} model, e.g. {sorted(keys)[0]}")
+            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {hf_table(spec)} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
         self.source = Source(spec, None, notes=notes)
-        self._cached = (None, None)
+        self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
+        self._index = index
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
                         "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
@@ -227,11 +228,15 @@ class Reader:
 
     def read(self, name: str) -> torch.Tensor:
         hf_key, kind, parts, i = self.part_of[name]
-        if self._cached[0] != hf_key:  # q, k and v come from one fused tensor: read it once
-            index = param_index(self.spec)
-            sizes = [index[p].shape[0] for p in parts]
-            self._cached = (hf_key, _from_hf(kind, self.files.read(hf_key), sizes))
-        return self._cached[1][i]
+        sizes = [self._index[p].shape[0] for p in parts]
+        if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
+            return _from_hf(kind, self.files.read(hf_key), sizes)[0]
+        if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
+            # two held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order
+            while len(self._cached) >= 2:
+                del self._cached[next(iter(self._cached))]
+            self._cached[hf_key] = _from_hf(kind, self.files.read(hf_key), sizes)
+        return self._cached[hf_key][i]
 
     def native_name(self, name: str) -> str:
         """The HF tensor that holds canonical `name` (with its part when fused, e.g. GPT2's c_attn)."""
@@ -247,7 +252,7 @@ class Reader:
         return True
 
     def close(self) -> None:
-        self._cached = (None, None)
+        self._cached.clear()
 
 
 class Writer:
