@@ -37,6 +37,8 @@ class Writer:
     `mindspore_model.json` (spec, layout, state) is an extra for interop; no reader needs it.
     """
 
+    holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
+
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
         """Keep the source's padding when tp divides it; otherwise the true vocab rounded up to tp."""
