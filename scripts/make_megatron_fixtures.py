@@ -341,11 +341,12 @@ def _worker(rank: int, world: int, port: int, out: str, distributed: bool) -> No
 
 
 def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: bool, sharding: str | None) -> None:
-    """Megatron-LM's resume: load model, optimizer and scheduler from torch_dist `ckpt`, train 2 updates, print losses."""
+    """Megatron-LM's resume: load model, optimizer and scheduler from `ckpt` (an iteration folder, torch or
+    torch_dist), train 2 updates, print losses."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     _patch_cpu()
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
@@ -357,6 +358,35 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
     ddp = DDP(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed,
                                                     overlap_grad_reduce=False), gpt)
     optimizer = _optimizer(ddp, distributed)
+    gbs = MBS * world
+    scheduler = _scheduler(optimizer, gbs)
+    if (Path(ckpt) / "mp_rank_00").is_dir():
+        _load_torch(Path(ckpt), gpt, optimizer, scheduler, distributed)
+    else:
+        _load_torch_dist(ckpt, gpt, optimizer, scheduler, distributed, sharding)
+    losses = []
+    for step in (STEPS + 1, STEPS + 2):
+        losses.append(_train_step(ddp, optimizer, step, rank))
+        scheduler.step(increment=gbs)
+    if rank == 0:
+        print(json.dumps({"losses": losses}))
+    torch.distributed.destroy_process_group()
+
+
+def _load_torch(folder: Path, gpt, optimizer, scheduler, distributed: bool) -> None:
+    """Megatron-LM's `load_checkpoint` of a `--ckpt-format torch` iteration folder (tp 1, pp 1): the rank file
+    on every rank, then (distributed optimizer) `load_parameter_state` of the distrib_optim.pt beside it."""
+    state = torch.load(folder / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
+    gpt.load_state_dict(state["model"], strict=True)
+    optimizer.load_state_dict(state["optimizer"])
+    if distributed:
+        _keep_torch_step(optimizer)
+        optimizer.load_parameter_state(str(folder / "mp_rank_00" / "distrib_optim.pt"))
+    scheduler.load_state_dict(state["opt_param_scheduler"])
+
+
+def _patch_for_dist_load(optimizer, distributed: bool) -> None:
+    """What a torch_dist load of torch Adam needs from megatron-core without TE."""
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         # Without TE/apex, the distributed optimizer's state_dict() reads torch Adam's per-parameter `step`,
         # which megatron-core's init_state_fn (run before a load) does not create: add it as torch would.
@@ -368,21 +398,32 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
         inner.init_state_fn = init_state
         if distributed:  # its sharded_state_dict(is_loading) reads the state before initialising it
             init_state(inner.optimizer, getattr(inner, "config", None))
-            # ... and `fully_reshardable` loading then copies every state key, torch's `step` included, which
-            # no checkpoint holds per parameter (load_state_dict already set it from the param groups, as it
-            # is with TE's FusedAdam, which keeps no per-parameter step)
-            real_set = inner._set_main_param_and_optimizer_states
+    if distributed:
+        _keep_torch_step(optimizer)
 
-            def set_states(model_param, tensors, real_set=real_set, inner=inner):
-                group, order = inner.model_param_group_index_map[model_param]
-                state = inner.optimizer.state[inner.optimizer.param_groups[group]["params"][order]]
-                step = state.pop("step", None)
-                real_set(model_param, tensors)
-                if step is not None:
-                    state["step"] = step
-            inner._set_main_param_and_optimizer_states = set_states
-    gbs = MBS * world
-    scheduler = _scheduler(optimizer, gbs)
+
+def _keep_torch_step(optimizer) -> None:
+    """The distributed optimizer's per-parameter load (`fully_reshardable`, and distrib_optim.pt's
+    `load_parameter_state`) copies every state key, torch Adam's `step` included, which no checkpoint holds
+    per parameter (load_state_dict already set it from the param groups, as it is with TE's FusedAdam,
+    which keeps no per-parameter step): copy the rest, keep the step."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        real_set = inner._set_main_param_and_optimizer_states
+
+        def set_states(model_param, tensors, real_set=real_set, inner=inner):
+            group, order = inner.model_param_group_index_map[model_param]
+            state = inner.optimizer.state[inner.optimizer.param_groups[group]["params"][order]]
+            step = state.pop("step", None)
+            real_set(model_param, tensors)
+            if step is not None:
+                state["step"] = step
+        inner._set_main_param_and_optimizer_states = set_states
+
+
+def _load_torch_dist(ckpt: str, gpt, optimizer, scheduler, distributed: bool, sharding: str | None) -> None:
+    from megatron.core import dist_checkpointing
+
+    _patch_for_dist_load(optimizer, distributed)
     meta = _sharded_metadata(_version(), distributed)
     if meta is not None and distributed:
         meta["distrib_optim_sharding_type"] = sharding
@@ -399,13 +440,6 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
     optimizer.load_state_dict(loaded["optimizer"])
     common = torch.load(Path(ckpt) / "common.pt", weights_only=False)
     scheduler.load_state_dict(common["opt_param_scheduler"])
-    losses = []
-    for step in (STEPS + 1, STEPS + 2):
-        losses.append(_train_step(ddp, optimizer, step, rank))
-        scheduler.step(increment=gbs)
-    if rank == 0:
-        print(json.dumps({"losses": losses}))
-    torch.distributed.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -419,7 +453,8 @@ def main(argv=None) -> None:
     parser.add_argument("out", type=Path, help="fixtures root (a <version>/ folder is made in it)")
     parser.add_argument("--only", choices=("fp16opt", "distopt"), default=None)
     parser.add_argument("--resume", action="store_true",
-                        help="OUT is a torch_dist iteration folder: load it (--only's optimizer), train 2 updates")
+                        help="OUT is an iteration folder (torch or torch_dist): load it (--only's optimizer), "
+                        "train 2 updates")
     parser.add_argument("--sharding", default="fully_sharded_model_space",
                         help="the distributed optimizer's sharding type to load with (--resume)")
     ns = parser.parse_args(argv)
