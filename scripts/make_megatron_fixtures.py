@@ -75,6 +75,19 @@ def _patch_no_fp8() -> None:
     distrib_optimizer.quantize_param_shard = quantize
 
 
+class _NoStream:
+    """The CPU has one stream: waiting on it, or on its events, is done already."""
+
+    def wait_event(self, *args, **kwargs):
+        return None
+
+    def wait_stream(self, *args, **kwargs):
+        return None
+
+    def synchronize(self):
+        return None
+
+
 def _patch_cpu() -> None:
     _patch_torch_api()
     _patch_no_fp8()
@@ -88,6 +101,7 @@ def _patch_cpu() -> None:
         return "torch.cuda." + name[6:] if not args and not kwargs and name.startswith("torch.") else name
     torch.Tensor.type = cuda_type
     torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_stream = lambda *a, **k: _NoStream()  # 0.17+: grad sync waits on the current stream
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.is_available = lambda: False
     from megatron.core.tensor_parallel import random as mcore_random
