@@ -1,4 +1,4 @@
-"""Generate the Megatron test fixtures with a real megatron-core (any version 0.12 .. 0.16).
+"""Generate the Megatron test fixtures with a real megatron-core (0.12 .. 0.16; 0.17+ under Python 3.12).
 
     pip install --target /tmp/mcore-0.12 "megatron-core==0.12.*" --no-deps
     PYTHONPATH=/tmp/mcore-0.12 python scripts/make_megatron_fixtures.py tests/fixtures/megatron
@@ -452,8 +452,8 @@ def _load_torch_dist(ckpt: str, gpt, optimizer, scheduler, distributed: bool, sh
     loaded = dist_checkpointing.load(request, ckpt)
     gpt.load_state_dict(loaded["model"], strict=True)
     optimizer.load_state_dict(loaded["optimizer"])
-    common = torch.load(Path(ckpt) / "common.pt", weights_only=False)
-    scheduler.load_state_dict(common["opt_param_scheduler"])
+    # load() returns the common state merged in (common.pt, or 0.19's `common_state` object)
+    scheduler.load_state_dict(loaded["opt_param_scheduler"])
 
 
 def _free_port() -> int:
