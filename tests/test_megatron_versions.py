@@ -284,6 +284,10 @@ def test_distributed_optimizer_flag_on_the_command_line(tmp_path):
     assert good.exit_code == 0, good.output
     assert (tmp_path / "pt" / "iter_0000002" / "mp_rank_00" / "distrib_optim.pt").is_file()
     assert not list((tmp_path / "pt").rglob("*.scratch"))
+    for extra in (["--dp", "2"], ["--dp", "2", "--format", "torch_dist", "--distributed-optimizer"]):  # nothing to lay out
+        stray = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "x"), "--to", "megatron", "-q", *extra])
+        assert stray.exit_code == 2 and stray.output.startswith("error: --dp applies to"), stray.output
+        assert not (tmp_path / "x").exists()
 
 
 def _distrib_optim(folder: Path) -> dict:

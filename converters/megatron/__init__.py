@@ -59,6 +59,9 @@ class Writer:
                  distributed_optimizer: bool | None = None, dp: int | None = None):
         if (format or "torch") not in FORMATS:
             raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
+        if dp is not None and (format == "torch_dist" or not distributed_optimizer):
+            raise InteropError("--dp applies to Megatron output only with --distributed-optimizer --format torch "
+                               "(distrib_optim.pt is laid out for one dp; torch_dist loads at any dp)")
         if format == "torch_dist":
             self.impl = _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
                                              distributed_optimizer=distributed_optimizer)
