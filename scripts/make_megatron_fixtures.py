@@ -354,7 +354,8 @@ def _worker(rank: int, world: int, port: int, out: str, distributed: bool) -> No
     torch.distributed.destroy_process_group()
 
 
-def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: bool, sharding: str | None) -> None:
+def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: bool, sharding: str | None,
+                   bucket_size: int | None = None) -> None:
     """Megatron-LM's resume: load model, optimizer and scheduler from `ckpt` (an iteration folder, torch or
     torch_dist), train 2 updates, print losses."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -369,8 +370,10 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
     with torch.no_grad():  # other starting weights than the saved run's: the load must replace them all
         for p in gpt.parameters():
             p.add_(1.0)
+    # --bucket-size: Megatron-LM's --overlap-grad-reduce --ddp-bucket-size N (the buffer in several buckets)
     ddp = DDP(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed,
-                                                    overlap_grad_reduce=False), gpt)
+                                                    overlap_grad_reduce=bucket_size is not None,
+                                                    bucket_size=bucket_size), gpt)
     optimizer = _optimizer(ddp, distributed)
     gbs = MBS * world
     scheduler = _scheduler(optimizer, gbs)
@@ -469,13 +472,16 @@ def main(argv=None) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="OUT is an iteration folder (torch or torch_dist): load it (--only's optimizer), "
                         "train 2 updates")
+    parser.add_argument("--bucket-size", type=int, default=None,
+                        help="--resume with --overlap-grad-reduce and DDP buckets of N elements")
     parser.add_argument("--sharding", default="fully_sharded_model_space",
                         help="the distributed optimizer's sharding type to load with (--resume)")
     ns = parser.parse_args(argv)
     if ns.resume:
         distributed = ns.only == "distopt"
         world = 2 if distributed else 1
-        torch.multiprocessing.spawn(_resume_worker, args=(world, _free_port(), str(ns.out), distributed, ns.sharding),
+        torch.multiprocessing.spawn(_resume_worker, args=(world, _free_port(), str(ns.out), distributed, ns.sharding,
+                                                          ns.bucket_size),
                                     nprocs=world)
         return
     import megatron.core  # noqa: F401 (fail early when PYTHONPATH lacks it)

@@ -80,7 +80,7 @@ def test_release_checkpoint_is_read_exactly(version, kind, fmt):
 
 
 def _resume(ckpt: Path, kind: str, pythonpath: str | None = None, sharding: str | None = None,
-            python: str | None = None) -> list[float]:
+            python: str | None = None, bucket_size: int | None = None) -> list[float]:
     """megatron-core (the installed one, or `pythonpath`'s, run by `python`) loads `ckpt` and trains 2 updates."""
     import os
 
@@ -91,6 +91,8 @@ def _resume(ckpt: Path, kind: str, pythonpath: str | None = None, sharding: str 
            "--only", kind]
     if sharding:
         cmd += ["--sharding", sharding]
+    if bucket_size:
+        cmd += ["--bucket-size", str(bucket_size)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])["losses"]
@@ -350,6 +352,25 @@ def test_distrib_optim_pt_at_a_new_dp_resumes_as_torch_dist_does(tmp_path):
             options={"format": "torch_dist", "distributed_optimizer": True})
     via_pt = _resume(tmp_path / "pt" / "iter_0000002", "distopt")
     via_dist = _resume(tmp_path / "dist" / "iter_0000002", "distopt", sharding="fully_reshardable")
+    assert via_pt == via_dist
+
+
+def test_distrib_optim_pt_in_several_buckets_resumes_as_torch_dist_does(tmp_path):
+    """A run with --overlap-grad-reduce --ddp-bucket-size 2000 (its args say so): distrib_optim.pt laid out in
+    megatron-core's buckets of 2000 elements (each padded to lcm(dp, 128)); megatron-core's distributed optimizer
+    with those buckets at dp 2 loads it and trains the same two updates as from torch_dist `fully_reshardable`."""
+    pytest.importorskip("megatron.core")
+    convert(FIXTURES / "0.16.1" / "distopt" / "torch", tmp_path / "store", dst_format="interop")
+    manifest = json.loads((tmp_path / "store" / "interop.json").read_text())
+    manifest["state"]["megatron"]["args"].update(overlap_grad_reduce=True, ddp_bucket_size=2000)
+    (tmp_path / "store" / "interop.json").write_text(json.dumps(manifest))
+    summary = convert(tmp_path / "store", tmp_path / "pt", dst_format="megatron",
+                      options={"distributed_optimizer": True, "dp": 2})
+    assert any("for dp 2, buckets of 2000 elements" in n for n in summary.notes), summary.notes
+    convert(tmp_path / "store", tmp_path / "dist", dst_format="megatron",
+            options={"format": "torch_dist", "distributed_optimizer": True})
+    via_pt = _resume(tmp_path / "pt" / "iter_0000002", "distopt", bucket_size=2000)
+    via_dist = _resume(tmp_path / "dist" / "iter_0000002", "distopt", sharding="fully_reshardable", bucket_size=2000)
     assert via_pt == via_dist
 
 

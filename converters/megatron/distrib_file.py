@@ -33,7 +33,10 @@ SCRATCH = "distrib_optim.scratch"
 
 def grad_dtype(param_dtype: torch.dtype, args: dict) -> torch.dtype:
     """The grad buffer's dtype megatron-core keys the state by: fp32 when gradients are reduced in fp32
-    (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`, which `--bf16` turns on), else the param's."""
+    (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`, which `--bf16` turns on unless
+    `--grad-reduce-in-bf16`: megatron/training/arguments.py `validate_args`), else the param's."""
+    if args.get("grad_reduce_in_bf16"):
+        return param_dtype
     if param_dtype in (torch.float32, torch.bfloat16) or args.get("accumulate_allreduce_grads_in_fp32"):
         return torch.float32
     return param_dtype

@@ -461,22 +461,25 @@ class Writer:
         self.pending: dict[tuple, dict] = {}
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
+        # --distributed-optimizer: the moments (and fp32 masters) go to each rank's distrib_optim.pt
+        distributed = self._check_distrib(distributed_optimizer, dp)
+        self.dp = dp
+        self.weight_dtypes: set = set()
         self.dir = self.root / "iter_pending"
         self.files = {}
         for t, p in layout.ranks():
             path = self.dir / rank_dir_name(t, p, layout.pp) / RANK_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             self.files[(t, p)] = TorchFileWriter(path)
-        # --distributed-optimizer: the moments (and fp32 masters) go to each rank's distrib_optim.pt
-        self.distrib = self._distrib_files(distributed_optimizer, dp)
-        self.dp = dp
-        self.weight_dtype = torch.float32
+        self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p), f in self.files.items()} \
+            if distributed else {}
 
-    def _distrib_files(self, distributed_optimizer: bool | None, dp: int | None) -> dict:
+    def _check_distrib(self, distributed_optimizer: bool | None, dp: int | None) -> bool:
+        """Whether distrib_optim.pt files are written (refused in one line where they cannot be)."""
         if not distributed_optimizer or not self.optim_kinds:
             if distributed_optimizer:
                 self.notes.append(f"no optimizer state in the source: no {DISTRIB_OPTIM_FILE} written")
-            return {}
+            return False
         missing = [k for k in ("exp_avg", "exp_avg_sq") if k not in self.optim_kinds]
         if missing:
             raise InteropError(f"--distributed-optimizer: the source has no {missing[0]} (Adam's state is needed)")
@@ -486,7 +489,7 @@ class Writer:
         if self.layout.pp > 1 and self.spec.tied_embeddings:
             raise InteropError(f"--distributed-optimizer: a tied embedding over several pipeline stages has a bucket "
                                f"of its own in {DISTRIB_OPTIM_FILE} (not supported); write --format torch_dist")
-        return {(t, p): DistribOptimFile(f.path.parent) for (t, p), f in self.files.items()}
+        return True
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base = base_param_name(name)
@@ -509,7 +512,7 @@ class Writer:
                     continue
                 self.refs[(kind, t, r.stage, r.chunk, r.key)] = self.files[(t, r.stage)].add(piece)
                 if not kind:
-                    self.weight_dtype = piece.dtype
+                    self.weight_dtypes.add(piece.dtype)
                 if not kind and self.distrib and "fp32_param" not in self.optim_kinds:  # masters: the weights
                     self.distrib[(t, r.stage)].add("param", r.chunk, r.key, piece)
 
@@ -595,12 +598,20 @@ class Writer:
         self.dir.rename(self.root / iteration_name(iteration))
         write_tracker(self.root, iteration)
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return next(iter(self.weight_dtypes), torch.float32)
+
     def _finish_distrib(self, args: dict, state: dict) -> None:
         """The args of a distributed-optimizer run at the dp the buffers are laid out for."""
+        if len(self.weight_dtypes) > 1:  # megatron-core then keeps one buffer per dtype: not laid out here
+            raise InteropError(f"--distributed-optimizer: the weights have several dtypes "
+                               f"({', '.join(sorted(NAME_OF_DTYPE[d] for d in self.weight_dtypes))}); "
+                               f"{DISTRIB_OPTIM_FILE} is written for one (cast with --dtype)")
         args["use_distributed_optimizer"] = True
         args["data_parallel_size"] = self.dp
         args["world_size"] = self.layout.tp * self.layout.pp * self.dp
-        if self.weight_dtype == torch.bfloat16:
+        if self.weight_dtype == torch.bfloat16 and not args.get("grad_reduce_in_bf16"):
             args["accumulate_allreduce_grads_in_fp32"] = True  # as Megatron-LM's --bf16 sets it
         if "fp32_param" not in self.optim_kinds and self.weight_dtype != torch.float32:
             self.notes.append(f"the source has no fp32 master weights: {DISTRIB_OPTIM_FILE}'s masters are the "
