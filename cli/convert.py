@@ -31,8 +31,9 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="Megatron on-disk format to write (default: torch).")
 @click.option("--iteration", type=int, help="Megatron iteration to read (default: the tracker's).")
 @click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
-              help="Megatron torch_dist output: write the optimizer in the distributed optimizer's layout "
-              "(default: as the source was saved).")
+              help="Megatron output: write the optimizer in the distributed optimizer's layout: torch_dist "
+              "fully_reshardable (default there: as the source was saved), or the torch format's "
+              "distrib_optim.pt laid out for --dp N.")
 @click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
               "(HF config.json, Megatron args file or MindSpeed YAML).")
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
@@ -46,7 +47,8 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="MindSpore -> MindSpore: the source's w_qkv layout (--qkv-layout is then the output's).")
 @click.option("--src-qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
               help="MindSpore -> MindSpore: the source's w_qkv.bias layout.")
-@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N.")
+@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N. "
+              "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is laid out for.")
 @click.option("--tokenizer", type=click.Path(), help="HF output: a tokenizer directory, or one "
               "tokenizer file (Megatron's --tokenizer-model sentencepiece model, or a tokenizer.json). "
               "An HF source's own tokenizer is carried without it.")
