@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -9,11 +10,13 @@ import torch
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptWriter
 from ...layout import ParallelLayout
-from ...mappings.mindspore_names import DIALECTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES
+from ...mappings.mindspore_names import (DIALECTS, LOCAL_EXPERTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD,
+                                         OPTIM_PREFIXES)
 from ...params import param_index
 from ...shards import shard_box
 from ...spec import ModelSpec
 from ...tensors import TensorMeta
+from . import pt_meta
 from .files import SIDECAR, mindformers_file, mindspeed_file
 from .rows import converter_names, fuse, ms_rows
 from .scalars import state_to_scalars
@@ -28,10 +31,13 @@ class Writer:
 
     mindspeed: the layout MindSpeed-Core-MS training loads (`rank_{r}/network.ckpt`, the model's own
     parameter names, step/epoch/optimizer/scheduler scalars as convert_pt2ckpt.py writes them), any
-    tp/pp/vpp; `dp` numbers the folders like the run's data-parallel size (cp folded in).
+    tp/pp/vpp, and `pt_meta/` for its reverse converter; `dp` numbers the folders like the run's
+    data-parallel size (cp folded in).
     mindformers: `qkv_layout` "grouped" (r1.5.0 and later, the default) or "plain" (r1.3.0) for qkv_concat.
     `mindspore_model.json` (spec, layout, state) is an extra for interop; no reader needs it.
     """
+
+    holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
 
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
@@ -43,8 +49,8 @@ class Writer:
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  dialect: str | None = None, qkv_concat: bool = False, qkv_layout: str | None = None,
                  qkv_bias_layout: str | None = None, dp: int | None = None, only=None):
-        """`only`: the (tp, pp) rank files (`units`) to write, for a conversion split over processes
-        (`interop.workers`); None: all of them."""
+        """`only`: the (tp, pp) ranks (`units`; each with its ep ranks' files) to write, for a conversion split
+        over processes (`interop.workers`); None: all of them."""
         dialect = dialect or "mindspeed"
         if dialect not in DIALECTS:
             raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
@@ -52,7 +58,9 @@ class Writer:
             raise InteropError("MindFormers checkpoints are written without virtual pipeline chunks: use --vpp 1")
         if dialect != "mindformers" and qkv_concat:
             raise InteropError("--qkv-concat applies to --dialect mindformers only")
-        # (--qkv-layout without --qkv-concat is the reader's: a MindSpore -> MindSpore conversion gives both)
+        if not qkv_concat and (qkv_layout or qkv_bias_layout):
+            raise InteropError("--qkv-layout / --qkv-bias-layout describe the written w_qkv (--qkv-concat); "
+                               "a MindSpore source's layout is --src-qkv-layout / --src-qkv-bias-layout")
         if dialect != "mindspeed" and dp is not None:
             raise InteropError("--dp numbers MindSpeed rank folders: it applies to --dialect mindspeed only")
         if dp is not None and dp < 1:
@@ -62,8 +70,14 @@ class Writer:
             raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
                                "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
         spec.check_tp(layout.tp)
+        if layout.ep > 1 and dialect != "mindspeed":
+            raise InteropError(f"MindFormers MoE output is written at --ep 1 (all experts in each rank file; its "
+                               f"strategy places them), not --ep {layout.ep}")
+        if layout.ep > 1 and (dp or layout.ep) % layout.ep:
+            raise InteropError(f"--dp {dp} is no multiple of --ep {layout.ep}: MindSpeed's expert-parallel ranks "
+                               "are data-parallel ranks")
         self.root, self.spec, self.layout = Path(root), spec, layout
-        self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or 1
+        self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or layout.ep
         self.qkv_layout = qkv_layout if qkv_concat else None
         self.qkv_bias_layout = qkv_bias_layout if qkv_concat else None
         self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout, qkv_bias_layout)
@@ -88,19 +102,31 @@ class Writer:
                               else "dropped the optimizer's fp32 master copies (MindFormers keeps none); "
                                    "the model weights are written")
         self.pending: dict[str, dict] = {}
-        self.files: dict[tuple[int, int], CkptWriter] = {}
+        # {(tp rank, stage, expert-parallel rank): its file}; ep ranks are the first data-parallel ranks
+        self.files: dict[tuple[int, int, int], CkptWriter] = {}
         self.units = layout.ranks()
-        for t, p in self.units:
-            if only is not None and (t, p) not in only:
+        self.owned = {(t, p) for t, p in self.units if only is None or (t, p) in only}
+        for t, p in layout.ranks():
+            if (t, p) not in self.owned:
                 continue
-            path = self._path(t, p)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.files[(t, p)] = CkptWriter(path)
+            for d in range(layout.ep):
+                path = self._path(t, p, d)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.files[(t, p, d)] = CkptWriter(path)
 
-    def _path(self, t: int, p: int) -> Path:
+    def _path(self, t: int, p: int, d: int) -> Path:
         if self.dialect == "mindspeed":
-            return mindspeed_file(self.root, t, p, self.layout.tp, self.dp)
+            return mindspeed_file(self.root, t, p, self.layout.tp, self.dp, d)
         return mindformers_file(self.root, t, p, self.layout.tp, self.layout.pp)
+
+    def _targets(self, param, ms_name: str) -> list[tuple[int, str]]:
+        """[(ep rank, name)] a tensor goes to: every ep rank, or an expert's own with its local number
+        (moe_layer.py: local_expert_indices = ep_rank * num_local_experts + i; experts.py numbers them from 0)."""
+        if param.expert is None or self.layout.ep == 1:
+            return [(d, ms_name) for d in range(self.layout.ep)]
+        per = self.spec.num_experts // self.layout.ep
+        local = ms_name.replace(f"{LOCAL_EXPERTS}{param.expert}.", f"{LOCAL_EXPERTS}{param.expert % per}.")
+        return [(param.expert // per, local)]
 
     def _split(self, name: str) -> tuple[str, str]:
         for prefix, native in self.prefixes.items():
@@ -121,7 +147,7 @@ class Writer:
         if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
                 and self.spec.tied_embeddings and self.layout.pp > 1):
             stages.add(self.layout.pp - 1)
-        return any((t, p) in self.files for t in range(self.layout.tp) for p in stages)
+        return any((t, p) in self.owned for t in range(self.layout.tp) for p in stages)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if name.startswith(MASTER_PREFIX):
@@ -151,14 +177,28 @@ class Writer:
         stage = self.layout.stage_of(first) if stage is None else stage
         tp = self.layout.tp
         for t in range(tp):
-            if (t, stage) not in self.files:
+            if (t, stage) not in self.owned:
                 continue
             shards = [part[shard_box(tuple(part.shape), first.axis, t, tp).slices()] for part in parts]
             fused = fuse(kind, shards, self.spec.kv_groups // tp)
-            self.files[(t, stage)].write(ms_name, fused)
             native, base = self._native_split(ms_name)
-            if base in self.copies:
-                self.files[(t, stage)].write(native + self.copies[base], fused)
+            for d, name in self._targets(first, ms_name):
+                self.files[(t, stage, d)].write(name, fused)
+                if base in self.copies:
+                    self.files[(t, stage, d)].write(native + self.copies[base], fused)
+
+    def _copy_for_other_dp_ranks(self) -> None:
+        """With experts split over ep ranks, a data-parallel rank d >= ep without its folder would load the dp-0
+        folder (training.py), ep rank 0's experts: give each such rank of ep rank d % ep > 0 its copy."""
+        ep = self.layout.ep
+        extra = [(t, p, d) for t, p in self.layout.ranks() for d in range(ep, self.dp) if d % ep] if ep > 1 else []
+        for t, p, d in extra:
+            path = self._path(t, p, d)
+            path.parent.mkdir(parents=True)
+            shutil.copyfile(self._path(t, p, d % ep), path)
+        if extra:
+            self.notes.append(f"copied expert-parallel ranks' files for {len(extra)} data-parallel ranks beyond "
+                              f"ep={ep} (MindSpeed would give them dp rank 0's folder, ep rank 0's experts)")
 
     def _native_split(self, ms_name: str) -> tuple[str, str]:
         for native in self.prefixes.values():
@@ -192,10 +232,18 @@ class Writer:
         self.finish_global(state, self.finish_units(state))
 
     def finish_global(self, state: dict | None, results: dict | None = None) -> None:
-        """The files describing all ranks: MindFormers' strategy files, interop's sidecar."""
+        """The files describing all ranks (pt_meta/, MindFormers' strategy files, interop's sidecar), and copies
+        of expert-parallel ranks' files, once every rank file is closed."""
         state = dict(state or {})
-        if self.dialect == "mindspeed":  # the scalars' notes (a writer split over processes wrote none itself)
+        if self.dialect == "mindspeed":
+            # the scalars' notes (a writer split over processes wrote none itself)
             self.notes += [n for n in state_to_scalars(state)[1] if n not in self.notes]
+            if self.spec.is_moe:
+                self.notes.append("pt_meta/ not written: MindSpeed's convert_ckpt2pt.py (r0.1.0) converts no "
+                                  "MoE model back")
+            else:
+                self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
+        self._copy_for_other_dp_ranks()
         if self.dialect == "mindformers" and self.layout.tp * self.layout.pp > 1:
             (self.root / "strategy").mkdir()
             for p in range(self.layout.pp):
