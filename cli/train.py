@@ -99,7 +99,7 @@ def parity(ckpt, config_path, layouts, frameworks, tolerance, plot, **flags):
     Example:
       interop parity ckpt --steps 10 --layouts 1x1,2x1,1x2,2x2 --frameworks torch,hf,mindspore --plot parity.png
     """
-    from ..trainer.parity import parity as run_parity, parse_layouts
+    from ..workflows.parity import parity as run_parity, parse_layouts
     cfg = _config(config_path, **flags)
     result = run_parity(ckpt, cfg, parse_layouts(layouts), [f.strip() for f in frameworks.split(",") if f.strip()],
                         tolerance, plot)

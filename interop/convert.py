@@ -19,7 +19,7 @@ import torch
 
 from . import memory
 from .atomic import atomic_directory, check_destination
-from .converters.registry import converter, detect_format
+from .formats import converter, detect_format
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout

@@ -241,18 +241,6 @@ def args_dict(args) -> dict | None:
     return None
 
 
-def model_config_args(path) -> dict:
-    """Completed Megatron args from --model-config: HF config.json, Megatron args file or MindSpeed YAML."""
-    from ... import mapargs
-    from ...io.small_files import read_json_object, require_small_file
-    path = require_small_file(path, "model config")  # not /dev/zero, a FIFO, a directory or a huge file
-    if path.suffix.lower() == ".json":
-        read_json_object(path, "model config")  # one line for bad JSON (too deep, a 5,000-digit number), not a traceback
-    source = mapargs.load(path)
-    return M.complete(source.explicit)
-
-
-
 def base_args(meg: dict) -> dict | None:
     """The source checkpoint's args (from `Source.state["megatron"]`), completed, unknown keys kept."""
     base = meg.get("args") or None

@@ -39,7 +39,8 @@ from ...mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import (args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, layout_from_args, model_config_args,
+from ...model_config import megatron_args_from_file
+from .args import (args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, layout_from_args,
                    padded_vocab, plain_arg, spec_from_args, vocab_divisor)
 from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
 from . import distrib
@@ -90,7 +91,7 @@ class Reader:
         stored = args_dict(common.get("args"))
         check_args(stored, self.dir / dist.COMMON_PT)
         if model_config is not None:
-            full = model_config_args(model_config)
+            full = megatron_args_from_file(model_config)
             notes.append(f"model description taken from {model_config}")
         elif stored and stored.get("num_layers"):
             full = M.complete(explicit_args(stored))

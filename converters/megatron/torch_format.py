@@ -35,7 +35,8 @@ from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
+from ...model_config import megatron_args_from_file
+from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from . import distrib
@@ -136,7 +137,7 @@ class Reader:
     def _model_args(self, stored: dict | None, model_config, notes: list[str]) -> dict:
         if model_config is not None:
             notes.append(f"model description taken from {model_config}")
-            full = model_config_args(model_config)
+            full = megatron_args_from_file(model_config)
             # the layout and the padded vocab are facts of the files, not of the model description
             # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
             full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),

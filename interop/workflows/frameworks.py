@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from interop.errors import InteropError
 
-from .config import TrainConfig
-from .data import TokenData
-from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
+from ..trainer.config import TrainConfig
+from ..trainer.data import TokenData
+from ..trainer.optim import clip_grad_norm, lr_at, make_adamw, set_lr
 
 
 def _convert(ckpt, dst, fmt: str, **options):
@@ -65,7 +65,7 @@ def mindspore_losses(ckpt, cfg: TrainConfig) -> list[float]:
     """Train the MindSpore model (`trainer/mindspore_model.py`) with mindspore autodiff and the same AdamW."""
     try:
         import mindspore as ms
-        from . import mindspore_model
+        from ..trainer import mindspore_model
     except ImportError as exc:
         raise InteropError(f"framework mindspore is not available: {exc}") from None
     with tempfile.TemporaryDirectory(prefix="interop-parity-ms-") as tmp:

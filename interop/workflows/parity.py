@@ -17,7 +17,7 @@ from pathlib import Path
 from interop.errors import InteropError
 from interop.store import is_store
 
-from .config import TrainConfig
+from ..trainer.config import TrainConfig
 
 FRAMEWORKS = ("torch", "hf", "mindspore", "megatron")
 
@@ -101,7 +101,7 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
     every torch layout is planned as `interop train` plans it, every framework is installed and can hold
     the model."""
     from interop.store import StoreReader
-    from .launch import cleanup, prepare
+    from ..trainer.launch import cleanup, prepare
     spec = StoreReader(start, verify=False).spec
     problems = []
     if "torch" in frameworks:
@@ -140,7 +140,7 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     `log` gets one progress line per run (stderr by default; None for silence)."""
     from .frameworks import hf_losses, mindspore_losses
     from .megatron_framework import megatron_losses
-    from .launch import TrainingFailed, train
+    from ..trainer.launch import TrainingFailed, train
     log = log or (lambda message: None)
     unknown = [f for f in frameworks if f not in FRAMEWORKS]
     if unknown:
