@@ -22,6 +22,7 @@ import yaml
 
 from . import argsfile
 from .errors import InteropError
+from .io.megatron_save import TRACKER, iteration_name, read_tracker
 from .mappings import colossalai, deepspeed, hf_args, mindformers, mindformers_legacy, mindspeed
 from .mappings import megatron_args as M
 
@@ -690,27 +691,12 @@ def _load(path: Path, env: dict | None, fmt: str) -> ArgsSource:
     return ArgsSource(str(path), fmt, explicit, entries, warnings)
 
 
-def _torch_load(path: Path):
-    """The checkpoint's stored args, through the project's allow-listing unpickler (never plain torch.load)."""
-    from .io.safe_pickle import safe_torch_load
-
-    try:
-        return safe_torch_load(path)
-    except InteropError:
-        raise
-    except Exception as exc:  # a pickle we refuse or cannot read is the user's file, not our bug
-        raise InteropError(f"{path}: cannot read the checkpoint's stored args ({exc.__class__.__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-
-
 def _checkpoint_file(path: Path) -> Path:
     """The file that holds `args`: common.pt (torch_dist) or model_optim_rng.pt (legacy)."""
     if path.is_file():
         return path
-    tracker = path / "latest_checkpointed_iteration.txt"
-    if tracker.exists():
-        text = tracker.read_text().strip()
-        path = path / ("release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else text)
+    if (path / TRACKER).exists():
+        path = path / iteration_name(read_tracker(path))
     if (path / "common.pt").exists():
         return path / "common.pt"
     for name in ("mp_rank_00", "mp_rank_00_000"):
@@ -721,8 +707,9 @@ def _checkpoint_file(path: Path) -> Path:
 
 
 def _load_checkpoint(path: Path) -> ArgsSource:
+    from .io.safe_pickle import safe_torch_load, to_plain  # torch: only a checkpoint needs it
     file = _checkpoint_file(path)
-    state = _torch_load(file)
+    state = safe_torch_load(file)  # the allow-listing unpickler, never plain torch.load
     args = state.get("args") if isinstance(state, dict) else None
     if args is None:
         raise InteropError(f"{file}: the checkpoint stores no args; give an args file or config.json instead")
@@ -734,24 +721,12 @@ def _load_checkpoint(path: Path) -> ArgsSource:
         if arg is None:
             ignored.append(key)
             continue
-        value = _plain(value)
+        value = to_plain(value)
         if value != arg.default:
             explicit[dest] = value
     entries = [Unmapped("(checkpoint args)", sorted(ignored), f"{len(ignored)} stored args interop does not model",
                      lost=False)] if ignored else []
     return ArgsSource(str(path), "megatron-checkpoint", explicit, entries, [])
-
-
-def _plain(value):
-    """Checkpoint values as plain data: dtypes and enums by name, tuples as lists."""
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    text = str(value)
-    if text.startswith("torch."):
-        return {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}.get(text, text)
-    return getattr(value, "name", text)
 
 
 # ---------------------------------------------------------------- the whole job

@@ -10,14 +10,12 @@ import argparse
 import math
 import types
 
-import torch
-
 from ...errors import InteropError
 from ...io.safe_pickle import to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...spec import ModelSpec, llama3_rope_scaling, padded_vocab_size
-from ...tensors import DTYPE_NAMES, NAME_OF_DTYPE
+from ...tensors import DTYPE_NAMES
 
 UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
     "num_experts": None, "rotary_interleaved": False, "multi_latent_attention": False,
@@ -41,7 +39,7 @@ def explicit_args(stored: dict) -> dict:
     for key, value in stored.items():
         dest = M.CHECKPOINT_ALIASES.get(key, key)
         if dest in M.ARGS and value is not None:
-            out[dest] = plain_arg(value)
+            out[dest] = to_plain(value)
     return out
 
 
@@ -62,12 +60,6 @@ def check_args(stored: dict | None, where) -> None:
             else:
                 shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise InteropError(f"{where}: args.{key} is {shown}, not {'an integer' if kind == M.INT else 'a number'}")
-
-
-def plain_arg(value):
-    if isinstance(value, torch.dtype):
-        return NAME_OF_DTYPE.get(value, str(value))
-    return to_plain(value)
 
 
 def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpec:

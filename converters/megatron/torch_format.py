@@ -36,7 +36,7 @@ from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
-from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
+from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, padded_vocab, spec_from_args, vocab_divisor
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, write_tracker)
 from . import distrib
@@ -86,7 +86,7 @@ class Reader:
             "iteration": first.get("iteration") if isinstance(first.get("iteration"), int) else it,
             **from_megatron(stored or {}, scheduler, (hyper or {}).get("step")),
             "megatron": {"checkpoint_version": to_plain(first.get("checkpoint_version")), "scheme": self.scheme,
-                         "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
+                         "args": {k: to_plain(v) for k, v in (stored or {}).items()},
                          "opt_param_scheduler": scheduler, "optimizer": hyper,
                          "num_floating_point_operations_so_far": to_plain(
                              first.get("num_floating_point_operations_so_far"))},
