@@ -10,10 +10,9 @@ written, with a warning.
 from __future__ import annotations
 
 from ..errors import InteropError
+from ..spec import llama3_rope_scaling
+from .hf_config import GPT2_ACTIVATION_OUT, GPT2_ACTIVATIONS  # the GPT2 activation names, once
 from .megatron_args import CONST, OMIT, R, Unmappable
-
-GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
-GPT2_ACT_BACK = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
 
 
 def _untie(v, doc):
@@ -21,9 +20,9 @@ def _untie(v, doc):
 
 
 def _gpt2_act(act):
-    if act not in GPT2_ACT:
+    if act not in GPT2_ACTIVATION_OUT:
         raise Unmappable(f"GPT2 has no {act} activation")
-    return GPT2_ACT[act]
+    return GPT2_ACTIVATION_OUT[act]
 
 
 def _llama_act(act):
@@ -58,7 +57,7 @@ GPT2 = [
     R("vocab_size", "vocab_size"),
     R("norm_epsilon", "layer_norm_epsilon"),
     R("activation", "activation_function", to=_gpt2_act,
-      back=lambda v, doc: {"activation": GPT2_ACT_BACK.get(v, v)}),
+      back=lambda v, doc: {"activation": GPT2_ACTIVATIONS.get(v, v)}),
     R("untie_embeddings_and_output_weights", "tie_word_embeddings", True, to=lambda v: not v, back=_untie),
     R("hidden_dropout", "resid_pdrop"),
     R("hidden_dropout", "embd_pdrop"),
@@ -67,8 +66,10 @@ GPT2 = [
     R("params_dtype", "torch_dtype", back=_dtype_back),
 ]
 
-# Megatron-core's --use-rope-scaling fixes these (models/common/embeddings/rotary_pos_embedding.py).
-MEGATRON_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# Megatron-core's --use-rope-scaling fixes these (models/common/embeddings/rotary_pos_embedding.py): spec's defaults.
+_FIXED = llama3_rope_scaling(1.0)
+MEGATRON_LLAMA3 = {"low_freq_factor": _FIXED["low_freq_factor"], "high_freq_factor": _FIXED["high_freq_factor"],
+                   "original_max_position_embeddings": _FIXED["original_max_positions"]}
 
 
 def _rope(base, scaling, factor):
