@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 import family_models as F
 from interop.convert import convert
-from interop.converters.megatron.args import args_from_spec, explicit_args, spec_from_args
+from interop.converters.megatron.args import explicit_args
+from interop.mappings.megatron_spec import args_from_spec, spec_from_args
 from interop.errors import InteropError
 from interop.layout import ParallelLayout
 from interop.mappings import megatron_args as M

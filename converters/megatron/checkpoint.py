@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from ...errors import InteropError
-from ...io.megatron_save import TRACKER, iteration_name, iteration_of, read_tracker, write_tracker  # noqa: F401 (used by the formats)
+from ...io.megatron_save import TRACKER, iteration_name, iteration_of, read_tracker
 
 RANK_FILE = "model_optim_rng.pt"
 DISTRIB_OPTIM_FILE = "distrib_optim.pt"

@@ -41,9 +41,10 @@ from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
-from .args import (args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, layout_from_args,
-                   padded_vocab, spec_from_args, vocab_divisor)
-from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
+from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
+from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
+from ...io.megatron_save import iteration_name, write_tracker
+from .checkpoint import CHECKPOINT_VERSION, final_iteration
 from . import distrib
 from .optimizer import KINDS, dist_common, dist_common_distributed, dist_hyper, distrib_hyper
 from .training import from_megatron, optimizer_hyper, to_megatron

@@ -36,9 +36,11 @@ from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
-from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, padded_vocab, spec_from_args, vocab_divisor
-from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
-                         iteration_dir, iteration_name, rank_dir_name, write_tracker)
+from ...mappings.megatron_spec import args_from_spec, args_losses, spec_from_args
+from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
+from ...io.megatron_save import iteration_name, write_tracker
+from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, iteration_dir,
+                         rank_dir_name)
 from . import distrib
 from .optimizer import KINDS, distrib_hyper, pack, unpack
 from .training import from_megatron, optimizer_hyper, to_megatron
