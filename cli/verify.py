@@ -1,4 +1,4 @@
-"""`interop verify SRC DST`: a thin click layer over `interop.verify.verify`."""
+"""`interop verify SRC DST`: a thin click layer over `interop.workflows.verify.verify`."""
 from __future__ import annotations
 
 import sys
