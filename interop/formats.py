@@ -4,8 +4,9 @@ Core knows no format.  Each format registers itself as an entry point in the `in
 group (pyproject.toml: `name = "module"`); the module has `detect(path) -> bool`, `Reader` and
 `Writer`.  Modules are imported on first use, so a format's dependencies never slow down the
 others, and the names are read from the installed metadata without importing anything.
-Detection tries the formats in name order (deepspeed before megatron matters: Megatron-DeepSpeed
-also writes Megatron's tracker file; tests/test_deepspeed.py holds it).
+Detection tries the formats in name order, and each format's `detect` claims only its own files;
+the one overlap left is resolved by that order: deepspeed before megatron (a Megatron-DeepSpeed
+save also holds Megatron's tracker file; tests/test_deepspeed.py holds it).
 """
 from __future__ import annotations
 
