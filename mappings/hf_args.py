@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from ..errors import InteropError
 from ..spec import llama3_rope_scaling
-from .hf_config import GPT2_ACTIVATION_OUT, GPT2_ACTIVATIONS  # the GPT2 activation names, once
+from .hf_config import GPT2_ACTIVATION_OUT, GPT2_ACTIVATIONS, GPT2_KEYS, LLAMA_KEYS
 from .megatron_args import CONST, OMIT, R, Unmappable
+from .megatron_spec import SPEC_NUMBERS
+
+
+def _numbers(hf_keys) -> list:
+    """R(Megatron dest, HF key) for the plain numbers: the HF key of each ModelSpec field is
+    `hf_config`'s, its Megatron argument `megatron_spec`'s; neither name is written here again."""
+    return [R(SPEC_NUMBERS[field], key) for field, key, _ in hf_keys if field in SPEC_NUMBERS]
 
 
 def _untie(v, doc):
@@ -49,13 +56,8 @@ def _dtype_back(v, doc):
 GPT2 = [
     CONST("model_type", "gpt2"),
     CONST("architectures", ["GPT2LMHeadModel"]),
-    R("num_layers", "n_layer"),
-    R("hidden_size", "n_embd"),
-    R("num_attention_heads", "n_head"),
+    *_numbers(GPT2_KEYS),
     R("ffn_hidden_size", "n_inner"),
-    R("max_position_embeddings", "n_positions"),
-    R("vocab_size", "vocab_size"),
-    R("norm_epsilon", "layer_norm_epsilon"),
     R("activation", "activation_function", to=_gpt2_act,
       back=lambda v, doc: {"activation": GPT2_ACTIVATIONS.get(v, v)}),
     R("untie_embeddings_and_output_weights", "tie_word_embeddings", True, to=lambda v: not v, back=_untie),
@@ -119,15 +121,9 @@ def _rows(model_type: str, architecture: str, family: list) -> list:
 
 
 _LLAMA_SHAPE = [
-    R("num_layers", "num_hidden_layers"),
-    R("hidden_size", "hidden_size"),
-    R("ffn_hidden_size", "intermediate_size"),
-    R("num_attention_heads", "num_attention_heads"),
+    *_numbers(LLAMA_KEYS),
     R("num_query_groups", "num_key_value_heads", back=_kv_heads_back),
     R("kv_channels", "head_dim"),
-    R("max_position_embeddings", "max_position_embeddings"),
-    R("vocab_size", "vocab_size"),
-    R("norm_epsilon", "rms_norm_eps"),
     R("rotary_base", "rope_theta", back=lambda v, doc: {"rotary_base": int(v) if float(v).is_integer() else v}),
     R(("rotary_base", "use_rope_scaling", "rope_scaling_factor"), "rope_parameters", to=_rope, back=_rope_back),
     R("activation", "hidden_act", to=_llama_act, back=lambda v, doc: {"activation": "swiglu" if v == "silu" else v}),

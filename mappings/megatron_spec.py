@@ -13,7 +13,6 @@ from __future__ import annotations
 from ..errors import InteropError
 from ..layout import ParallelLayout
 from ..spec import ModelSpec, llama3_rope_scaling
-from ..tensors import DTYPE_NAMES
 from . import megatron_args as M
 
 # ModelSpec field -> Megatron argument (dest), for the numbers that carry over as they are.
@@ -146,6 +145,7 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     args.pop("activation", None)  # derived by interop's table, not a Megatron argument
     args.pop("hidden_act", None)
     args.pop("compute_dtype", None)
+    from ..tensors import DTYPE_NAMES  # torch: map-args imports this module and must start without it
     args["params_dtype"] = DTYPE_NAMES[spec.dtype]
     return args
 
