@@ -42,6 +42,19 @@ def converter(name: str):
     return importlib.import_module(modules[name])
 
 
+def reader_of(name: str):
+    """Format `name`'s Reader class."""
+    return converter(name).Reader
+
+
+def writer_of(name: str):
+    """Format `name`'s Writer class; one line for a format that is read only (a source, never a target)."""
+    module = converter(name)
+    if not hasattr(module, "Writer"):
+        raise InteropError(f"interop reads {name} checkpoints but does not write them: choose another --to")
+    return module.Writer
+
+
 def detect_format(path) -> str:
     """The name of the one format that claims `path`."""
     path = Path(path)

@@ -161,7 +161,26 @@ def test_every_converter_registers_itself_and_only_converters_do():
     assert formats.names() == tuple(sorted(registered))  # the installed metadata is pyproject's
     for name in registered:
         module = formats.converter(name)
-        assert callable(module.detect) and module.Reader  # a Writer too, except for read-only formats (deepspeed)
+        assert callable(module.detect) and formats.reader_of(name) is module.Reader
+        if hasattr(module, "Writer"):
+            assert formats.writer_of(name) is module.Writer
+
+
+def test_a_read_only_format_as_target_is_one_error_line(tmp_path):
+    """deepspeed has a Reader only: naming it as --to is refused in one line, before anything is read."""
+    from click.testing import CliRunner
+    from interop.cli.main import main
+    from interop.errors import InteropError
+    from interop.formats import writer_of
+    with pytest.raises(InteropError, match="reads deepspeed checkpoints but does not write them"):
+        writer_of("deepspeed")
+    (tmp_path / "src").mkdir()
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--from", "interop",
+                                       "--to", "deepspeed"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: interop reads deepspeed checkpoints but does not write them: choose another --to"]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("word", ["Source", "Entry", "Row"])
