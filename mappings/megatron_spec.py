@@ -1,12 +1,10 @@
 """ModelSpec <-> Megatron args (and the tp/pp/vpp layout they state): decided once, here.
 
-Used by the Megatron converter (a checkpoint's stored args, `--model-config`), by map-args'
-readers through `megatron_args.complete`, and by the trainer (the model a config file
-describes).  The plain numbers are a table (`SPEC_NUMBERS`); the facts that need a rule
+Used by the Megatron converter (a checkpoint's stored args, `--model-config`), by map-args (its
+HF table's number rows, `hf_args`) and by the trainer (the model a config file describes).  The
+plain numbers are a table (`SPEC_NUMBERS`, which `args_from_spec` writes); how each is read back,
+with the defaults and fallbacks checkpoints from other tools need, and the facts that need a rule
 (norm, activation, positions, biases, rope scaling, sliding window) are the functions below.
-A new ModelSpec number is one line in the table; a new fact is a line in `spec_from_args`
-and one in `args_from_spec`.  A checkpoint's args are the fact of how the model was built,
-so the reading rules are lenient where checkpoints from other tools differ.
 """
 from __future__ import annotations
 
