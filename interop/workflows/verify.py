@@ -4,7 +4,7 @@ Both checkpoints run in the reference model (the trainer's decoder, fed from the
 format: a checkpoint in any other format is converted to a temporary common-format copy
 first), and each also runs in its own framework where that is installed: transformers'
 `AutoModelForCausalLM` for HF, MindSpore ops over `mindspore.load_checkpoint` for MindSpore
-(`trainer/mindspore_model.py`), megatron-core's `GPTModel` for Megatron
+(`mindspore_model.py`), megatron-core's `GPTModel` for Megatron
 (`megatron_framework.py`).  Every run's logits are compared with the reference
 model's on the source; the largest difference must stay within the tolerance (1e-5 for
 fp32; the rounding of a bf16 or fp16 checkpoint's weights allows more, see TOLERANCE).
@@ -189,7 +189,7 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
     import torch
     try:
         import mindspore  # noqa: F401
-        from ..trainer import mindspore_model
+        from . import mindspore_model
     except ImportError as exc:
         raise FrameworkUnavailable(f"mindspore is not installed ({exc}); ran in the reference model only") from None
     sidecar = Path(path) / "mindspore_model.json"  # interop's optional description; real MindSpeed files lack it
