@@ -15,4 +15,5 @@ class Reader(StoreReader):
 
 
 class Writer(StoreWriter):
+    holds_moe = True  # routed experts stored by expert-parallel rank (interop.store)
     padded_vocab = staticmethod(padded_to_tp)
