@@ -31,6 +31,7 @@ class TrainConfig:
     first_stage_layers: int | None = None  # uneven pipelines: layers on the first / last stage,
     last_stage_layers: int | None = None  # the rest split evenly (Megatron's decoder_*_pipeline_num_layers)
     dp: int | None = None  # None: 1 when we launch the ranks, world / (tp * pp) under torchrun
+    ep: int = 1  # expert parallelism (MoE): experts split over ep data-parallel replicas (dp a multiple of ep)
     steps: int = 10  # length of the run (the lr schedule spans it)
     stop_at: int | None = None  # stop after this update, as if interrupted (saves first when --save)
     micro_batch_size: int = 2
@@ -100,6 +101,7 @@ MINDSPEED_DEFAULTS = {"lr": 1e-3, "min_lr": 0.0, "warmup": 0, "decay_style": "co
 # Megatron flag -> TrainConfig field (flags without a value are booleans)
 MEGATRON_FLAGS = {
     "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+    "--expert-model-parallel-size": "ep",
     "--decoder-first-pipeline-num-layers": "first_stage_layers", "--decoder-last-pipeline-num-layers": "last_stage_layers",
     "--micro-batch-size": "micro_batch_size", "--global-batch-size": "global_batch_size",
     "--train-iters": "steps", "--seq-length": "seq_length", "--seed": "seed",
