@@ -176,13 +176,17 @@ def test_parity_ep1_vs_ep2_and_tp2_ep2(moe_start):
     result = parity(moe_start, cfg, layouts=parse_layouts("1x1,1x1x2x2,2x1x2x2"), frameworks=["torch"], log=None)
     assert list(result.runs) == ["torch 1x1", "torch 1x1x2 ep2", "torch 2x1x2 ep2"], result.failed
     assert result.ok, result.table()
-    assert result.runs["torch 1x1"][-1] < result.runs["torch 1x1"][0]  # it trains
 
 
 def test_resume_at_ep2_continues_at_ep1(moe_start, tmp_path):
-    """Saved at ep 2 (each expert from the rank holding it), resumed at ep 1: the loss curve continues."""
+    """Saved at ep 2 (each expert from the rank holding it), resumed at ep 1: the loss curve continues.
+    The ep 2 run's gradient norms equal one process's too (AdamW hides a wrongly scaled expert gradient
+    from the losses, not from the norm)."""
     base = dict(steps=4, save_interval=2, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3, quiet=True)
     full = train(TrainConfig(load=str(moe_start), save=str(tmp_path / "A"), ep=2, **base))
+    single = train(TrainConfig(load=str(moe_start), **dict(base, save_interval=None)))
+    for a, b in zip(full, single):
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * b["grad_norm"]
     ckpt = tmp_path / "A" / "step_000002"
     reader = StoreReader(ckpt)
     assert reader.layout.ep == 2 and reader.source.state["trainer"]["ep"] == 2
