@@ -4,6 +4,9 @@ same losses as one process, including after a resume at another ep."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from interop.trainer.config import TrainConfig
 from interop.trainer.grid import Grid
 from interop.trainer.init import init_checkpoint, read_spec
 from interop.trainer.launch import train
-from interop.trainer.model import Stage, rope_tables
+from interop.trainer.model import MLP, Stage, rope_tables
 from interop.trainer.moe import MoE, load_balancing_loss, set_aux_loss_scale
 from interop.trainer.parity import parity, parse_layouts
 from interop.trainer.train import prepare
@@ -157,6 +160,46 @@ def test_aux_loss_gradient_is_that_of_lm_loss_plus_aux():
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-7, rtol=1e-5), name
     assert a.layers["0"].mlp.router.weight.grad.abs().sum() > 0
+
+
+MCORE_CASES = {"softmax": {}, "pre_softmax": {"moe_norm_topk": False},
+               "sigmoid_bias": {"moe_router_score": "sigmoid", "moe_router_bias": True}}
+
+
+@pytest.fixture(scope="module")
+def mcore_moe(tmp_path_factory):
+    """megatron-core's MoELayer forward and backward for each router kind (tests/mcore_moe.py, its own process)."""
+    pytest.importorskip("megatron.core")
+    out = tmp_path_factory.mktemp("mcore-moe")
+    run = subprocess.run([sys.executable, str(Path(__file__).parent / "mcore_moe.py"), str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("case", list(MCORE_CASES))
+def test_layer_equals_megatron_core_moe_layer(mcore_moe, case):
+    """The MoE layer against megatron-core 0.16.1's MoELayer with the same weights: output, input gradient and
+    every weight's gradient (aux loss included: without it the router's gradient is off by ~3e-3), for
+    Megatron's top-k-then-softmax, --moe-router-pre-softmax (no renormalisation) and sigmoid with expert bias."""
+    ref = torch.load(mcore_moe / f"{case}.pt")
+    spec = ModelSpec(**dict(BASE, hidden=16, head_dim=4, ffn_hidden=32, num_experts=4, moe_topk=2, moe_ffn_hidden=8,
+                            shared_expert_ffn_hidden=12, shared_expert_gate=True, moe_aux_loss_coeff=0.1,
+                            **MCORE_CASES[case]))
+    grid = Grid(1, 1, 1, 0)
+    moe = MoE(spec, grid, MLP(spec, grid, 12, bias=False)).train()
+    mine = dict(moe.named_parameters()) | dict(moe.named_buffers())
+    assert sorted(mine) == sorted(ref["weights"])
+    with torch.no_grad():
+        for name, t in mine.items():
+            t.copy_(ref["weights"][name])
+    x = ref["x"].clone().requires_grad_()
+    out = moe(x)
+    (out * ref["g"]).sum().backward()
+    assert (out - ref["out"]).abs().max() < 1e-5
+    assert (x.grad - ref["x_grad"]).abs().max() < 1e-5
+    for name, p in moe.named_parameters():
+        assert (p.grad - ref["grads"][name]).abs().max() < 2e-5, name
 
 
 # Parity and resume: a gated shared expert, aux loss, softmax top-2 of 4 experts on both layers.

@@ -132,6 +132,11 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
                 hf_config_from_spec(spec)
             except InteropError as exc:
                 problems.append(f"framework hf: {exc}")
+            if spec.is_moe and spec.moe_aux_loss_coeff > 0:
+                problems.append(f"framework hf: the model has a load-balancing loss (coefficient "
+                                f"{spec.moe_aux_loss_coeff}), which the reference trainer computes as Megatron does, "
+                                f"per micro-batch and layer, and transformers otherwise (trainer/moe.py); "
+                                f"compare with hf at moe_aux_loss_coeff 0")
     if "mindspore" in frameworks and importlib.util.find_spec("mindspore") is None:
         problems.append("framework mindspore: mindspore is not installed")
     if "megatron" in frameworks:
