@@ -116,7 +116,8 @@ def stage_logits(stage: Stage, tokens):
 @pytest.mark.parametrize("kind, fields", [("mixtral", MIXTRAL), ("qwen2_moe", QWEN2_MOE)])
 def test_logits_equal_transformers(kind, fields):
     """transformers 5.23 MixtralForCausalLM (softmax, top-2 renormalised) and Qwen2MoeForCausalLM (no
-    renormalisation, a dense layer, sigmoid-gated shared expert): the same logits within 1e-5 in fp32."""
+    renormalisation, a dense layer, sigmoid-gated shared expert): the same logits within 1e-5 in fp32, and
+    the same gradients."""
     model, spec = hf_model(kind), ModelSpec(**fields)
     stage = one_rank_stage(spec, canonical(model.state_dict(), spec)).eval()
     tokens = torch.randint(0, spec.vocab, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -124,6 +125,13 @@ def test_logits_equal_transformers(kind, fields):
         ours, theirs = stage_logits(stage, tokens), model(tokens).logits
     assert isinstance(stage.layers["1"].mlp, MoE) and isinstance(stage.layers["0"].mlp, MoE) == (kind == "mixtral")
     assert (ours - theirs).abs().max() < 1e-5
+    # and the same gradients of the LM loss (no aux loss here: transformers' is another formula)
+    targets = tokens.roll(-1, 1)
+    stage(tokens, targets).backward()
+    F.cross_entropy(model(tokens).logits.reshape(-1, spec.vocab), targets.reshape(-1)).backward()
+    theirs = canonical({name: p.grad for name, p in model.named_parameters()}, spec)
+    for name, p in stage.named_parameters():
+        assert (p.grad - theirs[name]).abs().max() < 1e-5, name
 
 
 @pytest.mark.parametrize("score", ["softmax", "sigmoid"])
