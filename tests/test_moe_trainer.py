@@ -255,3 +255,13 @@ def test_ep_mistakes_are_one_line_errors(moe_start, tmp_path):
                          (TrainConfig(load=str(dense), ep=2), "needs a mixture-of-experts model")]:
         with pytest.raises(InteropError, match=message):
             prepare(cfg)
+
+
+def test_config_files_carry_ep(tmp_path):
+    """MindSpeed YAML `parallel_config.expert_model_parallel_size` and Megatron `--expert-model-parallel-size`."""
+    from interop.trainer.config import load_config
+    (tmp_path / "c.yaml").write_text("parallel_config:\n  expert_model_parallel_size: 4\n")
+    (tmp_path / "args.txt").write_text("--expert-model-parallel-size 2 --tensor-model-parallel-size 2\n")
+    assert load_config(tmp_path / "c.yaml").ep == 4
+    assert load_config(tmp_path / "args.txt").ep == 2
+    assert load_config(tmp_path / "args.txt", ep=1).ep == 1  # a flag overrides the file

@@ -87,6 +87,7 @@ YAML_KEYS = {
     ("optimizer_config", "clip_grad"): "clip_grad",
     ("parallel_config", "tensor_model_parallel_size"): "tp",
     ("parallel_config", "pipeline_model_parallel_size"): "pp",
+    ("parallel_config", "expert_model_parallel_size"): "ep",
     ("dataset_config", "batch_size"): "micro_batch_size",
     ("dataset_config", "data_path"): "data",
     ("model_config", "seq_length"): "seq_length",

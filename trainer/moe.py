@@ -207,7 +207,7 @@ class MoE(nn.Module):
         inputs = copy_to_tp(received[by_expert], self.tp_group)
         sizes = local_counts.sum(0).tolist()
         outputs = [self.experts[str(e)](chunk) for e, chunk in zip(self.local, inputs.split(sizes))]
-        y = reduce_from_tp(torch.cat(outputs) if outputs else inputs, self.tp_group)
+        y = reduce_from_tp(torch.cat(outputs), self.tp_group)  # one tp all-reduce for every local expert
         y = y[torch.argsort(by_expert)]  # back to source-major order
         if P > 1:
             y = _AllToAll.apply(y, recv, send, self.ep_group)
