@@ -6,7 +6,7 @@ megatron-core 0.16.1 `MoELayer` (local layer spec: SequentialMLP experts, `allga
 process) with 4 SwiGLU experts, top-2, the aux loss ("aux_loss", coefficient 0.1) and a gated shared
 expert, in training mode, once per router kind (CASES).  Each file holds its weights under canonical names, the input x, the output
 gradient g, the output, and every weight's gradient of sum(out * g) (aux loss included, through
-megatron's MoEAuxLossAutoScaler at scale 1).  A script of its own: mcore needs torch.distributed and
+megatron's MoEAuxLossAutoScaler at scale 1), and with an expert bias, the bias after megatron's update.  A script of its own: mcore needs torch.distributed and
 CPU stand-ins for three CUDA calls, none of which may leak into the test process.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 import megatron_ref as R  # noqa: E402
 
-HIDDEN, EXPERTS, TOPK, EXPERT_FFN, SHARED_FFN, COEFF = 16, 4, 2, 8, 12, 0.1
+HIDDEN, EXPERTS, TOPK, EXPERT_FFN, SHARED_FFN, COEFF, BIAS_RATE = 16, 4, 2, 8, 12, 0.1, 1e-3
 CASES = {
     "softmax": {},  # top-k of the logits, softmax over the k: Mixtral's renormalised top-k
     "pre_softmax": {"moe_router_pre_softmax": True},  # softmax over all, top-k, no renormalisation (Qwen2-MoE)
@@ -94,8 +94,13 @@ def run_case(case: str, TransformerConfig, build_module, get_gpt_layer_local_spe
     if layer.router.expert_bias is not None:
         weights["router.expert_bias"] = layer.router.expert_bias.clone()
     grads = {canonical(n): p.grad.clone() for n, p in layer.named_parameters()}
-    torch.save({"weights": split_gate_up(weights), "grads": split_gate_up(grads), "x": x.detach(), "g": g,
-                "out": out.detach(), "x_grad": x.grad.clone()}, out_path)
+    result = {"weights": split_gate_up(weights), "grads": split_gate_up(grads), "x": x.detach(), "g": g,
+              "out": out.detach(), "x_grad": x.grad.clone()}
+    if layer.router.expert_bias is not None:  # the aux-loss-free update finalize_model_grads applies
+        from megatron.core.transformer.moe.moe_utils import get_updated_expert_bias
+        result["updated_bias"] = get_updated_expert_bias(layer.router.local_tokens_per_expert.clone(),
+                                                         layer.router.expert_bias, BIAS_RATE)
+    torch.save(result, out_path)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from interop.trainer.grid import Grid
 from interop.trainer.init import init_checkpoint, read_spec
 from interop.trainer.launch import train
 from interop.trainer.model import MLP, Stage, rope_tables
-from interop.trainer.moe import MoE, load_balancing_loss, set_aux_loss_scale
+from interop.trainer.moe import MoE, load_balancing_loss, set_aux_loss_scale, update_expert_bias
 from interop.trainer.parity import parity, parse_layouts
 from interop.trainer.train import prepare
 from test_trainer_units import write_spec
@@ -189,14 +189,15 @@ def mcore_moe(tmp_path_factory):
 def test_layer_equals_megatron_core_moe_layer(mcore_moe, case):
     """The MoE layer against megatron-core 0.16.1's MoELayer with the same weights: output, input gradient and
     every weight's gradient (aux loss included: without it the router's gradient is off by ~3e-3), for
-    Megatron's top-k-then-softmax, --moe-router-pre-softmax (no renormalisation) and sigmoid with expert bias."""
+    Megatron's top-k-then-softmax, --moe-router-pre-softmax (no renormalisation) and sigmoid with expert bias
+    (and then the bias's aux-loss-free update, `get_updated_expert_bias`)."""
     ref = torch.load(mcore_moe / f"{case}.pt")
     spec = ModelSpec(**dict(BASE, hidden=16, head_dim=4, ffn_hidden=32, num_experts=4, moe_topk=2, moe_ffn_hidden=8,
                             shared_expert_ffn_hidden=12, shared_expert_gate=True, moe_aux_loss_coeff=0.1,
                             **MCORE_CASES[case]))
     grid = Grid(1, 1, 1, 0)
     moe = MoE(spec, grid, MLP(spec, grid, 12, bias=False)).train()
-    mine = dict(moe.named_parameters()) | dict(moe.named_buffers())
+    mine = dict(moe.named_parameters()) | {n: b for n, b in moe.named_buffers() if n == "router.expert_bias"}
     assert sorted(mine) == sorted(ref["weights"])
     with torch.no_grad():
         for name, t in mine.items():
@@ -208,10 +209,16 @@ def test_layer_equals_megatron_core_moe_layer(mcore_moe, case):
     assert (x.grad - ref["x_grad"]).abs().max() < 1e-5
     for name, p in moe.named_parameters():
         assert (p.grad - ref["grads"][name]).abs().max() < 2e-5, name
+    if "updated_bias" in ref:  # aux-loss-free balancing: the same step from the same token counts
+        update_expert_bias(moe, 1e-3, None)
+        assert torch.allclose(moe.router.expert_bias, ref["updated_bias"], atol=1e-7)
+        assert not torch.equal(moe.router.expert_bias, ref["weights"]["router.expert_bias"])
 
 
-# Parity and resume: a gated shared expert, aux loss, softmax top-2 of 4 experts on both layers.
-PARITY = dict(QWEN2_MOE, moe_layers=None, moe_norm_topk=True, moe_aux_loss_coeff=0.01)
+# Parity and resume: a gated shared expert, aux loss, sigmoid top-2 of 4 experts with the expert bias (updated
+# every step from the global batch's counts) on both layers.
+PARITY = dict(QWEN2_MOE, moe_layers=None, moe_norm_topk=True, moe_aux_loss_coeff=0.01, moe_router_score="sigmoid",
+              moe_router_bias=True)
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +249,8 @@ def test_resume_at_ep2_continues_at_ep1(moe_start, tmp_path):
     reader = StoreReader(ckpt)
     assert reader.layout.ep == 2 and reader.source.state["trainer"]["ep"] == 2
     assert "optim.exp_avg.layers.1.mlp.experts.3.down.weight" in reader.manifest["tensors"]
+    bias = reader.read("layers.1.mlp.router.expert_bias")  # two updates of +-1e-3 (or 0) from 0
+    assert bias.abs().max() > 0 and torch.allclose(bias * 1e3, (bias * 1e3).round(), atol=1e-4)
     resumed = train(TrainConfig(load=str(ckpt), save=str(tmp_path / "B"), ep=1, resume=True, **base))
     assert [r["step"] for r in resumed] == [3, 4]
     for a, b in zip(full[2:], resumed):

@@ -91,15 +91,16 @@ def load_optimizer(optimizer: torch.optim.Optimizer, stage, reader: StoreReader,
 
 def _metas(spec, with_optim: bool) -> list[TensorMeta]:
     metas = [TensorMeta(p.name, torch.float32, p.shape) for p in param_table(spec)]
-    if with_optim:  # the router's expert bias is not trained: no moments
-        metas += [TensorMeta(f"optim.{m}.{meta.name}", torch.float32, meta.shape) for m in MOMENTS for meta in metas
-                  if not meta.name.endswith(".router.expert_bias")]
+    if with_optim:
+        metas += [TensorMeta(f"optim.{m}.{meta.name}", torch.float32, meta.shape) for m in MOMENTS for meta in metas]
     return metas
 
 
 def _local_tensor(name: str, params: dict, optimizer) -> torch.Tensor:
     if name.startswith("optim."):
         _, moment, base = name.split(".", 2)
+        if base.endswith(".router.expert_bias"):  # a buffer AdamW never steps: its moments are 0
+            return torch.zeros_like(params[base]).cpu()
         return optimizer.state[params[base]][moment].cpu()
     return params[name].detach().cpu()
 

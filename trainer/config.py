@@ -53,6 +53,7 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     clip_grad: float = 1.0
+    router_bias_update_rate: float = 1e-3  # MoE router expert bias step per update (Megatron's default)
     config_file: str | None = None  # the --config file read, and the model it describes ({ModelSpec field: value}):
     config_model: dict | None = None  # checked against the checkpoint's model, which is the one trained
 
@@ -109,6 +110,7 @@ MEGATRON_FLAGS = {
     "--lr": "lr", "--min-lr": "min_lr", "--lr-warmup-iters": "warmup", "--lr-decay-iters": "decay_steps",
     "--lr-decay-style": "decay_style", "--weight-decay": "weight_decay", "--adam-beta1": "beta1",
     "--adam-beta2": "beta2", "--adam-eps": "eps", "--clip-grad": "clip_grad",
+    "--moe-router-bias-update-rate": "router_bias_update_rate",
     "--save-interval": "save_interval", "--log-interval": "log_interval",
     "--load": "load", "--save": "save", "--data-path": "data", "--bf16": "bf16",
 }

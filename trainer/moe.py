@@ -17,9 +17,8 @@ rank the token came from.
 
 Parameter names are the canonical ones (`mlp.router.weight`, `mlp.experts.{e}.up.weight`
 with the global expert number e, `mlp.shared.*`, `mlp.shared_gate.weight`).  DeepSeek's
-`router.expert_bias` is a buffer: loaded and saved, used for the choice of experts only,
-and not updated by this trainer (Megatron's aux-loss-free bias update needs a rate that
-ModelSpec does not hold).
+`router.expert_bias` is a buffer, not a parameter: used for the choice of experts only, and
+moved after each update by Megatron's aux-loss-free rule (`update_expert_bias`).
 """
 from __future__ import annotations
 
@@ -124,6 +123,8 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(spec.num_experts, spec.hidden))
         if spec.moe_router_bias:
             self.register_buffer("expert_bias", torch.zeros(spec.num_experts))
+            # tokens each expert was chosen for since the last update (this rank's micro-batches)
+            self.register_buffer("tokens_per_expert", torch.zeros(spec.num_experts), persistent=False)
         else:
             self.expert_bias = None
 
@@ -173,6 +174,8 @@ class MoE(nn.Module):
         x = x.reshape(-1, shape[-1])
         logits = self.router(x)
         weights, experts = route(logits, self.spec, self.router.expert_bias)
+        if self.router.expert_bias is not None and self.training and torch.is_grad_enabled():
+            self.router.tokens_per_expert += torch.bincount(experts.reshape(-1), minlength=self.spec.num_experts)
         y = self._routed(x, experts)  # [T, k, h]
         out = (y * weights.unsqueeze(-1)).sum(1)
         if hasattr(self, "shared"):
@@ -220,6 +223,21 @@ def _source_major_to_expert_major(counts: torch.Tensor) -> torch.Tensor:
     sources, experts = counts.shape
     expert_of_row = torch.arange(experts, device=counts.device).repeat(sources).repeat_interleave(counts.reshape(-1))
     return torch.argsort(expert_of_row, stable=True)
+
+
+def update_expert_bias(module: nn.Module, rate: float, dp_group) -> None:
+    """Megatron's aux-loss-free balancing, once per update (megatron-core 0.16.1 finalize_model_grads
+    `_update_router_expert_bias` -> moe_utils `get_updated_expert_bias`): with n_e the tokens routed to
+    expert e over the whole global batch, bias_e += rate * sign(mean(n) - n_e).  Megatron sums n over
+    tp x dp; here the tp ranks hold the same tokens, so the dp sum gives the same signs."""
+    for m in module.modules():
+        if isinstance(m, Router) and m.expert_bias is not None:
+            counts = m.tokens_per_expert
+            if dp_group is not None:
+                dist.all_reduce(counts, group=dp_group)
+            with torch.no_grad():
+                m.expert_bias += torch.sign(counts.mean() - counts) * rate
+            counts.zero_()
 
 
 def set_aux_loss_scale(module: nn.Module, scale: float) -> None:

@@ -122,7 +122,7 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
                 cleanup(prepare(cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp,
                                             ep=ep)))
             except InteropError as exc:
-                problems.append(f"layout {_label(layout)}: {exc}")
+                problems.append(f"layout {tp}x{pp}x{dp}" + (f"x{ep}" if ep > 1 else "") + f": {exc}")
     if "hf" in frameworks:
         if importlib.util.find_spec("transformers") is None:
             problems.append("framework hf: transformers is not installed")

@@ -36,7 +36,7 @@ from .data import TokenData
 from .grid import Grid, build_grid
 from .init import init_checkpoint, read_spec
 from .model import Stage, check_model_layout
-from .moe import set_aux_loss_scale
+from .moe import set_aux_loss_scale, update_expert_bias
 from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
 from .pipeline import train_step
 
@@ -286,6 +286,7 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
         lr = lr_at(cfg.optim(), step, cfg.steps)
         set_lr(optimizer, lr)
         optimizer.step()
+        update_expert_bias(stage, cfg.router_bias_update_rate, grid.dp_group)
         consumed += cfg.global_batch_size
         loss_value = _global_loss(loss, grid, device)
         ms = (time.perf_counter() - t0) * 1000
