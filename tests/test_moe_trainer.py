@@ -274,3 +274,25 @@ def test_config_files_carry_ep(tmp_path):
     assert load_config(tmp_path / "c.yaml").ep == 4
     assert load_config(tmp_path / "args.txt").ep == 2
     assert load_config(tmp_path / "args.txt", ep=1).ep == 1  # a flag overrides the file
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_parity_against_transformers(kind, tmp_path):
+    """`interop parity` from an HF checkpoint: one process, ep 2 and transformers' own model training on the
+    same batches with the same update rule, within 1e-5 (no load-balancing loss: transformers' is another)."""
+    model = hf_model(kind)
+    model.config.router_aux_loss_coef = 0.0
+    model.save_pretrained(tmp_path / "hf")
+    cfg = TrainConfig(steps=3, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3)
+    result = parity(tmp_path / "hf", cfg, layouts=parse_layouts("1x1,1x1x2x2"), frameworks=["torch", "hf"], log=None)
+    assert list(result.runs) == ["torch 1x1", "torch 1x1x2 ep2", "hf"], result.failed
+    assert result.ok, result.table()
+
+
+def test_parity_refuses_hf_with_a_load_balancing_loss(tmp_path):
+    """With router_aux_loss_coef > 0 the two frameworks train different objectives: one line, nothing run."""
+    model = hf_model("mixtral")
+    model.config.router_aux_loss_coef = 0.02
+    model.save_pretrained(tmp_path / "hf")
+    with pytest.raises(InteropError, match="framework hf: the model has a load-balancing loss"):
+        parity(tmp_path / "hf", TrainConfig(steps=1), layouts=[(1, 1, 1)], frameworks=["torch", "hf"], log=None)
