@@ -28,6 +28,7 @@ class TrainConfig:
     first_stage_layers: int | None = None  # uneven pipelines: layers on the first / last stage,
     last_stage_layers: int | None = None  # the rest split evenly (Megatron's decoder_*_pipeline_num_layers)
     dp: int | None = None  # None: 1 when we launch the ranks, world / (tp * pp) under torchrun
+    ep: int = 1  # expert parallelism (MoE): experts split over ep data-parallel replicas (dp a multiple of ep)
     steps: int = 10  # length of the run (the lr schedule spans it)
     stop_at: int | None = None  # stop after this update, as if interrupted (saves first when --save)
     micro_batch_size: int = 2
@@ -49,6 +50,7 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     clip_grad: float = 1.0
+    router_bias_update_rate: float = 1e-3  # MoE router expert bias step per update (Megatron's default)
     config_file: str | None = None  # the --config file read, and the model it describes ({ModelSpec field: value}):
     config_model: dict | None = None  # checked against the checkpoint's model, which is the one trained
 
@@ -68,13 +70,13 @@ class TrainConfig:
 # framework's defaults; a Megatron args file or launch script through Megatron's flags), so each format's
 # keys are mapped once, in `mappings/`.
 RUN_ARGS = {
-    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "expert_model_parallel_size": "ep",
     "decoder_first_pipeline_num_layers": "first_stage_layers", "decoder_last_pipeline_num_layers": "last_stage_layers",
     "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size", "train_iters": "steps",
     "seq_length": "seq_length", "seed": "seed", "lr": "lr", "min_lr": "min_lr", "lr_warmup_iters": "warmup",
     "lr_decay_iters": "decay_steps", "lr_decay_style": "decay_style", "weight_decay": "weight_decay",
     "adam_beta1": "beta1", "adam_beta2": "beta2", "adam_eps": "eps", "clip_grad": "clip_grad",
-    "save_interval": "save_interval", "log_interval": "log_interval", "load": "load", "save": "save",
+    "moe_router_bias_update_rate": "router_bias_update_rate", "save_interval": "save_interval", "log_interval": "log_interval", "load": "load", "save": "save",
     "data_path": "data", "bf16": "bf16", "resume_training": "resume",
 }
 # The trainer's own YAML key for its token file (MindSpeed-Core-MS's table has no data path).
