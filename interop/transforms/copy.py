@@ -14,6 +14,8 @@ class Copy(Transform):
             replicated (None):       all of x on every rank
     """
 
+    unchanged = True
+
     def __init__(self, shapes, axis):
         if len(shapes) != 1:
             raise ValueError(f"{type(self).__name__} stores one tensor, got {len(shapes)}")
