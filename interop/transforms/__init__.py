@@ -9,6 +9,7 @@ from .concat import GatedMLP, PlainConcat
 from .copy import Copy, Tied
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
+from .stack import Stack
 from .transpose import Transpose
 
-__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave"]
+__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "Stack"]
