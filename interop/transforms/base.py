@@ -121,6 +121,15 @@ class Transform:
         """The canonical parts from the whole stored tensor (tp 1)."""
         return self.from_ranks([stored])
 
+    def row_order(self) -> list[list[int]]:
+        """For each part, the whole stored tensor's rows that hold its rows, in order: the layout as row
+        indices, for another tensor library to apply by gathering rows (the trainer's MindSpore model does,
+        so that its autodiff reaches the stored tensor).  For transforms that keep rows whole (not Transpose, Stack)."""
+        import torch
+        shape = self.rank_shape()
+        rows = torch.arange(shape[0]).view(-1, *[1] * (len(shape) - 1)).expand(shape).contiguous()
+        return [part.reshape(part.shape[0], -1)[:, 0].tolist() for part in self.split(rows)]
+
 
 def concat_pieces(shards, stored) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(shard, its rows of `stored`) for shards joined one after another on axis 0."""

@@ -39,3 +39,6 @@ class Stack(Transform):
         shards = self.shards(full, t, tp)
         return [piece for e in range(len(shards) // self.per)
                 for piece in concat_pieces(shards[e * self.per:(e + 1) * self.per], stored[e])]
+
+    def row_order(self):
+        raise NotImplementedError("a stacked tensor's first axis counts experts, not rows")
