@@ -21,6 +21,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--tp", default=1, show_default=True, help="Target tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, help="Target pipeline-parallel size.")
 @click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")
+@click.option("--ep", default=1, show_default=True, help="Target expert-parallel size (mixture-of-experts models).")
 @click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
 @click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
@@ -51,7 +52,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
-def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
+def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layers, last_stage_layers, dtype, force,
             megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
             qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
@@ -64,7 +65,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
     from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
-        summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp,
+        summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                               dtype=dtype, force=force, progress=bar,
                               options={"format": megatron_format, "iteration": iteration,

@@ -31,6 +31,7 @@ class Transform:
     """Canonical parts (torch Linear orientation, [out, in] or 1-D) <-> one stored tensor."""
 
     reads_back = True  # False for a stored copy that is written but never read (a tied head's copy)
+    every_expert = False  # True when one stored tensor holds a tensor of every expert (Stack)
     unchanged = False  # True when the stored tensor IS the one canonical tensor at tp 1 (its bytes copy as they are)
 
     def __init__(self, shapes, axis: int | None):

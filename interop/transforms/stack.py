@@ -15,6 +15,8 @@ class Stack(Transform):
         that axis + 1 (native_axis); with per 2 a rank's slice e is [gate_t; up_t].
     """
 
+    every_expert = True  # a name table's row lists its parts for every expert, expert by expert
+
     def __init__(self, shapes, axis, per: int = 1):
         if per < 1 or len(shapes) % per:
             raise ValueError(f"{len(shapes)} parts do not stack {per} per slice")
