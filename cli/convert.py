@@ -31,8 +31,9 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="Megatron on-disk format to write (default: torch).")
 @click.option("--iteration", type=int, help="Megatron iteration to read (default: the tracker's).")
 @click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
-              help="Megatron torch_dist output: write the optimizer in the distributed optimizer's layout "
-              "(default: as the source was saved).")
+              help="Megatron output: write the optimizer in the distributed optimizer's layout: torch_dist "
+              "fully_reshardable (default there: as the source was saved), or the torch format's "
+              "distrib_optim.pt laid out for --dp N.")
 @click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
               "(HF config.json, Megatron args file or MindSpeed YAML).")
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
@@ -42,7 +43,12 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="MindFormers w_qkv / w_gate_hidden: grouped (r1.5.0 and later) or plain (r1.3.x).")
 @click.option("--qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
               help="MindFormers w_qkv.bias when it differs from the weights (convert_weight.py: plain).")
-@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N.")
+@click.option("--src-qkv-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindSpore -> MindSpore: the source's w_qkv layout (--qkv-layout is then the output's).")
+@click.option("--src-qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindSpore -> MindSpore: the source's w_qkv.bias layout.")
+@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N. "
+              "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is laid out for.")
 @click.option("--tokenizer", type=click.Path(), help="HF output: a tokenizer directory, or one "
               "tokenizer file (Megatron's --tokenizer-model sentencepiece model, or a tokenizer.json). "
               "An HF source's own tokenizer is carried without it.")
@@ -54,7 +60,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layers, last_stage_layers, dtype, force,
             megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
-            qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
+            qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -72,7 +78,8 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layer
                                        "distributed_optimizer": distributed_optimizer,
                                        "model_config": model_config, "dialect": dialect,
                                        "qkv_concat": qkv_concat, "qkv_layout": qkv_layout,
-                                       "qkv_bias_layout": qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
+                                       "qkv_bias_layout": qkv_bias_layout, "src_qkv_layout": src_qkv_layout,
+                                       "src_qkv_bias_layout": src_qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
                                        "max_shard_size": max_shard_size})
     finally:
         bar.close()

@@ -101,9 +101,16 @@ def _accepted(cls, options: dict) -> dict:
 
 
 def split_options(reader_cls, writer_cls, options: dict, src_format: str, dst_format: str) -> tuple[dict, dict]:
-    """Hand each format-specific option to the reader and/or writer that takes it; refuse the rest."""
+    """Hand each format-specific option to the reader and/or writer that takes it; refuse the rest.
+
+    Between two checkpoints of one format an option both sides take would describe both: it is the
+    output's, and the reader gets its `src_` twin instead (`--qkv-layout` / `--src-qkv-layout`)."""
     options = {k: v for k, v in options.items() if v is not None}
     reader_opts, writer_opts = _accepted(reader_cls, options), _accepted(writer_cls, options)
+    if src_format == dst_format:
+        twins = _accepted(reader_cls, {f"src_{k}": None for k in reader_opts if k in writer_opts})
+        for twin in twins:
+            del reader_opts[twin[len("src_"):]]
     unused = sorted(set(options) - set(reader_opts) - set(writer_opts))
     if unused:
         flags = ", ".join("--" + k.replace("_", "-") for k in unused)
