@@ -1,82 +1,83 @@
 """Hugging Face parameter names <-> canonical names, one table per architecture.
 
-Each row: (HF name, how it is stored, the canonical tensors it holds, in order).
-  "copy"    the canonical tensors concatenated along the output axis (one part: a plain copy)
-  "conv1d"  GPT2's Conv1D: the same, stored transposed ([in, out])
-  "stacked" a 3-D [experts, rows, in] tensor: for each expert `{e}` in turn its tensors concatenated
-            along the output axis (transformers 5's in-memory MoE experts); read only
+Each row: (HF name, its transform, the canonical tensors it holds, in order).  Transforms
+(`interop.transforms`): Copy (one tensor as it is), PlainConcat (GPT2 c_attn's bias [q; k; v]),
+Transpose (GPT2's Conv1D: the parts joined on the output axis, stored [in, out]), Stack (a 3-D
+[experts, rows, in] tensor: for each expert `{e}` in turn its tensors joined on the output axis,
+transformers 5's in-memory MoE experts; read only).
 `{i}` is the global layer number, `{e}` a routed expert's number; a row whose canonical
 names are absent from the model (a bias it does not have, the head of a tied model, an
 expert row on a dense layer) is skipped.
 """
+from ..transforms import Copy, PlainConcat, Stack, Transpose
 
 GPT2 = [
-    ("transformer.wte.weight", "copy", ["embed.word.weight"]),
-    ("transformer.wpe.weight", "copy", ["embed.position.weight"]),
-    ("transformer.h.{i}.ln_1.weight", "copy", ["layers.{i}.attn_norm.weight"]),
-    ("transformer.h.{i}.ln_1.bias", "copy", ["layers.{i}.attn_norm.bias"]),
-    ("transformer.h.{i}.attn.c_attn.weight", "conv1d",
+    ("transformer.wte.weight", Copy, ["embed.word.weight"]),
+    ("transformer.wpe.weight", Copy, ["embed.position.weight"]),
+    ("transformer.h.{i}.ln_1.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("transformer.h.{i}.ln_1.bias", Copy, ["layers.{i}.attn_norm.bias"]),
+    ("transformer.h.{i}.attn.c_attn.weight", Transpose,
      ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]),
-    ("transformer.h.{i}.attn.c_attn.bias", "copy",
+    ("transformer.h.{i}.attn.c_attn.bias", PlainConcat,
      ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]),
-    ("transformer.h.{i}.attn.c_proj.weight", "conv1d", ["layers.{i}.attn.o.weight"]),
-    ("transformer.h.{i}.attn.c_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
-    ("transformer.h.{i}.ln_2.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
-    ("transformer.h.{i}.ln_2.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
-    ("transformer.h.{i}.mlp.c_fc.weight", "conv1d", ["layers.{i}.mlp.up.weight"]),
-    ("transformer.h.{i}.mlp.c_fc.bias", "copy", ["layers.{i}.mlp.up.bias"]),
-    ("transformer.h.{i}.mlp.c_proj.weight", "conv1d", ["layers.{i}.mlp.down.weight"]),
-    ("transformer.h.{i}.mlp.c_proj.bias", "copy", ["layers.{i}.mlp.down.bias"]),
-    ("transformer.ln_f.weight", "copy", ["final_norm.weight"]),
-    ("transformer.ln_f.bias", "copy", ["final_norm.bias"]),
-    ("lm_head.weight", "copy", ["lm_head.weight"]),
+    ("transformer.h.{i}.attn.c_proj.weight", Transpose, ["layers.{i}.attn.o.weight"]),
+    ("transformer.h.{i}.attn.c_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    ("transformer.h.{i}.ln_2.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("transformer.h.{i}.ln_2.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
+    ("transformer.h.{i}.mlp.c_fc.weight", Transpose, ["layers.{i}.mlp.up.weight"]),
+    ("transformer.h.{i}.mlp.c_fc.bias", Copy, ["layers.{i}.mlp.up.bias"]),
+    ("transformer.h.{i}.mlp.c_proj.weight", Transpose, ["layers.{i}.mlp.down.weight"]),
+    ("transformer.h.{i}.mlp.c_proj.bias", Copy, ["layers.{i}.mlp.down.bias"]),
+    ("transformer.ln_f.weight", Copy, ["final_norm.weight"]),
+    ("transformer.ln_f.bias", Copy, ["final_norm.bias"]),
+    ("lm_head.weight", Copy, ["lm_head.weight"]),
 ]
 
 # Llama and the families that share its names (Qwen2, Qwen3, Mistral): absent tensors are skipped.
 LLAMA = [
-    ("model.embed_tokens.weight", "copy", ["embed.word.weight"]),
-    ("model.layers.{i}.input_layernorm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
-    ("model.layers.{i}.self_attn.q_proj.weight", "copy", ["layers.{i}.attn.q.weight"]),
-    ("model.layers.{i}.self_attn.q_proj.bias", "copy", ["layers.{i}.attn.q.bias"]),
-    ("model.layers.{i}.self_attn.k_proj.weight", "copy", ["layers.{i}.attn.k.weight"]),
-    ("model.layers.{i}.self_attn.k_proj.bias", "copy", ["layers.{i}.attn.k.bias"]),
-    ("model.layers.{i}.self_attn.v_proj.weight", "copy", ["layers.{i}.attn.v.weight"]),
-    ("model.layers.{i}.self_attn.v_proj.bias", "copy", ["layers.{i}.attn.v.bias"]),
-    ("model.layers.{i}.self_attn.o_proj.weight", "copy", ["layers.{i}.attn.o.weight"]),
-    ("model.layers.{i}.self_attn.q_norm.weight", "copy", ["layers.{i}.attn.q_norm.weight"]),  # Qwen3
-    ("model.layers.{i}.self_attn.k_norm.weight", "copy", ["layers.{i}.attn.k_norm.weight"]),
-    ("model.layers.{i}.self_attn.o_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
-    ("model.layers.{i}.post_attention_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
-    ("model.layers.{i}.mlp.gate_proj.weight", "copy", ["layers.{i}.mlp.gate.weight"]),
-    ("model.layers.{i}.mlp.gate_proj.bias", "copy", ["layers.{i}.mlp.gate.bias"]),
-    ("model.layers.{i}.mlp.up_proj.weight", "copy", ["layers.{i}.mlp.up.weight"]),
-    ("model.layers.{i}.mlp.up_proj.bias", "copy", ["layers.{i}.mlp.up.bias"]),
-    ("model.layers.{i}.mlp.down_proj.weight", "copy", ["layers.{i}.mlp.down.weight"]),
-    ("model.layers.{i}.mlp.down_proj.bias", "copy", ["layers.{i}.mlp.down.bias"]),
-    ("model.norm.weight", "copy", ["final_norm.weight"]),
-    ("lm_head.weight", "copy", ["lm_head.weight"]),
+    ("model.embed_tokens.weight", Copy, ["embed.word.weight"]),
+    ("model.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("model.layers.{i}.self_attn.q_proj.weight", Copy, ["layers.{i}.attn.q.weight"]),
+    ("model.layers.{i}.self_attn.q_proj.bias", Copy, ["layers.{i}.attn.q.bias"]),
+    ("model.layers.{i}.self_attn.k_proj.weight", Copy, ["layers.{i}.attn.k.weight"]),
+    ("model.layers.{i}.self_attn.k_proj.bias", Copy, ["layers.{i}.attn.k.bias"]),
+    ("model.layers.{i}.self_attn.v_proj.weight", Copy, ["layers.{i}.attn.v.weight"]),
+    ("model.layers.{i}.self_attn.v_proj.bias", Copy, ["layers.{i}.attn.v.bias"]),
+    ("model.layers.{i}.self_attn.o_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    ("model.layers.{i}.self_attn.q_norm.weight", Copy, ["layers.{i}.attn.q_norm.weight"]),  # Qwen3
+    ("model.layers.{i}.self_attn.k_norm.weight", Copy, ["layers.{i}.attn.k_norm.weight"]),
+    ("model.layers.{i}.self_attn.o_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    ("model.layers.{i}.post_attention_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("model.layers.{i}.mlp.gate_proj.weight", Copy, ["layers.{i}.mlp.gate.weight"]),
+    ("model.layers.{i}.mlp.gate_proj.bias", Copy, ["layers.{i}.mlp.gate.bias"]),
+    ("model.layers.{i}.mlp.up_proj.weight", Copy, ["layers.{i}.mlp.up.weight"]),
+    ("model.layers.{i}.mlp.up_proj.bias", Copy, ["layers.{i}.mlp.up.bias"]),
+    ("model.layers.{i}.mlp.down_proj.weight", Copy, ["layers.{i}.mlp.down.weight"]),
+    ("model.layers.{i}.mlp.down_proj.bias", Copy, ["layers.{i}.mlp.down.bias"]),
+    ("model.norm.weight", Copy, ["final_norm.weight"]),
+    ("lm_head.weight", Copy, ["lm_head.weight"]),
 ]
 
 # Mixtral as its hub checkpoints hold it (and transformers 5.23's save_pretrained writes it back: its
 # conversion_mapping.py "mixtral" entry renames block_sparse_moe -> mlp and stacks w1/w3 -> experts.gate_up_proj,
 # w2 -> experts.down_proj on load only).  w1 = gate, w3 = up, w2 = down; `gate` is the router.
 MIXTRAL_MOE = [
-    ("model.layers.{i}.block_sparse_moe.gate.weight", "copy", ["layers.{i}.mlp.router.weight"]),
-    ("model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight", "copy", ["layers.{i}.mlp.experts.{e}.gate.weight"]),
-    ("model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight", "copy", ["layers.{i}.mlp.experts.{e}.up.weight"]),
-    ("model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight", "copy", ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.block_sparse_moe.gate.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight", Copy, ["layers.{i}.mlp.experts.{e}.gate.weight"]),
+    ("model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
 # Qwen2-MoE (Qwen1.5-MoE hub checkpoints; transformers 5.23 conversion_mapping.py "qwen2_moe" stacks the
 # experts on load only): `mlp.gate` is the router, `shared_expert_gate` [1, hidden] scales the shared expert.
 QWEN2_MOE = [
-    ("model.layers.{i}.mlp.gate.weight", "copy", ["layers.{i}.mlp.router.weight"]),
-    ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", "copy", ["layers.{i}.mlp.experts.{e}.gate.weight"]),
-    ("model.layers.{i}.mlp.experts.{e}.up_proj.weight", "copy", ["layers.{i}.mlp.experts.{e}.up.weight"]),
-    ("model.layers.{i}.mlp.experts.{e}.down_proj.weight", "copy", ["layers.{i}.mlp.experts.{e}.down.weight"]),
-    ("model.layers.{i}.mlp.shared_expert.gate_proj.weight", "copy", ["layers.{i}.mlp.shared.gate.weight"]),
-    ("model.layers.{i}.mlp.shared_expert.up_proj.weight", "copy", ["layers.{i}.mlp.shared.up.weight"]),
-    ("model.layers.{i}.mlp.shared_expert.down_proj.weight", "copy", ["layers.{i}.mlp.shared.down.weight"]),
-    ("model.layers.{i}.mlp.shared_expert_gate.weight", "copy", ["layers.{i}.mlp.shared_gate.weight"]),
+    ("model.layers.{i}.mlp.gate.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.gate.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.up_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.down_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.mlp.shared_expert.gate_proj.weight", Copy, ["layers.{i}.mlp.shared.gate.weight"]),
+    ("model.layers.{i}.mlp.shared_expert.up_proj.weight", Copy, ["layers.{i}.mlp.shared.up.weight"]),
+    ("model.layers.{i}.mlp.shared_expert.down_proj.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
+    ("model.layers.{i}.mlp.shared_expert_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
 ]
 
 TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE}
@@ -85,10 +86,10 @@ TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_m
 # each expert's gate rows then its up rows, down_proj [E, hidden, ffn]; Mixtral's router renamed to mlp.gate),
 # which `save_pretrained(save_original_format=False)` writes: read, never written.
 STACKED_EXPERTS = [
-    ("model.layers.{i}.mlp.gate.weight", "copy", ["layers.{i}.mlp.router.weight"]),
-    ("model.layers.{i}.mlp.experts.gate_up_proj", "stacked",
+    ("model.layers.{i}.mlp.gate.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.mlp.experts.gate_up_proj", Stack,
      ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
-    ("model.layers.{i}.mlp.experts.down_proj", "stacked", ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.mlp.experts.down_proj", Stack, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
 STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:]}
 STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart
