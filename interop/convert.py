@@ -165,7 +165,7 @@ def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | 
 @without_gc_pauses
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
-            force: bool = False, options: dict | None = None, progress=None, **format_options) -> Summary:
+            force: bool = False, ep: int = 1, options: dict | None = None, progress=None, **format_options) -> Summary:
     """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp). Returns a Summary.
 
     Format-specific options are keyword arguments (`dialect="mindspeed"`, `format="torch_dist"`,
@@ -185,7 +185,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     reader_cls, writer_cls = converter(src_format).Reader, converter(dst_format).Writer
     reader_options, writer_options = split_options(reader_cls, writer_cls, options, src_format, dst_format)
-    ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers)
+    ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
     reader = reader_cls(src, **reader_options)
@@ -193,9 +193,11 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         spec = reader.source.spec
         check_weights_on_disk(spec, src)
         spec.check_tp(tp)
+        if ep > 1:
+            spec.check_ep(ep)
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
         out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
-        layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers)
+        layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers, ep)
         index = param_index(out_spec)
         metas_in = reader.metas()
         metas_out = []
