@@ -301,8 +301,23 @@ def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
             if MetadataIndex(key, chunk.offsets) not in storage:
                 raise InteropError(f"{file}: {key}: chunk at {list(chunk.offsets)} has no storage entry")
         why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
+        if why and is_stacked(key) and entry.chunks and all(c.sizes[0] == 1 for c in entry.chunks):
+            why = _layers_tiling_error(entry)
         if why:
             raise InteropError(f"{file}: {key}: {why}")
+
+
+def _layers_tiling_error(entry: TensorStorageMetadata) -> str | None:
+    """A stacked key of a model that mixes layer kinds (dense and MoE layers) has chunks for its kind's layers
+    only (mcore gives every layer's tensor the global layer axis): each layer present must be tiled exactly."""
+    by_layer: dict[int, list[Box]] = collections.defaultdict(list)
+    for c in entry.chunks:
+        by_layer[c.offsets[0]].append(Box(tuple(c.offsets[1:]), tuple(c.sizes[1:])))
+    for layer, boxes in sorted(by_layer.items()):
+        why = tiling_error(entry.size[1:], boxes)
+        if why:
+            return f"layer {layer}: {why}"
+    return None
 
 
 class _BytesLoadPlanner(DefaultLoadPlanner):
