@@ -56,6 +56,8 @@ def _layer_rows(key, kind, parts, i, local, spec: ModelSpec, ep: int):
     if "{e}" not in " ".join(parts):
         yield key.format(i=local), [n.format(i=i) for n in parts], None
         return
+    if not spec.is_moe_layer(i):
+        return
     per_rank = spec.num_experts // ep
     if kind in GROUPED:
         for r in range(ep):
