@@ -55,24 +55,42 @@ _BUCKET = re.compile(r"^optimizer\.distributed\.dp_group_idx_0\.gbuf_idx_(\d+)\.
                      r"(param|exp_avg|exp_avg_sq)$")
 
 
-def stacked_key(key: str) -> tuple[str, int | tuple | None]:
-    """`decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3); a routed expert's
+def stacked_key(key: str, homogeneous: bool = True) -> tuple[str, int | tuple | None]:
+    """Where a global Megatron tensor is stored: (DCP key, leading index).
+
+    `decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3); a routed expert's
     `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` (expert numbers global at ep 1) ->
     (`decoder.layers.mlp.experts.experts.linear_fc1.weight`, (3, 5)): megatron-core stacks experts on a
-    second axis over ALL experts, whatever the expert parallelism (MEGATRON-LAYOUTS.md s.3.3)."""
+    second axis over ALL experts, whatever the expert parallelism (MEGATRON-LAYOUTS.md s.3.3).
+    A model that mixes dense and MoE layers (`homogeneous` False) is not layer-stacked: megatron-core keeps the
+    global layer number in every key (transformer_block.py sharded_state_dict, `non_homogeneous_layers` when
+    moe_layer_freq is a list or > 1), and the experts are stacked alone: (`decoder.layers.3.mlp.experts.experts.
+    linear_fc1.weight`, (5,))."""
     m = _EXPERT.match(key)
     if m:
-        return DIST_EXPERT_KEYS[_EXPERT_TEMPLATE.format(fc=m.group(3))], (int(m.group(1)), int(m.group(2)))
+        stacked = DIST_EXPERT_KEYS[_EXPERT_TEMPLATE.format(fc=m.group(3))]
+        layer, expert = int(m.group(1)), int(m.group(2))
+        if homogeneous:
+            return stacked, (layer, expert)
+        return stacked.replace("decoder.layers.", f"decoder.layers.{layer}.", 1), (expert,)
     m = _LAYER.match(key)
-    return (f"decoder.layers.{key[m.end():]}", int(m.group(1))) if m else (key, None)
+    if m is None or not homogeneous:
+        return key, None
+    return f"decoder.layers.{key[m.end():]}", int(m.group(1))
+
+
+def homogeneous(spec: ModelSpec) -> bool:
+    """Whether megatron-core stacks this model's layers in torch_dist: not when some layers are MoE and others
+    dense (moe_layer_freq a list, which is how interop writes `moe_layers`)."""
+    return not (spec.is_moe and spec.moe_layers is not None)
 
 
 def global_shape(spec: ModelSpec, at, shape) -> tuple:
-    """The stored global shape of a Megatron tensor of `shape` held at leading index `at` (stacked keys)."""
+    """The stored global shape of a Megatron tensor of `shape` held at leading index `at` (`stacked_key`)."""
     if at is None:
         return tuple(shape)
     if isinstance(at, tuple):
-        return (spec.num_layers, spec.num_experts, *shape)
+        return ((spec.num_layers,) if len(at) == 2 else ()) + (spec.num_experts, *shape)
     return (spec.num_layers, *shape)
 
 
@@ -137,9 +155,10 @@ class Reader:
         self.index = param_index(spec)
         self.row_of, expected = {}, {}
         # the TE spec keeps a MoE layer's pre-MLP norm apart; the local spec's sharded keys fuse its name
-        moe_norm_apart = "decoder.layers.pre_mlp_layernorm.weight" in self.ckpt
+        moe_norm_apart = any(k.endswith(".pre_mlp_layernorm.weight") for k in model_keys)
+        self.homogeneous = not any(_LAYER.match(k) for k in model_keys)
         for row in _rows(spec, scheme, moe_norm_apart):
-            key, layer = stacked_key(row.key)
+            key, layer = stacked_key(row.key, self.homogeneous)
             shape = rank_shapes(row, self.index, 1, 0)
             expected[key] = global_shape(spec, layer, shape)
             for j, name in enumerate(row.parts):
@@ -305,10 +324,10 @@ class Reader:
     def _read_stored(self, key: str, layer) -> torch.Tensor:
         """The Megatron tensor `key` (layer `layer`, or a (layer, expert) pair), reassembled when the distributed
         optimizer stored it flattened."""
-        if isinstance(layer, tuple):
-            shape = self.ckpt.meta(key)[1]
-            box = self.ckpt.read_box(key, [*layer] + [0] * (len(shape) - 2), [1, 1, *shape[2:]])
-            stored = box[0, 0]
+        if isinstance(layer, tuple):  # (layer, expert) or (expert,)
+            shape, n = self.ckpt.meta(key)[1], len(layer)
+            stored = self.ckpt.read_box(key, [*layer] + [0] * (len(shape) - n), [1] * n + [*shape[n:]])
+            stored = stored.reshape(shape[n:])
         else:
             stored = self.ckpt.read(key, layer)
         fragments = getattr(self, "fragments", {}).get(key)
@@ -370,13 +389,14 @@ class Writer:
         dtype_of = {m.name: m.dtype for m in metas}
         self.kinds = [k for k in KINDS if any(m.name.startswith(f"optim.{k}.") for m in metas)]
         self.planned: dict[str, tuple[torch.dtype, tuple]] = {}
-        at: dict[str, list] = {}  # stacked key -> the leading indices written (a mixed dense/MoE model: some layers)
+        self.homogeneous = homogeneous(spec)
+        lead: dict[str, int] = {}  # leading axes written one index at a time
         for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
             for row in self.rows:
-                key, layer = stacked_key(row.key)
+                key, layer = stacked_key(row.key, self.homogeneous)
                 shape = tuple(rank_shapes(row, self.index, 1, 0))
                 self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]], global_shape(spec, layer, shape))
-                at.setdefault(_prefix(prefix) + key, []).append(layer)
+                lead[_prefix(prefix) + key] = 0 if layer is None else len(layer) if isinstance(layer, tuple) else 1
         self.pending: dict[tuple, dict] = {}
         # Finished Megatron tensors go straight into the DCP file of a folder renamed `iter_*` at the end
         # (the iteration is known only from the final state).
@@ -384,10 +404,7 @@ class Writer:
         self.partial = self.root / ".partial"
         self.out = dist.DistWriter(self.partial)
         for key, (dtype, shape) in self.planned.items():
-            first = at[key][0]
-            lead = 0 if first is None else len(first) if isinstance(first, tuple) else 1
-            every = lead and len(at[key]) == math.prod(shape[:lead])
-            self.out.declare(key, dtype, shape, lead=lead, indices=None if not lead or every else at[key])
+            self.out.declare(key, dtype, shape, lead=lead[key])
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
@@ -398,7 +415,7 @@ class Writer:
             return
         del self.pending[(prefix, row.parts)]
         fused = to_rank(row, [got[n] for n in row.parts], self.index, 1, 0, self.spec)
-        key, layer = stacked_key(row.key)
+        key, layer = stacked_key(row.key, self.homogeneous)
         self.out.write(prefix + key, layer, fused)
 
     def finish(self, state: dict | None = None) -> None:
@@ -451,10 +468,14 @@ class Writer:
             module = row.key.rsplit(".", 1)[0]
             if "{i}" not in _extra_template(module):
                 continue
-            key, layer = stacked_key(row.key)
+            key, layer = stacked_key(row.key, self.homogeneous)
             name = f"{key.rsplit('.', 1)[0]}._extra_state"
-            if isinstance(layer, tuple):
+            if isinstance(layer, tuple) and len(layer) == 2:
                 name += f"/shard_{layer[0]}.{layer[1]}_{n}.{self.spec.num_experts}"
+            elif isinstance(layer, tuple):
+                name += f"/shard_{layer[0]}_{self.spec.num_experts}"
+            elif layer is None:  # megatron-core's ShardedObject without offsets (transformer/utils.py)
+                name += "/shard_0_1"
             else:
                 name += f"/shard_{layer}_{n}"
             if name not in written:

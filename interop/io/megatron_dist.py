@@ -301,23 +301,8 @@ def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
             if MetadataIndex(key, chunk.offsets) not in storage:
                 raise InteropError(f"{file}: {key}: chunk at {list(chunk.offsets)} has no storage entry")
         why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
-        if why and is_stacked(key) and entry.chunks and all(c.sizes[0] == 1 for c in entry.chunks):
-            why = _layers_tiling_error(entry)
         if why:
             raise InteropError(f"{file}: {key}: {why}")
-
-
-def _layers_tiling_error(entry: TensorStorageMetadata) -> str | None:
-    """A stacked key of a model that mixes layer kinds (dense and MoE layers) has chunks for its kind's layers
-    only (mcore gives every layer's tensor the global layer axis): each layer present must be tiled exactly."""
-    by_layer: dict[int, list[Box]] = collections.defaultdict(list)
-    for c in entry.chunks:
-        by_layer[c.offsets[0]].append(Box(tuple(c.offsets[1:]), tuple(c.sizes[1:])))
-    for layer, boxes in sorted(by_layer.items()):
-        why = tiling_error(entry.size[1:], boxes)
-        if why:
-            return f"layer {layer}: {why}"
-    return None
 
 
 class _BytesLoadPlanner(DefaultLoadPlanner):
@@ -490,15 +475,14 @@ class DistWriter:
         self.offset = 0
         self.declared: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
         self.lead: dict[str, int] = {}  # leading axes written one index at a time (layer; layer, expert)
-        self.indices: dict[str, list | None] = {}  # the leading indices that will be written (None: all)
         self.objects: list[str] = []
         self.storage: dict[MetadataIndex, _StorageInfo] = {}
         self.writeback = Writeback(self.fd)
 
-    def declare(self, key: str, dtype: torch.dtype, shape, lead: int | None = None, indices=None) -> None:
-        """Tensor `key` of global `shape` will be written: per layer if stacked, per (layer, expert) with
-        `lead=2` (mcore's routed experts, [layers, experts, ...]); `indices`: the leading indices that will
-        be written when not all of them (layers of one kind in a model that mixes dense and MoE layers)."""
+    def declare(self, key: str, dtype: torch.dtype, shape, lead: int | None = None) -> None:
+        """Tensor `key` of global `shape` will be written: per layer if stacked, else whole; `lead` overrides
+        how many leading axes are written one index at a time (mcore's routed experts: [layers, experts, ...]
+        stacked, [experts, ...] in a model of mixed layers)."""
         if key in self.declared:
             raise ValueError(f"duplicate tensor key {key!r}")
         lead = (1 if is_stacked(key) else 0) if lead is None else lead
@@ -506,7 +490,6 @@ class DistWriter:
             raise ValueError(f"{key}: a stacked key needs a leading layer axis")
         self.declared[key] = (dtype, tuple(shape))
         self.lead[key] = lead
-        self.indices[key] = None if indices is None else [tuple(i) if isinstance(i, tuple) else (i,) for i in indices]
 
     def write(self, key: str, layer, data: torch.Tensor) -> None:
         """Layer `layer` of stacked `key` (without the layer axis; a (layer, expert) pair for a `lead=2` key),
@@ -546,7 +529,6 @@ class DistWriter:
             raise ValueError("renaming makes two keys one")
         self.declared = {names[k]: v for k, v in self.declared.items()}
         self.lead = {names[k]: v for k, v in self.lead.items()}
-        self.indices = {names[k]: v for k, v in self.indices.items()}
         self.storage = {MetadataIndex(names.get(i.fqn, i.fqn), i.offset): info for i, info in self.storage.items()}
 
     def _stored(self, index: MetadataIndex, length: int) -> None:
@@ -559,9 +541,7 @@ class DistWriter:
         entries: dict[str, Any] = {}
         for key, (dtype, shape) in self.declared.items():
             size, lead = torch.Size(shape), self.lead[key]
-            indices = self.indices[key]
-            if indices is None:
-                indices = list(itertools.product(*(range(n) for n in size[:lead])))
+            indices = itertools.product(*(range(n) for n in size[:lead]))
             chunks = [ChunkStorageMetadata(torch.Size([*at] + [0] * (len(size) - lead)), torch.Size([1] * lead + [*size[lead:]]))
                       for at in indices]
             missing = next((c for c in chunks if MetadataIndex(key, c.offsets) not in self.storage), None)
