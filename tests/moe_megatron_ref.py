@@ -76,11 +76,14 @@ def config(kind: str, tp: int, ep: int, grouped: bool = False):
 
 
 def build(kind: str, tp: int, ep: int, grouped: bool = False):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    """The local-spec GPTModel; per-layer specs (get_gpt_decoder_block_spec) so that moe_layer_freq makes dense
+    layers dense (get_gpt_layer_local_spec gives every layer the MoE spec)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    spec = get_gpt_layer_local_spec(num_experts=DIMS["num_experts"], moe_grouped_gemm=grouped, normalization="RMSNorm")
-    return GPTModel(config(kind, tp, ep, grouped), spec, vocab_size=R.VOCAB,
+    cfg = config(kind, tp, ep, grouped)
+    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    return GPTModel(cfg, spec, vocab_size=R.VOCAB,
                     max_sequence_length=DIMS["max_position_embeddings"], position_embedding_type="rope",
                     rotary_base=int(R.ROPE_BASE), share_embeddings_and_output_weights=False).eval()
 
