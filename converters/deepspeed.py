@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from ..errors import InteropError
-from ..fused import split_qkv_grouped
 from ..io.safe_pickle import to_plain
 from ..io.torch_file import LazyTorchFile
 from ..layout import ParallelLayout
@@ -227,19 +226,20 @@ class Reader:
         return self.files[(emb, 0)].obj["word_embeddings.weight"]
 
     def _rows(self, notes: list[str]) -> None:
-        """{canonical name: (layer index, key, kind, parts, part number)} from the name tables."""
+        """{canonical name: (layer index, key, transform, parts, part number)} from the name tables."""
         self.row_of, dropped = {}, set()
         for idx, kind in self.kinds.items():
             i = self.layer_indices.index(idx) if kind == "layer" else None
             stored = self.files[(idx, 0)].obj
             used = set()
-            for key, how, parts in TABLES[kind]:
+            for key, transform, parts in TABLES[kind]:
                 names = [p.format(i=i) for p in parts]
                 if key in used or key not in stored or not all(n in self.index for n in names):
                     continue
                 used.add(key)
+                bound = transform.bind(self.spec, [self.index[n] for n in names])
                 for j, n in enumerate(names):
-                    self.row_of[n] = (idx, key, how, names, j)
+                    self.row_of[n] = (idx, key, bound, names, j)
             for key in stored:
                 if key not in used:
                     why = self._ignored(key)
@@ -250,25 +250,15 @@ class Reader:
         missing = [p.name for p in param_table(self.spec) if p.name not in self.row_of]
         if missing:
             raise InteropError(f"{self.dir}: {missing[0]} is in no layer file")
-        for name, (idx, key, how, names, j) in self.row_of.items():
+        for name, (idx, key, transform, names, j) in self.row_of.items():
             if j == 0:
                 got = tuple(self.files[(idx, 0)].obj[key].shape)
-                want = self._rank_shape(names, how)
+                want = transform.rank_shape(0, self.tp)
                 if got != want:
                     raise InteropError(f"{self.files[(idx, 0)].path}: {key} has shape {list(got)}, the args imply "
                                        f"{list(want)} per tp rank")
         if dropped:
             notes.append(f"dropped buffers that are not parameters ({'; '.join(sorted(dropped))})")
-
-    def _rank_shape(self, names: list[str], how: str) -> tuple[int, ...]:
-        first = self.index[names[0]]
-        if how in ("qkv", "fc1"):
-            return (sum(self.index[n].shape[0] for n in names) // self.tp,) + first.shape[1:]
-        if first.axis is None:
-            return first.shape
-        shape = list(first.shape)
-        shape[first.axis] //= self.tp
-        return tuple(shape)
 
     def _layout(self, mp_files: dict) -> ParallelLayout:
         """The pipeline stages: which transformer layers each stage's engine file lists (param_shapes)."""
@@ -394,27 +384,19 @@ class Reader:
             return self.files[(idx, t)].read(self.files[(idx, t)].obj[key])
         return self._zero_tensor(kind, idx, key, t)
 
-    def _assemble(self, kind: str, idx: int, key: str, how: str, names: list[str]) -> list[torch.Tensor]:
+    def _assemble(self, kind: str, idx: int, key: str, transform) -> list[torch.Tensor]:
         """The canonical tensors of one stored key, from every TP rank's file."""
-        first = self.index[names[0]]
-        if how == "copy" and first.axis is None:
+        if transform.replicated:
             return [self._stored(kind, idx, key, 0)]
-        ranks = [self._stored(kind, idx, key, t) for t in range(self.tp)]
-        if how == "copy":
-            return [torch.cat(ranks, dim=first.axis)]
-        if how == "fc1":
-            halves = [r.chunk(2, dim=0) for r in ranks]
-            return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
-        s = self.spec
-        return list(split_qkv_grouped(torch.cat(ranks), s.kv_groups, s.heads, s.head_dim))
+        return transform.from_ranks([self._stored(kind, idx, key, t) for t in range(self.tp)])
 
     def read(self, name: str) -> torch.Tensor:
         base = base_param_name(name)
         kind = name.split(".")[1] if base != name else ""
-        idx, key, how, names, j = self.row_of[base]
+        idx, key, transform, names, j = self.row_of[base]
         ident = (kind, idx, key)
         if ident not in self._cache:
-            self._cache[ident] = self._assemble(kind, idx, key, how, names)
+            self._cache[ident] = self._assemble(kind, idx, key, transform)
             while len(self._cache) > 2:
                 self._cache.popitem(last=False)
         return self._cache[ident][j].contiguous()

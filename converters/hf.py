@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from ..errors import InteropError
-from ..fused import split_concat
 from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
@@ -25,6 +24,7 @@ from ..mappings.hf_names import IGNORED_SUFFIXES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
+from ..transforms import Transform
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DEFAULT_SHARD_BYTES = 5 << 30
@@ -58,16 +58,17 @@ def detect(path) -> bool:
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
 
 
-def hf_rows(spec: ModelSpec) -> list[tuple[str, str, list[str]]]:
-    """The architecture's name table expanded for this model, keeping rows whose tensors exist."""
+def hf_rows(spec: ModelSpec) -> list[tuple[str, Transform, list[str]]]:
+    """The architecture's name table expanded for this model, keeping rows whose tensors exist:
+    (HF name, its transform bound to the row's tensors, canonical names)."""
     present = param_index(spec)
     rows = []
-    for hf_name, kind, parts in TABLES[spec.arch]:
+    for hf_name, transform, parts in TABLES[spec.arch]:
         layers = range(spec.num_layers) if "{i}" in hf_name else [None]
         for i in layers:
             names = [p.format(i=i) for p in parts]
             if all(n in present for n in names):
-                rows.append((hf_name.format(i=i), kind, names))
+                rows.append((hf_name.format(i=i), transform.bind(spec, [present[n] for n in names]), names))
     held = {n for _, _, names in rows for n in names}
     homeless = [n for n in present if n not in held]
     if homeless:
@@ -75,20 +76,13 @@ def hf_rows(spec: ModelSpec) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def _to_hf(kind: str, parts: list[torch.Tensor], empty) -> torch.Tensor:
-    """The HF tensor; a Conv1D transpose stays a view (the safetensors writer gathers it in a reused
-    buffer), and `empty(shape, dtype)` provides reusable memory for a concatenation."""
-    if len(parts) == 1:
-        fused = parts[0]
-    else:
-        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
-        fused = torch.cat(parts, out=empty(shape, parts[0].dtype))
-    return fused.t() if kind == "conv1d" else fused
-
-
-def _from_hf(kind: str, tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    canonical = tensor.t() if kind == "conv1d" else tensor
-    return split_concat(canonical, sizes) if len(sizes) > 1 else [canonical.contiguous()]
+def _to_hf(transform: Transform, parts: list[torch.Tensor], empty) -> torch.Tensor:
+    """The HF tensor; a view where it is one (a Conv1D transpose stays a view: the safetensors writer
+    gathers it in a reused buffer), else built in `empty(shape, dtype)`'s reusable memory."""
+    view = transform.view(parts)
+    if view is not None:
+        return view
+    return transform.fuse(parts, out=empty(transform.rank_shape(), parts[0].dtype))
 
 
 class _WeightFiles:
@@ -174,21 +168,18 @@ class Reader:
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
         self.rows = hf_rows(spec)
-        index = param_index(spec)
         self.part_of = {}
-        for hf_key, kind, parts in self.rows:
+        for hf_key, transform, parts in self.rows:
             if hf_key not in keys:
                 raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {spec.arch} "
                                    f"model with {spec.num_layers} layers)")
-            want = (sum(index[p].shape[0] for p in parts),) + index[parts[0]].shape[1:]
-            if kind == "conv1d":
-                want = tuple(reversed(want))
+            want = transform.rank_shape()
             got = self.files.meta(hf_key)[1]
             if got != want:
                 raise InteropError(f"{root}: {hf_key} has shape {list(got)}, config.json implies {list(want)}")
             keys.discard(hf_key)
             for i, p in enumerate(parts):
-                self.part_of[p] = (hf_key, kind, parts, i)
+                self.part_of[p] = (hf_key, transform, parts, i)
         if spec.tied_embeddings and "lm_head.weight" in keys:
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
@@ -205,22 +196,20 @@ class Reader:
         return [TensorMeta(p.name, self.files.meta(self.part_of[p.name][0])[0], p.shape) for p in param_table(self.spec)]
 
     def read(self, name: str) -> torch.Tensor:
-        hf_key, kind, parts, i = self.part_of[name]
+        hf_key, transform, parts, i = self.part_of[name]
         if self._cached[0] != hf_key:  # q, k and v come from one fused tensor: read it once
-            index = param_index(self.spec)
-            sizes = [index[p].shape[0] for p in parts]
-            self._cached = (hf_key, _from_hf(kind, self.files.read(hf_key), sizes))
+            self._cached = (hf_key, transform.split(self.files.read(hf_key)))
         return self._cached[1][i]
 
     def native_name(self, name: str) -> str:
         """The HF tensor that holds canonical `name` (with its part when fused, e.g. GPT2's c_attn)."""
-        hf_key, kind, parts, i = self.part_of[name]
+        hf_key, _, parts, i = self.part_of[name]
         return hf_key if len(parts) == 1 else f"{hf_key} [part {i + 1}/{len(parts)}]"
 
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
-        hf_key, kind, parts, _ = self.part_of[name]
-        if kind != "copy" or len(parts) != 1:
+        hf_key, transform, _, _ = self.part_of[name]
+        if not transform.unchanged:
             return False
         self.files.read_into(hf_key, out)
         return True
@@ -259,11 +248,9 @@ class Writer:
         self.row_of, self.pending, self.dropped_optim = {}, {}, set()
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
-        for hf_key, kind, parts in rows:
+        for hf_key, transform, parts in rows:
             first = meta_of[parts[0]]
-            shape = (sum(meta_of[p].shape[0] for p in parts),) + first.shape[1:]
-            if kind == "conv1d":
-                shape = tuple(reversed(shape))
+            shape = transform.rank_shape()
             nbytes = TensorMeta(hf_key, first.dtype, shape).nbytes
             if shards[-1] and size + nbytes > max_shard_bytes:
                 shards.append([])
@@ -271,7 +258,7 @@ class Writer:
             shards[-1].append((hf_key, first.dtype, shape))
             size += nbytes
             for p in parts:
-                self.row_of[p] = (hf_key, kind, parts)
+                self.row_of[p] = (hf_key, transform, parts)
         if len(shards) == 1:
             names = ["model.safetensors"]
         else:
@@ -287,12 +274,13 @@ class Writer:
         if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only
             self.dropped_optim.add(name.split(".")[1])
             return
-        hf_key, kind, parts = self.row_of[name]
+        hf_key, transform, parts = self.row_of[name]
         got = self.pending.setdefault(hf_key, {})
         got[name] = tensor
         if len(got) == len(parts):
             del self.pending[hf_key]
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(kind, [got[p] for p in parts], self.memory.empty))
+            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
+                                                                    self.memory.empty))
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
@@ -300,8 +288,8 @@ class Writer:
         if name.startswith(OPTIM_PREFIXES):
             self.write(name, None)  # not kept: no need to read it
             return True
-        hf_key, kind, parts = self.row_of[name]
-        if kind != "copy" or len(parts) != 1:
+        hf_key, transform, _ = self.row_of[name]
+        if not transform.unchanged:
             return False
         self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
         return True

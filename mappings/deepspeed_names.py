@@ -9,44 +9,45 @@ a state dict as `layer_{index:02d}-model_{tp rank:02d}-model_states.pt`, index =
 specs, so the offsets differ by fork: the kind of a file is told by its keys (`FILE_KINDS`), and
 transformer layers are numbered in index order.
 
-Rows: (key in the layer file, how it is stored, canonical tensors), kinds as in
-`megatron_names`: "copy" (cut across TP ranks as its canonical split says), "qkv"
+Rows: (key in the layer file, its transform, canonical tensors), transforms as in
+`megatron_names`: Copy (cut across TP ranks as its canonical split says), GroupedQKV
 (query_key_value: per query group [q heads; k; v], megatron/model/transformer.py `split_tensor`),
-"fc1" (swiglu dense_h_to_4h: each TP rank holds [gate_r; up_r], `swiglu` chunks it in two).
+GatedMLP (swiglu dense_h_to_4h: each TP rank holds [gate_r; up_r], `swiglu` chunks it in two).
 A key with several rows: the first whose canonical tensors all exist applies.
 """
+from ..transforms import Copy, GatedMLP, GroupedQKV
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
 
 EMBEDDING = [
-    ("word_embeddings.weight", "copy", ["embed.word.weight"]),
-    ("position_embeddings.weight", "copy", ["embed.position.weight"]),
+    ("word_embeddings.weight", Copy, ["embed.word.weight"]),
+    ("position_embeddings.weight", Copy, ["embed.position.weight"]),
 ]
 
 LAYER = [
-    ("input_layernorm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
-    ("input_layernorm.bias", "copy", ["layers.{i}.attn_norm.bias"]),
-    ("self_attention.query_key_value.weight", "qkv", _QKV_W),
-    ("self_attention.query_key_value.bias", "qkv", _QKV_B),
-    ("self_attention.dense.weight", "copy", ["layers.{i}.attn.o.weight"]),
-    ("self_attention.dense.bias", "copy", ["layers.{i}.attn.o.bias"]),
-    ("post_attention_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
-    ("post_attention_layernorm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
-    ("mlp.dense_h_to_4h.weight", "fc1", ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
-    ("mlp.dense_h_to_4h.weight", "copy", ["layers.{i}.mlp.up.weight"]),
-    ("mlp.dense_h_to_4h.bias", "fc1", ["layers.{i}.mlp.gate.bias", "layers.{i}.mlp.up.bias"]),
-    ("mlp.dense_h_to_4h.bias", "copy", ["layers.{i}.mlp.up.bias"]),
-    ("mlp.dense_4h_to_h.weight", "copy", ["layers.{i}.mlp.down.weight"]),
-    ("mlp.dense_4h_to_h.bias", "copy", ["layers.{i}.mlp.down.bias"]),
+    ("input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("input_layernorm.bias", Copy, ["layers.{i}.attn_norm.bias"]),
+    ("self_attention.query_key_value.weight", GroupedQKV, _QKV_W),
+    ("self_attention.query_key_value.bias", GroupedQKV, _QKV_B),
+    ("self_attention.dense.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    ("self_attention.dense.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    ("post_attention_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("post_attention_layernorm.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
+    ("mlp.dense_h_to_4h.weight", GatedMLP, ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
+    ("mlp.dense_h_to_4h.weight", Copy, ["layers.{i}.mlp.up.weight"]),
+    ("mlp.dense_h_to_4h.bias", GatedMLP, ["layers.{i}.mlp.gate.bias", "layers.{i}.mlp.up.bias"]),
+    ("mlp.dense_h_to_4h.bias", Copy, ["layers.{i}.mlp.up.bias"]),
+    ("mlp.dense_4h_to_h.weight", Copy, ["layers.{i}.mlp.down.weight"]),
+    ("mlp.dense_4h_to_h.bias", Copy, ["layers.{i}.mlp.down.bias"]),
 ]
 
 FINAL_NORM = [
-    ("weight", "copy", ["final_norm.weight"]),
-    ("bias", "copy", ["final_norm.bias"]),
+    ("weight", Copy, ["final_norm.weight"]),
+    ("bias", Copy, ["final_norm.bias"]),
 ]
 
-LM_HEAD = [("lm_head.weight", "copy", ["lm_head.weight"])]
+LM_HEAD = [("lm_head.weight", Copy, ["lm_head.weight"])]
 
 TABLES = {"embedding": EMBEDDING, "layer": LAYER, "final_norm": FINAL_NORM, "lm_head": LM_HEAD}
 

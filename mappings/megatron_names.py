@@ -1,20 +1,22 @@
 """Megatron-LM parameter names <-> canonical names, one table per naming scheme.
 
-Each row: (Megatron key, how it is stored, the canonical tensors it holds).  In the
+Each row: (Megatron key, its transform, the canonical tensors it holds).  In the
 Megatron key `{i}` is the layer number LOCAL to its pipeline stage / virtual chunk;
-in the canonical names `{i}` is the global layer.  Kinds:
-  "copy"  one canonical tensor, cut across TP ranks the way its canonical split says
-  "qkv"   fused q, k, v: per query group [its q heads; k; v], a TP rank holds whole groups
-  "fc1"   SwiGLU's gate and up: each TP rank holds [gate_r; up_r]
-  "grouped_fc1" / "grouped_fc2"  megatron-core's legacy GroupedMLP: ALL of an EP rank's experts in one
-        tensor (`weight1` [h, E_local * 2F/tp]: per local expert a [h, 2F/tp] block = its linear_fc1.T;
+in the canonical names `{i}` is the global layer.  Transforms (`interop.transforms`):
+  Copy        one canonical tensor, cut across TP ranks the way its canonical split says
+  GroupedQKV  fused q, k, v: per query group [its q heads; k; v], a TP rank holds whole groups
+  GatedMLP    SwiGLU's gate and up: each TP rank holds [gate_r; up_r]
+  Tied        the last stage's copy of the tied embedding (TIED_HEAD), written, never read
+  GroupedExperts  megatron-core's legacy GroupedMLP: ALL of an EP rank's experts in one tensor
+        (`weight1` [h, E_local * 2F/tp]: per local expert a [h, 2F/tp] block = its linear_fc1.T;
         `weight2` [E_local * F/tp, h]: per local expert a [F/tp, h] block = its linear_fc2.T)
 In MoE keys `{j}` is the LOCAL expert number on its expert-parallel rank, `{e}` the global one
-(e = ep_rank * E / EP + j).  A key may have several rows (fc1 with and without a gate): the first row whose
+(e = ep_rank * E / EP + j); a routed expert's row belongs to that one EP rank.  A key may have several rows (fc1 with and without a gate): the first row whose
 canonical tensors all exist in the model applies; rows whose tensors are absent (a
 bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
+from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
@@ -23,19 +25,19 @@ _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v
 # SelfAttention builds them after linear_qkv: transformer/attention.py; MEGATRON-LAYOUTS.md).  Legacy
 # megatron/model has no such norm: a model with them has no place there and is refused.
 _QK_NORM = [
-    ("decoder.layers.{i}.self_attention.q_layernorm.weight", "copy", ["layers.{i}.attn.q_norm.weight"]),
-    ("decoder.layers.{i}.self_attention.k_layernorm.weight", "copy", ["layers.{i}.attn.k_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.q_layernorm.weight", Copy, ["layers.{i}.attn.q_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.k_layernorm.weight", Copy, ["layers.{i}.attn.k_norm.weight"]),
 ]
 
 
 def _mlp(prefix: str, fc1: str, fc2: str) -> list:
     return [
-        (f"{prefix}.{fc1}.weight", "fc1", ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
-        (f"{prefix}.{fc1}.weight", "copy", ["layers.{i}.mlp.up.weight"]),
-        (f"{prefix}.{fc1}.bias", "fc1", ["layers.{i}.mlp.gate.bias", "layers.{i}.mlp.up.bias"]),
-        (f"{prefix}.{fc1}.bias", "copy", ["layers.{i}.mlp.up.bias"]),
-        (f"{prefix}.{fc2}.weight", "copy", ["layers.{i}.mlp.down.weight"]),
-        (f"{prefix}.{fc2}.bias", "copy", ["layers.{i}.mlp.down.bias"]),
+        (f"{prefix}.{fc1}.weight", GatedMLP, ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
+        (f"{prefix}.{fc1}.weight", Copy, ["layers.{i}.mlp.up.weight"]),
+        (f"{prefix}.{fc1}.bias", GatedMLP, ["layers.{i}.mlp.gate.bias", "layers.{i}.mlp.up.bias"]),
+        (f"{prefix}.{fc1}.bias", Copy, ["layers.{i}.mlp.up.bias"]),
+        (f"{prefix}.{fc2}.weight", Copy, ["layers.{i}.mlp.down.weight"]),
+        (f"{prefix}.{fc2}.bias", Copy, ["layers.{i}.mlp.down.bias"]),
     ]
 
 
@@ -46,36 +48,36 @@ def _mlp(prefix: str, fc1: str, fc2: str) -> list:
 _EXPERT = ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]
 _SHARED = ["layers.{i}.mlp.shared.gate.weight", "layers.{i}.mlp.shared.up.weight"]
 ROUTER = [
-    ("decoder.layers.{i}.mlp.router.weight", "copy", ["layers.{i}.mlp.router.weight"]),
-    ("decoder.layers.{i}.mlp.router.expert_bias", "copy", ["layers.{i}.mlp.router.expert_bias"]),
+    ("decoder.layers.{i}.mlp.router.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("decoder.layers.{i}.mlp.router.expert_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
 ]
 SHARED_EXPERTS = [
-    ("decoder.layers.{i}.mlp.shared_experts.gate_weight", "copy", ["layers.{i}.mlp.shared_gate.weight"]),
-    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", "fc1", _SHARED),
-    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", "copy", ["layers.{i}.mlp.shared.up.weight"]),
-    ("decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", "copy", ["layers.{i}.mlp.shared.down.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.gate_weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", GatedMLP, _SHARED),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", Copy, ["layers.{i}.mlp.shared.up.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
 ]
 # SequentialMLP (no --moe-grouped-gemm): one megatron-core MLP per local expert
 SEQUENTIAL_EXPERTS = [
-    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", "fc1", _EXPERT),
-    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", "copy", ["layers.{i}.mlp.experts.{e}.up.weight"]),
-    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.weight", "copy", ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", GatedMLP, _EXPERT),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
 # Transformer Engine's TEGroupedMLP (--moe-grouped-gemm with TE): one TE GroupedLinear per fc holding
 # `weight0..weight{E_local-1}`, each shaped like SequentialMLP's linear (megatron/core/extensions/
 # transformer_engine.py TEGroupedLinear, `_sharded_state_dict_grouped`: `{prefix}weight{gemm_idx}`).
 TE_GROUPED_EXPERTS = [
-    ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", "fc1", _EXPERT),
-    ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", "copy", ["layers.{i}.mlp.experts.{e}.up.weight"]),
-    ("decoder.layers.{i}.mlp.experts.linear_fc2.weight{j}", "copy", ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", GatedMLP, _EXPERT),
+    ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.linear_fc2.weight{j}", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
-# The legacy GroupedMLP (--moe-grouped-gemm --moe-use-legacy-grouped-gemm, or no TE): one tensor per fc
-# for all local experts (megatron/core/transformer/moe/experts.py GroupedMLP: weight1 [h, E_l*2F/tp],
-# weight2 [E_l*F/tp, h], read as .view(E_l, h, -1) and .view(E_l, -1, h)).  `{J}`: every local expert.
+# The legacy GroupedMLP (--moe-grouped-gemm without TE, or --moe-use-legacy-grouped-gemm): one tensor per fc
+# for all of an EP rank's experts (megatron/core/transformer/moe/experts.py GroupedMLP: weight1 [h, E_l*2F/tp],
+# weight2 [E_l*F/tp, h], read as .view(E_l, h, -1) and .view(E_l, -1, h)); the parts repeat per local expert.
 LEGACY_GROUPED_EXPERTS = [
-    ("decoder.layers.{i}.mlp.experts.weight1", "grouped_fc1", _EXPERT),
-    ("decoder.layers.{i}.mlp.experts.weight1", "grouped_fc1", ["layers.{i}.mlp.experts.{e}.up.weight"]),
-    ("decoder.layers.{i}.mlp.experts.weight2", "grouped_fc2", ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("decoder.layers.{i}.mlp.experts.weight1", GroupedExperts, _EXPERT),
+    ("decoder.layers.{i}.mlp.experts.weight1", GroupedExperts, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.weight2", GroupedExperts, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
 EXPERT_LAYOUTS = {"sequential": SEQUENTIAL_EXPERTS, "te_grouped": TE_GROUPED_EXPERTS, "grouped": LEGACY_GROUPED_EXPERTS}
 # torch_dist: every expert implementation stores its experts under SequentialMLP's sharded key, a tensor
@@ -94,64 +96,64 @@ def moe_rows(experts: str = "sequential") -> list:
 
 # megatron-core GPTModel with the local (non Transformer-Engine) layer spec
 MCORE = [
-    ("embedding.word_embeddings.weight", "copy", ["embed.word.weight"]),
-    ("embedding.position_embeddings.weight", "copy", ["embed.position.weight"]),
-    ("decoder.layers.{i}.input_layernorm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
-    ("decoder.layers.{i}.input_layernorm.bias", "copy", ["layers.{i}.attn_norm.bias"]),
-    ("decoder.layers.{i}.self_attention.linear_proj.weight", "copy", ["layers.{i}.attn.o.weight"]),
-    ("decoder.layers.{i}.self_attention.linear_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
-    ("decoder.layers.{i}.self_attention.linear_qkv.weight", "qkv", _QKV_W),
-    ("decoder.layers.{i}.self_attention.linear_qkv.bias", "qkv", _QKV_B),
+    ("embedding.word_embeddings.weight", Copy, ["embed.word.weight"]),
+    ("embedding.position_embeddings.weight", Copy, ["embed.position.weight"]),
+    ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("decoder.layers.{i}.input_layernorm.bias", Copy, ["layers.{i}.attn_norm.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.weight", GroupedQKV, _QKV_W),
+    ("decoder.layers.{i}.self_attention.linear_qkv.bias", GroupedQKV, _QKV_B),
     *_QK_NORM,
-    ("decoder.layers.{i}.pre_mlp_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
-    ("decoder.layers.{i}.pre_mlp_layernorm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
+    ("decoder.layers.{i}.pre_mlp_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("decoder.layers.{i}.pre_mlp_layernorm.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
     *moe_rows(),
-    ("decoder.final_layernorm.weight", "copy", ["final_norm.weight"]),
-    ("decoder.final_layernorm.bias", "copy", ["final_norm.bias"]),
-    ("output_layer.weight", "copy", ["lm_head.weight"]),
+    ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
+    ("decoder.final_layernorm.bias", Copy, ["final_norm.bias"]),
+    ("output_layer.weight", Copy, ["lm_head.weight"]),
 ]
 
 # megatron-core with Transformer Engine: the norms are fused into the following linear
 MCORE_TE = [
-    ("embedding.word_embeddings.weight", "copy", ["embed.word.weight"]),
-    ("embedding.position_embeddings.weight", "copy", ["embed.position.weight"]),
-    ("decoder.layers.{i}.self_attention.linear_proj.weight", "copy", ["layers.{i}.attn.o.weight"]),
-    ("decoder.layers.{i}.self_attention.linear_proj.bias", "copy", ["layers.{i}.attn.o.bias"]),
-    ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", "copy", ["layers.{i}.attn_norm.weight"]),
-    ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_bias", "copy", ["layers.{i}.attn_norm.bias"]),
-    ("decoder.layers.{i}.self_attention.linear_qkv.weight", "qkv", _QKV_W),
-    ("decoder.layers.{i}.self_attention.linear_qkv.bias", "qkv", _QKV_B),
+    ("embedding.word_embeddings.weight", Copy, ["embed.word.weight"]),
+    ("embedding.position_embeddings.weight", Copy, ["embed.position.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_bias", Copy, ["layers.{i}.attn_norm.bias"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.weight", GroupedQKV, _QKV_W),
+    ("decoder.layers.{i}.self_attention.linear_qkv.bias", GroupedQKV, _QKV_B),
     *_QK_NORM,
     # a MoE layer of the TE spec keeps its pre-MLP norm apart (MoE layers have no linear_fc1 to fuse it
     # into): `TE_MOE_NORM` rows apply to MoE layers of such checkpoints, the fused ones to every other layer
-    ("decoder.layers.{i}.pre_mlp_layernorm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
-    ("decoder.layers.{i}.pre_mlp_layernorm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
-    ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "copy", ["layers.{i}.mlp_norm.weight"]),
-    ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias", "copy", ["layers.{i}.mlp_norm.bias"]),
+    ("decoder.layers.{i}.pre_mlp_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("decoder.layers.{i}.pre_mlp_layernorm.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
+    ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
     *moe_rows(),
-    ("decoder.final_layernorm.weight", "copy", ["final_norm.weight"]),
-    ("decoder.final_layernorm.bias", "copy", ["final_norm.bias"]),
-    ("output_layer.weight", "copy", ["lm_head.weight"]),
+    ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
+    ("decoder.final_layernorm.bias", Copy, ["final_norm.bias"]),
+    ("output_layer.weight", Copy, ["lm_head.weight"]),
 ]
 
 # legacy megatron/model (nested dicts under `model`, flattened here with dots)
 LEGACY = [
-    ("language_model.embedding.word_embeddings.weight", "copy", ["embed.word.weight"]),
-    ("language_model.embedding.position_embeddings.weight", "copy", ["embed.position.weight"]),
-    ("language_model.encoder.layers.{i}.input_norm.weight", "copy", ["layers.{i}.attn_norm.weight"]),
-    ("language_model.encoder.layers.{i}.input_norm.bias", "copy", ["layers.{i}.attn_norm.bias"]),
-    ("language_model.encoder.layers.{i}.self_attention.query_key_value.weight", "qkv", _QKV_W),
-    ("language_model.encoder.layers.{i}.self_attention.query_key_value.bias", "qkv", _QKV_B),
-    ("language_model.encoder.layers.{i}.self_attention.dense.weight", "copy", ["layers.{i}.attn.o.weight"]),
-    ("language_model.encoder.layers.{i}.self_attention.dense.bias", "copy", ["layers.{i}.attn.o.bias"]),
-    ("language_model.encoder.layers.{i}.post_attention_norm.weight", "copy", ["layers.{i}.mlp_norm.weight"]),
-    ("language_model.encoder.layers.{i}.post_attention_norm.bias", "copy", ["layers.{i}.mlp_norm.bias"]),
+    ("language_model.embedding.word_embeddings.weight", Copy, ["embed.word.weight"]),
+    ("language_model.embedding.position_embeddings.weight", Copy, ["embed.position.weight"]),
+    ("language_model.encoder.layers.{i}.input_norm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("language_model.encoder.layers.{i}.input_norm.bias", Copy, ["layers.{i}.attn_norm.bias"]),
+    ("language_model.encoder.layers.{i}.self_attention.query_key_value.weight", GroupedQKV, _QKV_W),
+    ("language_model.encoder.layers.{i}.self_attention.query_key_value.bias", GroupedQKV, _QKV_B),
+    ("language_model.encoder.layers.{i}.self_attention.dense.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    ("language_model.encoder.layers.{i}.self_attention.dense.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    ("language_model.encoder.layers.{i}.post_attention_norm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("language_model.encoder.layers.{i}.post_attention_norm.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     *_mlp("language_model.encoder.layers.{i}.mlp", "dense_h_to_4h", "dense_4h_to_h"),
-    ("language_model.encoder.final_norm.weight", "copy", ["final_norm.weight"]),
-    ("language_model.encoder.final_norm.bias", "copy", ["final_norm.bias"]),
-    ("language_model.output_layer.weight", "copy", ["lm_head.weight"]),
+    ("language_model.encoder.final_norm.weight", Copy, ["final_norm.weight"]),
+    ("language_model.encoder.final_norm.bias", Copy, ["final_norm.bias"]),
+    ("language_model.output_layer.weight", Copy, ["lm_head.weight"]),
 ]
 
 # The TE spec's separate pre-MLP norm of MoE layers, and the fused one it replaces there

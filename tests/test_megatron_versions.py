@@ -24,7 +24,7 @@ from interop.convert import convert
 from interop.layout import ParallelLayout
 from interop.params import param_index
 
-from interop.converters.megatron.rows import expand_rows, to_rank
+from interop.converters.megatron.rows import expand_rows
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "megatron"
@@ -46,7 +46,7 @@ def _expected(version, kind):
 
 def _mcore_tensor(reader, row, prefix, spec, index):
     """The megatron-core tensor of `row` (tp 1) rebuilt from what the reader returns for its canonical parts."""
-    return to_rank(row, [reader.read(prefix + n) for n in row.parts], index, 1, 0, spec)
+    return row.transform.fuse([reader.read(prefix + n) for n in row.parts])
 
 
 @pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
@@ -59,7 +59,7 @@ def test_release_checkpoint_is_read_exactly(version, kind, fmt):
         kinds = ("exp_avg", "exp_avg_sq", "fp32_param")
         names = {m.name for m in reader.metas()}
         assert all(f"optim.{k}.embed.word.weight" in names for k in kinds), reader.source.notes
-        rows = [r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.kind != "tied"]
+        rows = [r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.transform.reads_back]
         assert {r.key for r in rows} == {k.split("/", 1)[1] for k in tensors if k.startswith("weight/")}
         for row in rows:
             assert torch.equal(_mcore_tensor(reader, row, "", spec, index), tensors[f"weight/{row.key}"]), row.key
@@ -189,7 +189,7 @@ def test_distributed_optimizer_to_torch_format_is_said(tmp_path):
     assert rank.obj["args"].use_distributed_optimizer is False
     reader = Reader(tmp_path / "m")
     spec, index = reader.source.spec, param_index(reader.source.spec)
-    for row in (r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.kind != "tied"):
+    for row in (r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.transform.reads_back):
         for k in ("exp_avg", "exp_avg_sq", "fp32_param"):
             assert torch.equal(_mcore_tensor(reader, row, f"optim.{k}.", spec, index), tensors[f"{k}/{row.key}"])
     assert reader.source.state["megatron"]["opt_param_scheduler"] == expected["opt_param_scheduler"]
@@ -221,7 +221,7 @@ def test_fully_reshardable_is_read_back(tmp_path):
     reader = Reader(tmp_path / "dist")
     assert any("fully_reshardable" in n and f"step {expected['step'][0]}" in n for n in reader.source.notes)
     spec, index = reader.source.spec, param_index(reader.source.spec)
-    for row in (r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.kind != "tied"):
+    for row in (r for r in expand_rows("mcore", spec, ParallelLayout.build(spec.num_layers)) if r.transform.reads_back):
         for k in ("exp_avg", "exp_avg_sq", "fp32_param"):
             assert torch.equal(_mcore_tensor(reader, row, f"optim.{k}.", spec, index), tensors[f"{k}/{row.key}"])
 

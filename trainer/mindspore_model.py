@@ -3,8 +3,9 @@
 `load` reads a converted single-file `.ckpt` with `mindspore.load_checkpoint` itself
 (so mindspore, not our reader, decides what the file holds) and the
 `mindspore_model.json` beside it; the weights are used in their MindSpore layout:
-fused QKV split per KV group, w_gate_hidden de-interleaved, MindFormers GPT2's
-[in, out] linears transposed, all with mindspore ops.  `lm_loss` is the mean
+fused QKV split per KV group, fc1 / w_gate_hidden split (by the same `interop.transforms`
+objects the converters name: one implementation of each layout), MindFormers GPT2's
+[in, out] linears transposed with mindspore ops.  `lm_loss` is the mean
 next-token cross entropy over the true vocabulary, as HF computes it.
 """
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InteropError
+from ..params import param_index
 from ..spec import ModelSpec
+from ..transforms import GatedMLP, GroupedQKV, Interleave
 
 
 @dataclass
@@ -57,29 +60,33 @@ def _training_scalar(name: str, value) -> bool:
 
 # ---------------------------------------------------------------- weights in canonical orientation
 
+def _unfuse(m: MsModel, transform, fused, names: list[str]) -> list:
+    """The canonical tensors `names` held by one fused MindSpore tensor."""
+    import mindspore as ms
+    import torch
+    index = param_index(m.spec)
+    bound = transform.bind(m.spec, [index[n] for n in names])
+    return [ms.Tensor(part.numpy()) for part in bound.split(torch.from_numpy(fused.asnumpy()))]
+
+
 def _layer(m: MsModel, i: int) -> dict:
     """One layer's q, k, v, o, gate, up, down ([out, in]), biases and norms, from MindSpore names."""
-    import mindspore.ops as ops
     w, s = m.weights, m.spec
-    hpg, d, g = s.heads // s.kv_groups, s.head_dim, s.kv_groups
-
-    def grouped_qkv(fused):  # rows per group: hpg q heads, k, v
-        rest = tuple(fused.shape[1:])
-        x = fused.reshape((g, hpg + 2, d) + rest)
-        return (x[:, :hpg].reshape((-1,) + rest), x[:, hpg].reshape((-1,) + rest), x[:, hpg + 1].reshape((-1,) + rest))
-
+    c = f"layers.{i}."  # canonical names
+    qkv = lambda fused, leaf: _unfuse(m, GroupedQKV, fused, [f"{c}attn.{x}.{leaf}" for x in "qkv"])  # noqa: E731
+    gate_up = lambda transform, fused, leaf: _unfuse(m, transform, fused, [f"{c}mlp.gate.{leaf}", f"{c}mlp.up.{leaf}"])  # noqa: E731
     out = {}
     if m.dialect == "mindspeed":
         p = f"language_model.encoder.layers.{i}."
-        out["q"], out["k"], out["v"] = grouped_qkv(w[p + "attention.qkv_proj.weight"])
+        out["q"], out["k"], out["v"] = qkv(w[p + "attention.qkv_proj.weight"], "weight")
         if p + "attention.qkv_proj.bias" in w:
-            out["bq"], out["bk"], out["bv"] = grouped_qkv(w[p + "attention.qkv_proj.bias"])
+            out["bq"], out["bk"], out["bv"] = qkv(w[p + "attention.qkv_proj.bias"], "bias")
         out["o"], out["bo"] = w[p + "attention.out_proj.weight"], w.get(p + "attention.out_proj.bias")
         fc1, b1 = w[p + "mlp.mapping.weight"], w.get(p + "mlp.mapping.bias")
         if s.gated_mlp:  # [gate; up] at tp 1
-            out["gate"], out["up"] = ops.split(fc1, s.ffn_hidden, axis=0)
+            out["gate"], out["up"] = gate_up(GatedMLP, fc1, "weight")
             if b1 is not None:
-                out["bgate"], out["bup"] = ops.split(b1, s.ffn_hidden, axis=0)
+                out["bgate"], out["bup"] = gate_up(GatedMLP, b1, "bias")
         else:
             out["up"], out["bup"] = fc1, b1
         out["down"], out["bdown"] = w[p + "mlp.projection.weight"], w.get(p + "mlp.projection.bias")
@@ -88,11 +95,10 @@ def _layer(m: MsModel, i: int) -> dict:
     elif s.arch == "llama":
         p = f"model.layers.{i}."
         if m.qkv_concat:
-            out["q"], out["k"], out["v"] = grouped_qkv(w[p + "attention.w_qkv.weight"])
+            out["q"], out["k"], out["v"] = qkv(w[p + "attention.w_qkv.weight"], "weight")
             if p + "attention.w_qkv.bias" in w:
-                out["bq"], out["bk"], out["bv"] = grouped_qkv(w[p + "attention.w_qkv.bias"])
-            gh = w[p + "feed_forward.w_gate_hidden.weight"].reshape((s.ffn_hidden, 2, s.hidden))
-            out["gate"], out["up"] = gh[:, 0], gh[:, 1]
+                out["bq"], out["bk"], out["bv"] = qkv(w[p + "attention.w_qkv.bias"], "bias")
+            out["gate"], out["up"] = gate_up(Interleave, w[p + "feed_forward.w_gate_hidden.weight"], "weight")
         else:
             for key, name in (("q", "wq"), ("k", "wk"), ("v", "wv")):
                 out[key], out["b" + key] = w[p + f"attention.{name}.weight"], w.get(p + f"attention.{name}.bias")

@@ -1,10 +1,12 @@
-"""Megatron's name tables expanded over a layout, and fusing/unfusing a row's tensors per TP rank.
+"""Megatron's name tables expanded over a layout, and a row's TP ranks read into canonical tensors.
 
-A Row is one Megatron tensor (of one pipeline stage's virtual chunk) and the canonical
-tensors it holds: fused QKV, swiglu fc1 ([gate_r; up_r] per rank), a plain copy, or the legacy
-GroupedMLP's one tensor for all of an expert-parallel rank's experts.  A routed expert's row
-belongs to one expert-parallel rank (`Row.ep`); every other row is on every EP rank (`ep` None).
-Optimizer moments go through the same functions as the weights they belong to.
+A Row is one Megatron tensor (of one pipeline stage's virtual chunk), the canonical tensors
+it holds and its transform (`interop.transforms`, bound to the row's shapes): fused QKV,
+swiglu fc1 ([gate_r; up_r] per rank), a plain copy, the tied head's copy, or the legacy GroupedMLP's
+one tensor for all of an expert-parallel rank's experts.  The transform says what each TP rank stores;
+optimizer moments go through the same one as their weight.  A routed expert's row belongs to one
+expert-parallel rank (`Row.ep`: expert e is on rank e // (E / ep), local number e % (E / ep)); every
+other row is on every EP rank (`ep` None).
 """
 from __future__ import annotations
 
@@ -18,19 +20,19 @@ from ...memory import BufferPool
 from ...mappings.megatron_names import (EXPERT_LAYOUTS, IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TE_FUSED_MLP_NORM,
                                         TE_MOE_NORM, TIED_HEAD)
 from ...params import param_index
-from ...shards import shard_box
 from ...spec import ModelSpec
+from ...transforms import GroupedExperts, Tied, Transform
 
 
 class Row:
-    """One Megatron tensor of one pipeline stage's virtual chunk, and the canonical tensors it holds."""
-    __slots__ = ("stage", "chunk", "key", "kind", "parts", "ep")
+    """One Megatron tensor of one pipeline stage's virtual chunk, the canonical tensors it holds, and how."""
+    __slots__ = ("stage", "chunk", "key", "transform", "parts", "ep")
 
-    def __init__(self, stage, chunk, key, kind, parts, ep=None):
-        self.stage, self.chunk, self.key, self.kind, self.parts, self.ep = stage, chunk, key, kind, tuple(parts), ep
+    def __init__(self, stage, chunk, key, transform: Transform, parts, ep: int | None = None):
+        self.stage, self.chunk, self.key, self.transform, self.parts = stage, chunk, key, transform, tuple(parts)
+        self.ep = ep
 
 
-GROUPED = ("grouped_fc1", "grouped_fc2")
 EXPERT_ROWS = {key for table in EXPERT_LAYOUTS.values() for key, _, _ in table}
 
 
@@ -49,17 +51,17 @@ def _table(scheme: str, experts: str) -> list:
     return out
 
 
-def _layer_rows(key, kind, parts, i, local, spec: ModelSpec, ep: int):
+def _layer_rows(key, transform, parts, i, local, spec: ModelSpec, ep: int):
     """(Megatron key, canonical names, ep rank) of template row `key` at global layer `i` (local number `local`):
     one per routed expert for per-expert keys (`{j}` local, `{e}` global), one per EP rank for the
-    legacy GroupedMLP, one otherwise."""
+    legacy GroupedMLP (all its experts), one otherwise."""
     if "{e}" not in " ".join(parts):
         yield key.format(i=local), [n.format(i=i) for n in parts], None
         return
     if not spec.is_moe_layer(i):
         return
     per_rank = spec.num_experts // ep
-    if kind in GROUPED:
+    if transform is GroupedExperts:
         for r in range(ep):
             names = [n.format(i=i, e=e) for e in range(r * per_rank, (r + 1) * per_rank) for n in parts]
             yield key.format(i=local), names, r
@@ -80,7 +82,7 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
     for p, chunks in enumerate(layout.stages):
         for v, (start, stop) in enumerate(chunks):
             seen = set()
-            for key, kind, parts in _table(scheme, experts):
+            for key, transform, parts in _table(scheme, experts):
                 if key in seen:
                     continue
                 is_layer = "{i}" in key
@@ -96,13 +98,15 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
                     if i is None:
                         expanded = [(key, list(parts), None)]
                     else:
-                        expanded = _layer_rows(key, kind, parts, i, i - start, spec, layout.ep)
+                        expanded = _layer_rows(key, transform, parts, i, i - start, spec, layout.ep)
                     for name, names, r in expanded:
                         if all(n in present for n in names):
-                            rows.append(Row(p, v, name, kind, names, r))
+                            bound = transform.bind(spec, [present[n] for n in names])
+                            rows.append(Row(p, v, name, bound, names, r))
                             seen.add(key)
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
-                rows.append(Row(p, v, TIED_HEAD[scheme], "tied", ["embed.word.weight"]))
+                embedding = present["embed.word.weight"]
+                rows.append(Row(p, v, TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name]))
     held = {name for row in rows for name in row.parts}
     homeless = [name for name in present if name not in held]
     if homeless:
@@ -111,117 +115,24 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
     return rows
 
 
-def rank_shapes(row: Row, index, tp: int, t: int) -> tuple[int, ...]:
-    """The shape TP rank `t` holds of `row`'s Megatron tensor."""
-    first = index[row.parts[0]]
-    if row.kind in ("qkv", "fc1"):
-        return (sum(index[n].shape[0] for n in row.parts) // tp,) + first.shape[1:]
-    if row.kind == "grouped_fc1":  # [h, E_local * 2F/tp]
-        return (first.shape[1], sum(index[n].shape[0] for n in row.parts) // tp)
-    if row.kind == "grouped_fc2":  # [E_local * F/tp, h]
-        return (sum(index[n].shape[1] for n in row.parts) // tp, first.shape[0])
-    return shard_box(first.shape, first.axis, t, tp).shape
-
-
-def rank_pieces(row: Row, full: list[torch.Tensor], shard: torch.Tensor, index, tp: int, t: int, spec: ModelSpec):
-    """(view of a full canonical tensor, view of rank `t`'s Megatron tensor) pairs holding the same values.
-
-    Both directions copy through these views, once per byte: no per-part splits, no concatenation.
-    QKV: per query group the rank holds [its q heads; k_g; v_g]; swiglu fc1: [gate_r; up_r].
-    """
-    if row.kind == "qkv":
-        groups, d = spec.kv_groups, spec.head_dim
-        per_rank, q_rows = groups // tp, spec.heads // groups * d
-        rest = tuple(shard.shape[1:])
-        mine = slice(t * per_rank, (t + 1) * per_rank)
-        stored = shard.view(per_rank, q_rows + 2 * d, *rest)
-        q, k, v = (x.view(groups, -1, *rest)[mine] for x in full)
-        return [(q, stored[:, :q_rows]), (k, stored[:, q_rows:q_rows + d]), (v, stored[:, q_rows + d:])]
-    if row.kind == "fc1":
-        half = shard.shape[0] // 2
-        return [(x[t * half:(t + 1) * half], shard[j * half:(j + 1) * half]) for j, x in enumerate(full)]
-    if row.kind == "grouped_fc1":  # per local expert a [h, 2F/tp] block: (its [gate_r; up_r]).T
-        per_expert = len(full) // _local_experts(row, spec)  # 2 gated, 1 not
-        h = shard.shape[0]
-        blocks = shard.view(_local_experts(row, spec), h, -1)
-        n = blocks.shape[2] // per_expert
-        return [(x[t * n:(t + 1) * n], blocks[k // per_expert, :, (k % per_expert) * n:(k % per_expert + 1) * n].t())
-                for k, x in enumerate(full)]
-    if row.kind == "grouped_fc2":  # per local expert a [F/tp, h] block: its linear_fc2.T
-        blocks = shard.view(len(full), -1, shard.shape[1])
-        n = blocks.shape[1]
-        return [(x[:, t * n:(t + 1) * n], blocks[k].t()) for k, x in enumerate(full)]
-    return [(full[0][shard_box(full[0].shape, index[row.parts[0]].axis, t, tp).slices()], shard)]
-
-
-def _local_experts(row: Row, spec: ModelSpec) -> int:
-    return len({n.split(".experts.")[1].split(".")[0] for n in row.parts})
-
-
-def rank_runs(row: Row, full: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec) -> list[tuple] | None:
-    """(full tensor, start, stop) element ranges of the (contiguous) full canonical tensors, in the order rank
-    `t`'s Megatron tensor stores the same elements: a rank file can be read straight into them
-    (`LazyTorchFile.read_into`).  None for a split on dim 1, whose runs are single rows."""
-    if row.kind in GROUPED:
-        return None  # transposed blocks
-    if row.kind == "qkv":
-        per_rank = spec.kv_groups // tp
-        sizes = [x.numel() // spec.kv_groups for x in full]  # elements per query group in q, k, v
-        return [(x, g * n, (g + 1) * n) for g in range(t * per_rank, (t + 1) * per_rank) for x, n in zip(full, sizes)]
-    if row.kind == "fc1":
-        n = full[0].numel() // tp
-        return [(x, t * n, (t + 1) * n) for x in full]
-    x = full[0]
-    box = shard_box(x.shape, index[row.parts[0]].axis, t, tp)
-    if box.shape[1:] != x.shape[1:]:
-        return None  # split on dim 1: a short run per row
-    n = x[0].numel()
-    return [(x, box.offset[0] * n, (box.offset[0] + box.shape[0]) * n)]
-
-
-def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, index, spec: ModelSpec,
-               memory: BufferPool, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def read_ranks(row: Row, read_into, tp: int, dtype: torch.dtype, memory: BufferPool,
+               out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """The row's full canonical tensors, every TP rank's stored tensor read straight into its place.
 
-    `read_into(t, runs)` fills `runs` (see `rank_runs`) from rank `t`'s file; `out`, when given,
+    `read_into(t, runs)` fills `runs` (see `Transform.runs`) from rank `t`'s file; `out`, when given,
     are the (contiguous) tensors to fill.
     """
-    out = out or [memory.empty(index[n].shape, dtype) for n in row.parts]
+    fused = row.transform
+    out = out or [memory.empty(shape, dtype) for shape in fused.shapes]
     for t in range(tp):
-        runs = rank_runs(row, out, index, tp, t, spec)
+        runs = fused.runs(out, t, tp)
         if runs is None:  # one read into a reused buffer and one strided copy beat a read per row
-            shard = memory.empty(rank_shapes(row, index, tp, t), dtype)
+            shard = memory.empty(fused.rank_shape(t, tp), dtype)
             read_into(t, [(shard, 0, shard.numel())])
-            for full, stored in rank_pieces(row, out, shard, index, tp, t, spec):
+            for full, stored in fused.pieces(out, shard, t, tp):
                 full.copy_(stored)
         else:
             read_into(t, runs)
-    return out
-
-
-def to_rank(row: Row, tensors: list[torch.Tensor], index, tp: int, t: int, spec: ModelSpec,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rank `t`'s Megatron tensor from the row's full canonical tensors: a view when it is one contiguous
-    slice, else built in `out` (of the rank's shape; a caller that writes it at once can reuse it)."""
-    if row.kind not in ("qkv", "fc1", *GROUPED):
-        x = tensors[0]
-        piece = x[shard_box(x.shape, index[row.parts[0]].axis, t, tp).slices()]
-        return piece if piece.is_contiguous() else (piece.contiguous() if out is None else out.copy_(piece))
-    shard = torch.empty(rank_shapes(row, index, tp, t), dtype=tensors[0].dtype) if out is None else out
-    for full, stored in rank_pieces(row, tensors, shard, index, tp, t, spec):
-        stored.copy_(full)
-    return shard
-
-
-def from_ranks(row: Row, shards: list[torch.Tensor], index, spec: ModelSpec) -> list[torch.Tensor]:
-    """The row's full canonical tensors from every TP rank's Megatron tensor, each rank copied straight into place."""
-    tp = len(shards)
-    if tp == 1 and row.kind not in ("qkv", "fc1", *GROUPED):
-        return [shards[0]]
-    out = [torch.empty(index[n].shape, dtype=shards[0].dtype) for n in row.parts]
-    for t, shard in enumerate(shards):
-        for full, stored in rank_pieces(row, out, shard, index, tp, t, spec):
-            full.copy_(stored)
     return out
 
 

@@ -45,7 +45,7 @@ from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, wri
 from . import distrib
 from .optimizer import KINDS, dist_common, dist_common_distributed, dist_hyper, distrib_hyper
 from .training import from_megatron, optimizer_hyper, to_megatron
-from .rows import expand_rows, from_ranks, rank_shapes, to_rank
+from .rows import expand_rows
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
@@ -159,7 +159,7 @@ class Reader:
         self.homogeneous = not any(_LAYER.match(k) for k in model_keys)
         for row in _rows(spec, scheme, moe_norm_apart):
             key, layer = stacked_key(row.key, self.homogeneous)
-            shape = rank_shapes(row, self.index, 1, 0)
+            shape = row.transform.rank_shape()
             expected[key] = global_shape(spec, layer, shape)
             for j, name in enumerate(row.parts):
                 self.row_of[name] = (row, key, layer, j)
@@ -248,9 +248,9 @@ class Reader:
         dp = args.get("data_parallel_size")
         if not isinstance(dp, int) or dp < 1:
             return "the args do not say data_parallel_size, which lays out the buckets"
-        rows = {r.key: r for r in _rows(self.spec, "mcore") if r.kind != "tied"}
+        rows = {r.key: r for r in _rows(self.spec, "mcore") if r.transform.reads_back}
         order = distrib.module_order(list(rows))
-        buffer = distrib.layout([(k, math.prod(rank_shapes(rows[k], self.index, 1, 0))) for k in order], dp,
+        buffer = distrib.layout([(k, math.prod(rows[k].transform.rank_shape())) for k in order], dp,
                                 distrib.bucket_size(args, 0, 0))
         for (_, _, b, kind), key in found.items():
             size = self.ckpt.meta(key)[1]
@@ -273,7 +273,7 @@ class Reader:
         slot, local = self.slots[row.parts]
         theirs = {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
         flat = self.ckpt.read_box(self.buckets[(slot.bucket, theirs)], [slot.start], [slot.numel])
-        return from_ranks(local, [flat.view(rank_shapes(local, self.index, 1, 0))], self.index, self.spec)[j]
+        return local.transform.split(flat.view(local.transform.rank_shape()))[j]
 
     def metas(self) -> list[TensorMeta]:
         out = []
@@ -293,10 +293,10 @@ class Reader:
         row, key, layer, j = self.row_of[base_param_name(name)]
         key = self._key_prefix(name) + key  # optimizer state: the weight's layout under its own key
         if len(row.parts) == 1:  # holds nothing else: no reason to keep it
-            return from_ranks(row, [self._read_stored(key, layer)], self.index, self.spec)[0]
+            return row.transform.split(self._read_stored(key, layer))[0]
         if (key, layer) not in self._cache:  # fused: the row's other tensors are asked for next
             stored = self._read_stored(key, layer)
-            self._cache[(key, layer)] = from_ranks(row, [stored], self.index, self.spec)
+            self._cache[(key, layer)] = row.transform.split(stored)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
                 self._cache.popitem(last=False)
         return self._cache[(key, layer)][j]
@@ -394,7 +394,7 @@ class Writer:
         for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
             for row in self.rows:
                 key, layer = stacked_key(row.key, self.homogeneous)
-                shape = tuple(rank_shapes(row, self.index, 1, 0))
+                shape = tuple(row.transform.rank_shape())
                 self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]], global_shape(spec, layer, shape))
                 lead[_prefix(prefix) + key] = 0 if layer is None else len(layer) if isinstance(layer, tuple) else 1
         self.pending: dict[tuple, dict] = {}
@@ -414,7 +414,7 @@ class Writer:
         if len(got) < len(row.parts):
             return
         del self.pending[(prefix, row.parts)]
-        fused = to_rank(row, [got[n] for n in row.parts], self.index, 1, 0, self.spec)
+        fused = row.transform.fuse([got[n] for n in row.parts])
         key, layer = stacked_key(row.key, self.homogeneous)
         self.out.write(prefix + key, layer, fused)
 

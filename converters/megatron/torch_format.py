@@ -41,7 +41,7 @@ from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_
 from . import distrib
 from .optimizer import KINDS, distrib_hyper, pack, unpack
 from .training import from_megatron, optimizer_hyper, to_megatron
-from .rows import expand_rows, flatten, ignored_why, legacy_key, rank_runs, rank_shapes, read_ranks, to_rank
+from .rows import expand_rows, flatten, ignored_why, legacy_key, read_ranks
 
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # modules whose state dict holds an `_extra_state` entry (layer and local expert numbers as digits)
@@ -76,7 +76,7 @@ class Reader:
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, self.moe_norm_apart)
         self._check_tensors(notes)
-        self.row_of = {n: (r, j) for r in self.rows if r.kind != "tied" for j, n in enumerate(r.parts)}
+        self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
         self.moments: dict[str, dict] = {}  # optim kind -> {(t, p, v): {key: stored tensor}}
         self.moment_files = self.files  # the files the moments are stored in (distrib_optim.pt: their own)
         self.stored_args = stored or {}
@@ -285,14 +285,14 @@ class Reader:
                     continue
                 if not isinstance(value, torch.Tensor):
                     raise InteropError(f"{where}: {key} is not a tensor")
-                want = rank_shapes(row, self.index, self.tp, t)
+                want = row.transform.rank_shape(t, self.tp)
                 if tuple(value.shape) != tuple(want):
                     raise InteropError(f"{where}: {key} has shape {list(value.shape)}, args imply {list(want)}")
                 peer = self.ep_dicts[(0, p, v, e)].get(key)
                 if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
                     raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
                                        "one dtype expected")
-                tied += row.kind == "tied" and e == 0
+                tied += not row.transform.reads_back and e == 0
             for (p2, v2, e2, key), row in expected.items():
                 if (p2, v2, e2) == (p, v, e) and key not in sd:
                     raise InteropError(f"{where}: tensor {key} is missing")
@@ -333,7 +333,7 @@ class Reader:
         for kind in kinds:
             for r in self.rows:
                 for t in range(self.tp):
-                    if r.kind != "tied" and r.key not in found[kind].get((t, r.stage, r.chunk), {}):
+                    if r.transform.reads_back and r.key not in found[kind].get((t, r.stage, r.chunk), {}):
                         return None, (f"optimizer state not converted ({self.files[(t, r.stage)].path}: no {kind} "
                                       f"for {r.key}); weights converted")
         self.moments = {k: found[k] for k in kinds}
@@ -401,7 +401,7 @@ class Reader:
 
     def _replicated(self, row) -> bool:
         """Every TP rank holds the whole tensor (norms, biases of row-parallel layers): rank 0's is read."""
-        return row.kind == "copy" and self.index[row.parts[0]].axis is None
+        return row.transform.replicated
 
     def _on_ep_rank(self, dicts: dict, files: dict, row) -> tuple[dict, dict]:
         """`dicts` / `files` keyed (t, p, v) / (t, p) as seen from the EP rank holding `row` (a routed expert's)."""
@@ -425,7 +425,7 @@ class Reader:
             tensor = files[(0, row.stage)].read(stored[0])
             return [tensor if out is None else out[0].copy_(tensor)]
         read_into = lambda t, runs: files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
-        return read_ranks(row, read_into, self.tp, stored[0].dtype, self.index, self.spec, self.memory, out)
+        return read_ranks(row, read_into, self.tp, stored[0].dtype, self.memory, out)
 
     def read(self, name: str) -> torch.Tensor:
         dicts, base, files = self._stored(name)
@@ -454,8 +454,7 @@ class Reader:
         full = [torch.empty(self.index[n].shape, dtype=stored[0].dtype, device="meta") for n in row.parts]
         pieces = []  # (first element, path, file offset, bytes) of the runs that belong to `name`
         for t in ranks:
-            runs = [(full[0], 0, full[0].numel())] if replicated else rank_runs(row, full, self.index, self.tp, t,
-                                                                                 self.spec)
+            runs = [(full[0], 0, full[0].numel())] if replicated else row.transform.runs(full, t, self.tp)
             if runs is None:
                 return None
             x, item = stored[t], stored[t].element_size()
@@ -506,8 +505,8 @@ class Writer:
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
         self.index = param_index(spec)
         self.rows = expand_rows("mcore", spec, layout)
-        self.row_of = {n: r for r in self.rows if r.kind != "tied" for n in r.parts}
-        self.tied_rows = [r for r in self.rows if r.kind == "tied"]
+        self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
+        self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = args_losses(spec)
@@ -541,8 +540,9 @@ class Writer:
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
         for t in range(self.layout.tp):
-            piece = to_rank(row, parts, self.index, self.layout.tp, t, self.spec,
-                            out=self.memory.empty(rank_shapes(row, self.index, self.layout.tp, t), parts[0].dtype))
+            fused = row.transform
+            piece = fused.to_rank(parts, t, self.layout.tp,
+                                  out=self.memory.empty(fused.rank_shape(t, self.layout.tp), parts[0].dtype))
             for r in [row] + (self.tied_rows if base == "embed.word.weight" else []):
                 for e in (range(self.layout.ep) if r.ep is None else [r.ep]):  # every EP rank: a copy
                     self.refs[(kind, t, r.stage, r.chunk, e, r.key)] = self.files[(t, r.stage, e)].add(piece)

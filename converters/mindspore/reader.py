@@ -18,11 +18,10 @@ from ...layout import ParallelLayout
 from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, MEGATRON_TIED_HEAD,
                                          MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
 from ...params import param_index, param_table
-from ...shards import shard_box
 from ...spec import ModelSpec
 from ...tensors import Source, TensorMeta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
-from .rows import converter_names, ms_rows, native_axis, unfuse
+from .rows import converter_names, ms_rows
 from .scalars import is_scalar_tag, scalars_to_state
 
 FORMAT = "mindspore"
@@ -209,13 +208,13 @@ class Reader:
 
     def _tp_from_shapes(self, spec: ModelSpec, f: CkptFile) -> int:
         index = param_index(spec)
-        for name, kind, parts in self.rows:
+        for name, transform, parts in self.rows:
             param = index[parts[0]]
             if param.axis is None or param.layer is None or name not in f:
                 continue
-            full = self._local_shape(kind, parts, 1, index)
+            full = transform.rank_shape()
             local = f.meta(name)[1]
-            axis = native_axis(kind, param.axis)
+            axis = transform.native_axis
             if len(local) != len(full) or not local[axis] or full[axis] % local[axis]:
                 raise InteropError(f"{f.path}: {name} has shape {list(local)}, which no tp splits from {list(full)}")
             return full[axis] // local[axis]
@@ -231,20 +230,14 @@ class Reader:
             out[name] = alias[name] if name not in f and alias.get(name) in f else name
         return out
 
-    def _local_shape(self, kind: str, parts: list[str], tp: int, index=None) -> tuple[int, ...]:
-        index = index or self.index
-        shapes = [shard_box(index[p].shape, index[p].axis, 0, tp).shape for p in parts]
-        shape = (sum(s[0] for s in shapes),) + shapes[0][1:]
-        return tuple(reversed(shape)) if kind == "t" else shape
-
     def _check(self, notes: list[str]) -> dict[str, torch.Tensor]:
         """Every expected tensor present with its shard's shape, the optimizer's moments all or none;
         returns the training-state scalars (read from the first file); anything else is an error or noted."""
         expected: dict[tuple[int, int], dict[str, tuple]] = {key: {} for key in self.files}
         optional: dict[tuple[int, int], set] = {key: set() for key in self.files}
-        for name, kind, parts in self.rows:
+        for name, transform, parts in self.rows:
             stage = self.layout.stage_of(self.index[parts[0]])
-            shape = self._local_shape(kind, parts, self.layout.tp)
+            shape = transform.rank_shape(0, self.layout.tp)
             for t in range(self.layout.tp):
                 expected[(t, stage)][self.tag_of[name]] = shape
         copies = {}  # convert_pt2ckpt.py's name -> the model's, where a file may hold both
@@ -352,24 +345,17 @@ class Reader:
         for prefix, nat in self.prefixes.items():
             if name.startswith(prefix):
                 native, canonical = nat, name[len(prefix):]
-        ms_name, kind, parts = self.row_of[canonical]
+        ms_name, transform, parts = self.row_of[canonical]
         tag = native + self.tag_of[ms_name]
         if self._cached[0] != tag:  # q, k and v come from one fused tensor: read it once
-            self._cached = (tag, self._gather(tag, kind, parts))
+            self._cached = (tag, self._gather(tag, transform, parts))
         return self._cached[1][parts.index(canonical)]
 
-    def _gather(self, tag: str, kind: str, parts: list[str]) -> list[torch.Tensor]:
-        tp = self.layout.tp
-        first = self.index[parts[0]]
-        stage = self.layout.stage_of(first)
-        sizes = [shard_box(self.index[p].shape, self.index[p].axis, 0, tp).shape[0] for p in parts]
-        heads, groups = self.spec.heads // tp, self.spec.kv_groups // tp
-        ranks = range(tp) if first.axis is not None else [0]
-        per_rank = [unfuse(kind, self.files[(t, stage)].read(tag), sizes, groups, heads, self.spec.head_dim)
-                    for t in ranks]
-        if len(per_rank) == 1:
-            return per_rank[0]
-        return [torch.cat([r[i] for r in per_rank], dim=first.axis) for i in range(len(parts))]
+    def _gather(self, tag: str, transform, parts: list[str]) -> list[torch.Tensor]:
+        """The row's canonical tensors from every TP rank's stored tensor (rank 0's when replicated)."""
+        stage = self.layout.stage_of(self.index[parts[0]])
+        ranks = [0] if transform.replicated else range(self.layout.tp)
+        return transform.from_ranks([self.files[(t, stage)].read(tag) for t in ranks])
 
     def close(self) -> None:
         self._cached = (None, None)

@@ -1,14 +1,15 @@
-"""One model's MindSpore tensors: each name, how it is fused, and its canonical parts (from the tables)."""
+"""One model's MindSpore tensors: each name, its transform (bound to the row), and its canonical parts.
+
+What a TP rank stores, and how the parts are fused, is the transform's (`interop.transforms`).
+"""
 from __future__ import annotations
 
-import torch
-
 from ...errors import InteropError
-from ...fused import deinterleave_rows, fuse_qkv_grouped, interleave_rows, split_qkv_grouped
 from ...mappings.mindspore_names import (MINDSPEED_LAYERNORM_NORMS, MINDSPEED_LAYERNORM_PARAMS,
-                                         MINDSPEED_MODEL_RENAMES, QKV_LAYOUTS, QKV_PLAIN_KINDS, TABLES)
+                                         MINDSPEED_MODEL_RENAMES, PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
 from ...params import param_index
 from ...spec import ModelSpec
+from ...transforms import Transform
 
 
 def _model_name(name: str, spec: ModelSpec) -> str:
@@ -21,8 +22,8 @@ def _model_name(name: str, spec: ModelSpec) -> str:
 
 
 def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout: str = "grouped",
-            qkv_bias_layout: str | None = None) -> list[tuple[str, str, list[str]]]:
-    """The dialect's name table expanded for this model: (MindSpore name, kind, canonical parts).
+            qkv_bias_layout: str | None = None) -> list[tuple[str, Transform, list[str]]]:
+    """The dialect's name table expanded for this model: (MindSpore name, bound transform, canonical parts).
 
     `qkv_layout` / `qkv_bias_layout` (MindFormers qkv_concat only): "plain" stores the fused tensor as
     [q; k; v] / [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights
@@ -37,14 +38,15 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
             raise InteropError(f"--qkv-layout must be one of {', '.join(QKV_LAYOUTS)}, got {layout!r}")
     present = param_index(spec)
     rows, taken = [], set()
-    for ms_name, kind, parts in TABLES[key]:
+    for ms_name, transform, parts in TABLES[key]:
         layout = (qkv_bias_layout or qkv_layout) if ms_name.endswith(".bias") else qkv_layout
         if dialect == "mindformers" and layout == "plain":
-            kind = QKV_PLAIN_KINDS.get(kind, kind)
+            transform = PLAIN_LAYOUT.get(transform, transform)
         for i in (range(spec.num_layers) if "{i}" in ms_name else [None]):
             name, names = ms_name.format(i=i), [p.format(i=i) for p in parts]
             if name not in taken and all(n in present for n in names):
-                rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, kind, names))
+                bound = transform.bind(spec, [present[n] for n in names])
+                rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, bound, names))
                 taken.add(name)
     held = {name for _, _, names in rows for name in names}
     homeless = [name for name in present if name not in held]
@@ -59,40 +61,10 @@ def converter_names(rows, spec: ModelSpec, dialect: str) -> dict[str, str]:
         return {}
     present = {name for name, _, _ in rows}
     out = {}
-    for name, kind, parts in TABLES[(dialect, spec.arch, False)]:
+    for name, _, _ in TABLES[(dialect, spec.arch, False)]:
         for i in (range(spec.num_layers) if "{i}" in name else [None]):
             plain = name.format(i=i)
             model = _model_name(plain, spec)
             if model != plain and model in present:
                 out[model] = plain
     return out
-
-
-def fuse(kind: str, parts: list[torch.Tensor], groups: int) -> torch.Tensor:
-    """One MindSpore tensor (or one TP rank's shard of it) from its canonical parts (or their shards)."""
-    if kind == "qkv":
-        return fuse_qkv_grouped(*parts, groups)
-    if kind == "interleave":
-        return interleave_rows(*parts)
-    if kind == "t":
-        return parts[0].t().contiguous()
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # copy, gate_up
-
-
-def unfuse(kind: str, tensor: torch.Tensor, sizes: list[int], groups: int, heads: int, head_dim: int):
-    """Inverse of `fuse`: the canonical parts (rows `sizes`) of one tensor or shard."""
-    if kind == "qkv":
-        return list(split_qkv_grouped(tensor, groups, heads, head_dim))
-    if kind == "interleave":
-        return list(deinterleave_rows(tensor))
-    if kind == "t":
-        return [tensor.t().contiguous()]
-    if len(sizes) == 1:
-        return [tensor]
-    return [p.contiguous() for p in torch.split(tensor, sizes, dim=0)]
-
-
-def native_axis(kind: str, axis: int | None) -> int | None:
-    """The axis a canonical split axis becomes in the stored tensor (transposed kinds swap it)."""
-    return None if axis is None else (1 - axis if kind == "t" else axis)
-

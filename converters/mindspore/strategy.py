@@ -4,7 +4,6 @@ from __future__ import annotations
 from ...layout import ParallelLayout
 from ...params import param_index
 from ...spec import ModelSpec
-from .rows import native_axis
 
 
 def stage_strategy(spec: ModelSpec, layout: ParallelLayout, rows, stage: int) -> dict:
@@ -14,12 +13,12 @@ def stage_strategy(spec: ModelSpec, layout: ParallelLayout, rows, stage: int) ->
     """
     index = param_index(spec)
     items = {}
-    for name, kind, parts in rows:
+    for name, transform, parts in rows:
         param = index[parts[0]]
         if layout.stage_of(param) != stage:
             continue
         ndim = len(param.shape)
-        axis = native_axis(kind, param.axis)
+        axis = transform.native_axis
         tensor_map = [0 if (d == axis and layout.tp > 1) else -1 for d in range(ndim)]
         items[name] = {"field": 0, "opt_weight_shard_size": 0, "opt_weight_shard_step": 0,
                        "dev_matrix": [layout.tp], "tensor_map": tensor_map, "param_split_shape": [],

@@ -11,11 +11,10 @@ from ...io.ms_ckpt import CkptWriter
 from ...layout import ParallelLayout
 from ...mappings.mindspore_names import DIALECTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES
 from ...params import param_index
-from ...shards import shard_box
 from ...spec import ModelSpec
 from ...tensors import TensorMeta
 from .files import SIDECAR, mindformers_file, mindspeed_file
-from .rows import converter_names, fuse, ms_rows
+from .rows import converter_names, ms_rows
 from .scalars import state_to_scalars
 from .strategy import stage_strategy
 
@@ -111,28 +110,27 @@ class Writer:
         elif self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
             return  # the master copy stands for it
         native_prefix, canonical = self._split(name)
-        ms_name, kind, parts = self.row_of[canonical]
+        ms_name, transform, parts = self.row_of[canonical]
         got = self.pending.setdefault(native_prefix + ms_name, {})
         got[canonical] = tensor
         if len(got) < len(parts):
             return
         del self.pending[native_prefix + ms_name]
-        self._emit(native_prefix + ms_name, kind, [got[p] for p in parts])
+        self._emit(native_prefix + ms_name, transform, [got[p] for p in parts])
         if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
                 and self.spec.tied_embeddings and self.layout.pp > 1):
             # the last stage's output_layer is the tied embedding's copy (its moments too); Megatron's name
             # for it as well, which convert_pt2ckpt.py passes through and convert_ckpt2pt.py reads back
             for head in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD):
-                self._emit(native_prefix + head, kind, [got[canonical]], stage=self.layout.pp - 1)
+                self._emit(native_prefix + head, transform, [got[canonical]], stage=self.layout.pp - 1)
 
-    def _emit(self, ms_name: str, kind: str, parts: list[torch.Tensor], stage: int | None = None) -> None:
-        """Cut the parts into TP shards, fuse each rank's shards, append them to the stage's files."""
+    def _emit(self, ms_name: str, transform, parts: list[torch.Tensor], stage: int | None = None) -> None:
+        """Each TP rank's stored tensor (the transform's), appended to the stage's files."""
         first = self.index[self._canonical_of(ms_name)]
         stage = self.layout.stage_of(first) if stage is None else stage
         tp = self.layout.tp
         for t in range(tp):
-            shards = [part[shard_box(tuple(part.shape), first.axis, t, tp).slices()] for part in parts]
-            fused = fuse(kind, shards, self.spec.kv_groups // tp)
+            fused = transform.to_rank(parts, t, tp)
             self.files[(t, stage)].write(ms_name, fused)
             native, base = self._native_split(ms_name)
             if base in self.copies:

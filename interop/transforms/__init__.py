@@ -1,0 +1,15 @@
+"""Transforms: how a format stores canonical tensors (fused, transposed, interleaved), as objects.
+
+Each class owns both directions (canonical parts -> stored tensor -> parts), what tensor-parallel
+rank t stores, and how the split axis maps; its docstring draws the layout.  Name tables in
+`mappings/` name the classes; converters bind one per row (`cls.bind(spec, params)`) and call it.
+"""
+from .base import Transform
+from .concat import GatedMLP, PlainConcat
+from .copy import Copy, Tied
+from .experts import GroupedExperts
+from .grouped_qkv import GroupedQKV
+from .interleave import Interleave
+from .transpose import Transpose
+
+__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "GroupedExperts"]

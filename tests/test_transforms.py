@@ -1,0 +1,187 @@
+"""Each transform on its own: both directions invert exactly, TP rank t stores the fusion of each part's
+rank-t shard (the frameworks' rule) at tp 1, 2 and 4, and hand-written layouts pin the element order.
+
+Layout sources: Megatron grouped QKV, megatron/core/transformer/attention.py
+(SelfAttention.get_query_key_value_tensors: view [groups, (heads/groups + 2) * head_dim]); swiglu fc1,
+megatron/core/transformer/mlp.py (`glu`: torch.chunk(x, 2, dim=-1) on each rank's output);
+MindFormers r1.5+ w_qkv / w_gate_hidden, mindformers/models/utils/convert_utils.py (qkv_concat_hf2mg,
+ffn_concat_hf2mg); MindFormers r1.3 w_qkv = np.concatenate([q, k, v]) (mindformers/models/llama/convert_weight.py);
+HF GPT2 Conv1D stores [in, out] (transformers/pytorch_utils.py Conv1D: x @ weight).
+"""
+import pytest
+import torch
+
+from interop.params import param_index
+from interop.shards import shard_box
+from interop.spec import ModelSpec
+from interop.transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Tied, Transpose
+
+
+def _parts(shapes):
+    """Distinct values everywhere, so any misplaced element shows."""
+    out, at = [], 0
+    for s in shapes:
+        n = torch.Size(s).numel()
+        out.append(torch.arange(at, at + n, dtype=torch.float32).view(s))
+        at += n
+    return out
+
+
+def _rule(transform, parts, t, tp):
+    """The frameworks' rule for what rank t stores: the fusion of each part's rank-t shard, built with
+    a fresh transform at the shard shapes (tp 1), never with the split under test."""
+    shards = [x[shard_box(tuple(x.shape), transform.axis, t, tp).slices()].contiguous() for x in parts]
+    shard_shapes = [tuple(s.shape) for s in shards]
+    kwargs = {"groups": transform.groups // tp} if isinstance(transform, GroupedQKV) else {}
+    return type(transform)(shard_shapes, transform.axis, **kwargs).fuse(shards)
+
+
+CASES = {
+    "copy column": lambda: Copy([(8, 6)], 0),
+    "copy row": lambda: Copy([(6, 8)], 1),
+    "copy replicated": lambda: Copy([(6,)], None),
+    "tied": lambda: Tied([(8, 6)], 0),
+    "transpose row": lambda: Transpose([(6, 8)], 1),
+    "transpose column": lambda: Transpose([(8, 6)], 0),
+    "transpose joined": lambda: Transpose([(8, 6), (4, 6), (4, 6)], 0),
+    "plain concat": lambda: PlainConcat([(8, 6), (4, 6), (4, 6)], 0),
+    "plain concat bias": lambda: PlainConcat([(8,), (4,), (4,)], 0),
+    "gated mlp": lambda: GatedMLP([(8, 6), (8, 6)], 0),
+    "grouped qkv": lambda: GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4),
+    "grouped qkv bias": lambda: GroupedQKV([(16,), (8,), (8,)], 0, groups=4),
+    "interleave": lambda: Interleave([(8, 6), (8, 6)], 0),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_both_directions_invert_exactly(case):
+    transform = CASES[case]()
+    parts = _parts(transform.shapes)
+    stored = transform.fuse(parts)
+    assert tuple(stored.shape) == transform.rank_shape()
+    back = transform.split(stored.clone())
+    assert len(back) == len(parts)
+    for got, want in zip(back, parts):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("case", CASES)
+def test_rank_t_stores_the_fusion_of_its_shards(case, tp):
+    transform = CASES[case]()
+    parts = _parts(transform.shapes)
+    shards = []
+    for t in range(tp):
+        want = _rule(transform, parts, t, tp)
+        got = transform.to_rank(parts, t, tp)
+        assert tuple(got.shape) == transform.rank_shape(t, tp) == tuple(want.shape)
+        assert torch.equal(got, want), (case, t, tp)
+        built = torch.full(transform.rank_shape(t, tp), -1.0)
+        assert torch.equal(transform.to_rank(parts, t, tp, out=built), want)
+        shards.append(got.clone())
+    back = transform.from_ranks(shards)
+    assert all(torch.equal(g, w) for g, w in zip(back, parts))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("case", CASES)
+def test_runs_read_a_rank_file_straight_into_the_parts(case, tp):
+    """`runs` lists element ranges of the parts in the order rank t stores them: reading rank t's
+    stored bytes into them one after another rebuilds the parts (the Megatron reader's fast path)."""
+    transform = CASES[case]()
+    parts = _parts(transform.shapes)
+    out = [torch.full_like(x, -1.0) for x in parts]
+    for t in range(tp):
+        runs = transform.runs(out, t, tp)
+        if runs is None:
+            assert isinstance(transform, (Transpose, Interleave)) or transform.axis == 1
+            return
+        stored = transform.to_rank(parts, t, tp).reshape(-1)
+        at = 0
+        for target, start, stop in runs:
+            target.view(-1)[start:stop] = stored[at:at + stop - start]
+            at += stop - start
+        assert at == stored.numel()
+    assert all(torch.equal(g, w) for g, w in zip(out, parts))
+
+
+def _blocks(stored, rows):
+    """A stored tensor's first column as the labels of its blocks of `rows` rows."""
+    return [int(stored[i, 0]) // 100 for i in range(0, stored.shape[0], rows)]
+
+
+def test_grouped_qkv_pins_megatrons_order():
+    """heads 4, groups 2, head_dim 2: stored [q0 q1 k0 v0 | q2 q3 k1 v1]; tp 2 cuts it between groups."""
+    d, h = 2, 3
+    head = lambda label: torch.full((d, h), float(label * 100))  # noqa: E731
+    q = torch.cat([head(10 + i) for i in range(4)])  # q heads 0..3 labelled 10..13
+    k = torch.cat([head(20 + i) for i in range(2)])  # k heads 20, 21
+    v = torch.cat([head(30 + i) for i in range(2)])  # v heads 30, 31
+    qkv = GroupedQKV([q.shape, k.shape, v.shape], 0, groups=2)
+    assert _blocks(qkv.fuse([q, k, v]), d) == [10, 11, 20, 30, 12, 13, 21, 31]
+    assert _blocks(qkv.to_rank([q, k, v], 0, 2), d) == [10, 11, 20, 30]
+    assert _blocks(qkv.to_rank([q, k, v], 1, 2), d) == [12, 13, 21, 31]
+    bias = GroupedQKV([(8,), (4,), (4,)], 0, groups=2)
+    qb, kb, vb = torch.arange(8.0), torch.arange(100, 104.0), torch.arange(200, 204.0)
+    assert bias.fuse([qb, kb, vb]).tolist() == [0, 1, 2, 3, 100, 101, 200, 201, 4, 5, 6, 7, 102, 103, 202, 203]
+
+
+def test_grouped_qkv_binds_groups_from_the_spec():
+    spec = ModelSpec(arch="llama", num_layers=1, hidden=8, ffn_hidden=16, heads=4, kv_groups=2, head_dim=2,
+                     vocab=16, padded_vocab=16, max_positions=8, norm="rmsnorm", norm_eps=1e-5,
+                     activation="swiglu", position="rope")
+    index = param_index(spec)
+    qkv = GroupedQKV.bind(spec, [index[f"layers.0.attn.{x}.weight"] for x in "qkv"])
+    assert qkv.groups == 2 and qkv.shapes == [(8, 8), (4, 8), (4, 8)] and qkv.rank_shape(1, 2) == (8, 8)
+
+
+def test_gated_mlp_at_tp_2_holds_gate_then_up_per_rank():
+    gate, up = torch.arange(4.0).view(4, 1), torch.arange(10, 14.0).view(4, 1)
+    fc1 = GatedMLP([(4, 1), (4, 1)], 0)
+    assert fc1.fuse([gate, up]).flatten().tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert fc1.to_rank([gate, up], 0, 2).flatten().tolist() == [0, 1, 10, 11]
+    assert fc1.to_rank([gate, up], 1, 2).flatten().tolist() == [2, 3, 12, 13]
+
+
+def test_plain_concat_joins_whole_parts():
+    q, k, v = torch.arange(4.0), torch.arange(10, 12.0), torch.arange(20, 22.0)
+    plain = PlainConcat([(4,), (2,), (2,)], 0)
+    assert plain.fuse([q, k, v]).tolist() == [0, 1, 2, 3, 10, 11, 20, 21]
+    assert plain.to_rank([q, k, v], 1, 2).tolist() == [2, 3, 11, 21]
+
+
+def test_interleave_alternates_rows():
+    gate, up = torch.arange(4.0).view(4, 1), torch.arange(10, 14.0).view(4, 1)
+    inter = Interleave([(4, 1), (4, 1)], 0)
+    assert inter.fuse([gate, up]).flatten().tolist() == [0, 10, 1, 11, 2, 12, 3, 13]
+    assert inter.to_rank([gate, up], 1, 2).flatten().tolist() == [2, 12, 3, 13]
+
+
+def test_transpose_swaps_axes():
+    o = torch.arange(6.0).view(2, 3)  # canonical [out, in], row-parallel: TP cuts axis 1
+    t = Transpose([(2, 3)], 1)
+    assert torch.equal(t.fuse([o]), o.t()) and t.native_axis == 0 and t.rank_shape(0, 3) == (1, 2)
+    assert Copy([(2, 3)], 1).native_axis == 1 and Copy([(3,)], None).native_axis is None
+    joined = Transpose([(2, 3), (1, 3)], 0)
+    k = torch.arange(10, 13.0).view(1, 3)
+    assert torch.equal(joined.fuse([o, k]), torch.cat([o, k]).t())
+
+
+def test_tied_is_a_copy_never_read_back():
+    assert not Tied([(4, 2)], 0).reads_back and Copy([(4, 2)], 0).reads_back
+
+
+def test_a_view_stays_a_view():
+    """A rank's slice that is contiguous in the canonical tensor is handed out without a copy."""
+    x = torch.arange(8.0).view(4, 2)
+    assert Copy([(4, 2)], 0).to_rank([x], 1, 2).data_ptr() == x[2:].data_ptr()
+    assert Copy([(4, 2)], 0).split(x)[0] is x
+
+
+def test_shapes_that_do_not_fit_are_refused():
+    with pytest.raises(ValueError):
+        GroupedQKV([(6, 2), (4, 2), (4, 2)], 0, groups=4)
+    with pytest.raises(ValueError):
+        GatedMLP([(4, 2)], 0)
+    with pytest.raises(ValueError):
+        Copy([(4, 2), (4, 2)], 0)
