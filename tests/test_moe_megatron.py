@@ -237,3 +237,32 @@ def test_moe_args_round_trip_through_the_spec(tmp_path):
     with pytest.raises(InteropError, match="moe_router_topk_scaling_factor"):
         spec_from_args(dict(full, moe_router_topk_scaling_factor=2.5), "test", "float32")
     assert isinstance(argparse.Namespace(**args), argparse.Namespace)
+
+
+def test_grouped_experts_transform_at_expert_tensor_parallel_2():
+    """The legacy GroupedMLP at tp 2: rank t's weight1.view(E_l, h, -1)[j] is [gate_j,t; up_j,t].T and
+    weight2.view(E_l, -1, h)[j] is down_j's rank-t columns, transposed (experts.py GroupedMLP's views)."""
+    from interop.params import param_index
+    from interop.transforms import GroupedExperts
+
+    spec = ModelSpec(**MIXTRAL)
+    index = param_index(spec)
+    fc1 = [index[f"layers.0.mlp.experts.{e}.{w}.weight"] for e in (2, 3) for w in ("gate", "up")]
+    fc2 = [index[f"layers.0.mlp.experts.{e}.down.weight"] for e in (2, 3)]
+    torch.manual_seed(0)
+    for params in (fc1, fc2):
+        transform = GroupedExperts.bind(spec, params)
+        parts = [torch.randn(p.shape) for p in params]
+        ranks = [transform.to_rank(parts, t, 2) for t in range(2)]
+        f, h = spec.moe_ffn_hidden // 2, spec.hidden
+        for t, stored in enumerate(ranks):
+            for j in range(2):
+                if params is fc1:
+                    assert stored.shape == (h, 2 * 2 * f)
+                    want = torch.cat([parts[2 * j][t * f:(t + 1) * f], parts[2 * j + 1][t * f:(t + 1) * f]]).t()
+                    assert torch.equal(stored.view(2, h, -1)[j], want)
+                else:
+                    assert stored.shape == (2 * f, h)
+                    assert torch.equal(stored.view(2, -1, h)[j], parts[j][:, t * f:(t + 1) * f].t())
+        back = transform.from_ranks(ranks)
+        assert all(torch.equal(a, b) for a, b in zip(back, parts))

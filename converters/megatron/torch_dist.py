@@ -386,6 +386,10 @@ class Writer:
         self.rows = _rows(spec, "mcore_te")
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
+        if spec.is_moe and any(m.name.startswith(OPTIM_PREFIXES) for m in metas):
+            self.notes.append("the experts' optimizer state is written in their weights' layout (the global expert "
+                              "axis), as megatron-core shards optimizer state like its parameter; not checked against "
+                              "megatron-core's MoE optimizer loading")
         dtype_of = {m.name: m.dtype for m in metas}
         self.kinds = [k for k in KINDS if any(m.name.startswith(f"optim.{k}.") for m in metas)]
         self.planned: dict[str, tuple[torch.dtype, tuple]] = {}
