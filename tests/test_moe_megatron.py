@@ -266,3 +266,14 @@ def test_grouped_experts_transform_at_expert_tensor_parallel_2():
                     assert torch.equal(stored.view(2, -1, h)[j], parts[j][:, t * f:(t + 1) * f].t())
         back = transform.from_ranks(ranks)
         assert all(torch.equal(a, b) for a, b in zip(back, parts))
+
+
+def test_expert_tensor_parallelism_other_than_tp_is_refused_in_the_torch_format(tmp_path):
+    spec = ModelSpec(**MIXTRAL)
+    _write(tmp_path / "src", spec, ParallelLayout.build(2, tp=2, ep=2), "torch")
+    for path in (tmp_path / "src" / "iter_0000005").glob("*/model_optim_rng.pt"):
+        state = torch.load(path, weights_only=False)
+        state["args"].expert_tensor_parallel_size = 1
+        torch.save(state, path)
+    with pytest.raises(InteropError, match="expert_tensor_parallel_size=1 differs from tensor_model_parallel_size=2"):
+        meg.Reader(tmp_path / "src")

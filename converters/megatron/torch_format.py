@@ -72,6 +72,12 @@ class Reader:
         self.scheme = self._scheme()
         spec = self._spec(full, stored, notes)
         self.layout = self._layout(spec, full)
+        etp = (stored or {}).get("expert_tensor_parallel_size")
+        if spec.is_moe and etp not in (None, self.tp):
+            # megatron-core then cuts experts over other ranks than the folders' tp index: not mapped here
+            raise InteropError(f"{self.files[(0, 0)].path}: expert_tensor_parallel_size={etp} differs from "
+                               f"tensor_model_parallel_size={self.tp}; only experts split like the dense layers "
+                               "(the default, ETP = TP) are read from the torch format (torch_dist: any)")
         self.spec = spec
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, self.moe_norm_apart)
