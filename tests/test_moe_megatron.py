@@ -187,8 +187,10 @@ def test_two_part_folder_names_are_pp_or_ep_as_the_args_say(tmp_path):
     assert all(torch.equal(got[n], t) for n, t in tensors.items() if not n.startswith(("embed", "lm_head")))
 
 
-def test_te_grouped_names_read_like_sequential(tmp_path):
-    """TEGroupedMLP's torch-format keys (`linear_fc1.weight<j>`, local j) hold what SequentialMLP's
+def test_te_spec_with_te_grouped_experts_reads_like_sequential(tmp_path):
+    """A Transformer-Engine-spec MoE checkpoint (what Megatron-LM's convert.py writes for MoE, MEGATRON-LAYOUTS.md
+    s.4 and s.6.2): the input norm fused into `linear_qkv.layer_norm_weight`, a MoE layer's `pre_mlp_layernorm`
+    apart, and TEGroupedMLP's keys (`linear_fc1.weight<j>`, local j) holding what SequentialMLP's
     `local_experts.<j>.linear_fc1.weight` hold (transformer_engine.py TEGroupedLinear, sharded dict interchangeable)."""
     spec = ModelSpec(**MIXTRAL)
     tensors = _write(tmp_path / "seq", spec, ParallelLayout.build(2, ep=2), "torch")
@@ -203,12 +205,14 @@ def test_te_grouped_names_read_like_sequential(tmp_path):
                 key = f"{head}.{fc}.{'weight' + j if leaf == 'weight' else leaf}"
                 if leaf == "_extra_state":
                     continue
+            key = key.replace(".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight")
             renamed[key] = value
         state["model"] = renamed
         torch.save(state, path)
     got, source = read_all(tmp_path / "te")
-    assert any("TEGroupedMLP" in n for n in source.notes)
-    assert all(torch.equal(got[n], t) for n, t in tensors.items() if ".experts." in n)
+    assert any("TEGroupedMLP" in n for n in source.notes) and source.state["megatron"]["scheme"] == "mcore_te"
+    assert got.keys() == tensors.keys()
+    assert all(torch.equal(got[n][:t.shape[0]], t) for n, t in tensors.items())
 
 
 def test_bad_expert_parallelism_is_one_line(tmp_path):
