@@ -3,13 +3,16 @@
 On disk (the `torch` format):
 
     save/latest_checkpointed_iteration.txt        an iteration number or `release`
-    save/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.pt
+    save/iter_0000100/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt   (_PPP when pp > 1, _EEE when ep > 1)
 
-Each rank file is a pickle of one (tp, pp) rank's state: `args`, `iteration`,
+Each rank file is a pickle of one (tp, pp[, ep]) rank's state: `args`, `iteration`,
 `checkpoint_version`, `model` (or `model0..N-1`, one per virtual pipeline chunk,
 layer numbers local to the chunk), `optimizer`, `opt_param_scheduler`, `rng_state`.
 Names follow megatron-core (with or without Transformer Engine's fused norms) or the
-legacy model (older spellings included): `interop.mappings.megatron_names`.  
+legacy model (older spellings included): `interop.mappings.megatron_names`.  With expert parallelism
+every EP rank's file holds the same non-expert tensors and its own routed experts, numbered locally
+(`local_experts.<j>`, j = e - ep_rank * E / EP); a two-part folder name is the pp or the ep rank as the
+args say (MEGATRON-LAYOUTS.md s.1).  
 
 Rank files are unpickled safely (`interop.io.safe_pickle`) with tensors left on
 disk (`interop.io.torch_file`): a read costs the tensor's bytes, not the file's.
