@@ -126,6 +126,8 @@ class Reader:
             raise InteropError(f"{self.dir}: rank folder names mix {sorted(parts)} numbers ({', '.join(sorted(matches)[:3])})")
         parts = parts.pop()
         ep = int(stored.get("expert_model_parallel_size") or 1) if stored.get("num_experts") else 1
+        if not stored and parts == 3:  # no args: a three-part name is unambiguous
+            ep = max(int(m.group(3)) for m in matches.values()) + 1
         pp = stored.get("pipeline_model_parallel_size")
         if pp is None:  # no args: the names say (a two-part name taken as the pp rank, as before ep existed)
             pp = max(int(m.group(2) or 0) for m in matches.values()) + 1 if parts >= 2 else 1
