@@ -281,3 +281,19 @@ def test_expert_tensor_parallelism_other_than_tp_is_refused_in_the_torch_format(
         torch.save(state, path)
     with pytest.raises(InteropError, match="expert_tensor_parallel_size=1 differs from tensor_model_parallel_size=2"):
         meg.Reader(tmp_path / "src")
+
+
+def test_grouped_gemm_sources_are_written_as_sequential_experts_with_a_note(ref, tmp_path):
+    """The legacy GroupedMLP source (args moe_grouped_gemm=True): the torch format gets SequentialMLP keys and
+    args that build SequentialMLP (said in a note); torch_dist keeps the flag (its layout serves both)."""
+    root, _ = ref
+    summary = convert(root / "grouped" / "mixtral", tmp_path / "torch", dst_format="megatron", ep=2)
+    assert any("written as SequentialMLP" in n for n in summary.notes)
+    state = torch.load(tmp_path / "torch" / "iter_0000001" / "mp_rank_00_001" / "model_optim_rng.pt", weights_only=False)
+    assert state["args"].moe_grouped_gemm is False
+    assert "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight" in state["model"]
+    convert(root / "grouped" / "mixtral", tmp_path / "dist", dst_format="megatron", format="torch_dist")
+    dist_t, source = read_all(tmp_path / "dist")
+    grouped_t, _ = read_all(root / "grouped" / "mixtral")
+    assert source.state["megatron"]["args"]["moe_grouped_gemm"] is True
+    assert all(torch.equal(dist_t[n], t) for n, t in grouped_t.items())

@@ -207,8 +207,6 @@ def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
         "moe_router_enable_expert_bias": spec.moe_router_bias, "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
         "moe_shared_expert_intermediate_size": spec.shared_expert_ffn_hidden,
         "moe_shared_expert_gate": spec.shared_expert_gate,
-        # interop writes SequentialMLP names (local_experts.N): the run must not build GroupedMLP
-        "moe_grouped_gemm": False, "moe_use_legacy_grouped_gemm": False,
         "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.tp,
         # Megatron-LM's arguments.py: MoE with tensor parallelism requires sequence parallelism
         **({"sequence_parallel": True} if layout.tp > 1 else {}),

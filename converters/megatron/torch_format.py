@@ -585,6 +585,12 @@ class Writer:
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = args_from_spec(self.spec, self.layout, base, divisor)
+        if self.spec.is_moe and args.get("moe_grouped_gemm"):
+            # the rank files hold SequentialMLP's keys (local_experts.N): a run building GroupedMLP would not load them
+            args["moe_grouped_gemm"] = args["moe_use_legacy_grouped_gemm"] = False
+            self.notes.append("the experts are written as SequentialMLP (local_experts.N) and the args say "
+                              "moe_grouped_gemm=False; for --moe-grouped-gemm runs write --format torch_dist, "
+                              "whose expert layout is the same for every expert implementation")
         iteration = final_iteration(self.iteration, state)
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
