@@ -14,7 +14,7 @@ import torch
 from interop.params import param_index
 from interop.shards import shard_box
 from interop.spec import ModelSpec
-from interop.transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Tied, Transpose
+from interop.transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Stack, Tied, Transpose
 
 
 def _parts(shapes):
@@ -32,7 +32,8 @@ def _rule(transform, parts, t, tp):
     a fresh transform at the shard shapes (tp 1), never with the split under test."""
     shards = [x[shard_box(tuple(x.shape), transform.axis, t, tp).slices()].contiguous() for x in parts]
     shard_shapes = [tuple(s.shape) for s in shards]
-    kwargs = {"groups": transform.groups // tp} if isinstance(transform, GroupedQKV) else {}
+    kwargs = {"groups": transform.groups // tp} if isinstance(transform, GroupedQKV) else \
+        {"per": transform.per} if isinstance(transform, Stack) else {}
     return type(transform)(shard_shapes, transform.axis, **kwargs).fuse(shards)
 
 
@@ -50,6 +51,9 @@ CASES = {
     "grouped qkv": lambda: GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4),
     "grouped qkv bias": lambda: GroupedQKV([(16,), (8,), (8,)], 0, groups=4),
     "interleave": lambda: Interleave([(8, 6), (8, 6)], 0),
+    "stack": lambda: Stack([(8, 6)] * 3, 0),
+    "stack row": lambda: Stack([(6, 8)] * 3, 1),
+    "stack gate up": lambda: Stack([(8, 6)] * 4, 0, per=2),
 }
 
 
@@ -165,6 +169,27 @@ def test_transpose_swaps_axes():
     joined = Transpose([(2, 3), (1, 3)], 0)
     k = torch.arange(10, 13.0).view(1, 3)
     assert torch.equal(joined.fuse([o, k]), torch.cat([o, k]).t())
+
+
+def test_stack_puts_each_expert_in_its_own_slice():
+    e0, e1 = torch.arange(4.0).view(2, 2), torch.arange(10, 14.0).view(2, 2)
+    assert torch.equal(Stack([(2, 2)] * 2, 0).fuse([e0, e1]), torch.stack([e0, e1]))
+    assert Stack([(2, 2)] * 2, 0).native_axis == 1 and Stack([(2, 2)] * 2, 1).native_axis == 2
+    g0, u0, g1, u1 = (torch.full((2, 1), float(x)) for x in (1, 2, 3, 4))
+    gate_up = Stack([(2, 1)] * 4, 0, per=2)
+    assert gate_up.fuse([g0, u0, g1, u1]).flatten().tolist() == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert gate_up.to_rank([g0, u0, g1, u1], 1, 2).flatten().tolist() == [1, 2, 3, 4]
+
+
+def test_stack_binds_parts_per_expert_from_the_spec():
+    spec = ModelSpec(arch="llama", num_layers=1, hidden=8, ffn_hidden=16, heads=4, kv_groups=2, head_dim=2,
+                     vocab=16, padded_vocab=16, max_positions=8, norm="rmsnorm", norm_eps=1e-5,
+                     activation="swiglu", position="rope", num_experts=2, moe_topk=1, moe_ffn_hidden=4)
+    index = param_index(spec)
+    names = [f"layers.0.mlp.experts.{e}.{x}.weight" for e in range(2) for x in ("gate", "up")]
+    assert Stack.bind(spec, [index[n] for n in names]).rank_shape() == (2, 8, 8)
+    gates = [index[f"layers.0.mlp.experts.{e}.gate.weight"] for e in range(2)]
+    assert Stack.bind(spec, gates).per == 1 and Stack.bind(spec, gates).rank_shape(1, 2) == (2, 2, 8)
 
 
 def test_tied_is_a_copy_never_read_back():

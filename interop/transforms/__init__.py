@@ -10,6 +10,8 @@ from .copy import Copy, Tied
 from .experts import GroupedExperts
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
+from .stack import Stack
 from .transpose import Transpose
 
-__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "GroupedExperts"]
+__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "Stack",
+           "GroupedExperts"]

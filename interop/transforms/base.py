@@ -31,7 +31,7 @@ class Transform:
     """Canonical parts (torch Linear orientation, [out, in] or 1-D) <-> one stored tensor."""
 
     reads_back = True  # False for a stored copy that is written but never read (a tied head's copy)
-    unchanged = False  # True when the stored tensor IS the one canonical tensor (its bytes may be copied as they are)
+    unchanged = False  # True when the stored tensor IS the one canonical tensor at tp 1 (its bytes copy as they are)
 
     def __init__(self, shapes, axis: int | None):
         self.shapes = [tuple(s) for s in shapes]
