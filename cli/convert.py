@@ -21,6 +21,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--tp", default=1, show_default=True, help="Target tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, help="Target pipeline-parallel size.")
 @click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")
+@click.option("--ep", default=1, show_default=True, help="Target expert-parallel size (mixture-of-experts models).")
 @click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
 @click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
@@ -30,8 +31,9 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="Megatron on-disk format to write (default: torch).")
 @click.option("--iteration", type=int, help="Megatron iteration to read (default: the tracker's).")
 @click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
-              help="Megatron torch_dist output: write the optimizer in the distributed optimizer's layout "
-              "(default: as the source was saved).")
+              help="Megatron output: write the optimizer in the distributed optimizer's layout: torch_dist "
+              "fully_reshardable (default there: as the source was saved), or the torch format's "
+              "distrib_optim.pt laid out for --dp N.")
 @click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
               "(HF config.json, Megatron args file or MindSpeed YAML).")
 @click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
@@ -41,7 +43,12 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="MindFormers w_qkv / w_gate_hidden: grouped (r1.5.0 and later) or plain (r1.3.x).")
 @click.option("--qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
               help="MindFormers w_qkv.bias when it differs from the weights (convert_weight.py: plain).")
-@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N.")
+@click.option("--src-qkv-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindSpore -> MindSpore: the source's w_qkv layout (--qkv-layout is then the output's).")
+@click.option("--src-qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
+              help="MindSpore -> MindSpore: the source's w_qkv.bias layout.")
+@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N. "
+              "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is laid out for.")
 @click.option("--tokenizer", type=click.Path(), help="HF output: a tokenizer directory, or one "
               "tokenizer file (Megatron's --tokenizer-model sentencepiece model, or a tokenizer.json). "
               "An HF source's own tokenizer is carried without it.")
@@ -51,9 +58,9 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
-def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, last_stage_layers, dtype, force,
+def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layers, last_stage_layers, dtype, force,
             megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
-            qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
+            qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, quiet):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     \b
@@ -64,14 +71,15 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, first_stage_layers, l
     from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
-        summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp,
+        summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                               dtype=dtype, force=force, progress=bar,
                               options={"format": megatron_format, "iteration": iteration,
                                        "distributed_optimizer": distributed_optimizer,
                                        "model_config": model_config, "dialect": dialect,
                                        "qkv_concat": qkv_concat, "qkv_layout": qkv_layout,
-                                       "qkv_bias_layout": qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
+                                       "qkv_bias_layout": qkv_bias_layout, "src_qkv_layout": src_qkv_layout,
+                                       "src_qkv_bias_layout": src_qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
                                        "max_shard_size": max_shard_size})
     finally:
         bar.close()

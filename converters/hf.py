@@ -1,4 +1,4 @@
-"""Hugging Face GPT2 / Llama checkpoints <-> canonical tensors.
+"""Hugging Face GPT2 / Llama-style (and Mixtral / Qwen2-MoE) checkpoints <-> canonical tensors.
 
 Reads `model.safetensors` (single or sharded with `model.safetensors.index.json`)
 and `pytorch_model.bin` (single or sharded); writes safetensors + config.json that
@@ -19,8 +19,8 @@ from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
-from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
-from ..mappings.hf_names import IGNORED_SUFFIXES, TABLES
+from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
+from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -58,17 +58,28 @@ def detect(path) -> bool:
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
 
 
-def hf_rows(spec: ModelSpec) -> list[tuple[str, Transform, list[str]]]:
+def hf_table(spec: ModelSpec) -> str:
+    """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
+    return hf_family(spec) if spec.is_moe else spec.arch
+
+
+def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
     """The architecture's name table expanded for this model, keeping rows whose tensors exist:
-    (HF name, its transform bound to the row's tensors, canonical names)."""
+    (HF name, its transform bound to the row's tensors, canonical names).
+    `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
     present = param_index(spec)
     rows = []
-    for hf_name, transform, parts in TABLES[spec.arch]:
+    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
         layers = range(spec.num_layers) if "{i}" in hf_name else [None]
+        experts = range(spec.num_experts) if "{e}" in hf_name else [None]
         for i in layers:
-            names = [p.format(i=i) for p in parts]
-            if all(n in present for n in names):
-                rows.append((hf_name.format(i=i), transform.bind(spec, [present[n] for n in names]), names))
+            for e in experts:
+                if transform.every_expert:  # every expert's parts in one tensor, expert by expert
+                    names = [p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts]
+                else:
+                    names = [p.format(i=i, e=e) for p in parts]
+                if all(n in present for n in names):
+                    rows.append((hf_name.format(i=i, e=e), transform.bind(spec, [present[n] for n in names]), names))
     held = {n for _, _, names in rows for n in names}
     homeless = [n for n in present if n not in held]
     if homeless:
@@ -167,11 +178,12 @@ class Reader:
         float_dtypes = [self.files.meta(k)[0] for k in keys if self.files.meta(k)[0].is_floating_point]
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
-        self.rows = hf_rows(spec)
+        stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
+        self.rows = hf_rows(spec, stacked)
         self.part_of = {}
         for hf_key, transform, parts in self.rows:
             if hf_key not in keys:
-                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {spec.arch} "
+                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
                                    f"model with {spec.num_layers} layers)")
             want = transform.rank_shape()
             got = self.files.meta(hf_key)[1]
@@ -184,22 +196,34 @@ class Reader:
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
         if keys:
-            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {spec.arch} model, e.g. {sorted(keys)[0]}")
+            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {hf_table(spec)} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
         self.source = Source(spec, None, notes=notes)
-        self._cached = (None, None)
+        self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
                         "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
+        if spec.is_moe:  # router training settings: not part of the model, kept for HF output and named
+            training = {k: config[k] for k, default in MOE_TRAINING_KEYS[hf_family(spec)].items()
+                        if config.get(k, default) != default}
+            self.carried["config"].update(training)
+            if training:
+                notes.append(f"{', '.join(f'{k}={v}' for k, v in training.items())}: router training settings "
+                             "outside the model description, kept for HF output only")
 
     def metas(self) -> list[TensorMeta]:
         return [TensorMeta(p.name, self.files.meta(self.part_of[p.name][0])[0], p.shape) for p in param_table(self.spec)]
 
     def read(self, name: str) -> torch.Tensor:
         hf_key, transform, parts, i = self.part_of[name]
-        if self._cached[0] != hf_key:  # q, k and v come from one fused tensor: read it once
-            self._cached = (hf_key, transform.split(self.files.read(hf_key)))
-        return self._cached[1][i]
+        if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
+            return transform.split(self.files.read(hf_key))[0]
+        if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
+            # two held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order
+            while len(self._cached) >= 2:
+                del self._cached[next(iter(self._cached))]
+            self._cached[hf_key] = transform.split(self.files.read(hf_key))
+        return self._cached[hf_key][i]
 
     def native_name(self, name: str) -> str:
         """The HF tensor that holds canonical `name` (with its part when fused, e.g. GPT2's c_attn)."""
@@ -215,11 +239,12 @@ class Reader:
         return True
 
     def close(self) -> None:
-        self._cached = (None, None)
+        self._cached.clear()
 
 
 class Writer:
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
+    holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
@@ -230,8 +255,8 @@ class Writer:
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
         (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
-        if layout.tp != 1 or layout.pp != 1:
-            raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1")
+        if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
+            raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1 --ep 1")
         max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
                                      max_shard_bytes if max_shard_bytes is not None else DEFAULT_SHARD_BYTES)
         self.tokenizer = Path(tokenizer) if tokenizer else None
@@ -242,6 +267,10 @@ class Writer:
         self.carried = {"files": {}, "config": {}}
         self.written_notes: list[str] = []
         self.root, self.spec = Path(root), spec
+        config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
+        if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:
+            self.written_notes.append(f"ffn_hidden {spec.ffn_hidden} not written (no layer is dense): HF Mixtral's "
+                                      f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))

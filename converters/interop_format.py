@@ -15,6 +15,8 @@ class Reader(StoreReader):
 
 
 class Writer(StoreWriter):
+    holds_moe = True  # routed experts stored by expert-parallel rank (interop.store)
+
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
         """Keep the source's padding when tp divides it; otherwise pad the true vocab up to a multiple of tp."""

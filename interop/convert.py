@@ -101,9 +101,16 @@ def _accepted(cls, options: dict) -> dict:
 
 
 def split_options(reader_cls, writer_cls, options: dict, src_format: str, dst_format: str) -> tuple[dict, dict]:
-    """Hand each format-specific option to the reader and/or writer that takes it; refuse the rest."""
+    """Hand each format-specific option to the reader and/or writer that takes it; refuse the rest.
+
+    Between two checkpoints of one format an option both sides take would describe both: it is the
+    output's, and the reader gets its `src_` twin instead (`--qkv-layout` / `--src-qkv-layout`)."""
     options = {k: v for k, v in options.items() if v is not None}
     reader_opts, writer_opts = _accepted(reader_cls, options), _accepted(writer_cls, options)
+    if src_format == dst_format:
+        twins = _accepted(reader_cls, {f"src_{k}": None for k in reader_opts if k in writer_opts})
+        for twin in twins:
+            del reader_opts[twin[len("src_"):]]
     unused = sorted(set(options) - set(reader_opts) - set(writer_opts))
     if unused:
         flags = ", ".join("--" + k.replace("_", "-") for k in unused)
@@ -165,8 +172,10 @@ def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | 
 @without_gc_pauses
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
-            force: bool = False, ep: int = 1, options: dict | None = None, progress=None, **format_options) -> Summary:
-    """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp). Returns a Summary.
+            force: bool = False, options: dict | None = None, progress=None, ep: int = 1,
+            **format_options) -> Summary:
+    """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp, and `ep` expert-parallel
+    ranks for a mixture-of-experts model). Returns a Summary.
 
     Format-specific options are keyword arguments (`dialect="mindspeed"`, `format="torch_dist"`,
     `iteration=`, `model_config=`, `qkv_concat=`, `tokenizer=`, `max_shard_size=`, ...; or the
@@ -193,8 +202,10 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         spec = reader.source.spec
         check_weights_on_disk(spec, src)
         spec.check_tp(tp)
-        if ep > 1:
-            spec.check_ep(ep)
+        spec.check_ep(ep)
+        if spec.is_moe and not getattr(writer_cls, "holds_moe", False):
+            raise InteropError(f"a {dst_format} target cannot hold a mixture-of-experts model yet "
+                               f"({spec.num_experts} experts): convert it --to hf or --to interop")
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
         out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
         layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers, ep)

@@ -39,6 +39,7 @@ class Description:
     state: dict = field(default_factory=dict)  # training state found: iteration, optimizer, scheduler, ...
     notes: list[str] = field(default_factory=list)
     tensors: list[TensorInfo] = field(default_factory=list)
+    ep: int = 1  # expert-parallel ranks the routed experts are stored by (the common format at --ep)
 
     @property
     def total(self) -> dict:
@@ -113,6 +114,7 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
     if source.layout:
         info.tp, info.pp, info.vpp, info.layout = (source.layout.tp, source.layout.pp, source.layout.vpp,
                                                    source.layout.describe())
+        info.ep = source.layout.ep
     if native and namer is None:
         info.notes.append(f"the {fmt} reader does not report native names")
     return info
@@ -156,7 +158,7 @@ def _describe_store(root: Path) -> Description:
     tensors = [TensorInfo(name, list(t["shape"]), t["dtype"], _numel(t["shape"]) * ITEMSIZE[t["dtype"]])
                for name, t in manifest["tensors"].items()]
     return Description(str(root), "interop", spec.to_dict(), layout.tp, layout.pp, layout.vpp, layout.describe(),
-                       state=manifest.get("state") or {}, tensors=tensors)
+                       state=manifest.get("state") or {}, tensors=tensors, ep=layout.ep)
 
 
 def _numel(shape) -> int:
@@ -170,6 +172,11 @@ def render(info: Description, show_tensors: bool = True, native: bool = False) -
     spec = info.spec
     lines = [f"{info.path}: {info.format} checkpoint", f"  layout: {info.layout}",
              "  model:  " + ", ".join(f"{k}={v}" for k, v in spec.items())]
+    if spec.get("num_experts"):
+        layers = "every layer" if spec.get("moe_layers") is None else f"layers {spec['moe_layers']}"
+        shared = f", shared expert {spec['shared_expert_ffn_hidden']}" if spec.get("shared_expert_ffn_hidden") else ""
+        lines.append(f"  experts: {spec['num_experts']} routed, top-{spec['moe_topk']}, each ffn {spec['moe_ffn_hidden']}"
+                     f"{shared}, on {layers}")
     training = info.training_state()
     if training:
         lines.append("  training state: " + "; ".join(f"{k} {v}" for k, v in training.items()))

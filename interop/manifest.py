@@ -63,6 +63,10 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
         fail(f"spec.num_layers is {spec.num_layers!r}, but only {len(tensors)} tensors are listed")
     if layout.num_layers != spec.num_layers:
         fail(f"the layout places {layout.num_layers} layers, the model has {spec.num_layers}")
+    try:
+        spec.check_ep(layout.ep)
+    except InteropError as exc:
+        fail(f"layout: {exc}")
 
     for name, info in files.items():
         inside(root, name, where)

@@ -185,6 +185,13 @@ def _megatron_view(explicit: dict) -> tuple[dict, list[Entry], list[str]]:
             entries.append(Entry("--num-layer-list", ",".join(map(str, counts)),
                                  "uneven middle pipeline stages: Megatron-LM's --decoder-first/last-pipeline-num-layers "
                                  "set only the first and last stage"))
+    # MindSpeed-LLM's MoE spellings, as the upstream values they stand for (megatron_args.DERIVED)
+    if values.get("n_shared_experts") and full["moe_shared_expert_intermediate_size"]:
+        values["moe_shared_expert_intermediate_size"] = full["moe_shared_expert_intermediate_size"]
+        values.pop("n_shared_experts")
+    if values.get("first_k_dense_replace") and str(full["moe_layer_freq"]) != str(values.get("moe_layer_freq", 1)):
+        values["moe_layer_freq"] = full["moe_layer_freq"]
+        values.pop("first_k_dense_replace")
     if full["micro_batch_num"] is not None and "global_batch_size" not in values and full["micro_batch_size"]:
         dp = full["data_parallel_size"]
         if dp is None:
@@ -798,7 +805,8 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Entr
         if target == "megatron" and dest == "num_layer_list" and "--num-layer-list" not in why:
             continue  # said as --decoder-first/last-pipeline-num-layers
         lost = before.get(dest) != after.get(dest) and not (
-            dest in same and {before.get(dest), after.get(dest)} <= same[dest])
+            dest in same and {before.get(dest), after.get(dest)} <= same[dest]) and not (
+            dest in M.SAME_MEANING and M.SAME_MEANING[dest](before, after))
         value = True if M.ARGS[dest].kind == M.FALSE and value is False else value  # the switch was given
         flag = M.flag_of(dest)
         if dest in why or flag in why:

@@ -6,9 +6,12 @@
                                     offset, shape), every file's size and CRC-32, training state
       model-tp00-pp00.safetensors   weights held by tp rank 0 of pipeline stage 0
       optim-tp00-pp00.safetensors   Adam moments (optional), same sharding as the weights
+      model-tp00-pp00-ep01.safetensors   at ep > 1: the routed experts of expert-parallel rank 1
+                                    (tp rank 0's slice of each), so each ep rank's experts are its own files
 
-Every shard records its global offset, so a reader at any tp/pp reads only what
-it needs.  Replicated tensors are stored once, on tp rank 0 of their stage.
+Every shard records its global offset, so a reader at any tp/pp/ep reads only what
+it needs.  Replicated tensors are stored once, on tp rank 0 of their stage; tensors
+other than routed experts (attention, router, shared expert) in the files without `-ep`.
 """
 from __future__ import annotations
 
@@ -162,8 +165,9 @@ class StoreReader:
         self._files.clear()
 
 
-def file_name(kind: str, tp_rank: int, pp_rank: int) -> str:
-    return f"{kind}-tp{tp_rank:02d}-pp{pp_rank:02d}.safetensors"
+def file_name(kind: str, tp_rank: int, pp_rank: int, ep_rank: int | None = None) -> str:
+    ep = "" if ep_rank is None else f"-ep{ep_rank:02d}"
+    return f"{kind}-tp{tp_rank:02d}-pp{pp_rank:02d}{ep}.safetensors"
 
 
 def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]):
@@ -178,11 +182,12 @@ def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]
             raise InteropError(f"tensor {meta.name!r} has shape {tuple(meta.shape)}, the model expects {param.shape}")
         kind = "optim" if meta.name.startswith("optim.") else "model"
         stage = layout.stage_of(param)
+        ep_rank = layout.ep_rank_of(param, spec.num_experts) if layout.ep > 1 else None
         ranks = range(layout.tp) if param.axis is not None else [0]
         placement[meta.name] = []
         for t in ranks:
             box = shard_box(meta.shape, param.axis, t, layout.tp)
-            fname = file_name(kind, t, stage)
+            fname = file_name(kind, t, stage, ep_rank)
             placement[meta.name].append((fname, box))
             files.setdefault(fname, []).append((meta.name, meta.dtype, box.shape))
     return placement, files
@@ -193,6 +198,7 @@ class StoreWriter:
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]):
         spec.check_tp(layout.tp)
+        spec.check_ep(layout.ep)
         if layout.num_layers != spec.num_layers:
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
         self.root, self.spec, self.layout = Path(root), spec, layout

@@ -88,6 +88,9 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
             raise InteropError(f"{dst} describes another model than {src}: "
                                + _spec_difference(specs["source"], specs["converted"]))
         spec = specs["source"]
+        if spec.is_moe:  # until the reference model (trainer/) runs MoE layers
+            raise InteropError(f"verify cannot run a mixture-of-experts model yet ({spec.num_experts} experts): "
+                               "the reference model has no MoE layer")
         lowest = max((s.dtype for s in specs.values()), key=lambda d: TOLERANCE[d])
         tol = tolerance if tolerance is not None else TOLERANCE[lowest]
         tokens = torch.randint(0, spec.vocab, (BATCH, min(SEQ, spec.max_positions)),

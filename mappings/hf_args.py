@@ -10,7 +10,7 @@ written, with a warning.
 from __future__ import annotations
 
 from ..errors import InteropError
-from .megatron_args import CONST, OMIT, R, Unmappable
+from .megatron_args import CONST, OMIT, R, Unmappable, moe_layer_pattern
 
 GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 GPT2_ACT_BACK = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
@@ -149,6 +149,107 @@ def _no_window(window):
 _NO_WINDOW = [R("window_size", "use_sliding_window", False, to=_no_window,
                 back=lambda v, doc: {"_note": "a window on some layers only has no Megatron equivalent"} if v else {})]
 
+# ---------------------------------------------------------------- mixture of experts
+
+def _expert_size(moe_ffn, ffn):
+    return ffn if moe_ffn is None else moe_ffn  # Megatron's --moe-ffn-hidden-size defaults to --ffn-hidden-size
+
+
+def _one_coeff(coeffs):
+    coeffs = coeffs if isinstance(coeffs, list) else [coeffs]
+    if len(coeffs) != 1:
+        raise Unmappable(f"one aux loss coefficient here, Megatron gives {len(coeffs)}: {coeffs}")
+    return float(coeffs[0])
+
+
+def _every_layer(freq, layers):
+    pattern = moe_layer_pattern(freq, layers)
+    if pattern is None or not all(pattern):
+        raise Unmappable(f"Mixtral's layers are all MoE; --moe-layer-freq {freq} makes "
+                         + ("an unreadable pattern" if pattern is None else f"layers {[i for i, m in enumerate(pattern) if not m]} dense"))
+    return OMIT
+
+
+def _mlp_only_layers(freq, layers):
+    pattern = moe_layer_pattern(freq, layers)
+    if pattern is None:
+        raise Unmappable(f"--moe-layer-freq {freq} is not a pattern of {layers} layers")
+    return [i for i, moe in enumerate(pattern) if not moe]
+
+
+def _mlp_only_back(v, doc):
+    """Qwen2-MoE: layer i is MoE unless listed in mlp_only_layers, and only every decoder_sparse_step-th
+    ((i + 1) % step == 0, transformers' Qwen2MoeDecoderLayer)."""
+    layers, step = doc.get("num_hidden_layers"), doc.get("decoder_sparse_step", 1) or 1
+    if not isinstance(layers, int):
+        return {}
+    pattern = [0 if i in (v or []) or (i + 1) % step else 1 for i in range(layers)]
+    return {"moe_layer_freq": 1 if all(pattern) else "[" + ",".join(map(str, pattern)) + "]"}
+
+
+def _shared_expert(size, gate):
+    if size is None:
+        raise Unmappable("Qwen2-MoE always has a shared expert; Megatron's model has none "
+                         "(--moe-shared-expert-intermediate-size)")
+    if not gate:
+        raise Unmappable("Qwen2-MoE's shared expert is always gated; Megatron's has no --moe-shared-expert-gate")
+    return size
+
+
+def _softmax_router(function):
+    if function != "softmax":
+        raise Unmappable(f"the HF router is a softmax, not {function!r}")
+    return OMIT
+
+
+def _no_pre_softmax(pre):
+    if pre:
+        raise Unmappable("Mixtral renormalizes the top-k probabilities (Megatron's default); "
+                         "--moe-router-pre-softmax does not")
+    return OMIT
+
+
+_EXPERTS = [
+    R("moe_router_topk", "num_experts_per_tok"),
+    R("moe_aux_loss_coeff", "router_aux_loss_coef", to=_one_coeff, back=lambda v, doc: {"moe_aux_loss_coeff": [v]}),
+    # transformers adds the aux loss to the training loss only with output_router_logits (Megatron always does)
+    R("moe_aux_loss_coeff", "output_router_logits", to=lambda c: any(x > 0 for x in (c if isinstance(c, list) else [c])),
+      back=lambda v, doc: {}),
+    R("moe_router_score_function", "router (softmax)", to=_softmax_router, back=lambda v, doc: {}),
+]
+# transformers' MixtralConfig (models/mixtral/configuration_mixtral.py): every layer a MoE of
+# num_local_experts SwiGLU experts of intermediate_size, top-k renormalized, no shared expert, no biases.
+MIXTRAL_ROWS = [
+    R("num_experts", "num_local_experts"),
+    R(("moe_ffn_hidden_size", "ffn_hidden_size"), "intermediate_size", to=_expert_size,
+      back=lambda v, doc: {"ffn_hidden_size": v}),
+    R(("moe_layer_freq", "num_layers"), "moe layers (all)", to=_every_layer, back=lambda v, doc: {}),
+    R("moe_router_pre_softmax", "router (renormalized top-k)", to=_no_pre_softmax, back=lambda v, doc: {}),
+    R("moe_input_jitter_eps", "router_jitter_noise", 0.0, back=lambda v, doc: {"moe_input_jitter_eps": v} if v else {}),
+] + _EXPERTS
+# transformers' Qwen2MoeConfig (models/qwen2_moe/configuration_qwen2_moe.py): q/k/v biases, a gated shared
+# expert, dense layers (intermediate_size) where mlp_only_layers / decoder_sparse_step say.
+QWEN2_MOE_ROWS = [
+    R("num_experts", "num_experts"),
+    R(("moe_ffn_hidden_size", "ffn_hidden_size"), "moe_intermediate_size", to=_expert_size,
+      back=lambda v, doc: {"moe_ffn_hidden_size": v}),
+    R(("moe_shared_expert_intermediate_size", "moe_shared_expert_gate"), "shared_expert_intermediate_size",
+      to=_shared_expert, back=lambda v, doc: {"moe_shared_expert_intermediate_size": v}),
+    R(("moe_layer_freq", "num_layers"), "mlp_only_layers", to=_mlp_only_layers, back=_mlp_only_back),
+    CONST("decoder_sparse_step", 1),
+    R("moe_router_pre_softmax", "norm_topk_prob", to=lambda pre: not pre,
+      back=lambda v, doc: {"moe_router_pre_softmax": not v}),
+    R(("add_qkv_bias", "add_bias_linear"), "qkv_bias", to=lambda qkv, linear: _qwen_moe_bias(qkv, linear),
+      back=lambda v, doc: {"add_qkv_bias": v}),
+] + _EXPERTS
+
+
+def _qwen_moe_bias(qkv, linear):
+    if linear:
+        raise Unmappable("Qwen2-MoE has q/k/v biases only; Megatron's --add-bias-linear puts them on every linear")
+    return bool(qkv)
+
+
 # One table per HF family; which one a Megatron model is follows from its flags (family_of).
 LLAMA = _rows("llama", "LlamaForCausalLM", [_ATTENTION_BIAS, R("add_bias_linear", "mlp_bias", False)])
 QWEN2 = _rows("qwen2", "Qwen2ForCausalLM", _NO_WINDOW)  # q/k/v biases always, o and the MLP never (IMPLIED)
@@ -159,7 +260,14 @@ MISTRAL = _rows("mistral", "MistralForCausalLM", [
     R("window_size", "sliding_window", to=_window,
       back=lambda v, doc: {"window_size": f"({int(v) - 1}, 0)"} if v is not None else {}),
 ])
-FAMILY_TABLES = {"llama": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "mistral": MISTRAL}
+MIXTRAL = _rows("mixtral", "MixtralForCausalLM", [
+    R(("add_qkv_bias", "add_bias_linear"), "attention_bias", to=_mistral_bias, back=lambda v, doc: {}),
+    R("window_size", "sliding_window", to=_window,
+      back=lambda v, doc: {"window_size": f"({int(v) - 1}, 0)"} if v is not None else {}),
+] + MIXTRAL_ROWS)
+QWEN2_MOE = _rows("qwen2_moe", "Qwen2MoeForCausalLM", _NO_WINDOW + QWEN2_MOE_ROWS)
+FAMILY_TABLES = {"llama": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "mistral": MISTRAL, "mixtral": MIXTRAL,
+                 "qwen2_moe": QWEN2_MOE}
 
 # What the architecture itself implies on the Megatron side when reading a config.json back.
 _LLAMA_IMPLIED = {"normalization": "RMSNorm", "position_embedding_type": "rope", "add_bias_linear": False}
@@ -169,6 +277,8 @@ IMPLIED = {
     "qwen2": _LLAMA_IMPLIED | {"add_qkv_bias": True},
     "qwen3": _LLAMA_IMPLIED | {"qk_layernorm": True},
     "mistral": _LLAMA_IMPLIED | {"add_qkv_bias": False},
+    "mixtral": _LLAMA_IMPLIED | {"add_qkv_bias": False},
+    "qwen2_moe": _LLAMA_IMPLIED | {"moe_shared_expert_gate": True},
 }
 
 
@@ -179,6 +289,9 @@ def arch_of(full: dict) -> str:
 
 def family_of(full: dict) -> str:
     """The HF model_type of a Llama-style Megatron model: the family whose facts its flags are."""
+    if full.get("num_experts"):  # a shared expert or q/k/v biases: Qwen2-MoE; else Mixtral
+        shared = full.get("moe_shared_expert_intermediate_size") or full.get("add_qkv_bias")
+        return "qwen2_moe" if shared else "mixtral"
     if full.get("qk_layernorm"):
         return "qwen3"
     if full.get("add_qkv_bias") and not full.get("add_bias_linear"):

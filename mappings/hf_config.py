@@ -1,4 +1,5 @@
-"""Hugging Face config.json <-> ModelSpec, for GPT2 and the Llama-style families (Llama, Qwen2, Qwen3, Mistral).
+"""Hugging Face config.json <-> ModelSpec, for GPT2 and the Llama-style families (Llama, Qwen2, Qwen3, Mistral)
+and the mixture-of-experts ones built on them (Mixtral, Qwen2-MoE).
 
 Each architecture is a table of (spec field, config key, default when the key is
 absent); the few values that need a rule (activation names, biases, rope) are
@@ -88,6 +89,8 @@ def _spec(where: str, **fields) -> ModelSpec:
 #   sliding     "model": config["sliding_window"] applies to every layer (Mistral);
 #               "per_layer": only with use_sliding_window, on some layers (Qwen): refused when on
 #   defaults    the config class's defaults where they differ from LLAMA_KEYS'
+#   moe         the family's mixture-of-experts keys (MOE_KEYS), absent for a dense family
+#   rope_theta  the config class's rope_theta when config.json names none (LLAMA's 10000 otherwise)
 HF_FAMILIES = {
     "llama": {"architecture": "LlamaForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": None,
               "defaults": {}},
@@ -97,7 +100,29 @@ HF_FAMILIES = {
               "defaults": {"vocab": 151936, "ffn_hidden": 22016, "max_positions": 32768}},
     "mistral": {"architecture": "MistralForCausalLM", "biases": "none", "qk_norm": False, "sliding": "model",
                 "defaults": {"ffn_hidden": 14336, "max_positions": 4096 * 32}},
+    # transformers 5.23 models/mixtral/configuration_mixtral.py (MixtralConfig, default_theta 1e6)
+    "mixtral": {"architecture": "MixtralForCausalLM", "biases": "none", "qk_norm": False, "sliding": "model",
+                "defaults": {"ffn_hidden": 14336, "max_positions": 4096 * 32, "norm_eps": 1e-5, "kv_groups": 8},
+                "moe": "mixtral", "rope_theta": 1e6},
+    # transformers 5.23 models/qwen2_moe/configuration_qwen2_moe.py (Qwen2MoeConfig): q/k/v biased by `qkv_bias`
+    "qwen2_moe": {"architecture": "Qwen2MoeForCausalLM", "biases": "qkv_key", "qk_norm": False, "sliding": "per_layer",
+                  "defaults": {"vocab": 151936, "hidden": 2048, "ffn_hidden": 5632, "num_layers": 24, "heads": 16,
+                               "max_positions": 32768, "kv_groups": 16}, "moe": "qwen2_moe"},
 }
+# Mixture-of-experts config keys: (spec field, config key, default) per family.  Mixtral's experts are
+# `intermediate_size` wide (its only MLP); Qwen2-MoE's are `moe_intermediate_size`, its dense layers
+# (`mlp_only_layers`, `decoder_sparse_step`) `intermediate_size`, its shared expert always gated.
+MOE_KEYS = {
+    "mixtral": [("num_experts", "num_local_experts", 8), ("moe_topk", "num_experts_per_tok", 2),
+                ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
+    "qwen2_moe": [("num_experts", "num_experts", 60), ("moe_topk", "num_experts_per_tok", 4),
+                  ("moe_ffn_hidden", "moe_intermediate_size", 1408),
+                  ("shared_expert_ffn_hidden", "shared_expert_intermediate_size", 5632),
+                  ("moe_norm_topk", "norm_topk_prob", False), ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
+}
+# MoE config keys that describe training, not the model: kept for HF output (Reader.carried), named otherwise.
+MOE_TRAINING_KEYS = {"mixtral": {"output_router_logits": False, "router_jitter_noise": 0.0},
+                     "qwen2_moe": {"output_router_logits": False}}
 # HF rope_parameters keys of the llama3 rope type <-> ModelSpec.rope_scaling keys.
 LLAMA3_ROPE_KEYS = {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
                     "original_max_position_embeddings": "original_max_positions"}
@@ -163,11 +188,17 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
     f = _read_table(config, table, where)
     if config.get("hidden_act", "silu") != "silu":
         raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
+    moe = _moe_fields(config, family, f, where) if family.get("moe") else {}
     rope = config.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise InteropError(f"{where}: rope_parameters must be an object, got {rope!r}")
     if family["biases"] == "qkv":
         qkv_bias, linear_bias, mlp_bias = True, False, None
+    elif family["biases"] == "qkv_key":
+        qkv_bias = config.get("qkv_bias", True)
+        if not isinstance(qkv_bias, bool):
+            raise InteropError(f"{where}: qkv_bias must be true or false, got {qkv_bias!r}")
+        linear_bias, mlp_bias = False, None
     elif family["biases"] == "none":
         qkv_bias, linear_bias, mlp_bias = False, False, None
     else:
@@ -176,20 +207,49 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         qkv_bias, linear_bias = attention_bias, attention_bias  # attention_bias is q, k, v and o
         mlp_bias = None if mlp == attention_bias else mlp
     heads = f["heads"]
-    rope_base = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+    rope_base = rope.get("rope_theta", config.get("rope_theta", family.get("rope_theta", 10000.0)))
     if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool):
         raise InteropError(f"{where}: rope_theta must be a number, got {rope_base!r}")
     return _spec(
-        where, arch="llama", kv_groups=_optional_int(config, "num_key_value_heads", where) or heads,
+        where, arch="llama",
+        kv_groups=_optional_int(config, "num_key_value_heads", where) or family["defaults"].get("kv_groups", heads),
         head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
         activation="swiglu", position="rope", rope_base=float(rope_base),
         qkv_bias=qkv_bias, linear_bias=linear_bias, mlp_bias=mlp_bias, qk_norm=family["qk_norm"],
         rope_scaling=_rope_scaling(config, rope, where), sliding_window=_sliding_window(config, family, where),
-        dtype=dtype, **f)
+        dtype=dtype, **f, **moe)
+
+
+def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
+    """The ModelSpec MoE fields of a Mixtral or Qwen2-MoE config.json."""
+    kind = family["moe"]
+    out = _read_table(config, MOE_KEYS[kind], where)
+    if out["moe_aux_loss_coeff"] < 0:
+        raise InteropError(f"{where}: router_aux_loss_coef must be >= 0, got {out['moe_aux_loss_coeff']!r}")
+    out["moe_aux_loss_coeff"] = float(out["moe_aux_loss_coeff"])
+    if kind == "mixtral":  # every layer is MoE; the router always renormalises its top-k
+        out["moe_ffn_hidden"] = f["ffn_hidden"]
+        return out
+    out["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock always has shared_expert_gate [1, hidden]
+    step = config.get("decoder_sparse_step", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise InteropError(f"{where}: decoder_sparse_step must be a positive integer, got {step!r}")
+    dense = config.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise InteropError(f"{where}: mlp_only_layers must be a list of layer numbers, got {dense!r}")
+    # Qwen2MoeDecoderLayer: MoE unless listed in mlp_only_layers, on every decoder_sparse_step-th layer
+    layers = [i for i in range(f["num_layers"]) if i not in dense and (i + 1) % step == 0]
+    if not layers:
+        raise InteropError(f"{where}: no layer is mixture-of-experts (mlp_only_layers / decoder_sparse_step): "
+                           "convert it as the dense qwen2 model it is")
+    out["moe_layers"] = None if len(layers) == f["num_layers"] else layers
+    return out
 
 
 def hf_family(spec: ModelSpec) -> str:
     """The HF model_type that holds this Llama-style model: the one whose facts match it."""
+    if spec.is_moe:
+        return "qwen2_moe" if spec.shared_expert_ffn_hidden is not None else "mixtral"
     if spec.qk_norm:
         return "qwen3"
     if spec.qkv_bias and not spec.linear_bias and not spec.has_mlp_bias:
@@ -238,6 +298,12 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
                 raise InteropError(f"HF {model_type} has no MLP biases; this model has them")
         elif family["biases"] == "none" and (spec.qkv_bias or spec.linear_bias or spec.has_mlp_bias):
             raise InteropError(f"HF {model_type} has no biases; this model has them")
+        elif family["biases"] == "qkv_key":
+            if spec.linear_bias or spec.has_mlp_bias:
+                raise InteropError(f"HF {model_type} has biases on q, k and v only; this model has others")
+            config["qkv_bias"] = spec.qkv_bias
+        if family.get("moe"):
+            config.update(_moe_config(spec, model_type))
         if family["sliding"] == "model":
             config["sliding_window"] = spec.sliding_window
         elif family["sliding"] == "per_layer":
@@ -249,8 +315,36 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
         table = LLAMA_KEYS
     for field, key, _ in table:
         config[key] = getattr(spec, field)
+    if config.get("model_type") == "mixtral":  # its experts are its MLP: intermediate_size is their width
+        config["intermediate_size"] = spec.moe_ffn_hidden
     config["torch_dtype"] = spec.dtype
     return config
+
+
+def _moe_config(spec: ModelSpec, model_type: str) -> dict:
+    """The MoE keys of a Mixtral / Qwen2-MoE config.json; a spec the family's model cannot run is refused."""
+    cannot = []
+    if spec.moe_router_score != "softmax":
+        cannot.append(f"a {spec.moe_router_score} router")
+    if spec.moe_router_bias:
+        cannot.append("a router expert bias")
+    if spec.qk_norm:
+        cannot.append("q/k norms")
+    if model_type == "mixtral":
+        if not spec.moe_norm_topk:
+            cannot.append("top-k probabilities left unnormalised (Mixtral always renormalises them)")
+        if spec.moe_layers is not None:
+            cannot.append(f"dense layers (only {spec.moe_layers} are MoE)")
+    elif not spec.shared_expert_gate:
+        cannot.append("a shared expert without its sigmoid gate")
+    if cannot:
+        raise InteropError(f"HF {model_type} cannot hold this mixture-of-experts model: it has {'; '.join(cannot)}")
+    out = {key: getattr(spec, field) for field, key, _ in MOE_KEYS[model_type]}
+    out.update(MOE_TRAINING_KEYS[model_type])
+    if model_type == "qwen2_moe":
+        moe_layers = range(spec.num_layers) if spec.moe_layers is None else spec.moe_layers
+        out.update(decoder_sparse_step=1, mlp_only_layers=[i for i in range(spec.num_layers) if i not in moe_layers])
+    return out
 
 
 def _rope_parameters(spec: ModelSpec) -> dict:

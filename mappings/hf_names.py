@@ -2,11 +2,14 @@
 
 Each row: (HF name, its transform, the canonical tensors it holds, in order).  Transforms
 (`interop.transforms`): Copy (one tensor as it is), PlainConcat (GPT2 c_attn's bias [q; k; v]),
-Transpose (GPT2's Conv1D: the parts joined on the output axis, stored [in, out]).
-`{i}` is the global layer number; a row whose canonical names are absent from the
-model (a bias it does not have, the head of a tied model) is skipped.
+Transpose (GPT2's Conv1D: the parts joined on the output axis, stored [in, out]), Stack (a 3-D
+[experts, rows, in] tensor: for each expert `{e}` in turn its tensors joined on the output axis,
+transformers 5's in-memory MoE experts; read only).
+`{i}` is the global layer number, `{e}` a routed expert's number; a row whose canonical
+names are absent from the model (a bias it does not have, the head of a tied model, an
+expert row on a dense layer) is skipped.
 """
-from ..transforms import Copy, PlainConcat, Transpose
+from ..transforms import Copy, PlainConcat, Stack, Transpose
 
 GPT2 = [
     ("transformer.wte.weight", Copy, ["embed.word.weight"]),
@@ -55,7 +58,41 @@ LLAMA = [
     ("lm_head.weight", Copy, ["lm_head.weight"]),
 ]
 
-TABLES = {"gpt2": GPT2, "llama": LLAMA}
+# Mixtral as its hub checkpoints hold it (and transformers 5.23's save_pretrained writes it back: its
+# conversion_mapping.py "mixtral" entry renames block_sparse_moe -> mlp and stacks w1/w3 -> experts.gate_up_proj,
+# w2 -> experts.down_proj on load only).  w1 = gate, w3 = up, w2 = down; `gate` is the router.
+MIXTRAL_MOE = [
+    ("model.layers.{i}.block_sparse_moe.gate.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight", Copy, ["layers.{i}.mlp.experts.{e}.gate.weight"]),
+    ("model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+]
+# Qwen2-MoE (Qwen1.5-MoE hub checkpoints; transformers 5.23 conversion_mapping.py "qwen2_moe" stacks the
+# experts on load only): `mlp.gate` is the router, `shared_expert_gate` [1, hidden] scales the shared expert.
+QWEN2_MOE = [
+    ("model.layers.{i}.mlp.gate.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.gate.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.up_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.down_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.mlp.shared_expert.gate_proj.weight", Copy, ["layers.{i}.mlp.shared.gate.weight"]),
+    ("model.layers.{i}.mlp.shared_expert.up_proj.weight", Copy, ["layers.{i}.mlp.shared.up.weight"]),
+    ("model.layers.{i}.mlp.shared_expert.down_proj.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
+    ("model.layers.{i}.mlp.shared_expert_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
+]
+
+TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE}
+
+# transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with
+# each expert's gate rows then its up rows, down_proj [E, hidden, ffn]; Mixtral's router renamed to mlp.gate),
+# which `save_pretrained(save_original_format=False)` writes: read, never written.
+STACKED_EXPERTS = [
+    ("model.layers.{i}.mlp.gate.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.mlp.experts.gate_up_proj", Stack,
+     ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.mlp.experts.down_proj", Stack, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+]
+STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:]}
+STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart
 
 # Buffers some HF checkpoints carry that are not parameters: dropped with this reason.
 IGNORED_SUFFIXES = {

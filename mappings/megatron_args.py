@@ -906,6 +906,21 @@ def _invert_vpp(v, a):
 _DTYPE_FLAGS = {"bfloat16": {"bf16": True, "fp16": False}, "float16": {"fp16": True, "bf16": False},
                 "float32": {"fp16": False, "bf16": False}}
 
+def _shared_experts(a):
+    """MindSpeed-LLM's --n-shared-experts N: N shared experts of the routed experts' size, one MLP of N times it."""
+    n, size = a["n_shared_experts"], a["moe_ffn_hidden_size"] or a["ffn_hidden_size"]
+    return a["moe_shared_expert_intermediate_size"] if a["moe_shared_expert_intermediate_size"] or not n or not size \
+        else n * size
+
+
+def _first_dense(a):
+    """MindSpeed-LLM's --first-k-dense-replace K: the first K layers dense, as the pattern Megatron's flag says."""
+    k, layers, freq = a["first_k_dense_replace"], a["num_layers"], a["moe_layer_freq"]
+    if not k or k < 0 or not layers or str(freq) != "1" or k > layers:
+        return freq
+    return f"[0]*{k}+[1]*{layers - k}"
+
+
 DERIVED = [
     Derived("vocab_size", _vocab, why="fixed by --tokenizer-type (GPT-2 BPE when only --merge-file is given)"),
     Derived("padded_vocab_size",
@@ -944,6 +959,9 @@ DERIVED = [
             why="global batch / (micro batch * dp)"),
     Derived("virtual_pipeline_model_parallel_size", _vpp, invert=_invert_vpp,
             why="layers per stage / --num-layers-per-virtual-pipeline-stage"),
+    Derived("moe_shared_expert_intermediate_size", _shared_experts, fill=False,
+            why="MindSpeed's --n-shared-experts times the expert size"),
+    Derived("moe_layer_freq", _first_dense, fill=False, why="MindSpeed's --first-k-dense-replace: the first K layers dense"),
 ]
 DERIVED_BY_DEST = {d.dest: d for d in DERIVED}
 
@@ -1047,6 +1065,67 @@ SOFT_CHECKS = [
      and a["global_batch_size"] % (a["micro_batch_size"] * a["data_parallel_size"]),
      "global batch is not a multiple of micro batch * dp: micro-batch count not derived"),
 ]
+
+
+def _list_expression(node):
+    """A `--moe-layer-freq` pattern ("[1,0,1]", "([0]*3+[1]*29)") evaluated without eval: lists of 0/1,
+    `+` and `*` by an integer, as Megatron's own eval of the string would give."""
+    import ast
+
+    if isinstance(node, ast.Expression):
+        return _list_expression(node.body)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_list_expression(e) for e in node.elts]
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _list_expression(node.left), _list_expression(node.right)
+        if isinstance(node.op, ast.Mult) and isinstance(left, int) and isinstance(right, int):
+            raise ValueError("a number, not a layer list")
+        if isinstance(node.op, ast.Mult) and max(len(x) if isinstance(x, list) else x for x in (left, right)) > 100000:
+            raise ValueError("more layers than a model has")
+        return left + right if isinstance(node.op, ast.Add) else left * right
+    raise ValueError("not a list expression")
+
+
+def moe_layer_pattern(freq, num_layers: int | None) -> list[int] | None:
+    """Megatron's per-layer MoE pattern (1 MoE, 0 dense) for --moe-layer-freq (megatron/core/models/gpt/
+    gpt_layer_specs.py: an int N is `i % N == 0`, so 1 and -1 are every layer; else a list); None if unreadable."""
+    import ast
+
+    if num_layers is None or freq is None:
+        return None
+    try:
+        value = int(freq) if isinstance(freq, int) or str(freq).lstrip("-").isdigit() else \
+            _list_expression(ast.parse(str(freq), mode="eval"))
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+        return None
+    if isinstance(value, int):
+        return [1 if value and i % value == 0 else 0 for i in range(num_layers)] if value else None
+    if isinstance(value, list) and len(value) == num_layers and all(v in (0, 1) for v in value):
+        return value
+    return None
+
+
+# Values that differ as written but build the same model: dest -> same(before args, after args).
+def _same_list(dest):
+    """nargs='+' arguments: Megatron's default is the bare value ('aux_loss'), a given flag a list (['aux_loss'])."""
+    def same(a, b):
+        x, y = a[dest], b[dest]
+        return (x if isinstance(x, list) else [x]) == (y if isinstance(y, list) else [y])
+    return same
+
+
+SAME_MEANING = {
+    "moe_router_load_balancing_type": _same_list("moe_router_load_balancing_type"),
+    "moe_aux_loss_coeff": _same_list("moe_aux_loss_coeff"),
+    # MindSpeed's spellings, carried as the upstream values they derive
+    "n_shared_experts": lambda a, b: bool(a["moe_shared_expert_intermediate_size"]) and
+    a["moe_shared_expert_intermediate_size"] == b["moe_shared_expert_intermediate_size"],
+    "first_k_dense_replace": lambda a, b: SAME_MEANING["moe_layer_freq"](a, b),
+    "moe_layer_freq": lambda a, b: moe_layer_pattern(a["moe_layer_freq"], a["num_layers"]) is not None and
+    moe_layer_pattern(a["moe_layer_freq"], a["num_layers"]) == moe_layer_pattern(b["moe_layer_freq"], b["num_layers"]),
+}
 
 
 def layer_list(value) -> list[int] | None:

@@ -69,4 +69,5 @@ ROWS = [
     R("lr_decay_iters", "optimizer_config.learning_rate_scheduler_kwargs.decay_steps"),
     rename("lr_decay_style", "optimizer_config.learning_rate_scheduler_kwargs.use_cosine", COSINE),
     R("min_lr", "optimizer_config.learning_rate_scheduler_kwargs.end_learning_rate"),
+    *mindspeed.MOE_ROWS,  # r1.3.0's MoEConfig is MindSpeed-Core-MS r0.1.0's (same keys, same validators)
 ]

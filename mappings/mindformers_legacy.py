@@ -11,7 +11,8 @@ dropout_prob / hidden_dropout_prob / attention_probs_dropout_prob, initializer_r
 """
 from __future__ import annotations
 
-from .megatron_args import CONST, R, Unmappable, rename
+from .megatron_args import CONST, OMIT, R, Unmappable, rename
+from .mindspeed import moe_row, one_value
 
 RELEASE = "MindFormers r0.3"
 HEADER = (f"# {RELEASE} run_gpt2*.yaml (GPT2Config keys of {RELEASE}), written by `interop map-args`.\n")
@@ -49,6 +50,64 @@ def _recompute(granularity):
         raise Unmappable("recompute is all-or-nothing here, 'selective' has no equivalent")
     return granularity == "full"
 
+
+def _shared_experts(shared_size, expert_size, ffn_size):
+    """Megatron gives the shared experts' total hidden size, MindFormers their number (each of the expert size)."""
+    if shared_size is None:
+        return OMIT
+    expert_size = expert_size or ffn_size
+    if not expert_size or shared_size % expert_size:
+        raise Unmappable(f"shared_expert_num counts experts of moe_intermediate_size {expert_size}; "
+                         f"Megatron's shared expert size {shared_size} is not a multiple of it")
+    return shared_size // expert_size
+
+
+def _shared_back(v, doc):
+    size = ((doc.get("moe_config") or {}).get("moe_intermediate_size"))
+    return {"moe_shared_expert_intermediate_size": v * size} if v and size else {}
+
+
+def _moe(convert):
+    """A converter of several Megatron values (the last: --num-experts) written for a MoE model only."""
+    def to(*values):
+        return convert(*values[:-1]) if values[-1] else OMIT
+    return to
+
+
+def _dispatcher(kind):
+    if kind not in ("allgather", "alltoall"):
+        raise Unmappable(f"MindFormers dispatches by all-to-all or (use_allgather_dispatcher) all-gather, not {kind!r}")
+    return kind == "allgather"
+
+
+# MindFormers' static-graph MoEConfig, the run_*.yaml `moe_config` section (mindformers/modules/transformer/moe.py;
+# expert_num / num_experts_chosen / aux_loss_factor / capacity_factor since r0.3, the rest as MindFormers 2.1.0's
+# MindFormerConfig template, mindformers/tools/register/template.py, lists them).  Written for a MoE model only.
+MOE_ROWS = [
+    moe_row("num_experts", "moe_config.expert_num"),
+    moe_row("expert_model_parallel_size", "parallel_config.expert_parallel"),
+    moe_row("moe_router_topk", "moe_config.num_experts_chosen"),
+    moe_row("moe_aux_loss_coeff", "moe_config.aux_loss_factor", one_value("aux loss coefficient"), listed=True),
+    moe_row("moe_expert_capacity_factor", "moe_config.capacity_factor"),
+    moe_row("moe_grouped_gemm", "moe_config.use_gmm"),
+    # Megatron's expert size defaults to --ffn-hidden-size; MindFormers' to 1407: always said
+    R(("moe_ffn_hidden_size", "ffn_hidden_size", "num_experts"), "moe_config.moe_intermediate_size",
+      to=_moe(lambda size, ffn: ffn if size is None else size), back=lambda v, doc: {"moe_ffn_hidden_size": v}),
+    R(("moe_shared_expert_intermediate_size", "moe_ffn_hidden_size", "ffn_hidden_size", "num_experts"),
+      "moe_config.shared_expert_num",
+      to=_moe(_shared_experts), back=_shared_back),
+    moe_row("moe_shared_expert_gate", "moe_config.use_shared_expert_gating"),
+    R(("moe_router_score_function", "num_experts"), "moe_config.use_gating_sigmoid",
+      to=_moe(lambda f: f == "sigmoid"), back=lambda v, doc: {"moe_router_score_function": "sigmoid" if v else "softmax"}),
+    moe_row("moe_router_enable_expert_bias", "moe_config.balance_via_topk_bias"),
+    moe_row("moe_router_bias_update_rate", "moe_config.topk_bias_update_rate"),
+    moe_row("moe_z_loss_coeff", "moe_config.z_loss_factor"),
+    moe_row("moe_router_topk_scaling_factor", "moe_config.routed_scaling_factor"),
+    moe_row("moe_router_num_groups", "moe_config.n_group"),
+    moe_row("moe_router_group_topk", "moe_config.topk_group"),
+    R(("moe_token_dispatcher_type", "num_experts"), "moe_config.use_allgather_dispatcher", to=_moe(_dispatcher),
+      back=lambda v, doc: {"moe_token_dispatcher_type": "allgather" if v else "alltoall"}),
+]
 
 ROWS = [
     CONST("run_mode", "train"),  # MindFormerConfig applies its training template (sections it checks) for it
@@ -102,4 +161,5 @@ ROWS = [
     CONST("runner_wrapper.scale_sense.type", "DynamicLossScaleUpdateCell"),
     R("initial_loss_scale", "runner_wrapper.scale_sense.loss_scale_value"),
     R("loss_scale_window", "runner_wrapper.scale_sense.scale_window"),
+    *MOE_ROWS,
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from .megatron_args import R, Unmappable, layer_list, rename
+from .megatron_args import OMIT, R, Unmappable, layer_list, rename
 
 ADAM = {"adam": "AdamWeightDecay", "sgd": "SGD"}  # Megatron's "adam" is decoupled-decay AdamW
 POSITION = {"learned_absolute": "absolute", "rope": "rope", "relative": "relative", "none": "none"}
@@ -225,6 +225,63 @@ ROWS = [
     R("select_recompute", "parallel_config.select_recompute", None),
     R("select_comm_recompute", "parallel_config.select_comm_recompute", None),
 ]
+
+# ---------------------------------------------------------------- moe_config
+
+def moe_only(convert=None):
+    """A MoE row's `to`: its value only for a model with experts (a dense model's file gets no MoE keys)."""
+    def to(value, experts):
+        if not experts or value is None:  # None: Megatron's "not set", the loader's own default applies
+            return OMIT
+        return convert(value) if convert is not None else value
+    return to
+
+
+def one_value(what: str):
+    """Megatron takes one value per loss type (--moe-router-load-balancing-type aux_loss seq_aux_loss); a
+    target with one slot takes one."""
+    def convert(values):
+        values = values if isinstance(values, list) else [values]
+        if len(values) != 1:
+            raise Unmappable(f"one {what} here, Megatron gives {len(values)}: {values}")
+        return values[0]
+    return convert
+
+
+def one_of(*allowed):
+    def convert(value):
+        if value not in allowed:
+            raise Unmappable(f"{value!r} is not one of {', '.join(allowed)} (what this loader accepts)")
+        return value
+    return convert
+
+
+def moe_row(dest: str, path: str, convert=None, listed: bool = False):
+    """Megatron's `dest` <-> `path`, written only for a MoE model; `listed`: Megatron's side is a list."""
+    back = (lambda v, doc: {dest: [v]}) if listed else (lambda v, doc: {dest: v})
+    return R((dest, "num_experts"), path, to=moe_only(convert), back=back)
+
+
+# MindSpeed-Core-MS r0.1.0 `MoEConfig` (mindspeed_ms/core/config.py: config_name "moe_config", a top-level
+# section TransformerConfig depends on); MindFormers r1.3.0's dynamic graph has the same class
+# (mindformers/experimental/parallel_core/pynative/config.py).  Its validators accept load balancing
+# aux_loss / none and the alltoall dispatcher only.  Megatron's other MoE flags (expert size, shared experts,
+# router score function and bias, layer frequency, expert tensor parallelism) have no key there: reported.
+MOE_ROWS = [
+    moe_row("num_experts", "moe_config.num_experts"),
+    moe_row("moe_router_topk", "moe_config.moe_router_topk"),
+    moe_row("moe_grouped_gemm", "moe_config.moe_grouped_gemm"),
+    moe_row("moe_router_load_balancing_type", "moe_config.moe_router_load_balancing_type",
+            lambda v: one_of("aux_loss", "none")(one_value("load-balancing type")(v)), listed=True),
+    moe_row("moe_token_dispatcher_type", "moe_config.moe_token_dispatcher_type", one_of("alltoall")),
+    moe_row("moe_aux_loss_coeff", "moe_config.moe_aux_loss_coeff", one_value("aux loss coefficient"), listed=True),
+    moe_row("moe_z_loss_coeff", "moe_config.moe_z_loss_coeff"),
+    moe_row("moe_input_jitter_eps", "moe_config.moe_input_jitter_eps"),
+    moe_row("moe_expert_capacity_factor", "moe_config.moe_expert_capacity_factor"),
+    moe_row("moe_pad_expert_input_to_capacity", "moe_config.moe_pad_expert_input_to_capacity"),
+    moe_row("moe_token_drop_policy", "moe_config.moe_token_drop_policy"),
+]
+ROWS += MOE_ROWS
 
 # Paths whose None MindSpeed-Core-MS r0.1.0 accepts (its validators skip None or have none); anywhere
 # else a None from Megatron ("not set") is left out, so the loader's own default applies.

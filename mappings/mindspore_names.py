@@ -12,7 +12,7 @@ Transforms (`interop.transforms`):
 model is skipped, and the first row that claims a MindSpore name wins (so a gated
 `mapping` row comes before the plain one).
 """
-from ..transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Transpose
+from ..transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Stack, Transpose
 
 # MindSpeed-Core-MS: Megatron's legacy names, with its renames (dense_h_to_4h -> mapping, ...).
 MINDSPEED = [
@@ -183,6 +183,73 @@ DIALECT_MARKERS = {
 # Buffers some MindFormers checkpoints carry that are not parameters (GPT2's converter writes HF's
 # attention mask buffers as attention.beta / masked_beta): dropped with this reason.
 IGNORED_SUFFIXES = {
+    ".router.router.expert_load": "MindFormers MoE router's running expert-load counts, rebuilt in training",
     ".attention.beta": "GPT2 causal-mask buffer, rebuilt by the model",
     ".attention.masked_beta": "GPT2 mask-fill buffer, rebuilt by the model",
+}
+
+# `pt_meta/` beside MindSpeed-Core-MS r0.1.0's rank folders (tools/converter/convert_pt2ckpt.py): per Megatron
+# rank file `args_tp{TT}_pp{PPP}.pt` (save_args: a torch.save dict of the source's `args`, `checkpoint_version`,
+# `iteration`, `optimizer`, `opt_param_scheduler`, `rng_state`, `num_floating_point_operations_so_far`, and with
+# --convert-param-only `param_name_list` = per virtual chunk the Megatron keys `model[v].<flat name>`, reversed,
+# local layer numbers), plus the `param_map_buffer*_dp*tp*pp*vpp*.json` files its patched Megatron training
+# writes (copied without --convert-param-only).  convert_ckpt2pt.py reads them back from --param-map-path.
+PT_META = "pt_meta"
+PT_META_ARGS = "args_tp{t:02}_pp{p:03}.pt"
+PT_META_KEYS = ("args", "checkpoint_version", "iteration", "optimizer", "opt_param_scheduler", "rng_state",
+                "num_floating_point_operations_so_far", "param_name_list")
+# convert_pt2ckpt.py PARAM_KEY_MAP: Megatron legacy name components -> MindSpeed's (a component at a time)
+MINDSPEED_PARAM_KEY_MAP = {"dense_h_to_4h": "mapping", "dense_4h_to_h": "projection", "self_attention": "attention",
+                           "query_key_value": "qkv_proj", "dense": "out_proj"}
+
+# Mixture of experts (appended to a model's table when its spec has experts; `{e}` is the GLOBAL expert).
+# Stack: one MindSpore tensor holding every expert's canonical tensor, stacked along a new first axis
+# ([E, out, in]); its parts are the row's canonical names with `{e}` = 0 .. E-1, in order.
+#
+# MindSpeed-Core-MS r0.1.0: mindspeed_ms/legacy/model/transformer.py makes every layer's `mlp` a MoELayer when
+# moe_config.num_experts > 1; moe/moe_layer.py holds `router` (TopKRouter) and `experts` (SequentialMLP; its
+# GroupedMLP raises NotImplementedError); moe/router.py: `gating` = mint.nn.Linear(hidden, num_experts,
+# bias=False); moe/experts.py: `local_experts` = nn.SequentialCell of ParallelMLP(is_expert=True), numbered from
+# 0 on each expert-parallel rank; legacy/model/mlp.py: `mapping` (gate and up per TP rank, as the dense MLP) and
+# `projection`.  No shared expert, router bias or sigmoid score in r0.1.0.
+MINDSPEED_MOE = [
+    ("language_model.encoder.layers.{i}.mlp.router.gating.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("language_model.encoder.layers.{i}.mlp.experts.local_experts.{e}.mapping.weight", GatedMLP,
+     ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("language_model.encoder.layers.{i}.mlp.experts.local_experts.{e}.mapping.weight", Copy,
+     ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("language_model.encoder.layers.{i}.mlp.experts.local_experts.{e}.projection.weight", Copy,
+     ["layers.{i}.mlp.experts.{e}.down.weight"]),
+]
+# MindFormers 2.1.0 Llama with a moe_config (models/llama/llama_transformer.py LLamaDecodeLayer): MoEV2 over a
+# LlamaFeedForward of expert_num experts (weights [E, out, in], w1 gate / w2 down / w3 up) and its router's
+# `dense`; with shared_expert_num > 0 LlamaFeedForwardWithMoE: the same under `routed_experts`, plus
+# `shared_experts` (a LlamaFeedForward of intermediate_size * shared_expert_num) and, with
+# use_shared_expert_gating, `shared_experts_gate` [1, h]; balance_via_topk_bias adds the router's `topk_bias` [E].
+# (Names and shapes read off the real model built on CPU: tests/test_mindspore_moe.py loads them strictly.)
+MINDFORMERS_LLAMA_MOE = [
+    ("model.layers.{i}.feed_forward.router.dense.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.feed_forward.router.router.topk_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
+    ("model.layers.{i}.feed_forward.ffn.w1.weight", Stack, ["layers.{i}.mlp.experts.{e}.gate.weight"]),
+    ("model.layers.{i}.feed_forward.ffn.w2.weight", Stack, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.feed_forward.ffn.w3.weight", Stack, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+]
+MINDFORMERS_LLAMA_MOE_SHARED = [
+    ("model.layers.{i}.feed_forward.routed_experts.router.dense.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.feed_forward.routed_experts.router.router.topk_bias", Copy,
+     ["layers.{i}.mlp.router.expert_bias"]),
+    ("model.layers.{i}.feed_forward.routed_experts.ffn.w1.weight", Stack, ["layers.{i}.mlp.experts.{e}.gate.weight"]),
+    ("model.layers.{i}.feed_forward.routed_experts.ffn.w2.weight", Stack, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.feed_forward.routed_experts.ffn.w3.weight", Stack, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.feed_forward.shared_experts.w1.weight", Copy, ["layers.{i}.mlp.shared.gate.weight"]),
+    ("model.layers.{i}.feed_forward.shared_experts.w2.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
+    ("model.layers.{i}.feed_forward.shared_experts.w3.weight", Copy, ["layers.{i}.mlp.shared.up.weight"]),
+    ("model.layers.{i}.feed_forward.shared_experts_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
+]
+LOCAL_EXPERTS = ".local_experts."  # MindSpeed: the expert number after it is local to its expert-parallel rank
+# (dialect, has a shared expert) -> the MoE rows; a combination not here is refused
+MOE_TABLES = {
+    ("mindspeed", False): MINDSPEED_MOE,
+    ("mindformers", False): MINDFORMERS_LLAMA_MOE,
+    ("mindformers", True): MINDFORMERS_LLAMA_MOE_SHARED,
 }

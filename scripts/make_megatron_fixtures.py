@@ -1,4 +1,4 @@
-"""Generate the Megatron test fixtures with a real megatron-core (any version 0.12 .. 0.16).
+"""Generate the Megatron test fixtures with a real megatron-core (0.12 .. 0.16; 0.17+ under Python 3.12).
 
     pip install --target /tmp/mcore-0.12 "megatron-core==0.12.*" --no-deps
     PYTHONPATH=/tmp/mcore-0.12 python scripts/make_megatron_fixtures.py tests/fixtures/megatron
@@ -75,6 +75,19 @@ def _patch_no_fp8() -> None:
     distrib_optimizer.quantize_param_shard = quantize
 
 
+class _NoStream:
+    """The CPU has one stream: waiting on it, or on its events, is done already."""
+
+    def wait_event(self, *args, **kwargs):
+        return None
+
+    def wait_stream(self, *args, **kwargs):
+        return None
+
+    def synchronize(self):
+        return None
+
+
 def _patch_cpu() -> None:
     _patch_torch_api()
     _patch_no_fp8()
@@ -88,6 +101,7 @@ def _patch_cpu() -> None:
         return "torch.cuda." + name[6:] if not args and not kwargs and name.startswith("torch.") else name
     torch.Tensor.type = cuda_type
     torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_stream = lambda *a, **k: _NoStream()  # 0.17+: grad sync waits on the current stream
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.is_available = lambda: False
     from megatron.core.tensor_parallel import random as mcore_random
@@ -340,12 +354,14 @@ def _worker(rank: int, world: int, port: int, out: str, distributed: bool) -> No
     torch.distributed.destroy_process_group()
 
 
-def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: bool, sharding: str | None) -> None:
-    """Megatron-LM's resume: load model, optimizer and scheduler from torch_dist `ckpt`, train 2 updates, print losses."""
+def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: bool, sharding: str | None,
+                   bucket_size: int | None = None) -> None:
+    """Megatron-LM's resume: load model, optimizer and scheduler from `ckpt` (an iteration folder, torch or
+    torch_dist), train 2 updates, print losses."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     _patch_cpu()
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
@@ -354,9 +370,40 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
     with torch.no_grad():  # other starting weights than the saved run's: the load must replace them all
         for p in gpt.parameters():
             p.add_(1.0)
+    # --bucket-size: Megatron-LM's --overlap-grad-reduce --ddp-bucket-size N (the buffer in several buckets)
     ddp = DDP(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed,
-                                                    overlap_grad_reduce=False), gpt)
+                                                    overlap_grad_reduce=bucket_size is not None,
+                                                    bucket_size=bucket_size), gpt)
     optimizer = _optimizer(ddp, distributed)
+    gbs = MBS * world
+    scheduler = _scheduler(optimizer, gbs)
+    if (Path(ckpt) / "mp_rank_00").is_dir():
+        _load_torch(Path(ckpt), gpt, optimizer, scheduler, distributed)
+    else:
+        _load_torch_dist(ckpt, gpt, optimizer, scheduler, distributed, sharding)
+    losses = []
+    for step in (STEPS + 1, STEPS + 2):
+        losses.append(_train_step(ddp, optimizer, step, rank))
+        scheduler.step(increment=gbs)
+    if rank == 0:
+        print(json.dumps({"losses": losses}))
+    torch.distributed.destroy_process_group()
+
+
+def _load_torch(folder: Path, gpt, optimizer, scheduler, distributed: bool) -> None:
+    """Megatron-LM's `load_checkpoint` of a `--ckpt-format torch` iteration folder (tp 1, pp 1): the rank file
+    on every rank, then (distributed optimizer) `load_parameter_state` of the distrib_optim.pt beside it."""
+    state = torch.load(folder / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
+    gpt.load_state_dict(state["model"], strict=True)
+    optimizer.load_state_dict(state["optimizer"])
+    if distributed:
+        _keep_torch_step(optimizer)
+        optimizer.load_parameter_state(str(folder / "mp_rank_00" / "distrib_optim.pt"))
+    scheduler.load_state_dict(state["opt_param_scheduler"])
+
+
+def _patch_for_dist_load(optimizer, distributed: bool) -> None:
+    """What a torch_dist load of torch Adam needs from megatron-core without TE."""
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         # Without TE/apex, the distributed optimizer's state_dict() reads torch Adam's per-parameter `step`,
         # which megatron-core's init_state_fn (run before a load) does not create: add it as torch would.
@@ -368,21 +415,32 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
         inner.init_state_fn = init_state
         if distributed:  # its sharded_state_dict(is_loading) reads the state before initialising it
             init_state(inner.optimizer, getattr(inner, "config", None))
-            # ... and `fully_reshardable` loading then copies every state key, torch's `step` included, which
-            # no checkpoint holds per parameter (load_state_dict already set it from the param groups, as it
-            # is with TE's FusedAdam, which keeps no per-parameter step)
-            real_set = inner._set_main_param_and_optimizer_states
+    if distributed:
+        _keep_torch_step(optimizer)
 
-            def set_states(model_param, tensors, real_set=real_set, inner=inner):
-                group, order = inner.model_param_group_index_map[model_param]
-                state = inner.optimizer.state[inner.optimizer.param_groups[group]["params"][order]]
-                step = state.pop("step", None)
-                real_set(model_param, tensors)
-                if step is not None:
-                    state["step"] = step
-            inner._set_main_param_and_optimizer_states = set_states
-    gbs = MBS * world
-    scheduler = _scheduler(optimizer, gbs)
+
+def _keep_torch_step(optimizer) -> None:
+    """The distributed optimizer's per-parameter load (`fully_reshardable`, and distrib_optim.pt's
+    `load_parameter_state`) copies every state key, torch Adam's `step` included, which no checkpoint holds
+    per parameter (load_state_dict already set it from the param groups, as it is with TE's FusedAdam,
+    which keeps no per-parameter step): copy the rest, keep the step."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        real_set = inner._set_main_param_and_optimizer_states
+
+        def set_states(model_param, tensors, real_set=real_set, inner=inner):
+            group, order = inner.model_param_group_index_map[model_param]
+            state = inner.optimizer.state[inner.optimizer.param_groups[group]["params"][order]]
+            step = state.pop("step", None)
+            real_set(model_param, tensors)
+            if step is not None:
+                state["step"] = step
+        inner._set_main_param_and_optimizer_states = set_states
+
+
+def _load_torch_dist(ckpt: str, gpt, optimizer, scheduler, distributed: bool, sharding: str | None) -> None:
+    from megatron.core import dist_checkpointing
+
+    _patch_for_dist_load(optimizer, distributed)
     meta = _sharded_metadata(_version(), distributed)
     if meta is not None and distributed:
         meta["distrib_optim_sharding_type"] = sharding
@@ -397,15 +455,8 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, distributed: boo
     loaded = dist_checkpointing.load(request, ckpt)
     gpt.load_state_dict(loaded["model"], strict=True)
     optimizer.load_state_dict(loaded["optimizer"])
-    common = torch.load(Path(ckpt) / "common.pt", weights_only=False)
-    scheduler.load_state_dict(common["opt_param_scheduler"])
-    losses = []
-    for step in (STEPS + 1, STEPS + 2):
-        losses.append(_train_step(ddp, optimizer, step, rank))
-        scheduler.step(increment=gbs)
-    if rank == 0:
-        print(json.dumps({"losses": losses}))
-    torch.distributed.destroy_process_group()
+    # load() returns the common state merged in (common.pt, or 0.19's `common_state` object)
+    scheduler.load_state_dict(loaded["opt_param_scheduler"])
 
 
 def _free_port() -> int:
@@ -419,14 +470,18 @@ def main(argv=None) -> None:
     parser.add_argument("out", type=Path, help="fixtures root (a <version>/ folder is made in it)")
     parser.add_argument("--only", choices=("fp16opt", "distopt"), default=None)
     parser.add_argument("--resume", action="store_true",
-                        help="OUT is a torch_dist iteration folder: load it (--only's optimizer), train 2 updates")
+                        help="OUT is an iteration folder (torch or torch_dist): load it (--only's optimizer), "
+                        "train 2 updates")
+    parser.add_argument("--bucket-size", type=int, default=None,
+                        help="--resume with --overlap-grad-reduce and DDP buckets of N elements")
     parser.add_argument("--sharding", default="fully_sharded_model_space",
                         help="the distributed optimizer's sharding type to load with (--resume)")
     ns = parser.parse_args(argv)
     if ns.resume:
         distributed = ns.only == "distopt"
         world = 2 if distributed else 1
-        torch.multiprocessing.spawn(_resume_worker, args=(world, _free_port(), str(ns.out), distributed, ns.sharding),
+        torch.multiprocessing.spawn(_resume_worker, args=(world, _free_port(), str(ns.out), distributed, ns.sharding,
+                                                          ns.bucket_size),
                                     nprocs=world)
         return
     import megatron.core  # noqa: F401 (fail early when PYTHONPATH lacks it)

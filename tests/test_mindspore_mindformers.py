@@ -93,6 +93,30 @@ def test_r13_plain_concat_read_with_qkv_layout_plain(hf_checkpoints, tmp_path):
     assert sorted(ours) == sorted(real) and all(torch.equal(ours[k], real[k]) for k in real)
 
 
+def test_mindspore_to_mindspore_names_each_sides_layout(hf_checkpoints, tmp_path):
+    """MindSpore -> MindSpore: --qkv-layout is the output's, --src-qkv-layout the source's.  An r1.3 plain file
+    rewritten grouped (r1.5+) equals interop's grouped output; the source's layout given only as --qkv-layout
+    (ambiguous) is one error line naming --src-qkv-layout, and --qkv-layout without --qkv-concat is refused."""
+    src = hf_checkpoints["llama"]
+    convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
+    (tmp_path / "r13").mkdir()
+    save_ckpt(tmp_path / "r13" / "model.ckpt", r13_concat(load_ckpt(tmp_path / "ms" / "model.ckpt")))
+    cfg = src / "config.json"
+    code, out = run("convert", tmp_path / "r13", tmp_path / "g", "--to", "mindspore", "--dialect", "mindformers",
+                    "--qkv-concat", "--src-qkv-layout", "plain", "--qkv-layout", "grouped", "--model-config", cfg, "-q")
+    assert code == 0, out
+    convert(src, tmp_path / "ours", dst_format="mindspore",
+            options={"dialect": "mindformers", "qkv_concat": True, "qkv_layout": "grouped"})
+    ours, got = load_ckpt(tmp_path / "ours" / "model.ckpt"), load_ckpt(tmp_path / "g" / "model.ckpt")
+    assert sorted(ours) == sorted(got) and all(torch.equal(ours[k], got[k]) for k in ours)
+    for flags in (["--qkv-concat", "--qkv-layout", "grouped"], ["--qkv-layout", "plain"]):
+        code, out = run("convert", tmp_path / "r13", tmp_path / "bad", "--to", "mindspore", "--dialect",
+                        "mindformers", *flags, "--model-config", cfg, "-q")
+        lines = [line for line in out.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and "--src-qkv-layout" in lines[0], out
+        assert not (tmp_path / "bad").exists()
+
+
 def test_tied_llama_with_lm_head_present_is_accepted(hf_checkpoints, tmp_path):
     src = hf_checkpoints["llama-tied"]
     convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers"})
@@ -136,6 +160,25 @@ def test_strict_load_into_mindformers_llama(hf_checkpoints, tmp_path, mindformer
     got = dict(model.parameters_and_names())
     assert (got["model.layers.2.attention_norm.weight"].asnumpy()
             == hf["model.layers.2.input_layernorm.weight"].numpy()).all()
+    # every tensor the model now holds equals HF's under MindFormers' names, fused (qkv_concat) by MindFormers'
+    # own convert_weight.convert_qkv_concat_weight (the oracle for the grouped layout)
+    from mindformers.models.llama.convert_weight import convert_qkv_concat_weight
+    renames = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+               "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+               "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
+               "post_attention_layernorm": "ffn_norm", "model.embed_tokens.weight": "model.tok_embeddings.embedding_weight",
+               "model.norm.weight": "model.norm_out.weight"}
+    expected = {}
+    for name, value in hf.items():
+        for old, new in renames.items():
+            name = name.replace(old, new)
+        expected[name] = ms.Parameter(ms.Tensor(value.numpy()), name=name)
+    if qkv_concat:
+        convert_qkv_concat_weight(expected, types.SimpleNamespace(model_config={
+            "num_heads": 8, "n_kv_heads": 4, "hidden_size": 64, "intermediate_size": 96}))
+    assert set(got) <= set(expected), set(got) - set(expected)
+    for name, param in got.items():
+        assert (param.asnumpy() == expected[name].asnumpy()).all(), name
 
 
 def test_mindformers_convert_weight_output_biases_plain(hf_checkpoints, tmp_path, mindformers):

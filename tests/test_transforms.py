@@ -192,6 +192,17 @@ def test_stack_binds_parts_per_expert_from_the_spec():
     assert Stack.bind(spec, gates).per == 1 and Stack.bind(spec, gates).rank_shape(1, 2) == (2, 2, 8)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith(("transpose", "stack"))])
+def test_row_order_gathers_the_parts(case):
+    """Gathering the stored tensor's rows in `row_order` (as the MindSpore model does, differentiably) gives
+    each part."""
+    transform = CASES[case]()
+    parts = _parts(transform.shapes)
+    stored = transform.fuse(parts)
+    for rows, want in zip(transform.row_order(), parts):
+        assert torch.equal(stored[torch.tensor(rows)], want)
+
+
 def test_tied_is_a_copy_never_read_back():
     assert not Tied([(4, 2)], 0).reads_back and Copy([(4, 2)], 0).reads_back
 

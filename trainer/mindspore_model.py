@@ -61,12 +61,13 @@ def _training_scalar(name: str, value) -> bool:
 # ---------------------------------------------------------------- weights in canonical orientation
 
 def _unfuse(m: MsModel, transform, fused, names: list[str]) -> list:
-    """The canonical tensors `names` held by one fused MindSpore tensor."""
+    """The canonical tensors `names` held by one fused MindSpore tensor: the transform's row order,
+    gathered with mindspore ops (so that mindspore's autodiff reaches the fused weight)."""
     import mindspore as ms
-    import torch
+    import mindspore.ops as ops
     index = param_index(m.spec)
     bound = transform.bind(m.spec, [index[n] for n in names])
-    return [ms.Tensor(part.numpy()) for part in bound.split(torch.from_numpy(fused.asnumpy()))]
+    return [ops.gather(fused, ms.Tensor(np.array(rows, dtype=np.int32)), 0) for rows in bound.row_order()]
 
 
 def _layer(m: MsModel, i: int) -> dict:

@@ -57,17 +57,18 @@ class Writer:
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
 
     def __init__(self, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
-                 distributed_optimizer: bool | None = None):
+                 distributed_optimizer: bool | None = None, dp: int | None = None):
         if (format or "torch") not in FORMATS:
             raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
+        if dp is not None and (format == "torch_dist" or not distributed_optimizer):
+            raise InteropError("--dp applies to Megatron output only with --distributed-optimizer --format torch "
+                               "(distrib_optim.pt is laid out for one dp; torch_dist loads at any dp)")
         if format == "torch_dist":
             self.impl = _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
                                              distributed_optimizer=distributed_optimizer)
         else:
-            if distributed_optimizer:
-                raise InteropError("the distributed optimizer's layout is written in torch_dist (--format torch_dist); "
-                                   "the torch format's distrib_optim.pt is not written")
-            self.impl = torch_format.Writer(root, spec, layout, metas, iteration=iteration)
+            self.impl = torch_format.Writer(root, spec, layout, metas, iteration=iteration,
+                                            distributed_optimizer=distributed_optimizer, dp=dp)
 
     def write(self, name, tensor) -> None:
         self.impl.write(name, tensor)

@@ -154,9 +154,14 @@ def distrib_hyper(saved) -> dict:
             "step": _step_value(step)}
 
 
-def dist_common_distributed(hyper: dict | None, step) -> dict:
-    """The `optimizer` entry of common.pt for megatron-core's distributed optimizer (`fully_reshardable`):
-    its `state_dict()` -- torch param groups with the step inside each, no per-parameter state."""
+def distrib_entry(hyper: dict | None, step) -> dict:
+    """megatron-core's `DistributedOptimizer.state_dict()`: torch param groups with the step inside each, no
+    per-parameter state (the rank file's `optimizer` beside distrib_optim.pt)."""
     hyper = hyper or {}
     groups = [dict(g, step=float(step or 0)) for g in (hyper.get("param_groups") or DEFAULT_GROUPS)]
-    return {"optimizer": {"param_groups": groups}, "param_state_sharding_type": "fully_reshardable"}
+    return {"optimizer": {"param_groups": groups}}
+
+
+def dist_common_distributed(hyper: dict | None, step) -> dict:
+    """The `optimizer` entry of common.pt for megatron-core's distributed optimizer (`fully_reshardable`)."""
+    return {**distrib_entry(hyper, step), "param_state_sharding_type": "fully_reshardable"}

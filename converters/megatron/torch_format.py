@@ -42,10 +42,12 @@ from .args import args_dict, args_from_spec, args_losses, check_args, base_args,
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
                          iteration_dir, iteration_name, rank_dir_name, rank_of_dir, write_tracker)
 from . import distrib
-from .optimizer import KINDS, distrib_hyper, pack, unpack
+from .distrib_file import DistribOptimFile, grad_dtype
+from .optimizer import KINDS, distrib_entry, distrib_hyper, pack, unpack
 from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows, flatten, ignored_why, legacy_key, read_ranks
 
+DISTRIB_KIND = {ours: theirs for theirs, ours in distrib.KINDS.items()}  # optim kind -> distrib_optim.pt's
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # modules whose state dict holds an `_extra_state` entry (layer and local expert numbers as digits)
 _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+")
@@ -507,7 +509,7 @@ class Writer:
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 iteration: int | None = None):
+                 iteration: int | None = None, distributed_optimizer: bool | None = None, dp: int | None = None):
         spec.check_tp(layout.tp)
         if layout.ep > 1:
             spec.check_ep(layout.ep)
@@ -528,6 +530,10 @@ class Writer:
         self.pending: dict[tuple, dict] = {}
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
+        # --distributed-optimizer: the moments (and fp32 masters) go to each rank's distrib_optim.pt
+        distributed = self._check_distrib(distributed_optimizer, dp)
+        self.dp = dp
+        self.weight_dtypes: set = set()
         self.dir = self.root / "iter_pending"
         self.files = {}  # (t, p, e): one rank file per tensor, pipeline and expert parallel rank
         for t, p in layout.ranks():
@@ -535,6 +541,26 @@ class Writer:
                 path = self.dir / rank_dir_name(t, p, layout.pp, e, layout.ep) / RANK_FILE
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.files[(t, p, e)] = TorchFileWriter(path)
+        # (a MoE model has no optimizer state here, so no distrib_optim.pt: ep is 1 where there is one)
+        self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p, e), f in self.files.items() if e == 0} \
+            if distributed else {}
+
+    def _check_distrib(self, distributed_optimizer: bool | None, dp: int | None) -> bool:
+        """Whether distrib_optim.pt files are written (refused in one line where they cannot be)."""
+        if not distributed_optimizer or not self.optim_kinds:
+            if distributed_optimizer:
+                self.notes.append(f"no optimizer state in the source: no {DISTRIB_OPTIM_FILE} written")
+            return False
+        missing = [k for k in ("exp_avg", "exp_avg_sq") if k not in self.optim_kinds]
+        if missing:
+            raise InteropError(f"--distributed-optimizer: the source has no {missing[0]} (Adam's state is needed)")
+        if dp is None or dp < 1:
+            raise InteropError(f"--distributed-optimizer with --format torch: pass --dp N, the data-parallel size "
+                               f"{DISTRIB_OPTIM_FILE}'s buffers are laid out for")
+        if self.layout.pp > 1 and self.spec.tied_embeddings:
+            raise InteropError(f"--distributed-optimizer: a tied embedding over several pipeline stages has a bucket "
+                               f"of its own in {DISTRIB_OPTIM_FILE} (not supported); write --format torch_dist")
+        return True
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base = base_param_name(name)
@@ -555,8 +581,15 @@ class Writer:
             piece = fused.to_rank(parts, t, self.layout.tp,
                                   out=self.memory.empty(fused.rank_shape(t, self.layout.tp), parts[0].dtype))
             for r in [row] + (self.tied_rows if base == "embed.word.weight" else []):
+                if kind and self.distrib:
+                    self.distrib[(t, r.stage)].add(DISTRIB_KIND[kind], r.chunk, r.key, piece)
+                    continue
                 for e in (range(self.layout.ep) if r.ep is None else [r.ep]):  # every EP rank: a copy
                     self.refs[(kind, t, r.stage, r.chunk, e, r.key)] = self.files[(t, r.stage, e)].add(piece)
+                if not kind:
+                    self.weight_dtypes.add(piece.dtype)
+                if not kind and self.distrib and "fp32_param" not in self.optim_kinds:  # masters: the weights
+                    self.distrib[(t, r.stage)].add("param", r.chunk, r.key, piece)
 
     def _model_dict(self, t: int, p: int, v: int, e: int) -> OrderedDict:
         """Rank (t, p, e)'s state dict of chunk v: its rows in module order, each linear module followed by its
@@ -595,18 +628,30 @@ class Writer:
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
             self.notes += notes
-            if args.get("use_distributed_optimizer"):
+            if self.distrib:
+                self._finish_distrib(args, state)
+            elif args.get("use_distributed_optimizer"):
                 args["use_distributed_optimizer"] = False
                 self.notes.append("the distributed optimizer's state is written as the non-distributed optimizer's "
                                   f"(in the rank files; no {DISTRIB_OPTIM_FILE}): resume without "
-                                  "--use-distributed-optimizer, or write --format torch_dist")
+                                  "--use-distributed-optimizer, or pass --distributed-optimizer --dp N")
         args = argparse.Namespace(**args)
         args.iteration = 0 if iteration == "release" else iteration
         for (t, p, e), f in self.files.items():
             obj = {"args": args, "checkpoint_version": CHECKPOINT_VERSION,
                    "iteration": 0 if iteration == "release" else iteration}
             chunks = [self._model_dict(t, p, v, e) for v in range(self.layout.vpp)]
-            if self.optim_kinds:
+            if self.distrib:
+                hyper = optimizer_hyper(state) or {}
+                step = hyper.get("step") if hyper.get("step") is not None else args.iteration
+                obj["optimizer"] = distrib_entry(hyper, step)
+                # the buffer follows the model's own parameter order (module by module), not the kind-sorted rows
+                self.distrib[(t, p)].finish([[(key, math.prod(sd[key].shape))
+                                              for key in distrib.module_order([k for k, r in sd.items() if r is not None])]
+                                             for sd in chunks], self.dp,
+                                            [distrib.bucket_size(vars(args), p, v) for v in range(self.layout.vpp)],
+                                            (self.weight_dtype, grad_dtype(self.weight_dtype, vars(args))))
+            elif self.optim_kinds:
                 params = [(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, e, key)] for k in self.optim_kinds})
                           for v, sd in enumerate(chunks) for key, ref in sd.items() if ref is not None]
                 hyper = optimizer_hyper(state) or {}
@@ -625,6 +670,32 @@ class Writer:
         self.dir.rename(self.root / iteration_name(iteration))
         write_tracker(self.root, iteration)
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return next(iter(self.weight_dtypes), torch.float32)
+
+    def _finish_distrib(self, args: dict, state: dict) -> None:
+        """The args of a distributed-optimizer run at the dp the buffers are laid out for."""
+        if len(self.weight_dtypes) > 1:  # megatron-core then keeps one buffer per dtype: not laid out here
+            raise InteropError(f"--distributed-optimizer: the weights have several dtypes "
+                               f"({', '.join(sorted(NAME_OF_DTYPE[d] for d in self.weight_dtypes))}); "
+                               f"{DISTRIB_OPTIM_FILE} is written for one (cast with --dtype)")
+        args["use_distributed_optimizer"] = True
+        args["data_parallel_size"] = self.dp
+        args["world_size"] = self.layout.tp * self.layout.pp * self.dp
+        if self.weight_dtype == torch.bfloat16 and not args.get("grad_reduce_in_bf16"):
+            args["accumulate_allreduce_grads_in_fp32"] = True  # as Megatron-LM's --bf16 sets it
+        if "fp32_param" not in self.optim_kinds and self.weight_dtype != torch.float32:
+            self.notes.append(f"the source has no fp32 master weights: {DISTRIB_OPTIM_FILE}'s masters are the "
+                              f"{NAME_OF_DTYPE[self.weight_dtype]} weights")
+        buckets = {distrib.bucket_size(args, p, v) for p in range(self.layout.pp) for v in range(self.layout.vpp)}
+        self.notes.append(f"the optimizer state is written as the distributed optimizer's ({DISTRIB_OPTIM_FILE}) "
+                          f"for dp {self.dp}, " + ("one bucket per model chunk" if buckets == {None} else
+                                                   f"buckets of {max(b for b in buckets if b)} elements")
+                          + ": resume at that dp with --use-distributed-optimizer")
+
     def abort(self) -> None:
+        for f in self.distrib.values():
+            f.close()
         for f in self.files.values():
             f.abort()

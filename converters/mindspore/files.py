@@ -25,8 +25,8 @@ _MP_RANK = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
 _RANK = re.compile(r"^rank_(\d+)$")
 
 
-def mindspeed_file(root: Path, t: int, p: int, tp: int, dp: int = 1) -> Path:
-    r = p * dp * tp + t
+def mindspeed_file(root: Path, t: int, p: int, tp: int, dp: int = 1, d: int = 0) -> Path:
+    r = p * dp * tp + d * tp + t  # d: the data-parallel rank (expert-parallel rank d < ep)
     return root / f"rank_{r}" / MINDSPEED_FILE
 
 

@@ -15,11 +15,12 @@ from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile
 from ...io.small_files import read_json_object
 from ...layout import ParallelLayout
-from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, MEGATRON_TIED_HEAD,
-                                         MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
+from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, LOCAL_EXPERTS,
+                                         MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
 from ...params import param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import Source, TensorMeta
+from . import pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
 from .rows import converter_names, ms_rows
 from .scalars import is_scalar_tag, scalars_to_state
@@ -62,7 +63,11 @@ def _runs(layers: list[int]) -> tuple[tuple[int, int], ...]:
 class Reader:
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
 
-    def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None):
+    def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
+                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None):
+        """`qkv_layout` / `qkv_bias_layout`: how a MindFormers w_qkv is joined.  MindSpore -> MindSpore gives
+        the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's)."""
+        qkv_layout, qkv_bias_layout = src_qkv_layout or qkv_layout, src_qkv_bias_layout or qkv_bias_layout
         path = Path(path)
         if not path.exists():
             raise InteropError(f"{path}: no such file or directory")
@@ -71,6 +76,7 @@ class Reader:
         if sidecar is not None and sidecar.get("format") != FORMAT:
             raise InteropError(f"{root / SIDECAR}: format is {sidecar.get('format')!r}, expected {FORMAT!r}")
         self.files: dict = {}
+        self.ep_files: dict = {}  # {(tp rank, stage, ep rank >= 1): file} of a MindSpeed expert-parallel run
         self._cached = (None, None)
         notes: list[str] = []
         try:
@@ -123,10 +129,17 @@ class Reader:
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
         if sidecar is not None and "layout" in sidecar:
             said = ParallelLayout.from_dict(sidecar["layout"])
-            if (said.tp, said.pp) != (layout.tp, layout.pp):
-                raise InteropError(f"{path}: {SIDECAR} says tp={said.tp} pp={said.pp}, "
-                                   f"the files are tp={layout.tp} pp={layout.pp}")
+            if (said.tp, said.pp, said.ep) != (layout.tp, layout.pp, layout.ep):
+                raise InteropError(f"{path}: {SIDECAR} says tp={said.tp} pp={said.pp} ep={said.ep}, "
+                                   f"the files are tp={layout.tp} pp={layout.pp} ep={layout.ep}")
             layout = said  # it also knows uneven stages
+        meta = pt_meta.read(path) if path.is_dir() else None
+        if meta is not None:
+            _, tp, pp, vpp = meta
+            if (tp, pp, vpp) != (layout.tp, layout.pp, layout.vpp):
+                raise InteropError(f"{path / 'pt_meta'}: its args files are for tp={tp} pp={pp} vpp={vpp}, the rank "
+                                   f"files hold tp={layout.tp} pp={layout.pp} vpp={layout.vpp}")
+            notes.append(f"layout tp={tp} pp={pp} vpp={vpp} read from the rank files, as pt_meta/ says")
         if qkv_concat and "plain" in (qkv_layout, qkv_bias_layout) and layout.tp > 1:
             raise InteropError(f"{path}: a plainly joined w_qkv split over tp={layout.tp} ranks is not per-head "
                                "shards: merge it with mindspore.transform_checkpoints first")
@@ -150,6 +163,12 @@ class Reader:
         notes += scalar_notes
         if sidecar is not None:
             state = _merge_state(sidecar.get("state") or {}, state)
+        if meta is not None and sidecar is None:  # (interop's own pt_meta restates what its sidecar records)
+            from_meta = pt_meta.state_from(meta[0])
+            if from_meta:
+                notes.append("pt_meta's Megatron args and counters kept in the training state")
+                state.setdefault("megatron", {}).update(
+                    {k: v for k, v in from_meta["megatron"].items() if k not in state["megatron"]})
         self.source = Source(spec, layout, state=state, notes=notes)
 
     def _qkv_layouts(self, first: CkptFile, sidecar, qkv_layout, qkv_bias_layout, notes):
@@ -160,12 +179,12 @@ class Reader:
         if qkv_layout is None:
             raise InteropError(f"{first.path}: a MindFormers qkv_concat checkpoint does not say how w_qkv / "
                                "w_gate_hidden are joined: pass --qkv-layout grouped (MindFormers r1.5.0 and later) "
-                               "or --qkv-layout plain (r1.3.x)")
+                               "or --qkv-layout plain (r1.3.x); --src-qkv-layout when writing MindSpore too")
         has_bias = any(t.endswith(".attention.w_qkv.bias") for t in first.keys())
         if has_bias and qkv_bias_layout is None and qkv_layout == "grouped" and sidecar is None:
             notes.append("read w_qkv.bias grouped per KV group, as MindFormers' own Llama model uses it; "
                          "MindFormers' convert_weight.py joins the biases plainly: for its output pass "
-                         "--qkv-bias-layout plain")
+                         "--qkv-bias-layout plain (--src-qkv-bias-layout when writing MindSpore too)")
         return qkv_layout, qkv_bias_layout
 
     def _place(self, spec: ModelSpec, notes: list[str]) -> ParallelLayout:
@@ -188,23 +207,54 @@ class Reader:
             raise InteropError(f"{Path(by_rank[0].path).parent.parent}: pipeline stages hold different numbers of "
                                f"layer runs ({[len(c) for c in chunks]}): not a virtual-pipeline layout")
         tp = self._tp_from_shapes(spec, by_rank[groups[stages[0]][0]])
+        ep = self._ep_from_experts(spec, by_rank[groups[stages[0]][0]])
         self.files = {}
         extra = 0
         for p, layers in enumerate(stages):
             ranks = groups[layers]
-            if len(ranks) % tp:
+            if len(ranks) % tp or len(ranks) < tp * ep:
                 raise InteropError(f"{Path(by_rank[ranks[0]].path).parent.parent}: stage {p} has {len(ranks)} rank "
-                                   f"files, not a multiple of tp={tp}")
-            for t, r in enumerate(ranks[:tp]):
-                if r - ranks[0] != t:
-                    raise InteropError(f"{by_rank[r].path}: rank {r} is not tp rank {t} of stage {p}")
-                self.files[(t, p)] = by_rank[r]
-            for r in ranks[tp:]:
+                                   f"files, not a multiple of tp={tp}" + (f" of at least ep={ep}" if ep > 1 else ""))
+            for i, r in enumerate(ranks[:tp * ep]):  # rank p*dp*tp + d*tp + t; expert-parallel rank d < ep
+                d, t = divmod(i, tp)
+                if r - ranks[0] != i:
+                    raise InteropError(f"{by_rank[r].path}: rank {r} is not tp rank {t}"
+                                       f"{f', ep rank {d}' if ep > 1 else ''} of stage {p}")
+                if d == 0:
+                    self.files[(t, p)] = by_rank[r]
+                else:
+                    self.ep_files[(t, p, d)] = by_rank[r]
+            for r in ranks[tp * ep:]:
                 by_rank[r].close()
                 extra += 1
         if extra:
-            notes.append(f"read data-parallel rank 0's files; {extra} data-parallel copies were not read")
-        return ParallelLayout(tp, len(stages), chunks)
+            notes.append(f"read data-parallel rank 0's files{f' (ep ranks 0-{ep - 1})' if ep > 1 else ''}; "
+                         f"{extra} data-parallel copies were not read")
+        return ParallelLayout(tp, len(stages), chunks, ep)
+
+    def _ep_from_experts(self, spec: ModelSpec, f: CkptFile) -> int:
+        """MindSpeed: how many experts one rank file numbers (local_experts 0 .. E/ep - 1) gives ep."""
+        if not spec.is_moe or self.dialect != "mindspeed":
+            return 1
+        held = {}
+        for tag in f.keys():
+            if LOCAL_EXPERTS in tag:
+                stem, _, rest = tag.partition(LOCAL_EXPERTS)
+                held.setdefault(stem, set()).add(rest.split(".")[0])
+        counts = {len(v) for v in held.values()}
+        if len(counts) != 1 or spec.num_experts % next(iter(counts)):
+            return 1  # (the missing tensors are then named one by one)
+        return spec.num_experts // counts.pop()
+
+    def _home(self, t: int, param, tag: str) -> tuple[CkptFile, str]:
+        """The file and tag holding `tag` of `param` for tp rank t: an expert's own ep rank, its local number."""
+        stage = self.layout.stage_of(param)
+        if param.expert is None or self.layout.ep == 1:
+            return self.files[(t, stage)], tag
+        per = self.spec.num_experts // self.layout.ep
+        d, local = divmod(param.expert, per)
+        tag = tag.replace(f"{LOCAL_EXPERTS}{param.expert}.", f"{LOCAL_EXPERTS}{local}.")
+        return (self.files[(t, stage)] if d == 0 else self.ep_files[(t, stage, d)]), tag
 
     def _tp_from_shapes(self, spec: ModelSpec, f: CkptFile) -> int:
         index = param_index(spec)
@@ -233,32 +283,44 @@ class Reader:
     def _check(self, notes: list[str]) -> dict[str, torch.Tensor]:
         """Every expected tensor present with its shard's shape, the optimizer's moments all or none;
         returns the training-state scalars (read from the first file); anything else is an error or noted."""
-        expected: dict[tuple[int, int], dict[str, tuple]] = {key: {} for key in self.files}
-        optional: dict[tuple[int, int], set] = {key: set() for key in self.files}
+        # every file by (tp rank, stage, ep rank); dense tensors are in each ep rank's file, an expert in its own
+        files = {**{(t, p, 0): f for (t, p), f in self.files.items()}, **self.ep_files}
+        eps = range(self.layout.ep)
+        expected: dict[tuple[int, int, int], dict[str, tuple]] = {key: {} for key in files}
+        optional: dict[tuple[int, int, int], set] = {key: set() for key in files}
         for name, transform, parts in self.rows:
             stage = self.layout.stage_of(self.index[parts[0]])
             shape = transform.rank_shape(0, self.layout.tp)
             for t in range(self.layout.tp):
-                expected[(t, stage)][self.tag_of[name]] = shape
+                if self.index[parts[0]].expert is not None and self.layout.ep > 1:
+                    f, tag = self._home(t, self.index[parts[0]], self.tag_of[name])
+                    d = next(k[2] for k, g in files.items() if g is f)
+                    expected[(t, stage, d)][tag] = shape
+                else:
+                    for d in eps:
+                        expected[(t, stage, d)][self.tag_of[name]] = shape
         copies = {}  # convert_pt2ckpt.py's name -> the model's, where a file may hold both
         for model, plain in converter_names(self.rows, self.spec, self.dialect).items():
             if self.tag_of[model] == model:
                 copies[plain] = model
                 stage = self.layout.stage_of(self.index[self.row_of_name(model)[2][0]])
                 for t in range(self.layout.tp):
-                    optional[(t, stage)].add(plain)
+                    for d in eps:
+                        optional[(t, stage, d)].add(plain)
         tied = []
         if self.spec.tied_embeddings:
             head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight")}
             tied = list(head[self.dialect])
             for t in range(self.layout.tp):
-                optional[(t, self.layout.pp - 1)].update(tied)
+                for d in eps:
+                    optional[(t, self.layout.pp - 1, d)].update(tied)
         moments = [native for native in self.prefixes.values()]
         have_moments = any(tag.startswith(native) for f in self.files.values() for tag in f.keys() for native in moments)
         buffers, scalars = set(), {}
-        for key, f in self.files.items():
+        for key, f in files.items():
             for name, shape in expected[key].items():
                 if name not in f:
+                    _refuse_expert_parallel(f, name, self.spec)
                     raise InteropError(f"{f.path}: tensor {name} is missing (a {self.dialect} {self.spec.arch} "
                                        f"model with {self.spec.num_layers} layers at tp={self.layout.tp} "
                                        f"pp={self.layout.pp})")
@@ -278,9 +340,9 @@ class Reader:
                     continue
                 dtype, shape = f.meta(tag)
                 if dtype is None or is_scalar_tag(tag, shape):
-                    if key == (0, 0) and dtype is not None:
+                    if key == (0, 0, 0) and dtype is not None:
                         scalars[tag] = f.read(tag)
-                    elif key == (0, 0):
+                    elif key == (0, 0, 0):
                         scalars.setdefault("__strings__", []).append(tag)
                     continue
                 why = next((why for suffix, why in IGNORED_SUFFIXES.items() if tag.endswith(suffix)), None)
@@ -329,15 +391,13 @@ class Reader:
     def metas(self) -> list[TensorMeta]:
         out = []
         for param in param_table(self.spec):
-            tag = self.tag_of[self.row_of[param.name][0]]
-            f = self.files[(0, self.layout.stage_of(param))]
+            f, tag = self._home(0, param, self.tag_of[self.row_of[param.name][0]])
             out.append(TensorMeta(param.name, f.meta(tag)[0], param.shape))
         if self.optim:
             for prefix, native in self.prefixes.items():
                 for param in param_table(self.spec):
-                    f = self.files[(0, self.layout.stage_of(param))]
-                    dtype = f.meta(native + self.tag_of[self.row_of[param.name][0]])[0]
-                    out.append(TensorMeta(prefix + param.name, dtype, param.shape))
+                    f, tag = self._home(0, param, native + self.tag_of[self.row_of[param.name][0]])
+                    out.append(TensorMeta(prefix + param.name, f.meta(tag)[0], param.shape))
         return out
 
     def read(self, name: str) -> torch.Tensor:
@@ -353,13 +413,13 @@ class Reader:
 
     def _gather(self, tag: str, transform, parts: list[str]) -> list[torch.Tensor]:
         """The row's canonical tensors from every TP rank's stored tensor (rank 0's when replicated)."""
-        stage = self.layout.stage_of(self.index[parts[0]])
+        first = self.index[parts[0]]
         ranks = [0] if transform.replicated else range(self.layout.tp)
-        return transform.from_ranks([self.files[(t, stage)].read(tag) for t in ranks])
+        return transform.from_ranks([_read(*self._home(t, first, tag)) for t in ranks])
 
     def close(self) -> None:
         self._cached = (None, None)
-        for f in self.files.values():
+        for f in list(self.files.values()) + list(self.ep_files.values()):
             f.close()
 
 
@@ -376,3 +436,20 @@ def _merge_state(base: dict, scalars: dict) -> dict:
 
 def _brief(layers: list[int]) -> str:
     return str(layers) if len(layers) <= 12 else f"{layers[:6]} ... {layers[-3:]}"
+
+
+def _refuse_expert_parallel(f: CkptFile, name: str, spec: ModelSpec) -> None:
+    """A MindSpeed rank file of an expert-parallel run numbers only its own experts from 0: say so."""
+    marker = ".local_experts."
+    if marker not in name:
+        return
+    stem = name.split(marker)[0] + marker
+    held = {t[len(stem):].split(".")[0] for t in f.keys() if t.startswith(stem)}
+    if held and len(held) < spec.num_experts and spec.num_experts % len(held) == 0:
+        raise InteropError(f"{f.path}: holds {len(held)} of the {spec.num_experts} experts per MoE layer: an "
+                           f"expert-parallel (ep={spec.num_experts // len(held)}) MindSpeed checkpoint, which is "
+                           "not read yet (only ep 1)")
+
+
+def _read(f: CkptFile, tag: str) -> torch.Tensor:
+    return f.read(tag)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...errors import InteropError
 from ...mappings.mindspore_names import (MINDSPEED_LAYERNORM_NORMS, MINDSPEED_LAYERNORM_PARAMS,
-                                         MINDSPEED_MODEL_RENAMES, PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
+                                         MINDSPEED_MODEL_RENAMES, MOE_TABLES, PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
 from ...params import param_index
 from ...spec import ModelSpec
 from ...transforms import Transform
@@ -38,21 +38,46 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
             raise InteropError(f"--qkv-layout must be one of {', '.join(QKV_LAYOUTS)}, got {layout!r}")
     present = param_index(spec)
     rows, taken = [], set()
-    for ms_name, transform, parts in TABLES[key]:
+    for ms_name, transform, parts in TABLES[key] + moe_table(spec, dialect, qkv_concat):
         layout = (qkv_bias_layout or qkv_layout) if ms_name.endswith(".bias") else qkv_layout
         if dialect == "mindformers" and layout == "plain":
             transform = PLAIN_LAYOUT.get(transform, transform)
         for i in (range(spec.num_layers) if "{i}" in ms_name else [None]):
-            name, names = ms_name.format(i=i), [p.format(i=i) for p in parts]
-            if name not in taken and all(n in present for n in names):
-                bound = transform.bind(spec, [present[n] for n in names])
-                rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, bound, names))
-                taken.add(name)
+            for e in (range(spec.num_experts) if "{e}" in ms_name else [None]):
+                name = ms_name.format(i=i, e=e)
+                names = ([p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts] if transform.every_expert
+                         else [p.format(i=i, e=e) for p in parts])
+                if name not in taken and all(n in present for n in names):
+                    bound = transform.bind(spec, [present[n] for n in names])
+                    rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, bound, names))
+                    taken.add(name)
     held = {name for _, _, names in rows for name in names}
     homeless = [name for name in present if name not in held]
     if homeless:  # e.g. Qwen3's q/k norms: neither dialect's table names them (not confirmed in their sources)
         raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}")
     return rows
+
+
+def moe_table(spec: ModelSpec, dialect: str, qkv_concat: bool) -> list:
+    """The MoE rows for this model, or [] for a dense one; one line for what the dialect cannot hold."""
+    if not spec.is_moe:
+        return []
+    shared = spec.shared_expert_ffn_hidden is not None
+    if (dialect, shared) not in MOE_TABLES or (dialect == "mindformers" and spec.arch != "llama"):
+        raise InteropError(f"MindSpore {dialect} names hold no {'shared expert' if shared else spec.arch + ' MoE'} "
+                           "(MindSpeed-Core-MS r0.1.0 has routed experts only; MindFormers MoE is its Llama's)")
+    if spec.moe_layers is not None and sorted(spec.moe_layers) != list(range(spec.num_layers)):
+        raise InteropError(f"MindSpore {dialect} models make every layer MoE; this one has experts in layers "
+                           f"{sorted(spec.moe_layers)} only")
+    if dialect == "mindspeed" and spec.moe_router_score != "softmax":
+        raise InteropError(f"MindSpeed-Core-MS r0.1.0's router scores with softmax, not {spec.moe_router_score}")
+    if dialect == "mindformers" and qkv_concat:
+        raise InteropError("MindFormers MoE with --qkv-concat (stacked w_gate_hidden) is not written or read: "
+                           "convert without --qkv-concat")
+    if dialect == "mindformers" and shared and spec.shared_expert_ffn_hidden % spec.moe_ffn_hidden:
+        raise InteropError(f"MindFormers' Llama builds shared experts of intermediate_size x shared_expert_num: "
+                           f"{spec.shared_expert_ffn_hidden} is no multiple of the experts' {spec.moe_ffn_hidden}")
+    return MOE_TABLES[(dialect, shared)]
 
 
 def converter_names(rows, spec: ModelSpec, dialect: str) -> dict[str, str]:

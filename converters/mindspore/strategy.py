@@ -17,7 +17,7 @@ def stage_strategy(spec: ModelSpec, layout: ParallelLayout, rows, stage: int) ->
         param = index[parts[0]]
         if layout.stage_of(param) != stage:
             continue
-        ndim = len(param.shape)
+        ndim = len(transform.rank_shape())  # stacked experts: [E, out, in]
         axis = transform.native_axis
         tensor_map = [0 if (d == axis and layout.tp > 1) else -1 for d in range(ndim)]
         items[name] = {"field": 0, "opt_weight_shard_size": 0, "opt_weight_shard_step": 0,

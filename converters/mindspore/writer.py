@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -9,10 +10,12 @@ import torch
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptWriter
 from ...layout import ParallelLayout
-from ...mappings.mindspore_names import DIALECTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES
+from ...mappings.mindspore_names import (DIALECTS, LOCAL_EXPERTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD,
+                                         OPTIM_PREFIXES)
 from ...params import param_index
 from ...spec import ModelSpec
 from ...tensors import TensorMeta
+from . import pt_meta
 from .files import SIDECAR, mindformers_file, mindspeed_file
 from .rows import converter_names, ms_rows
 from .scalars import state_to_scalars
@@ -27,10 +30,13 @@ class Writer:
 
     mindspeed: the layout MindSpeed-Core-MS training loads (`rank_{r}/network.ckpt`, the model's own
     parameter names, step/epoch/optimizer/scheduler scalars as convert_pt2ckpt.py writes them), any
-    tp/pp/vpp; `dp` numbers the folders like the run's data-parallel size (cp folded in).
+    tp/pp/vpp, and `pt_meta/` for its reverse converter; `dp` numbers the folders like the run's
+    data-parallel size (cp folded in).
     mindformers: `qkv_layout` "grouped" (r1.5.0 and later, the default) or "plain" (r1.3.0) for qkv_concat.
     `mindspore_model.json` (spec, layout, state) is an extra for interop; no reader needs it.
     """
+
+    holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
 
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
@@ -49,7 +55,9 @@ class Writer:
             raise InteropError("MindFormers checkpoints are written without virtual pipeline chunks: use --vpp 1")
         if dialect != "mindformers" and qkv_concat:
             raise InteropError("--qkv-concat applies to --dialect mindformers only")
-        # (--qkv-layout without --qkv-concat is the reader's: a MindSpore -> MindSpore conversion gives both)
+        if not qkv_concat and (qkv_layout or qkv_bias_layout):
+            raise InteropError("--qkv-layout / --qkv-bias-layout describe the written w_qkv (--qkv-concat); "
+                               "a MindSpore source's layout is --src-qkv-layout / --src-qkv-bias-layout")
         if dialect != "mindspeed" and dp is not None:
             raise InteropError("--dp numbers MindSpeed rank folders: it applies to --dialect mindspeed only")
         if dp is not None and dp < 1:
@@ -59,8 +67,14 @@ class Writer:
             raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
                                "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
         spec.check_tp(layout.tp)
+        if layout.ep > 1 and dialect != "mindspeed":
+            raise InteropError(f"MindFormers MoE output is written at --ep 1 (all experts in each rank file; its "
+                               f"strategy places them), not --ep {layout.ep}")
+        if layout.ep > 1 and (dp or layout.ep) % layout.ep:
+            raise InteropError(f"--dp {dp} is no multiple of --ep {layout.ep}: MindSpeed's expert-parallel ranks "
+                               "are data-parallel ranks")
         self.root, self.spec, self.layout = Path(root), spec, layout
-        self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or 1
+        self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or layout.ep
         self.qkv_layout = qkv_layout if qkv_concat else None
         self.qkv_bias_layout = qkv_bias_layout if qkv_concat else None
         self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout, qkv_bias_layout)
@@ -85,16 +99,27 @@ class Writer:
                               else "dropped the optimizer's fp32 master copies (MindFormers keeps none); "
                                    "the model weights are written")
         self.pending: dict[str, dict] = {}
-        self.files: dict[tuple[int, int], CkptWriter] = {}
+        # {(tp rank, stage, expert-parallel rank): its file}; ep ranks are the first data-parallel ranks
+        self.files: dict[tuple[int, int, int], CkptWriter] = {}
         for t, p in layout.ranks():
-            path = self._path(t, p)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.files[(t, p)] = CkptWriter(path)
+            for d in range(layout.ep):
+                path = self._path(t, p, d)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.files[(t, p, d)] = CkptWriter(path)
 
-    def _path(self, t: int, p: int) -> Path:
+    def _path(self, t: int, p: int, d: int) -> Path:
         if self.dialect == "mindspeed":
-            return mindspeed_file(self.root, t, p, self.layout.tp, self.dp)
+            return mindspeed_file(self.root, t, p, self.layout.tp, self.dp, d)
         return mindformers_file(self.root, t, p, self.layout.tp, self.layout.pp)
+
+    def _targets(self, param, ms_name: str) -> list[tuple[int, str]]:
+        """[(ep rank, name)] a tensor goes to: every ep rank, or an expert's own with its local number
+        (moe_layer.py: local_expert_indices = ep_rank * num_local_experts + i; experts.py numbers them from 0)."""
+        if param.expert is None or self.layout.ep == 1:
+            return [(d, ms_name) for d in range(self.layout.ep)]
+        per = self.spec.num_experts // self.layout.ep
+        local = ms_name.replace(f"{LOCAL_EXPERTS}{param.expert}.", f"{LOCAL_EXPERTS}{param.expert % per}.")
+        return [(param.expert // per, local)]
 
     def _split(self, name: str) -> tuple[str, str]:
         for prefix, native in self.prefixes.items():
@@ -131,10 +156,24 @@ class Writer:
         tp = self.layout.tp
         for t in range(tp):
             fused = transform.to_rank(parts, t, tp)
-            self.files[(t, stage)].write(ms_name, fused)
             native, base = self._native_split(ms_name)
-            if base in self.copies:
-                self.files[(t, stage)].write(native + self.copies[base], fused)
+            for d, name in self._targets(first, ms_name):
+                self.files[(t, stage, d)].write(name, fused)
+                if base in self.copies:
+                    self.files[(t, stage, d)].write(native + self.copies[base], fused)
+
+    def _copy_for_other_dp_ranks(self) -> None:
+        """With experts split over ep ranks, a data-parallel rank d >= ep without its folder would load the dp-0
+        folder (training.py), ep rank 0's experts: give each such rank of ep rank d % ep > 0 its copy."""
+        ep = self.layout.ep
+        extra = [(t, p, d) for t, p in self.layout.ranks() for d in range(ep, self.dp) if d % ep] if ep > 1 else []
+        for t, p, d in extra:
+            path = self._path(t, p, d)
+            path.parent.mkdir(parents=True)
+            shutil.copyfile(self._path(t, p, d % ep), path)
+        if extra:
+            self.notes.append(f"copied expert-parallel ranks' files for {len(extra)} data-parallel ranks beyond "
+                              f"ep={ep} (MindSpeed would give them dp rank 0's folder, ep rank 0's experts)")
 
     def _native_split(self, ms_name: str) -> tuple[str, str]:
         for native in self.prefixes.values():
@@ -159,8 +198,14 @@ class Writer:
             for writer in self.files.values():
                 for tag, value in scalars.items():
                     writer.write(tag, value)
+            if self.spec.is_moe:
+                self.notes.append("pt_meta/ not written: MindSpeed's convert_ckpt2pt.py (r0.1.0) converts no "
+                                  "MoE model back")
+            else:
+                self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
         for writer in self.files.values():
             writer.close()
+        self._copy_for_other_dp_ranks()
         if self.dialect == "mindformers" and self.layout.tp * self.layout.pp > 1:
             (self.root / "strategy").mkdir()
             for p in range(self.layout.pp):

@@ -68,6 +68,7 @@ from .writeback import Writeback
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
+COMMON_STATE = "common_state/shard_0_1"  # megatron-core 0.19+: ShardedObject("common_state", ..., (1,), (0,))
 DCP_METADATA = ".metadata"
 # What megatron-core writes to metadata.json; its loader rejects any other field.
 BACKEND_CONFIG = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
@@ -344,10 +345,18 @@ class DistCheckpoint:
 
     @property
     def common(self) -> dict:
-        """common.pt (args, iteration, ...), unpickled without running code; {} when absent."""
+        """common.pt (args, iteration, ...), unpickled without running code; {} when absent.  megatron-core
+        0.19 writes no common.pt: the same dict is the byte object `common_state` inside the DCP files
+        (megatron/core/dist_checkpointing/serialization.py, `load_common_state_dict`)."""
         if self._common is None:
             file = self.path / COMMON_PT
-            self._common = _load_pickle(file) if file.is_file() else {}
+            if file.is_file():
+                self._common = _load_pickle(file)
+            elif COMMON_STATE in self._objects:
+                file = self.path / DCP_METADATA
+                self._common = self.read_object(COMMON_STATE)
+            else:
+                self._common = {}
             if not isinstance(self._common, dict):
                 raise InteropError(f"{file}: expected a dict, found {type(self._common).__name__}")
         return self._common
@@ -362,8 +371,9 @@ class DistCheckpoint:
         return list(self._tensors)
 
     def objects(self) -> list[str]:
-        """Keys of byte objects (`*._extra_state/shard_*`, `rng_state/*`, ...): not tensors, not read here."""
-        return list(self._objects)
+        """Keys of byte objects (`*._extra_state/shard_*`, `rng_state/*`, ...): not tensors, not read here
+        (0.19's `common_state` is `.common`)."""
+        return [k for k in self._objects if k != COMMON_STATE]
 
     def __contains__(self, key) -> bool:
         return key in self._tensors

@@ -31,6 +31,7 @@ class Transform:
     """Canonical parts (torch Linear orientation, [out, in] or 1-D) <-> one stored tensor."""
 
     reads_back = True  # False for a stored copy that is written but never read (a tied head's copy)
+    every_expert = False  # True when one stored tensor holds a tensor of every expert (Stack)
     unchanged = False  # True when the stored tensor IS the one canonical tensor at tp 1 (its bytes copy as they are)
 
     def __init__(self, shapes, axis: int | None):
@@ -120,6 +121,15 @@ class Transform:
     def split(self, stored) -> list[torch.Tensor]:
         """The canonical parts from the whole stored tensor (tp 1)."""
         return self.from_ranks([stored])
+
+    def row_order(self) -> list[list[int]]:
+        """For each part, the whole stored tensor's rows that hold its rows, in order: the layout as row
+        indices, for another tensor library to apply by gathering rows (the trainer's MindSpore model does,
+        so that its autodiff reaches the stored tensor).  For transforms that keep rows whole (not Transpose, Stack)."""
+        import torch
+        shape = self.rank_shape()
+        rows = torch.arange(shape[0]).view(-1, *[1] * (len(shape) - 1)).expand(shape).contiguous()
+        return [part.reshape(part.shape[0], -1)[:, 0].tolist() for part in self.split(rows)]
 
 
 def concat_pieces(shards, stored) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -15,6 +15,8 @@ class Stack(Transform):
         that axis + 1 (native_axis); with per 2 a rank's slice e is [gate_t; up_t].
     """
 
+    every_expert = True  # a name table's row lists its parts for every expert, expert by expert
+
     def __init__(self, shapes, axis, per: int = 1):
         if per < 1 or len(shapes) % per:
             raise ValueError(f"{len(shapes)} parts do not stack {per} per slice")
@@ -39,3 +41,6 @@ class Stack(Transform):
         shards = self.shards(full, t, tp)
         return [piece for e in range(len(shards) // self.per)
                 for piece in concat_pieces(shards[e * self.per:(e + 1) * self.per], stored[e])]
+
+    def row_order(self):
+        raise NotImplementedError("a stacked tensor's first axis counts experts, not rows")

@@ -30,3 +30,6 @@ class Transpose(Transform):
 
     def runs(self, full, t=0, tp=1):
         return None  # every stored row gathers one column of each part
+
+    def row_order(self):
+        raise NotImplementedError("a transposed tensor's rows are the parts' columns")
