@@ -297,3 +297,22 @@ def test_grouped_gemm_sources_are_written_as_sequential_experts_with_a_note(ref,
     grouped_t, _ = read_all(root / "grouped" / "mixtral")
     assert source.state["megatron"]["args"]["moe_grouped_gemm"] is True
     assert all(torch.equal(dist_t[n], t) for n, t in grouped_t.items())
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+def test_hf_moe_to_megatron_ep2_tp2_and_back_is_bit_exact(tmp_path, fmt):
+    """HF Mixtral and Qwen2-MoE (shared expert with gate, a dense layer between MoE layers) -> Megatron
+    tp 2 / ep 2 -> HF: the same tensors, and transformers computes the same logits."""
+    pytest.importorskip("transformers")
+    import test_moe_hf as H
+    from hf_models import assert_same_hf
+
+    for kind in H.KINDS:
+        model = H.build(kind)
+        model.save_pretrained(tmp_path / kind)
+        with torch.no_grad():
+            logits = model(H.TOKENS).logits
+        convert(tmp_path / kind, tmp_path / f"{kind}-meg", dst_format="megatron", tp=2, ep=2, format=fmt)
+        convert(tmp_path / f"{kind}-meg", tmp_path / f"{kind}-hf", dst_format="hf")
+        assert_same_hf(tmp_path / kind, tmp_path / f"{kind}-hf")
+        assert torch.equal(H.hf_logits(tmp_path / f"{kind}-hf"), logits)
