@@ -5,11 +5,11 @@ import json
 
 import click
 
-from ..converters.registry import FORMATS
+from ..formats import names as format_names
 from .common import ProgressBar, user_errors
 
 # The engine (and torch) is imported inside the commands: `interop --help` starts without it.
-FORMAT_CHOICE = click.Choice(sorted(FORMATS))
+FORMAT_CHOICE = click.Choice(format_names())
 DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
 
 
@@ -85,7 +85,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layer
         bar.close()
     click.echo("\n".join(summary.lines()))
     if then_verify:
-        from ..verify import verify
+        from ..workflows.verify import verify
         from .verify import report
         report(verify(src, dst, src_format=summary.src_format, dst_format=dst_format, model_config=model_config,
                       iteration=iteration))

@@ -25,7 +25,7 @@ from .verify import verify  # noqa: E402
 
 main.add_command(verify)
 
-from ..demo import demo  # noqa: E402
+from ..workflows.demo import demo  # noqa: E402
 
 main.add_command(demo)
 

@@ -53,7 +53,8 @@ def _failed(exc) -> None:
 @click.option("--resume", is_flag=True, default=None, help="Continue from the newest checkpoint in --save (else --load).")
 @click.option("--tp", type=int, help="Tensor-parallel size. [1]")
 @click.option("--pp", type=int, help="Pipeline-parallel size. [1]")
-@click.option("--dp", type=int, help="Data-parallel size. [1, or WORLD_SIZE/(tp*pp) under torchrun]")
+@click.option("--dp", type=int, help="Data-parallel size. [ep, or WORLD_SIZE/(tp*pp) under torchrun]")
+@click.option("--ep", type=int, help="Expert-parallel size (MoE models): experts split over ep of the dp replicas. [1]")
 @click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
 @click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
 @click.option("--stop-at", type=int, help="Stop after this update (saving first), as if interrupted.")
@@ -82,7 +83,8 @@ def train(config_path, **flags):
 @click.argument("ckpt", type=click.Path())
 @_training_options
 @click.option("--layouts", default="1x1,2x1,1x2,2x2", show_default=True,
-              help="Reference-trainer layouts TPxPP[xDP], comma separated.")
+              help="Reference-trainer layouts TPxPP[xDP[xEP]], comma separated (EP: expert parallelism, "
+                   "carved out of DP).")
 @click.option("--frameworks", default="torch,hf", show_default=True,
               help="Comma separated: torch (the reference trainer at each layout), hf, mindspore, "
                    "megatron (megatron-core, when installed).")
@@ -99,7 +101,7 @@ def parity(ckpt, config_path, layouts, frameworks, tolerance, plot, **flags):
     Example:
       interop parity ckpt --steps 10 --layouts 1x1,2x1,1x2,2x2 --frameworks torch,hf,mindspore --plot parity.png
     """
-    from ..trainer.parity import parity as run_parity, parse_layouts
+    from ..workflows.parity import parity as run_parity, parse_layouts
     cfg = _config(config_path, **flags)
     result = run_parity(ckpt, cfg, parse_layouts(layouts), [f.strip() for f in frameworks.split(",") if f.strip()],
                         tolerance, plot)

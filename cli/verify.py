@@ -1,14 +1,14 @@
-"""`interop verify SRC DST`: a thin click layer over `interop.verify.verify`."""
+"""`interop verify SRC DST`: a thin click layer over `interop.workflows.verify.verify`."""
 from __future__ import annotations
 
 import sys
 
 import click
 
-from ..converters.registry import FORMATS
+from ..formats import names as format_names
 from .common import user_errors
 
-FORMAT_CHOICE = click.Choice(sorted(FORMATS))
+FORMAT_CHOICE = click.Choice(format_names())
 
 
 def report(result) -> None:
@@ -41,7 +41,7 @@ def verify(src, dst, src_format, dst_format, model_config, dst_model_config, ite
       interop verify ./llama-hf ./llama-ms
       interop convert ./llama-hf ./llama-ms --to mindspore --tp 2 --verify   # the same, after converting
     """
-    from ..verify import verify as run_verify
+    from ..workflows.verify import verify as run_verify
     report(run_verify(src, dst, src_format=src_format, dst_format=dst_format, tolerance=tolerance,
                       frameworks=not reference_only, dst_model_config=dst_model_config, model_config=model_config,
                       iteration=iteration))

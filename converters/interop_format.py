@@ -1,7 +1,7 @@
 """The common format as a conversion endpoint (the store itself lives in `interop.store`)."""
 from __future__ import annotations
 
-from ..spec import ModelSpec
+from ..spec import padded_to_tp
 from ..store import StoreReader, StoreWriter, is_store
 
 detect = is_store
@@ -16,10 +16,4 @@ class Reader(StoreReader):
 
 class Writer(StoreWriter):
     holds_moe = True  # routed experts stored by expert-parallel rank (interop.store)
-
-    @staticmethod
-    def padded_vocab(spec: ModelSpec, tp: int) -> int:
-        """Keep the source's padding when tp divides it; otherwise pad the true vocab up to a multiple of tp."""
-        if spec.padded_vocab % tp == 0:
-            return spec.padded_vocab
-        return -(-spec.vocab // tp) * tp
+    padded_vocab = staticmethod(padded_to_tp)

@@ -19,7 +19,7 @@ import torch
 
 from . import memory
 from .atomic import atomic_directory, check_destination
-from .converters.registry import converter, detect_format
+from .formats import detect_format, reader_of, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
@@ -192,7 +192,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         raise InteropError(f"{src}: no such file or directory")
     if dtype not in DTYPE_CHOICES:
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
-    reader_cls, writer_cls = converter(src_format).Reader, converter(dst_format).Writer
+    reader_cls, writer_cls = reader_of(src_format), writer_of(dst_format)
     reader_options, writer_options = split_options(reader_cls, writer_cls, options, src_format, dst_format)
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .converters.registry import converter, detect_format
+from .formats import detect_format, reader_of
 from .errors import InteropError
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1}
@@ -100,7 +100,7 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
     fmt = fmt or detect_format(path)
     if fmt == "interop" and not options:
         return _describe_store(Path(path))
-    reader = converter(fmt).Reader(path, **options)
+    reader = reader_of(fmt)(path, **options)
     try:
         from .tensors import NAME_OF_DTYPE
         source = reader.source

@@ -22,6 +22,7 @@ import yaml
 
 from . import argsfile
 from .errors import InteropError
+from .io.megatron_save import TRACKER, iteration_name, read_tracker
 from .mappings import colossalai, deepspeed, hf_args, mindformers, mindformers_legacy, mindspeed
 from .mappings import megatron_args as M
 
@@ -34,7 +35,7 @@ _MISSING = object()
 
 
 @dataclass
-class Entry:
+class Unmapped:
     """One thing that did not map: the flag (or target key), its value, and why."""
 
     flag: str
@@ -44,22 +45,22 @@ class Entry:
 
 
 @dataclass
-class Source:
+class ArgsSource:
     """A source read into Megatron's terms: the values it gives, and what it could not say."""
 
     path: str
     format: str
     explicit: dict
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[Unmapped] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Result:
     text: str
-    source: Source
+    source: ArgsSource
     target: str
-    entries: list[Entry]
+    entries: list[Unmapped]
     warnings: list[str]
 
     def report(self) -> dict:
@@ -115,10 +116,10 @@ def _is_value(token: str) -> bool:
         return False
 
 
-def parse_tokens(tokens: list[str], where: str = "args") -> tuple[dict, list[Entry], list[str]]:
+def parse_tokens(tokens: list[str], where: str = "args") -> tuple[dict, list[Unmapped], list[str]]:
     """Megatron's argparse, for our purpose: (explicit values by dest, unknown flags, warnings)."""
     explicit: dict = {}
-    unknown: list[Entry] = []
+    unknown: list[Unmapped] = []
     warnings: list[str] = []
     i = 0
     while i < len(tokens):
@@ -128,7 +129,7 @@ def parse_tokens(tokens: list[str], where: str = "args") -> tuple[dict, list[Ent
             if token.startswith("${") or token.startswith("$("):
                 warnings.append(f"{token}: not set in the file, ignored (pass -e NAME=VALUE)")
             else:
-                unknown.append(Entry(token, None, "stray word, not a flag value (an unquoted value with spaces?)"))
+                unknown.append(Unmapped(token, None, "stray word, not a flag value (an unquoted value with spaces?)"))
             continue
         flag, eq, inline = token.partition("=")
         arg = M.FLAGS.get(flag)
@@ -138,7 +139,7 @@ def parse_tokens(tokens: list[str], where: str = "args") -> tuple[dict, list[Ent
                 values.append(tokens[i])
                 i += 1
             value = values[0] if len(values) == 1 else (values or True)
-            unknown.append(Entry(flag, value, "not a Megatron-LM (core_v0.16) or MindSpeed argument"))
+            unknown.append(Unmapped(flag, value, "not a Megatron-LM (core_v0.16) or MindSpeed argument"))
             continue
         if arg.kind in M.BOOLS:
             if eq:
@@ -153,7 +154,7 @@ def parse_tokens(tokens: list[str], where: str = "args") -> tuple[dict, list[Ent
                 raise InteropError(f"{where}: {flag} needs a value")
             pairs = [_convert(arg, flag, r, where) for r in raws]
             value = [v for v, _ in pairs]
-            unknown.extend(Entry(flag, v, note, lost=False) for v, note in pairs if note)
+            unknown.extend(Unmapped(flag, v, note, lost=False) for v, note in pairs if note)
         else:
             if eq:
                 raw = inline
@@ -164,12 +165,12 @@ def parse_tokens(tokens: list[str], where: str = "args") -> tuple[dict, list[Ent
                 raise InteropError(f"{where}: {flag} needs a value")
             value, note = _convert(arg, flag, raw, where)
             if note:
-                unknown.append(Entry(flag, raw, note, lost=False))
+                unknown.append(Unmapped(flag, raw, note, lost=False))
         explicit[arg.dest] = value
     return explicit, unknown, warnings
 
 
-def _megatron_view(explicit: dict) -> tuple[dict, list[Entry], list[str]]:
+def _megatron_view(explicit: dict) -> tuple[dict, list[Unmapped], list[str]]:
     """Values said the way upstream Megatron-LM core_v0.16 can say them: fork-only values become
     upstream flags where they have a meaning, and are named where they have none."""
     full = M.complete(explicit)
@@ -182,7 +183,7 @@ def _megatron_view(explicit: dict) -> tuple[dict, list[Entry], list[str]]:
             values["decoder_first_pipeline_num_layers"] = counts[0]
             values["decoder_last_pipeline_num_layers"] = counts[-1]
         else:
-            entries.append(Entry("--num-layer-list", ",".join(map(str, counts)),
+            entries.append(Unmapped("--num-layer-list", ",".join(map(str, counts)),
                                  "uneven middle pipeline stages: Megatron-LM's --decoder-first/last-pipeline-num-layers "
                                  "set only the first and last stage"))
     # MindSpeed-LLM's MoE spellings, as the upstream values they stand for (megatron_args.DERIVED)
@@ -206,7 +207,7 @@ def _megatron_view(explicit: dict) -> tuple[dict, list[Entry], list[str]]:
     return values, entries, warnings
 
 
-def format_args(explicit: dict) -> tuple[str, list[Entry], list[str]]:
+def format_args(explicit: dict) -> tuple[str, list[Unmapped], list[str]]:
     """The flags that say `explicit` to Megatron-LM core_v0.16 (defaults and re-derivable values left out).
 
     Only upstream flags are written; a MindSpeed-only value or a fork's choice is named instead.
@@ -229,13 +230,13 @@ def format_args(explicit: dict) -> tuple[str, list[Entry], list[str]]:
         if not arg.flags or arg.origin != "megatron":
             if arg.dest in explicit or arg.dest in M.DERIVED_BY_DEST:
                 where = "a MindSpeed / MindSpeed-LLM argument" if arg.origin == "mindspeed" else "computed"
-                entries.append(Entry(M.flag_of(arg.dest), value,
+                entries.append(Unmapped(M.flag_of(arg.dest), value,
                                      f"Megatron-LM core_v0.16 has no flag for it ({where}) and the other flags "
                                      "do not imply it"))
             continue
         if arg.choices and arg.kind in (M.STR, M.STRS) and any(
                 str(v) not in map(str, arg.choices) for v in (value if isinstance(value, list) else [value])):
-            entries.append(Entry(arg.flag, value, "not one of Megatron-LM core_v0.16's choices "
+            entries.append(Unmapped(arg.flag, value, "not one of Megatron-LM core_v0.16's choices "
                                                   f"({', '.join(map(str, arg.choices))})"))
             continue
         if arg.kind == M.TRUE:
@@ -247,7 +248,7 @@ def format_args(explicit: dict) -> tuple[str, list[Entry], list[str]]:
         elif arg.kind == M.BOOLOPT:
             lines.append(arg.flags[0] if value else arg.flags[1])
         elif value is None:
-            entries.append(Entry(arg.flag, None, "Megatron cannot unset it from the command line"))
+            entries.append(Unmapped(arg.flag, None, "Megatron cannot unset it from the command line"))
         elif isinstance(value, list):
             lines.append(" ".join([arg.flag] + [shlex.quote(str(v)) for v in value]))
         else:
@@ -308,10 +309,10 @@ def write_table(full: dict, rows, nullable=None) -> tuple[dict, dict]:
     return doc, why
 
 
-def read_table(doc: dict, rows, target: str) -> tuple[dict, list[Entry]]:
+def read_table(doc: dict, rows, target: str) -> tuple[dict, list[Unmapped]]:
     """Megatron values from a target document, and the document's keys no row reads."""
     values: dict = {}
-    notes: list[Entry] = []
+    notes: list[Unmapped] = []
     for row in rows:
         value = _get(doc, row.path)
         if value is _MISSING:
@@ -327,12 +328,12 @@ def read_table(doc: dict, rows, target: str) -> tuple[dict, list[Entry]]:
                 raise InteropError(f"{target} file: {row.path}: cannot read {_short(repr(value))}") from None
             note = back.pop("_note", None)
             if note:
-                notes.append(Entry(row.path, value, note))
+                notes.append(Unmapped(row.path, value, note))
             values.update(back)
         elif row.source:
             values[row.source[0]] = value
     read = {row.path for row in rows}
-    entries = [Entry(path, value, f"no Megatron equivalent for this {target} key")
+    entries = [Unmapped(path, value, f"no Megatron equivalent for this {target} key")
                for path, value in _leaves(doc) if path not in read and not any(p.startswith(path + ".") for p in read)
                and not any(path.startswith(p + ".") for p in read)]  # inside a value a row reads whole
     return values, notes + entries
@@ -447,7 +448,7 @@ def _target_warnings(full: dict, doc: dict, target: str) -> list[str]:
     return warnings
 
 
-def read_target(text: str, target: str, where: str = "input") -> tuple[dict, list[Entry], list[str]]:
+def read_target(text: str, target: str, where: str = "input") -> tuple[dict, list[Unmapped], list[str]]:
     """Megatron values from a file this module writes (or a hand-written one of that format)."""
     if target == "megatron":
         launch = argsfile.parse_text(text)
@@ -639,7 +640,7 @@ def _set_values(pairs: dict, where: str = "--set") -> dict:
     return explicit
 
 
-def load(path: str | Path, env: dict | None = None, fmt: str = "auto", values: dict | None = None) -> Source:
+def load(path: str | Path, env: dict | None = None, fmt: str = "auto", values: dict | None = None) -> ArgsSource:
     """Read any supported source into Megatron's terms; `values` (--set) are given over the file's."""
     path = Path(path)
     if not path.exists():
@@ -667,7 +668,7 @@ def load(path: str | Path, env: dict | None = None, fmt: str = "auto", values: d
 MINDSPORE_FAMILY = ("mindspeed", "mindformers", "mindformers-legacy", "mindspeed-nested")
 
 
-def _load(path: Path, env: dict | None, fmt: str) -> Source:
+def _load(path: Path, env: dict | None, fmt: str) -> ArgsSource:
     fmt = detect(path) if fmt == "auto" else fmt
     if fmt == "megatron-checkpoint":
         return _load_checkpoint(path)
@@ -685,39 +686,24 @@ def _load(path: Path, env: dict | None, fmt: str) -> Source:
         unset = [n for n in launch.unresolved if not n.startswith("$(")]
         if unset:
             warnings.append(f"variables not set in the file: {', '.join(unset)} (pass -e NAME=VALUE)")
-        return Source(str(path), fmt, explicit, unknown, warnings)
+        return ArgsSource(str(path), fmt, explicit, unknown, warnings)
     if fmt == "atorch":
         explicit, entries, warnings = deepspeed.read_strategy(_read_text(path), str(path))
-        return Source(str(path), fmt, explicit, [Entry(*e) for e in entries], warnings)
+        return ArgsSource(str(path), fmt, explicit, [Unmapped(*e) for e in entries], warnings)
     if fmt not in TARGETS + READ_ONLY:
         raise InteropError(f"--from must be auto, megatron-checkpoint or one of "
                            f"{', '.join(TARGETS + READ_ONLY)}, got {fmt!r}")
     text = _read_text(path)
     explicit, entries, warnings = read_target(text, fmt, str(path))
-    return Source(str(path), fmt, explicit, entries, warnings)
-
-
-def _torch_load(path: Path):
-    """The checkpoint's stored args, through the project's allow-listing unpickler (never plain torch.load)."""
-    from .io.safe_pickle import safe_torch_load
-
-    try:
-        return safe_torch_load(path)
-    except InteropError:
-        raise
-    except Exception as exc:  # a pickle we refuse or cannot read is the user's file, not our bug
-        raise InteropError(f"{path}: cannot read the checkpoint's stored args ({exc.__class__.__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    return ArgsSource(str(path), fmt, explicit, entries, warnings)
 
 
 def _checkpoint_file(path: Path) -> Path:
     """The file that holds `args`: common.pt (torch_dist) or model_optim_rng.pt (legacy)."""
     if path.is_file():
         return path
-    tracker = path / "latest_checkpointed_iteration.txt"
-    if tracker.exists():
-        text = tracker.read_text().strip()
-        path = path / ("release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else text)
+    if (path / TRACKER).exists():
+        path = path / iteration_name(read_tracker(path))
     if (path / "common.pt").exists():
         return path / "common.pt"
     for name in ("mp_rank_00", "mp_rank_00_000"):
@@ -727,9 +713,10 @@ def _checkpoint_file(path: Path) -> Path:
                        "or mp_rank_00*/model_optim_rng.pt)")
 
 
-def _load_checkpoint(path: Path) -> Source:
+def _load_checkpoint(path: Path) -> ArgsSource:
+    from .io.safe_pickle import safe_torch_load, to_plain  # torch: only a checkpoint needs it
     file = _checkpoint_file(path)
-    state = _torch_load(file)
+    state = safe_torch_load(file)  # the allow-listing unpickler, never plain torch.load
     args = state.get("args") if isinstance(state, dict) else None
     if args is None:
         raise InteropError(f"{file}: the checkpoint stores no args; give an args file or config.json instead")
@@ -741,29 +728,17 @@ def _load_checkpoint(path: Path) -> Source:
         if arg is None:
             ignored.append(key)
             continue
-        value = _plain(value)
+        value = to_plain(value)
         if value != arg.default:
             explicit[dest] = value
-    entries = [Entry("(checkpoint args)", sorted(ignored), f"{len(ignored)} stored args interop does not model",
+    entries = [Unmapped("(checkpoint args)", sorted(ignored), f"{len(ignored)} stored args interop does not model",
                      lost=False)] if ignored else []
-    return Source(str(path), "megatron-checkpoint", explicit, entries, [])
-
-
-def _plain(value):
-    """Checkpoint values as plain data: dtypes and enums by name, tuples as lists."""
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    text = str(value)
-    if text.startswith("torch."):
-        return {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}.get(text, text)
-    return getattr(value, "name", text)
+    return ArgsSource(str(path), "megatron-checkpoint", explicit, entries, [])
 
 
 # ---------------------------------------------------------------- the whole job
 
-def check(source: Source) -> tuple[dict, list[str]]:
+def check(source: ArgsSource) -> tuple[dict, list[str]]:
     """Completed args, or an InteropError naming contradicting or missing flags."""
     full = M.complete(source.explicit)
     missing = M.missing_required(full)
@@ -785,7 +760,7 @@ def _held(target: str, before: dict) -> set:
     return {s for row in _table(target, before) for s in row.source}
 
 
-def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Entry]:
+def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unmapped]:
     """What the given values lose on the way to `target` and back: the round trip decides.
 
     Values the user did not give are the target's business (its defaults apply); a given value
@@ -799,7 +774,7 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Entr
     entries = []
     for dest, value in explicit.items():
         if dest in launch:
-            entries.append(Entry(M.flag_of(dest), value, f"the launcher's rank count: no {target} field for it "
+            entries.append(Unmapped(M.flag_of(dest), value, f"the launcher's rank count: no {target} field for it "
                                                          f"(launch the job on {value} ranks; the batch split assumes it)"))
             continue
         if target == "megatron" and dest == "num_layer_list" and "--num-layer-list" not in why:
@@ -810,13 +785,13 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Entr
         value = True if M.ARGS[dest].kind == M.FALSE and value is False else value  # the switch was given
         flag = M.flag_of(dest)
         if dest in why or flag in why:
-            entries.append(Entry(flag, value, why.get(dest) or why[flag]))
+            entries.append(Unmapped(flag, value, why.get(dest) or why[flag]))
         elif not lost:
             continue
         elif dest not in held:
-            entries.append(Entry(flag, value, f"no {target} field for it"))
+            entries.append(Unmapped(flag, value, f"no {target} field for it"))
         else:
-            entries.append(Entry(flag, value, f"{target} reads it back as {after.get(dest)!r}"))
+            entries.append(Unmapped(flag, value, f"{target} reads it back as {after.get(dest)!r}"))
     return entries
 
 

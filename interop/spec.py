@@ -247,3 +247,11 @@ def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:
     """Megatron's rule: round the vocabulary up to a multiple of `multiple * tp`."""
     step = multiple * tp
     return int(math.ceil(vocab / step) * step)
+
+
+def padded_to_tp(spec: ModelSpec, tp: int) -> int:
+    """Embedding rows where only tp must divide them (the common format, MindSpore): the source's padding
+    when tp divides it, otherwise the true vocabulary rounded up to a multiple of tp."""
+    if spec.padded_vocab % tp == 0:
+        return spec.padded_vocab
+    return -(-spec.vocab // tp) * tp

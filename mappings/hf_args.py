@@ -10,10 +10,16 @@ written, with a warning.
 from __future__ import annotations
 
 from ..errors import InteropError
+from ..spec import llama3_rope_scaling
+from .hf_config import GPT2_ACTIVATION_OUT, GPT2_ACTIVATIONS, GPT2_KEYS, LLAMA_KEYS
 from .megatron_args import CONST, OMIT, R, Unmappable, moe_layer_pattern
+from .megatron_spec import SPEC_NUMBERS
 
-GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
-GPT2_ACT_BACK = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
+
+def _numbers(hf_keys) -> list:
+    """R(Megatron dest, HF key) for the plain numbers: the HF key of each ModelSpec field is
+    `hf_config`'s, its Megatron argument `megatron_spec`'s; neither name is written here again."""
+    return [R(SPEC_NUMBERS[field], key) for field, key, _ in hf_keys if field in SPEC_NUMBERS]
 
 
 def _untie(v, doc):
@@ -21,9 +27,9 @@ def _untie(v, doc):
 
 
 def _gpt2_act(act):
-    if act not in GPT2_ACT:
+    if act not in GPT2_ACTIVATION_OUT:
         raise Unmappable(f"GPT2 has no {act} activation")
-    return GPT2_ACT[act]
+    return GPT2_ACTIVATION_OUT[act]
 
 
 def _llama_act(act):
@@ -50,15 +56,10 @@ def _dtype_back(v, doc):
 GPT2 = [
     CONST("model_type", "gpt2"),
     CONST("architectures", ["GPT2LMHeadModel"]),
-    R("num_layers", "n_layer"),
-    R("hidden_size", "n_embd"),
-    R("num_attention_heads", "n_head"),
+    *_numbers(GPT2_KEYS),
     R("ffn_hidden_size", "n_inner"),
-    R("max_position_embeddings", "n_positions"),
-    R("vocab_size", "vocab_size"),
-    R("norm_epsilon", "layer_norm_epsilon"),
     R("activation", "activation_function", to=_gpt2_act,
-      back=lambda v, doc: {"activation": GPT2_ACT_BACK.get(v, v)}),
+      back=lambda v, doc: {"activation": GPT2_ACTIVATIONS.get(v, v)}),
     R("untie_embeddings_and_output_weights", "tie_word_embeddings", True, to=lambda v: not v, back=_untie),
     R("hidden_dropout", "resid_pdrop"),
     R("hidden_dropout", "embd_pdrop"),
@@ -67,8 +68,10 @@ GPT2 = [
     R("params_dtype", "torch_dtype", back=_dtype_back),
 ]
 
-# Megatron-core's --use-rope-scaling fixes these (models/common/embeddings/rotary_pos_embedding.py).
-MEGATRON_LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# Megatron-core's --use-rope-scaling fixes these (models/common/embeddings/rotary_pos_embedding.py): spec's defaults.
+_FIXED = llama3_rope_scaling(1.0)
+MEGATRON_LLAMA3 = {"low_freq_factor": _FIXED["low_freq_factor"], "high_freq_factor": _FIXED["high_freq_factor"],
+                   "original_max_position_embeddings": _FIXED["original_max_positions"]}
 
 
 def _rope(base, scaling, factor):
@@ -118,15 +121,9 @@ def _rows(model_type: str, architecture: str, family: list) -> list:
 
 
 _LLAMA_SHAPE = [
-    R("num_layers", "num_hidden_layers"),
-    R("hidden_size", "hidden_size"),
-    R("ffn_hidden_size", "intermediate_size"),
-    R("num_attention_heads", "num_attention_heads"),
+    *_numbers(LLAMA_KEYS),
     R("num_query_groups", "num_key_value_heads", back=_kv_heads_back),
     R("kv_channels", "head_dim"),
-    R("max_position_embeddings", "max_position_embeddings"),
-    R("vocab_size", "vocab_size"),
-    R("norm_epsilon", "rms_norm_eps"),
     R("rotary_base", "rope_theta", back=lambda v, doc: {"rotary_base": int(v) if float(v).is_integer() else v}),
     R(("rotary_base", "use_rope_scaling", "rope_scaling_factor"), "rope_parameters", to=_rope, back=_rope_back),
     R("activation", "hidden_act", to=_llama_act, back=lambda v, doc: {"activation": "swiglu" if v == "silu" else v}),

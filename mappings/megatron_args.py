@@ -1164,7 +1164,7 @@ OMIT = object()  # a converter's answer for "write no key at all"
 
 
 @dataclass(frozen=True)
-class Row:
+class KeyMapping:
     """One line of a target table: Megatron dest(s) <-> a dotted path in the target document.
 
     to(*values) -> target value (identity by default; raise Unmappable when it cannot);
@@ -1181,17 +1181,17 @@ class Row:
     unset: bool = False
 
 
-def R(source, path, default=None, to=None, back=None, unset=False) -> Row:
+def R(source, path, default=None, to=None, back=None, unset=False) -> KeyMapping:
     source = (source,) if isinstance(source, str) else tuple(source)
-    return Row(source, path, default, to, back, unset)
+    return KeyMapping(source, path, default, to, back, unset)
 
 
-def CONST(path, value) -> Row:
+def CONST(path, value) -> KeyMapping:
     """A key the target needs that carries no Megatron value (a type name, a fixed mode)."""
-    return Row((), path, value, lambda: value, lambda v, doc: {})
+    return KeyMapping((), path, value, lambda: value, lambda v, doc: {})
 
 
-def rename(source, path, pairs: dict, default=None, exact: bool = True) -> Row:
+def rename(source, path, pairs: dict, default=None, exact: bool = True) -> KeyMapping:
     """A row whose values are renamed between the sides: pairs = {megatron value: target value}."""
     inverse = {v: k for k, v in pairs.items()}
     dest = source if isinstance(source, str) else source[0]

@@ -360,10 +360,10 @@ def dist_dir(root, kind: str, tp: int) -> Path:
 
 def convert_hf_to_megatron_dist(src, dst) -> str | None:
     """HF -> interop -> torch_dist with whichever converter handles it; None when none is there yet."""
-    from interop.converters.registry import FORMATS
+    from interop.formats import names as format_names
     from interop.convert import convert
 
-    if "megatron" in FORMATS:
+    if "megatron" in format_names():
         convert(src, dst, src_format="hf", dst_format="megatron", options={"format": "torch_dist"})
         return "megatron"
     return None
@@ -371,10 +371,10 @@ def convert_hf_to_megatron_dist(src, dst) -> str | None:
 
 def convert_hf_to_megatron_torch(src, dst, tp: int) -> Path | None:
     """HF -> interop -> Megatron `torch` rank files at `tp`; the iteration folder, or None without a converter."""
-    from interop.converters.registry import FORMATS
+    from interop.formats import names as format_names
     from interop.convert import convert
 
-    if "megatron" not in FORMATS:
+    if "megatron" not in format_names():
         return None
     from interop.converters.megatron.checkpoint import iteration_dir
 

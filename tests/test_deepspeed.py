@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 
 from interop.cli.main import main
 from interop.converters import deepspeed
-from interop.converters.registry import detect_format
+from interop.formats import detect_format
 from interop.errors import InteropError
 from interop.io.safe_pickle import safe_torch_load
-from interop.verify import verify
+from interop.workflows.verify import verify
 
 FIXTURE = Path(__file__).parent / "fixtures" / "deepspeed"
 REFERENCE = load_file(FIXTURE / "reference.safetensors")

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 import family_models as F
 from interop.convert import convert
-from interop.converters.megatron.args import args_from_spec, explicit_args, spec_from_args
+from interop.converters.megatron.args import explicit_args
+from interop.mappings.megatron_spec import args_from_spec, spec_from_args
 from interop.errors import InteropError
 from interop.layout import ParallelLayout
 from interop.mappings import megatron_args as M
@@ -238,7 +239,7 @@ def test_parity_tensor_parallel_training(checkpoints, kind):
     """Four updates at tp 1 and tp 2 (Qwen3's q/k norm gradients summed over the ranks' heads; Mistral's
     window; Llama-3 scaling) give transformers' losses within 1e-5."""
     from interop.trainer.config import TrainConfig
-    from interop.trainer.parity import parity
+    from interop.workflows.parity import parity
     cfg = TrainConfig(steps=4, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=2e-2)
     result = parity(checkpoints[kind][0], cfg, layouts=[(1, 1, 1), (2, 1, 1)], frameworks=["torch", "hf"])
     assert list(result.runs) == ["torch 1x1", "torch 2x1", "hf"]
@@ -303,7 +304,7 @@ def test_verify_runs_transformers_and_megatron_core(checkpoints, tmp_path, kind)
     (q/k layernorm, rope scaling; Mistral's window as its attention mask) on the converted checkpoint,
     loaded strictly, agree with the reference model within 1e-5."""
     pytest.importorskip("megatron.core")
-    from interop.verify import verify
+    from interop.workflows.verify import verify
     convert(checkpoints[kind][0], tmp_path / "meg", dst_format="megatron", tp=2, pp=2)
     result = verify(checkpoints[kind][0], tmp_path / "meg")
     labels = [check.label for check in result.checks]
@@ -316,7 +317,7 @@ def test_verify_runs_mindspore(checkpoints, tmp_path, kind):
     """`interop verify` HF -> MindSpore: mindspore loads the converted .ckpt and its model (q/k/v biases,
     the window, llama3 scaling) agrees with transformers and the reference model within 1e-5."""
     pytest.importorskip("mindspore")
-    from interop.verify import verify
+    from interop.workflows.verify import verify
     convert(checkpoints[kind][0], tmp_path / "ms", dst_format="mindspore", tp=2)
     result = verify(checkpoints[kind][0], tmp_path / "ms")
     labels = [check.label for check in result.checks]

@@ -355,9 +355,10 @@ def test_train_files_that_try_to_run_code(tmp_path, kind):
     marker = tmp_path / "MARKER"
     path = code_running_files(tmp_path, marker)[kind]
     flag = "--init-spec" if kind == "yaml" else "--config"
-    # the args file's command substitutions stay unexpanded text (no training flag among them): the run
-    # stops at "nothing to train"; the YAML's python tag is refused by the safe loader
-    words = [str(path)] if kind == "yaml" else ["nothing to train"]
+    # the args file's command substitutions stay unexpanded text, which map-args' flag parser (the one
+    # --config and --model-config share) refuses as a layer count; the YAML's python tag is refused by the
+    # safe loader
+    words = [str(path)] if kind == "yaml" else [str(path), "--num-layers expects an integer"]
     assert_refused(cli("train", flag, path, "--steps", "1"), None, *words, marker=marker)
 
 

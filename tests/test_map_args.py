@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from interop import argsfile, mapargs
 from interop.cli.main import main
-from interop.converters.megatron.args import args_from_spec, explicit_args, spec_from_args
+from interop.converters.megatron.args import explicit_args
+from interop.mappings.megatron_spec import args_from_spec, spec_from_args
 from interop.layout import ParallelLayout
 from interop.mappings import megatron_args as M
 

@@ -241,7 +241,7 @@ def test_mixed_precision_masters_to_mindspore(fmt, tmp_path):
     """megatron-core 0.16.1's bf16 mixed-precision checkpoint (fp32_from_fp16_params) -> MindSpore (issue 10:
     a KeyError traceback before): MindSpeed's weights are the fp32 masters (as its convert_pt2ckpt.py writes
     them), MindFormers' drop them with a note; the Adam moments are written exactly."""
-    from interop.converters.registry import converter
+    from interop.formats import converter
 
     root = FIXTURES / "0.16.1" / "fp16opt" / fmt
     src = Reader(root)

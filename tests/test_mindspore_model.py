@@ -5,7 +5,7 @@ import torch
 from interop.convert import convert
 
 ms = pytest.importorskip("mindspore")
-from interop.trainer.mindspore_model import load, lm_loss, logits  # noqa: E402
+from interop.workflows.mindspore_model import load, lm_loss, logits  # noqa: E402
 
 TOKENS = torch.randint(0, 250, (2, 16), generator=torch.Generator().manual_seed(1))
 

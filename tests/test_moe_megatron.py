@@ -227,8 +227,8 @@ def test_bad_expert_parallelism_is_one_line(tmp_path):
 
 
 def test_moe_args_round_trip_through_the_spec(tmp_path):
-    from interop.converters.megatron.args import args_from_spec, spec_from_args
-    from mappings import megatron_args as M
+    from interop.mappings.megatron_spec import args_from_spec, spec_from_args
+    from interop.mappings import megatron_args as M
 
     spec = ModelSpec(**dict(MIXTRAL, moe_layers=[1], shared_expert_ffn_hidden=16, shared_expert_gate=True,
                             moe_norm_topk=False))

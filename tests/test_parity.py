@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from interop.cli.main import main
 from interop.trainer.config import TrainConfig
 from interop.trainer.init import init_checkpoint, read_spec
-from interop.trainer.parity import ParityResult, parity
+from interop.workflows.parity import ParityResult, parity
 from test_trainer_units import GPT2, LLAMA, write_spec
 
 
@@ -51,7 +51,7 @@ def test_cli_gpt2_tied_pipeline_and_data_parallel(start, tmp_path):
 
 def test_cli_exit_codes(start, monkeypatch):
     """A difference above the tolerance exits 1; unknown or unavailable frameworks are user errors (2)."""
-    import interop.trainer.parity as parity_mod
+    import interop.workflows.parity as parity_mod
 
     def fake(*args, **kwargs):
         return ParityResult({"torch 1x1": [1.0, 0.9], "hf": [1.0, 0.89]}, tolerance=kwargs.get("tolerance", 1e-5))
@@ -86,7 +86,7 @@ def test_uneven_pipeline_stages_train_like_one_process(start, tmp_path):
     follows the single-process run within 1e-5, and its checkpoint records the uneven stages."""
     from interop.store import StoreReader
     from interop.trainer.launch import train
-    from interop.trainer.metrics import read_losses
+    from interop.workflows.metrics import read_losses
 
     base = TrainConfig(load=str(start["llama"]), steps=6, micro_batch_size=2, global_batch_size=4, seq_length=16,
                        lr=3e-3, quiet=True)

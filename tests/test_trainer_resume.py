@@ -85,7 +85,7 @@ def test_killed_mid_save_leaves_previous_checkpoint_usable(uninterrupted, monkey
     assert newest_checkpoint(root / "D").name == "step_000006"
     logged = [json.loads(line)["step"] for line in (root / "D" / "metrics.jsonl").read_text().splitlines()]
     assert logged == list(range(1, STEPS + 1))  # steps after the checkpoint were logged again, once
-    from interop.trainer.metrics import compare_runs
+    from interop.workflows.metrics import compare_runs
     curves = compare_runs({"uninterrupted tp2": root / "A", "killed, resumed tp1": root / "D"}, 1e-6,
                           plot=root / "curves.png")
     assert curves.ok and (root / "curves.png").stat().st_size > 10_000

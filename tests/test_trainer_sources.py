@@ -36,7 +36,7 @@ def test_megatron_checkpoint_trains_from_mcore_loss(kind, tp, pp, tmp_path, tmp_
 def test_mindspore_checkpoint_trains_from_mindspore_loss(tmp_path):
     pytest.importorskip("mindspore")
     import hf_models
-    from interop.trainer import mindspore_model
+    from interop.workflows import mindspore_model
     hf_models.save("llama", tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "ms", src_format="hf", dst_format="mindspore")
     rows = np.random.default_rng(0).integers(0, hf_models.VOCAB, (2, 17))

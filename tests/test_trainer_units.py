@@ -108,7 +108,7 @@ def test_data_is_deterministic_and_reads_files(tmp_path):
 @pytest.mark.parametrize("kind", ["gpt2", "llama-tied"])
 def test_tp1_pp1_trains_like_hf_transformers(kind, hf_checkpoints):
     """HF checkpoint -> common format; 10 updates in the trainer and in transformers: same losses within 1e-5."""
-    from interop.trainer.parity import parity
+    from interop.workflows.parity import parity
     cfg = TrainConfig(steps=10, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3, warmup=2)
     result = parity(hf_checkpoints[kind], cfg, layouts=[(1, 1, 1)], frameworks=["torch", "hf"])
     assert list(result.runs) == ["torch 1x1", "hf"]

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from interop.cli.main import main
 from interop.trainer.config import TrainConfig, load_config
 from interop.trainer.init import init_checkpoint, read_spec
-from interop.trainer.parity import parity
+from interop.workflows.parity import parity
 from test_trainer_units import GPT2, LLAMA, write_spec
 
 CFG = TrainConfig(steps=3, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3)
@@ -36,7 +36,7 @@ def test_parity_checks_every_framework_before_any_run(start):
 
 
 def test_parity_late_failure_keeps_the_other_runs(start, tmp_path, monkeypatch):
-    import interop.trainer.frameworks as frameworks
+    import interop.workflows.frameworks as frameworks
 
     def broken(ckpt, cfg):
         raise RuntimeError("the framework crashed midway\nsecond line")

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from interop.cli.main import main
 from interop.convert import convert
-from interop.verify import TOLERANCE, verify
+from interop.workflows.verify import TOLERANCE, verify
 
 
 def cli(*argv):

@@ -1,4 +1,4 @@
-"""The reference parallel trainer (torch TP + PP + DP) and the parity runs.
+"""The reference parallel trainer (torch TP + PP + DP); it reads and writes the common format only.
 
 Read it in this order, one job per file:
 
@@ -13,12 +13,8 @@ Read it in this order, one job per file:
     launch.py      `train(cfg)`: spawn the ranks, or join torchrun
     config.py      TrainConfig from a MindSpeed-Core-MS YAML or a Megatron args file
     init.py        a fresh random checkpoint for a ModelSpec
-    parity.py      the same run at several layouts and in other frameworks, compared and plotted
-    frameworks.py  HF transformers and MindSpore running that same run
-    megatron_framework.py  megatron-core running it, when installed
-    metrics.py     a run's logged losses read back, two runs' curves compared
 
-Python API: `interop.trainer.launch.train(TrainConfig(...))` and
-`interop.trainer.parity.parity(ckpt, cfg, layouts, frameworks)`.  Ranks are separate
+Python API: `interop.trainer.launch.train(TrainConfig(...))`.  Parity against other layouts and
+frameworks, which needs the converters, is `interop.workflows.parity`.  Ranks are separate
 processes, so a script calling them needs the usual `if __name__ == "__main__":` guard.
 """

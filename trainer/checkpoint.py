@@ -4,8 +4,11 @@ Loading: a rank asks the store for the box of each of its parameters (its tp sli
 the global tensor), whatever layout the checkpoint was written at.
 
 Saving `SAVE/step_000010/`:
-  1. each rank of data-parallel replica 0 writes `model-tpXX-ppYY.safetensors` and
-     `optim-...` (Adam moments) into the hidden sibling `SAVE/.step_000010.tmp/`;
+  1. each file of the layout's plan (`model-tpXX-ppYY.safetensors`, `optim-...` with the Adam
+     moments) is written by the lowest rank holding all its tensors (data-parallel replica 0;
+     with expert parallelism, the replica holding those experts) into the hidden sibling
+     `SAVE/.step_000010.tmp/`; a file mixing several ep ranks' experts is written by the rank
+     holding most of it, the others sending it their tensors;
   2. rank 0 gathers the files' sizes and checksums, writes `interop.json` (with the
      training state: step, scheduler, optimizer settings, rng, data position) last,
      fsyncs, and renames the directory into place.
@@ -26,9 +29,9 @@ import torch.distributed as dist
 from interop.atomic import fsync_tree
 from interop.errors import InteropError
 from interop.io.safetensors import SafetensorsWriter
-from interop.params import param_index, param_table
+from interop.params import base_param_name, param_index, param_table
 from interop.shards import shard_box
-from interop.store import StoreReader, file_name, is_store, plan_shards, write_manifest
+from interop.store import StoreReader, is_store, plan_shards, write_manifest
 from interop.tensors import TensorMeta
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -67,7 +70,7 @@ def _box(spec, name: str, grid):
 def load_weights(stage, reader: StoreReader, grid) -> None:
     spec = stage.spec
     with torch.no_grad():
-        for name, p in stage.named_parameters():
+        for name, p in stage.named_tensors():
             p.copy_(reader.read(name, _box(spec, name, grid)).to(p.dtype))
 
 
@@ -96,8 +99,47 @@ def _metas(spec, with_optim: bool) -> list[TensorMeta]:
 def _local_tensor(name: str, params: dict, optimizer) -> torch.Tensor:
     if name.startswith("optim."):
         _, moment, base = name.split(".", 2)
+        if base.endswith(".router.expert_bias"):  # a buffer AdamW never steps: its moments are 0
+            return torch.zeros_like(params[base]).cpu()
         return optimizer.state[params[base]][moment].cpu()
     return params[name].detach().cpu()
+
+
+def _held(files: dict, placement: dict, params: dict, spec, grid) -> dict[str, list[str]]:
+    """{file: the entries of it this rank holds}: the tensor is here, at the box the file stores."""
+    index, held = param_index(spec), {}
+    for fname, entries in files.items():
+        mine = []
+        for name, _, _ in entries:
+            base = base_param_name(name)
+            box = shard_box(index[base].shape, index[base].axis, grid.tp_rank, grid.tp)
+            if base in params and (fname, box) in placement[name]:
+                mine.append(name)
+        held[fname] = mine
+    return held
+
+
+def _writers(files: dict, holdings: list[dict]) -> dict[str, int]:
+    """Each file's writer: the lowest rank holding all of it, else (a file mixing ep ranks' experts)
+    the lowest rank holding most of it."""
+    out = {}
+    for fname, entries in files.items():
+        counts = [len(h.get(fname, ())) for h in holdings]
+        out[fname] = counts.index(max(counts))
+    return out
+
+
+def _missing(fname: str, files: dict, holdings: list[dict], writer: int) -> list[tuple[str, int]]:
+    """(entry, lowest rank holding it) for the entries of `fname` its writer lacks, in file order."""
+    have = set(holdings[writer].get(fname, ()))
+    out = []
+    for name, _, _ in files[fname]:
+        if name not in have:
+            holders = [r for r, h in enumerate(holdings) if name in h.get(fname, ())]
+            if not holders:
+                raise RuntimeError(f"no rank holds {name} for {fname}")
+            out.append((name, holders[0]))
+    return out
 
 
 def _fail_hook(step: int, where: str, grid) -> None:
@@ -119,20 +161,34 @@ def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict
         dist.barrier()
     metas = _metas(spec, with_optim=bool(optimizer.state))
     placement, files = plan_shards(spec, layout, metas)
+    params = {name: p for name, p in stage.named_tensors() if stage.owned(name)}
+    held = _held(files, placement, params, spec, grid)
+    holdings = [None] * grid.world
+    if distributed:
+        dist.all_gather_object(holdings, held)
+    else:
+        holdings = [held]
+    writers = _writers(files, holdings)
     written = {}
-    if grid.dp_rank == 0:
-        params = {name: p for name, p in stage.named_parameters() if stage.owned(name)}
-        mine = [file_name(kind, grid.tp_rank, grid.pp_rank) for kind in ("model", "optim")]
-        for fname in mine:
-            if fname not in files:
-                continue
-            writer = SafetensorsWriter(tmp / fname, files[fname], {"format": "pt"})
-            for i, (name, _, _) in enumerate(files[fname]):
-                writer.write(name, _local_tensor(name, params, optimizer))
-                if i == len(files[fname]) // 2:
-                    _fail_hook(step, "write", grid)
-            nbytes, crc = writer.close()
-            written[fname] = {"bytes": nbytes, "crc32": crc}
+    for fname in sorted(files):  # the same order on every rank: the sends below pair up
+        missing = _missing(fname, files, holdings, writers[fname])
+        if grid.rank != writers[fname]:
+            for name, holder in missing:
+                if holder == grid.rank:
+                    dist.send(_local_tensor(name, params, optimizer).contiguous(), writers[fname])
+            continue
+        received = {}
+        for name, holder in missing:
+            dtype, shape = next((dtype, shape) for n, dtype, shape in files[fname] if n == name)
+            received[name] = torch.empty(shape, dtype=dtype)
+            dist.recv(received[name], holder)
+        writer = SafetensorsWriter(tmp / fname, files[fname], {"format": "pt"})
+        for i, (name, _, _) in enumerate(files[fname]):
+            writer.write(name, received[name] if name in received else _local_tensor(name, params, optimizer))
+            if i == len(files[fname]) // 2:
+                _fail_hook(step, "write", grid)
+        nbytes, crc = writer.close()
+        written[fname] = {"bytes": nbytes, "crc32": crc}
     if distributed:
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, written)

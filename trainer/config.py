@@ -1,21 +1,18 @@
-"""Training configuration: one flat dataclass, read from a MindSpeed-Core-MS YAML or a Megatron args file.
+"""Training configuration: one flat dataclass, read from any config file `interop map-args` reads.
 
-The YAML has the shape `interop map-args` writes (sections model_config,
-training_config, optimizer_config, parallel_config, dataset_config, keys as in the
-MindSpeed-Core-MS table); the args file holds Megatron command-line flags
-(`--tensor-model-parallel-size 2 --lr 3e-4 ...`), or a launch script, read by `interop.argsfile`.
-Only the keys that drive training are read; the model itself comes from the checkpoint.
+A MindSpeed-Core-MS YAML (the shape `interop map-args` writes), a Megatron args file or launch
+script (`--tensor-model-parallel-size 2 --lr 3e-4 ...`), ...: map-args' loaders read it into
+Megatron's arguments (each format's keys are mapped once, in `mappings/`), and `RUN_ARGS` picks
+the ones that drive training.  The model itself comes from the checkpoint; the model the file
+describes is only checked against it.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
 
 from interop.errors import InteropError
-from interop.io.small_files import read_small_text, require_small_file
+from interop.io.small_files import require_small_file
 
 from .optim import OptimConfig
 
@@ -31,6 +28,7 @@ class TrainConfig:
     first_stage_layers: int | None = None  # uneven pipelines: layers on the first / last stage,
     last_stage_layers: int | None = None  # the rest split evenly (Megatron's decoder_*_pipeline_num_layers)
     dp: int | None = None  # None: 1 when we launch the ranks, world / (tp * pp) under torchrun
+    ep: int = 1  # expert parallelism (MoE): experts split over ep data-parallel replicas (dp a multiple of ep)
     steps: int = 10  # length of the run (the lr schedule spans it)
     stop_at: int | None = None  # stop after this update, as if interrupted (saves first when --save)
     micro_batch_size: int = 2
@@ -52,6 +50,7 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     clip_grad: float = 1.0
+    router_bias_update_rate: float = 1e-3  # MoE router expert bias step per update (Megatron's default)
     config_file: str | None = None  # the --config file read, and the model it describes ({ModelSpec field: value}):
     config_model: dict | None = None  # checked against the checkpoint's model, which is the one trained
 
@@ -66,68 +65,50 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# MindSpeed-Core-MS section.key -> TrainConfig field
-YAML_KEYS = {
-    ("training_config", "seed"): "seed",
-    ("training_config", "training_iters"): "steps",
-    ("training_config", "save_interval"): "save_interval",
-    ("training_config", "log_interval"): "log_interval",
-    ("training_config", "load_checkpoint"): "load",
-    ("training_config", "output_dir"): "save",
-    ("training_config", "bf16"): "bf16",
-    ("training_config", "resume_training"): "resume",
-    ("optimizer_config", "learning_rate"): "lr",
-    ("optimizer_config", "min_lr"): "min_lr",
-    ("optimizer_config", "lr_warmup_iters"): "warmup",
-    ("optimizer_config", "lr_decay_iters"): "decay_steps",
-    ("optimizer_config", "lr_decay_style"): "decay_style",
-    ("optimizer_config", "weight_decay"): "weight_decay",
-    ("optimizer_config", "eps"): "eps",
-    ("optimizer_config", "clip_grad"): "clip_grad",
-    ("parallel_config", "tensor_model_parallel_size"): "tp",
-    ("parallel_config", "pipeline_model_parallel_size"): "pp",
-    ("dataset_config", "batch_size"): "micro_batch_size",
-    ("dataset_config", "data_path"): "data",
-    ("model_config", "seq_length"): "seq_length",
+# TrainConfig field <- Megatron argument (dest).  A config file is read into Megatron's terms by map-args'
+# own loaders (`interop.mapargs.load`: a MindSpeed-Core-MS / MindFormers YAML through its table, with that
+# framework's defaults; a Megatron args file or launch script through Megatron's flags), so each format's
+# keys are mapped once, in `mappings/`.
+RUN_ARGS = {
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "expert_model_parallel_size": "ep",
+    "decoder_first_pipeline_num_layers": "first_stage_layers", "decoder_last_pipeline_num_layers": "last_stage_layers",
+    "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size", "train_iters": "steps",
+    "seq_length": "seq_length", "seed": "seed", "lr": "lr", "min_lr": "min_lr", "lr_warmup_iters": "warmup",
+    "lr_decay_iters": "decay_steps", "lr_decay_style": "decay_style", "weight_decay": "weight_decay",
+    "adam_beta1": "beta1", "adam_beta2": "beta2", "adam_eps": "eps", "clip_grad": "clip_grad",
+    "moe_router_bias_update_rate": "router_bias_update_rate", "save_interval": "save_interval", "log_interval": "log_interval", "load": "load", "save": "save",
+    "data_path": "data", "bf16": "bf16", "resume_training": "resume",
 }
-
-# What each framework assumes when its file does not say (Megatron-LM's argparse defaults;
-# the MindSpeed-Core-MS table's defaults), so a file means what it means in its own framework.
-MEGATRON_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01, "decay_style": "linear",
-                     "clip_grad": 1.0, "min_lr": 0.0, "warmup": 0}
-MINDSPEED_DEFAULTS = {"lr": 1e-3, "min_lr": 0.0, "warmup": 0, "decay_style": "constant", "weight_decay": 0.0}
-
-# Megatron flag -> TrainConfig field (flags without a value are booleans)
-MEGATRON_FLAGS = {
-    "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
-    "--decoder-first-pipeline-num-layers": "first_stage_layers", "--decoder-last-pipeline-num-layers": "last_stage_layers",
-    "--micro-batch-size": "micro_batch_size", "--global-batch-size": "global_batch_size",
-    "--train-iters": "steps", "--seq-length": "seq_length", "--seed": "seed",
-    "--lr": "lr", "--min-lr": "min_lr", "--lr-warmup-iters": "warmup", "--lr-decay-iters": "decay_steps",
-    "--lr-decay-style": "decay_style", "--weight-decay": "weight_decay", "--adam-beta1": "beta1",
-    "--adam-beta2": "beta2", "--adam-eps": "eps", "--clip-grad": "clip_grad",
-    "--save-interval": "save_interval", "--log-interval": "log_interval",
-    "--load": "load", "--save": "save", "--data-path": "data", "--bf16": "bf16",
-}
+# The trainer's own YAML key for its token file (MindSpeed-Core-MS's table has no data path).
+YAML_DATA_KEY = "dataset_config.data_path"
+# The model a config file describes, as ModelSpec fields (checked against the checkpoint's).
+MODEL_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "vocab", "max_positions")
 
 
-# The model a config file describes (ModelSpec field <- MindSpeed model_config key / Megatron flag).
-YAML_MODEL_KEYS = {"num_layers": "num_layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn_hidden",
-                   "num_attention_heads": "heads", "num_query_groups": "kv_groups", "vocab_size": "vocab",
-                   "max_position_embeddings": "max_positions"}
-MEGATRON_MODEL_FLAGS = {"--num-layers": "num_layers", "--hidden-size": "hidden", "--ffn-hidden-size": "ffn_hidden",
-                        "--num-attention-heads": "heads", "--num-query-groups": "kv_groups", "--vocab-size": "vocab",
-                        "--max-position-embeddings": "max_positions"}
+def _megatron_defaults() -> dict:
+    """Megatron-LM's defaults for the update rule (its argparse's), for an args file that does not say."""
+    from interop.mappings import megatron_args as M
+    optim = {f.name for f in dataclasses.fields(OptimConfig)}
+    return {field: M.ARGS[dest].default for dest, field in RUN_ARGS.items()
+            if field in optim and M.ARGS[dest].default is not None}
 
 
-def _config_model(values: dict, gqa: bool | None) -> dict:
-    """{ModelSpec field: int} from a file's model keys; query groups count only with grouped-query attention."""
+def _config_model(explicit: dict, fmt: str) -> dict:
+    """{ModelSpec field: int} the file states; query groups count only with grouped-query attention."""
+    from interop.mapargs import MINDSPORE_FAMILY
+    from interop.mappings.megatron_spec import SPEC_NUMBERS
+    values = {field: explicit.get(SPEC_NUMBERS[field]) for field in MODEL_FIELDS}
+    if values["vocab"] is None:  # MindSpeed's model_config.vocab_size is the padded size: either one matches
+        values["vocab"] = explicit.get("padded_vocab_size")
+    if fmt in MINDSPORE_FAMILY:  # their seq_length sizes the position table: the run's length, not the model's
+        values.pop("max_positions")
     model = {}
     for field, value in values.items():
         try:
             model[field] = int(value)
         except (TypeError, ValueError):
             continue
+    gqa = explicit.get("group_query_attention")
     if gqa is None:  # unknown whether the groups count: leave them out
         model.pop("kv_groups", None)
     elif not gqa:  # multi-head attention: one group per head, whatever num_query_groups says
@@ -139,6 +120,10 @@ def _config_model(values: dict, gqa: bool | None) -> dict:
 
 def _typed(field: str, value, where: str):
     kind = {f.name: f.type for f in dataclasses.fields(TrainConfig)}[field]
+    if field == "data" and isinstance(value, list):  # Megatron's --data-path is a list (a weighted blend)
+        if len(value) != 1:
+            raise InteropError(f"{where}: the trainer reads one token file, got {len(value)}: {value}")
+        value = value[0]
     try:
         if "bool" in kind:
             return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
@@ -151,56 +136,24 @@ def _typed(field: str, value, where: str):
         raise InteropError(f"{where}: {value!r} is not a valid value for {field}") from None
 
 
-def from_yaml(path) -> dict:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(read_small_text(path, "training config")) or {}
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise InteropError(f"{path}: cannot read YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise InteropError(f"{path}: expected a mapping of config sections")
-    out = dict(MINDSPEED_DEFAULTS)
-    for (section, key), field in YAML_KEYS.items():
-        value = (data.get(section) or {}).get(key)
-        if value is not None and value != "":
-            out[field] = _typed(field, value, f"{path}: {section}.{key}")
-    betas = (data.get("optimizer_config") or {}).get("betas")
-    if betas:
-        out["beta1"], out["beta2"] = (float(b) for b in betas)
-    clip = out.get("clip_grad")
-    if isinstance((data.get("optimizer_config") or {}).get("clip_grad"), dict):
-        out["clip_grad"] = float(data["optimizer_config"]["clip_grad"].get("clip_value", clip or 1.0))
-    micro_num = (data.get("dataset_config") or {}).get("micro_batch_num")
-    if micro_num:
-        out["_micro_batch_num"] = int(micro_num)
-    model = data.get("model_config") or {}
-    gqa = model.get("group_query_attention")
-    out["config_model"] = _config_model({f: model.get(k) for k, f in YAML_MODEL_KEYS.items() if model.get(k) is not None},
-                                        bool(gqa) if gqa is not None else None)
-    return out
-
-
-def from_args_file(path) -> dict:
-    """Megatron flags from an args file or a whole launch script (variables, arrays, continuations)."""
-    from interop.argsfile import parse_file
+def from_file(path) -> dict:
+    """TrainConfig values (and the model described) from any config file map-args reads."""
+    from interop import mapargs
     require_small_file(path, "training config")
-    tokens = parse_file(path).tokens
-    out, i, model = dict(MEGATRON_DEFAULTS), 0, {}
-    while i < len(tokens):
-        flag = tokens[i].replace("_", "-") if tokens[i].startswith("--") else tokens[i]
-        field = MEGATRON_FLAGS.get(flag)
-        has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
-        if flag in MEGATRON_MODEL_FLAGS and has_value:
-            model[MEGATRON_MODEL_FLAGS[flag]] = tokens[i + 1]
-        if field == "bf16":
-            out[field] = True
-        elif field is not None:
-            if not has_value:
-                raise InteropError(f"{path}: {flag} needs a value")
-            out[field] = _typed(field, tokens[i + 1], f"{path}: {flag}")
-        i += 2 if has_value else 1
-    gqa = any(t.replace("_", "-") == "--group-query-attention" for t in tokens)
-    out["config_model"] = _config_model(model, gqa)
+    source = mapargs.load(path)
+    explicit = dict(source.explicit)
+    if source.format in mapargs.YAML_TARGETS:
+        data = {e.flag: e.value for e in source.entries}.get(YAML_DATA_KEY)
+        if data is not None:
+            explicit["data_path"] = data
+    out = _megatron_defaults() if source.format == "megatron" else {}
+    for dest, field in RUN_ARGS.items():
+        value = explicit.get(dest)
+        if value is not None and value != "":
+            out[field] = _typed(field, value, f"{path}: {dest}")
+    if explicit.get("micro_batch_num"):
+        out["_micro_batch_num"] = int(explicit["micro_batch_num"])
+    out["config_model"] = _config_model(explicit, source.format)
     return out
 
 
@@ -208,8 +161,7 @@ def load_config(path=None, **overrides) -> TrainConfig:
     """Defaults, then the config file (YAML or Megatron args), then explicit overrides (None = not given)."""
     values = {}
     if path is not None:
-        suffix = Path(path).suffix
-        values = from_yaml(path) if suffix in (".yaml", ".yml") else from_args_file(path)
+        values = from_file(path)
     micro_num = values.pop("_micro_batch_num", None)
     if path is not None:
         values["config_file"] = str(path)

@@ -6,6 +6,12 @@ Ranks are numbered the way Megatron numbers them (tp fastest, then dp, then pp):
 
 so the tp ranks of one stage sit next to each other (on one node, where their
 frequent all-reduces are cheapest) and the pipeline stages are furthest apart.
+
+Expert parallelism is carved out of data parallelism, as in Megatron (expert tensor
+parallel size = tp): dp_rank = ep_rank + ep * edp_rank.  The `ep` consecutive dp replicas
+of one block split the experts between them and exchange tokens (the ep group); the
+replicas holding the same experts average the experts' gradients (the edp group), while
+dense gradients are averaged over all dp replicas.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ class Grid:
     pp: int
     dp: int
     rank: int
+    ep: int = 1
     groups: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -33,6 +40,14 @@ class Grid:
     @property
     def dp_rank(self) -> int:
         return (self.rank // self.tp) % self.dp
+
+    @property
+    def ep_rank(self) -> int:
+        return self.dp_rank % self.ep
+
+    @property
+    def edp_rank(self) -> int:
+        return self.dp_rank // self.ep
 
     @property
     def pp_rank(self) -> int:
@@ -63,6 +78,16 @@ class Grid:
         return self.groups.get("dp")
 
     @property
+    def ep_group(self):
+        """Same tp rank and stage, the ep replicas of one block: they exchange tokens for the experts."""
+        return self.groups.get("ep")
+
+    @property
+    def edp_group(self):
+        """Same tp rank, stage and ep rank: the replicas of the same experts (their gradients are averaged)."""
+        return self.groups.get("edp")
+
+    @property
     def pp_group(self):
         return self.groups.get("pp")
 
@@ -72,16 +97,20 @@ class Grid:
         return self.groups.get("embed")
 
 
-def build_grid(tp: int, pp: int, dp: int) -> Grid:
+def build_grid(tp: int, pp: int, dp: int, ep: int = 1) -> Grid:
     """Create every process group once; all ranks must call this in the same order (gloo/NCCL rule)."""
-    grid = Grid(tp, pp, dp, dist.get_rank())
-    families = {"tp": [], "dp": [], "pp": [], "embed": []}
+    grid = Grid(tp, pp, dp, dist.get_rank(), ep)
+    families = {"tp": [], "dp": [], "pp": [], "embed": [], "ep": [], "edp": []}
     for p in range(pp):
         for d in range(dp):
             families["tp"].append([grid.rank_of(t, d, p) for t in range(tp)])
     for p in range(pp):
         for t in range(tp):
             families["dp"].append([grid.rank_of(t, d, p) for d in range(dp)])
+            for block in range(dp // ep):
+                families["ep"].append([grid.rank_of(t, block * ep + e, p) for e in range(ep)])
+            for e in range(ep):
+                families["edp"].append([grid.rank_of(t, b * ep + e, p) for b in range(dp // ep)])
     for d in range(dp):
         for t in range(tp):
             stages = [grid.rank_of(t, d, p) for p in range(pp)]

@@ -1,6 +1,6 @@
 """A fresh, randomly initialised checkpoint in the common format, for a ModelSpec and a seed.
 
-GPT-2's scheme: matrices ~ N(0, 0.02), the two residual projections (attn.o, mlp.down)
+GPT-2's scheme: matrices ~ N(0, 0.02), the residual projections (attn.o, mlp.down, the experts' down)
 scaled by 1/sqrt(2 * layers), norm weights 1, biases 0, vocabulary padding rows 0.  Tensors are drawn one at a
 time from one generator in the canonical table's order, so the same spec and seed
 give the same weights on any machine, independent of any later layout.
@@ -36,12 +36,12 @@ def read_spec(path) -> ModelSpec:
 
 
 def init_tensor(name: str, shape, spec: ModelSpec, gen: torch.Generator) -> torch.Tensor:
-    if name.endswith(".bias"):
+    if name.endswith((".bias", ".expert_bias")):  # the router's expert bias starts at 0, as in Megatron
         return torch.zeros(shape)
     if "norm" in name:
         return torch.ones(shape)
     std = 0.02
-    if name.endswith(("attn.o.weight", "mlp.down.weight")):
+    if name.endswith(("attn.o.weight", "down.weight")):  # residual projections: the MLP's, experts', shared expert's
         std /= math.sqrt(2 * spec.num_layers)
     out = torch.randn(shape, generator=gen) * std
     if name in ("embed.word.weight", "lm_head.weight"):

@@ -6,6 +6,8 @@ added back to the residual stream; the last stage normalises, multiplies by the
 output head (the word embedding when tied) to get this rank's slice of the
 vocabulary's logits, and `vocab_parallel_cross_entropy` turns them into the loss.
 
+A MoE layer's MLP is `moe.MoE` (router, this expert-parallel rank's experts, shared expert).
+
 Parameter names are the canonical names of `interop.params` (`layers.3.attn.q.weight`,
 global layer numbers), so the checkpoint code maps module parameters to stored
 tensors one to one; each tensor holds only this rank's tensor-parallel shard.
@@ -23,6 +25,7 @@ from interop.layout import ParallelLayout
 from interop.spec import ModelSpec
 
 from .grid import Grid
+from .moe import MoE
 from .tp import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, vocab_parallel_cross_entropy
 
 
@@ -129,16 +132,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """down(act(up(x))), or down(silu(gate(x)) * up(x)) for SwiGLU; ffn columns split over tp."""
+    """down(act(up(x))), or down(silu(gate(x)) * up(x)) for SwiGLU; ffn columns split over tp.
 
-    def __init__(self, spec: ModelSpec, grid: Grid):
+    `ffn`/`bias` default to the dense MLP's; a MoE layer's shared expert has its own size and no biases."""
+
+    def __init__(self, spec: ModelSpec, grid: Grid, ffn: int | None = None, bias: bool | None = None):
         super().__init__()
-        h, f, tp, g = spec.hidden, spec.ffn_hidden, grid.tp, grid.tp_group
+        h, tp, g = spec.hidden, grid.tp, grid.tp_group
+        f = spec.ffn_hidden if ffn is None else ffn
+        bias = spec.has_mlp_bias if bias is None else bias
         self.activation = spec.activation
         if spec.gated_mlp:
-            self.gate = ColumnParallelLinear(h, f, spec.has_mlp_bias, tp, g)
-        self.up = ColumnParallelLinear(h, f, spec.has_mlp_bias, tp, g)
-        self.down = RowParallelLinear(f, h, spec.has_mlp_bias, tp, g)
+            self.gate = ColumnParallelLinear(h, f, bias, tp, g)
+        self.up = ColumnParallelLinear(h, f, bias, tp, g)
+        self.down = RowParallelLinear(f, h, bias, tp, g)
 
     def forward(self, x):
         if self.activation == "swiglu":
@@ -151,12 +158,16 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, grid: Grid):
+    def __init__(self, spec: ModelSpec, grid: Grid, moe: bool = False):
         super().__init__()
         self.attn_norm = make_norm(spec)
         self.attn = Attention(spec, grid)
         self.mlp_norm = make_norm(spec)
-        self.mlp = MLP(spec, grid)
+        if moe:
+            shared = spec.shared_expert_ffn_hidden
+            self.mlp = MoE(spec, grid, MLP(spec, grid, shared, bias=False) if shared is not None else None)
+        else:
+            self.mlp = MLP(spec, grid)
 
     def forward(self, x, rope, mask=None):
         x = x + self.attn(self.attn_norm(x), rope, mask)
@@ -193,7 +204,8 @@ class Stage(nn.Module):
         self.first, self.last = grid.first_stage, grid.last_stage
         if self.first or (self.last and spec.tied_embeddings):
             self.embed = Embeddings(spec, grid, with_position=self.first and spec.position == "learned")
-        self.layers = nn.ModuleDict({str(i): Block(spec, grid) for i in layout.layers_of_stage(grid.pp_rank)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, grid, spec.is_moe_layer(i))
+                                     for i in layout.layers_of_stage(grid.pp_rank)})
         if self.last:
             self.final_norm = make_norm(spec)
             if not spec.tied_embeddings:
@@ -218,6 +230,13 @@ class Stage(nn.Module):
         return vocab_parallel_cross_entropy(logits.reshape(-1, part), targets.reshape(-1),
                                             self.grid.tp_rank * part, self.spec.vocab, self.grid.tp_group)
 
+    def named_tensors(self):
+        """The canonical tensors this rank holds: parameters, and the router's expert bias (a buffer)."""
+        yield from self.named_parameters()
+        for name, buffer in self.named_buffers():
+            if name.endswith(".router.expert_bias"):
+                yield name, buffer
+
     def owned(self, name: str) -> bool:
         """Is this rank's copy of `name` the one that is saved and counted (not the tied head's copy)?"""
         return not (name.startswith("embed.") and not self.first)
@@ -234,4 +253,5 @@ def check_model_layout(spec: ModelSpec, layout: ParallelLayout) -> None:
         raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
     if spec.position == "rope" and spec.head_dim % 2:
         raise InteropError(f"rotary embeddings need an even head_dim (got {spec.head_dim})")
+    spec.check_ep(layout.ep)
 

@@ -36,6 +36,7 @@ from .data import TokenData
 from .grid import Grid, build_grid
 from .init import init_checkpoint, read_spec
 from .model import Stage, check_model_layout
+from .moe import set_aux_loss_scale, update_expert_bias
 from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
 from .pipeline import train_step
 
@@ -78,7 +79,7 @@ def prepare(cfg: TrainConfig, world: int | None = None) -> Plan:
 
 def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     cfg = TrainConfig(**cfg.to_dict())
-    for name in ("tp", "pp", "steps", "micro_batch_size", "seq_length", "log_interval"):
+    for name in ("tp", "pp", "ep", "steps", "micro_batch_size", "seq_length", "log_interval"):
         if getattr(cfg, name) < (0 if name == "steps" else 1):
             raise InteropError(f"--{name.replace('_', '-')} must be positive (got {getattr(cfg, name)})")
     ParallelLayout.check_flags(cfg.tp, cfg.pp, 1, cfg.first_stage_layers, cfg.last_stage_layers)
@@ -87,9 +88,11 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         if dp < 1 or dp * cfg.tp * cfg.pp != world:
             raise InteropError(f"world size {world} is not dp*tp*pp = {cfg.dp or '?'}*{cfg.tp}*{cfg.pp}")
         cfg.dp = dp
-    cfg.dp = cfg.dp or 1
+    cfg.dp = cfg.dp or cfg.ep  # launched by us: as many replicas as the experts need, else 1
     if cfg.dp < 1:
         raise InteropError(f"--dp must be positive (got {cfg.dp})")
+    if cfg.dp % cfg.ep:  # Megatron carves the expert-parallel ranks out of the data-parallel ones
+        raise InteropError(f"--ep {cfg.ep} must divide dp ({cfg.dp}): expert parallelism splits data-parallel replicas")
     per_step = cfg.micro_batch_size * cfg.dp
     cfg.global_batch_size = cfg.global_batch_size or per_step
     if cfg.global_batch_size % per_step:
@@ -136,7 +139,7 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     check_config_model(cfg, spec, start)
 
     layout = ParallelLayout.build(spec.num_layers, cfg.tp, cfg.pp, first_stage_layers=cfg.first_stage_layers,
-                                  last_stage_layers=cfg.last_stage_layers)
+                                  last_stage_layers=cfg.last_stage_layers, ep=cfg.ep)
     check_model_layout(spec, layout)
     if spec.position == "learned" and cfg.seq_length > spec.max_positions:
         raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
@@ -170,9 +173,10 @@ def describe_plan(plan: Plan) -> list[str]:
         for d in p.shape:
             n *= d
         params += n
-    layout = f"tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}"
+    layout = f"tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}" + (f" ep={cfg.ep}" if cfg.ep > 1 else "")
     lines = [f"model: {spec.arch}, {spec.num_layers} layers, hidden {spec.hidden}, {spec.heads} heads, vocab {spec.vocab}: "
-             f"{params / 1e6:.2f}M parameters ({'bf16 autocast' if cfg.bf16 else 'fp32'})",
+             f"{params / 1e6:.2f}M parameters ({'bf16 autocast' if cfg.bf16 else 'fp32'})"
+             + (f"; {spec.num_experts} experts, top-{spec.moe_topk}" if spec.is_moe else ""),
              f"layout: {plan.layout.describe()} dp={cfg.dp}, {plan.world} process(es)"]
     if plan.resumed:
         trainer = {}
@@ -181,6 +185,7 @@ def describe_plan(plan: Plan) -> list[str]:
         except InteropError:
             pass
         was = f"tp={trainer.get('tp')} pp={trainer.get('pp')} dp={trainer.get('dp')}" if trainer else "an unknown layout"
+        was += f" ep={trainer['ep']}" if trainer.get("ep", 1) > 1 else ""
         lines.append(f"start: resumed from step {plan.start_step} at {was} ({plan.start}), continuing at {layout}")
     elif plan.fresh_dir:
         lines.append(f"start: fresh random weights for {cfg.init_spec} (seed {cfg.seed})")
@@ -229,7 +234,7 @@ def run(plan: Plan, rank: int = 0, world: int = 1, local_rank: int | None = None
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
     try:
-        grid = build_grid(cfg.tp, cfg.pp, cfg.dp) if world > 1 else Grid(1, 1, 1, 0)
+        grid = build_grid(cfg.tp, cfg.pp, cfg.dp, cfg.ep) if world > 1 else Grid(1, 1, 1, 0)
         return _train(plan, grid, device)
     finally:
         if world > 1 and dist.is_initialized():
@@ -253,7 +258,10 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     data = TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)
     index = param_index(spec)
     named = list(stage.named_parameters())
-    counted = [stage.owned(n) and (index[n].axis is not None or grid.tp_rank == 0) for n, _ in named]
+    # each gradient counted once in the norm: replicated tensors on tp rank 0, dense ones on ep rank 0
+    counted = [stage.owned(n) and (index[n].axis is not None or grid.tp_rank == 0)
+               and (index[n].expert is not None or grid.ep_rank == 0) for n, _ in named]
+    experts = [index[n].expert is not None for n, _ in named]
     tied = spec.tied_embeddings and grid.embed_group is not None  # the word embedding lives on two stages
     tied_copy = [p for n, p in named if n == "embed.word.weight"] if tied else []
     hidden_shape = (cfg.micro_batch_size, cfg.seq_length, spec.hidden)
@@ -269,14 +277,16 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
         micro = _micro_batches(data, consumed + grid.dp_rank * per_replica, plan.micro_batches,
                                cfg.micro_batch_size, device)
         optimizer.zero_grad(set_to_none=False)
+        set_aux_loss_scale(stage, 1.0 / plan.micro_batches)  # the aux losses' gradients scaled as the LM loss's
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             loss = train_step(stage, grid, micro, hidden_shape, device)
-        _sync_gradients(named, grid, tied_copy)
+        _sync_gradients(named, grid, tied_copy, experts)
         norm = clip_grad_norm([(p.grad, c) for (_, p), c in zip(named, counted)], cfg.clip_grad,
-                              (grid.tp_group, grid.pp_group), device)
+                              (grid.tp_group, grid.pp_group, grid.ep_group), device)
         lr = lr_at(cfg.optim(), step, cfg.steps)
         set_lr(optimizer, lr)
         optimizer.step()
+        update_expert_bias(stage, cfg.router_bias_update_rate, grid.dp_group)
         consumed += cfg.global_batch_size
         loss_value = _global_loss(loss, grid, device)
         ms = (time.perf_counter() - t0) * 1000
@@ -309,11 +319,16 @@ def _micro_batches(data: TokenData, first: int, count: int, size: int, device) -
     return out
 
 
-def _sync_gradients(named, grid: Grid, tied_copy) -> None:
-    """Average gradients over data-parallel replicas; sum the tied embedding's first- and last-stage copies."""
-    if grid.dp_group is not None:
-        for _, p in named:
-            dist.all_reduce(p.grad, group=grid.dp_group)
+def _sync_gradients(named, grid: Grid, tied_copy, experts) -> None:
+    """Average gradients over data-parallel replicas; sum the tied embedding's first- and last-stage copies.
+
+    An expert's gradient already sums the tokens of its ep group (the all-to-all's backward), so it is
+    summed over the replicas of the same expert (edp group) and divided by dp, as Megatron does."""
+    for (_, p), expert in zip(named, experts):
+        group = grid.edp_group if expert else grid.dp_group
+        if group is not None:
+            dist.all_reduce(p.grad, group=group)
+        if grid.dp > 1:
             p.grad.div_(grid.dp)
     for p in tied_copy:
         dist.all_reduce(p.grad, group=grid.embed_group)
@@ -342,7 +357,8 @@ def _state(plan: Plan, step: int, consumed: int) -> dict:
         "rng": {"seed": cfg.seed, "torch": rng},
         "data": {"source": cfg.data or "synthetic", "seq_length": cfg.seq_length, "consumed_samples": consumed,
                  "global_batch_size": cfg.global_batch_size},
-        "trainer": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "micro_batch_size": cfg.micro_batch_size},
+        "trainer": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "micro_batch_size": cfg.micro_batch_size,
+                    **({"ep": cfg.ep} if cfg.ep > 1 else {})},
     }
 
 

@@ -4,8 +4,8 @@
 - `torch_dist` (PyTorch DCP + `common.pt` + `metadata.json`): `torch_dist.py`
 
 The Reader picks by what is on disk; the Writer by its `format` option (`--format`, default
-torch).  What both share: the name rows (`rows.py`), args <-> ModelSpec (`args.py`) and the
-tracker / iteration folders (`checkpoint.py`).
+torch).  What both share: the name rows (`rows.py`), the stored args (`args.py`; their meaning as a
+ModelSpec is `mappings/megatron_spec.py`) and the tracker / iteration folders (`checkpoint.py`).
 """
 from __future__ import annotations
 
@@ -27,8 +27,12 @@ def _torch_dist():
 
 
 def detect(path) -> bool:
+    """A Megatron save or iteration folder.  Rank folders of MindSpore `.ckpt` files are not one (interop's
+    earlier MindSpore layout borrowed Megatron's folder names): each format claims only its own files."""
     root = Path(path)
-    return root.is_dir() and ((root / TRACKER).is_file() or has_rank_dirs(root) or is_dist_dir(root))
+    if not (root.is_dir() and ((root / TRACKER).is_file() or has_rank_dirs(root) or is_dist_dir(root))):
+        return False
+    return not (any(root.glob("mp_rank_*/*.ckpt")) or any(root.glob("*/mp_rank_*/*.ckpt")))
 
 
 def _is_torch_dist(path, iteration: int | None) -> bool:

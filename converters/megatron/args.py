@@ -1,8 +1,7 @@
-"""Megatron args <-> ModelSpec, on top of the shared argument table (`mappings.megatron_args`).
+"""A Megatron checkpoint's stored args: read safely, checked, completed, and the vocabulary padding they imply.
 
-The one place this is decided, for checkpoints' stored args and for args files alike
-(`--model-config`, after `megatron_args.complete`).  A checkpoint's args are the fact of how
-the model was built, so the rules are lenient where checkpoints from other tools differ.
+What the args mean as a model and a layout is `mappings/megatron_spec.py`'s (one place for the
+converter, map-args and the trainer).
 """
 from __future__ import annotations
 
@@ -10,20 +9,11 @@ import argparse
 import math
 import types
 
-import torch
-
 from ...errors import InteropError
 from ...io.safe_pickle import to_plain
-from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
-from ...spec import ModelSpec, llama3_rope_scaling, padded_vocab_size
-from ...tensors import DTYPE_NAMES, NAME_OF_DTYPE
+from ...spec import ModelSpec, padded_vocab_size
 
-UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
-    "rotary_interleaved": False, "multi_latent_attention": False,
-    "apply_residual_connection_post_layernorm": False, "squared_relu": False,
-}
-NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 # The numbers a reader builds the model and its layout from: checked at the door (`check_args`).
 MODEL_NUMBERS = {**dict.fromkeys(
     ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
@@ -34,7 +24,6 @@ MODEL_NUMBERS = {**dict.fromkeys(
      "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "expert_model_parallel_size",
      "expert_tensor_parallel_size"), M.INT),
     **dict.fromkeys(("norm_epsilon", "rotary_base", "rotary_percent", "rope_scaling_factor"), M.FLOAT)}
-NORMS_OUT = {v: k for k, v in NORMS.items()}
 
 
 def explicit_args(stored: dict) -> dict:
@@ -43,7 +32,7 @@ def explicit_args(stored: dict) -> dict:
     for key, value in stored.items():
         dest = M.CHECKPOINT_ALIASES.get(key, key)
         if dest in M.ARGS and value is not None:
-            out[dest] = plain_arg(value)
+            out[dest] = to_plain(value)
     return out
 
 
@@ -64,253 +53,6 @@ def check_args(stored: dict | None, where) -> None:
             else:
                 shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise InteropError(f"{where}: args.{key} is {shown}, not {'an integer' if kind == M.INT else 'a number'}")
-
-
-def plain_arg(value):
-    if isinstance(value, torch.dtype):
-        return NAME_OF_DTYPE.get(value, str(value))
-    return to_plain(value)
-
-
-def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpec:
-    """A ModelSpec from completed Megatron args (`megatron_args.complete`)."""
-    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if not full.get(k)]
-    if missing:
-        raise InteropError(f"{where}: the model description lacks {', '.join(missing)}")
-    for dest, ok in UNSUPPORTED_ARGS.items():
-        if full.get(dest, ok) not in (ok, None) and full.get(dest) != ok:
-            raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported")
-    if full.get("rotary_percent", 1.0) not in (None, 1.0):
-        raise InteropError(f"{where}: rotary_percent={full['rotary_percent']} is not supported (1.0 is)")
-    norm = NORMS.get(full.get("normalization") or "LayerNorm")
-    if norm is None:
-        raise InteropError(f"{where}: normalization={full['normalization']!r} is not supported")
-    pos_type = full.get("position_embedding_type") or "learned_absolute"
-    if full.get("use_rotary_position_embeddings"):
-        pos_type = "rope"
-    if pos_type not in ("learned_absolute", "rope"):
-        raise InteropError(f"{where}: position_embedding_type={pos_type!r} is not supported")
-    position = "rope" if pos_type == "rope" else "learned"
-    heads, hidden = int(full["num_attention_heads"]), int(full["hidden_size"])
-    groups = int(full.get("num_query_groups") or heads) if full.get("group_query_attention") else heads
-    activation = full.get("activation") or ("swiglu" if full.get("swiglu") else "gelu")
-    padded = full.get("padded_vocab_size") or full.get("vocab_size")
-    vocab = full.get("vocab_size") or padded
-    if not padded:
-        raise InteropError(f"{where}: the vocabulary size is unknown (no padded_vocab_size or vocab_size)")
-    linear_bias = bool(full.get("add_bias_linear", True))
-    qk_norm = bool(full.get("qk_layernorm"))
-    if qk_norm and norm != "rmsnorm":
-        raise InteropError(f"{where}: qk_layernorm with normalization={full.get('normalization')!r} is not supported "
-                           "(RMSNorm is)")
-    sliding_window = _sliding_window(full, where)
-    rope_scaling = None
-    if full.get("use_rope_scaling") and position == "rope":
-        rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
-    arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
-    return ModelSpec(
-        arch=arch, num_layers=int(full["num_layers"]), hidden=hidden,
-        ffn_hidden=int(full.get("ffn_hidden_size") or 4 * hidden), heads=heads, kv_groups=groups,
-        head_dim=int(full.get("kv_channels") or hidden // heads), vocab=int(vocab), padded_vocab=int(padded),
-        max_positions=int(full.get("max_position_embeddings") or full.get("seq_length") or 0) or 2048,
-        norm=norm, norm_eps=float(full.get("norm_epsilon") or 1e-5), activation=activation, position=position,
-        rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
-        qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
-        qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
-        dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
-
-
-def moe_from_args(full: dict, where: str) -> dict:
-    """ModelSpec's mixture-of-experts fields from Megatron's MoE args ({} for a dense model).
-
-    Top-k normalisation as megatron-core's router computes it (transformer/moe/moe_utils.py
-    topk_routing_with_score_function): softmax after the top-k (the default) sums to 1, softmax before it
-    (--moe-router-pre-softmax) does not; sigmoid scores are renormalised whenever top-k > 1."""
-    experts = full.get("num_experts")
-    if not experts:
-        return {}
-    score = full.get("moe_router_score_function") or "softmax"
-    topk = int(full.get("moe_router_topk") or 2)
-    norm = (not full.get("moe_router_pre_softmax")) if score == "softmax" else topk > 1
-    for dest, ok in (("moe_router_topk_scaling_factor", None), ("moe_router_num_groups", None),
-                     ("moe_router_group_topk", None), ("moe_latent_size", None)):
-        if full.get(dest) not in (ok, None):
-            raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported (the model description has no place "
-                               "for it)")
-    coeff = full.get("moe_aux_loss_coeff") or 0.0
-    if isinstance(coeff, (list, tuple)):
-        if len(set(coeff)) > 1:
-            raise InteropError(f"{where}: moe_aux_loss_coeff={coeff!r} (one per loss type) is not supported")
-        coeff = coeff[0] if coeff else 0.0
-    shared = full.get("moe_shared_expert_intermediate_size")
-    return dict(num_experts=int(experts), moe_topk=topk,
-                moe_ffn_hidden=int(full.get("moe_ffn_hidden_size") or full.get("ffn_hidden_size") or 4 * int(full["hidden_size"])),
-                moe_layers=_moe_layers(full.get("moe_layer_freq", 1), int(full["num_layers"]), where),
-                moe_router_score=score, moe_norm_topk=bool(norm),
-                moe_router_bias=bool(full.get("moe_router_enable_expert_bias")),
-                moe_aux_loss_coeff=float(coeff), shared_expert_ffn_hidden=int(shared) if shared else None,
-                shared_expert_gate=bool(shared and full.get("moe_shared_expert_gate")))
-
-
-def _moe_layers(freq, num_layers: int, where: str) -> list | None:
-    """--moe-layer-freq: an int k (every k-th layer from 0 is MoE) or a 0/1 list per layer (megatron-core
-    TransformerConfig.moe_layer_freq; Megatron-LM parses a string such as "[1,0,1,0]" or "([0]+[1]*3)")."""
-    if isinstance(freq, str):
-        text = freq.strip()
-        if text.isdigit():
-            freq = int(text)
-        else:
-            import ast
-            try:
-                node = ast.parse(text, mode="eval").body
-                freq = _pattern(node)
-            except (SyntaxError, ValueError):
-                raise InteropError(f"{where}: moe_layer_freq={text!r} is not an integer or a 0/1 list") from None
-    if isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1:
-        pattern = [int(i % freq == 0) for i in range(num_layers)]
-    elif isinstance(freq, (list, tuple)) and len(freq) == num_layers and all(f in (0, 1) for f in freq):
-        pattern = list(freq)
-    else:
-        raise InteropError(f"{where}: moe_layer_freq={freq!r} is not an integer or a 0/1 list of {num_layers} layers")
-    return None if all(pattern) else [i for i, f in enumerate(pattern) if f]
-
-
-def _pattern(node) -> list:
-    """A literal 0/1 list, or sums and products of them (`[0]*1+[1]*3`), without eval."""
-    import ast
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _pattern(node.left) + _pattern(node.right)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        left, right = node.left, node.right
-        if isinstance(right, ast.Constant) and isinstance(right.value, int) and 0 <= right.value <= 100000:
-            return _pattern(left) * right.value
-        raise ValueError("not a list times a count")
-    value = ast.literal_eval(node)
-    if not isinstance(value, (list, tuple)):
-        raise ValueError("not a list")
-    return list(value)
-
-
-def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
-    """Megatron's MoE args for `spec` at `layout` (the dense defaults for a dense model)."""
-    if not spec.is_moe:
-        return {"num_experts": None, "expert_model_parallel_size": 1}
-    if spec.moe_router_score == "sigmoid" and spec.moe_norm_topk != (spec.moe_topk > 1):
-        raise InteropError("megatron-core renormalises sigmoid router scores exactly when top-k > 1; this model "
-                           f"has top-k {spec.moe_topk} with moe_norm_topk={spec.moe_norm_topk}")
-    layers = spec.moe_layers
-    return {
-        "num_experts": spec.num_experts, "moe_router_topk": spec.moe_topk, "moe_ffn_hidden_size": spec.moe_ffn_hidden,
-        "moe_layer_freq": 1 if layers is None else [int(i in layers) for i in range(spec.num_layers)],
-        "moe_router_score_function": spec.moe_router_score,
-        "moe_router_pre_softmax": spec.moe_router_score == "softmax" and not spec.moe_norm_topk,
-        "moe_router_enable_expert_bias": spec.moe_router_bias, "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
-        "moe_shared_expert_intermediate_size": spec.shared_expert_ffn_hidden,
-        "moe_shared_expert_gate": spec.shared_expert_gate,
-        "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.tp,
-        # Megatron-LM's arguments.py: MoE with tensor parallelism requires sequence parallelism
-        **({"sequence_parallel": True} if layout.tp > 1 else {}),
-    }
-
-
-def _sliding_window(full: dict, where: str) -> int | None:
-    """--window-size (left, right) on every layer -> ModelSpec.sliding_window.
-
-    megatron-core lets query i see keys i - left .. i + right (transformer/utils.py
-    get_sliding_window_causal_mask); HF Mistral's window W lets it see i - W + 1 .. i: W = left + 1, right 0.
-    """
-    window = full.get("window_size")
-    if window in (None, "", "None"):
-        return None
-    if isinstance(window, str):
-        window = [w.strip() for w in window.strip("()[] ").split(",")]
-    try:
-        left, right = (int(w) for w in window)
-    except (TypeError, ValueError):
-        raise InteropError(f"{where}: window_size={full['window_size']!r} is not a (left, right) pair") from None
-    if right != 0 or left < 0 or full.get("window_attn_skip_freq") not in (None, "", "None"):
-        raise InteropError(f"{where}: window_size={full['window_size']!r} with window_attn_skip_freq="
-                           f"{full.get('window_attn_skip_freq')!r} is not supported (a causal window on every layer is)")
-    return left + 1
-
-
-def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
-                   divisible_by: int = 128) -> dict:
-    """Megatron args for `spec` at `layout`, on top of `base` (a source's args) or Megatron's defaults."""
-    if spec.qkv_bias and not spec.linear_bias:
-        add_qkv_bias = True
-    else:
-        add_qkv_bias = spec.qkv_bias
-    if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
-        raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
-    first = layout.stages[0][0]
-    per_stage = [sum(b - a for a, b in chunks) for chunks in layout.stages]
-    uneven = layout.vpp == 1 and layout.stages != _even_stages(spec.num_layers, layout)
-    model = {
-        "num_layers": spec.num_layers, "hidden_size": spec.hidden, "ffn_hidden_size": spec.ffn_hidden,
-        "num_attention_heads": spec.heads, "group_query_attention": spec.kv_groups != spec.heads,
-        "num_query_groups": spec.kv_groups, "kv_channels": spec.head_dim,
-        "max_position_embeddings": spec.max_positions, "normalization": NORMS_OUT[spec.norm],
-        "norm_epsilon": spec.norm_eps, "swiglu": spec.activation == "swiglu",
-        "openai_gelu": spec.activation == "gelu_tanh",
-        # the fused bias-GeLU is the tanh form: on only when that is the model's GeLU
-        "bias_gelu_fusion": spec.activation == "gelu_tanh" and spec.linear_bias,
-        "bias_swiglu_fusion": spec.activation == "swiglu",
-        "position_embedding_type": "rope" if spec.position == "rope" else "learned_absolute",
-        "add_position_embedding": spec.position == "learned", "use_rotary_position_embeddings": spec.position == "rope",
-        "rotary_base": int(spec.rope_base) if float(spec.rope_base).is_integer() else spec.rope_base,
-        "rotary_percent": 1.0, "rotary_interleaved": False,
-        "untie_embeddings_and_output_weights": not spec.tied_embeddings,
-        "add_bias_linear": spec.linear_bias, "add_qkv_bias": add_qkv_bias, "qk_layernorm": spec.qk_norm,
-        "use_rope_scaling": spec.rope_scaling is not None,
-        "rope_scaling_factor": spec.rope_scaling["factor"] if spec.rope_scaling else 8.0,
-        "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
-        "vocab_size": spec.vocab, "padded_vocab_size": spec.padded_vocab,
-        "make_vocab_size_divisible_by": divisible_by,
-        "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
-        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
-        "num_layers_per_virtual_pipeline_stage": (first[1] - first[0]) if layout.vpp > 1 else None,
-        "decoder_first_pipeline_num_layers": per_stage[0] if uneven else None,
-        "decoder_last_pipeline_num_layers": per_stage[-1] if uneven else None,
-        "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
-        "transformer_impl": "local", "use_legacy_models": False, "use_mcore_models": True,
-        **moe_args(spec, layout),
-    }
-    args = M.complete({}) if base is None else dict(base)
-    args.update(model)
-    args.pop("activation", None)  # derived by interop's table, not a Megatron argument
-    args.pop("hidden_act", None)
-    args.pop("compute_dtype", None)
-    args["params_dtype"] = DTYPE_NAMES[spec.dtype]
-    return args
-
-
-def args_losses(spec: ModelSpec) -> list[str]:
-    """What Megatron args cannot say about `spec`: summary notes, so the loss is never silent."""
-    notes = []
-    if spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
-        notes.append(f"Megatron's --use-rope-scaling fixes low_freq_factor 1, high_freq_factor 4 and "
-                     f"original_max_position_embeddings 8192; this model's {spec.rope_scaling} is not in the args")
-    return notes
-
-
-def layout_from_args(full: dict, num_layers: int) -> ParallelLayout:
-    """The tp/pp/vpp layout the args say the checkpoint was saved at (tp 1 / pp 1 when they don't say)."""
-    try:
-        return ParallelLayout.build(
-            num_layers, int(full.get("tensor_model_parallel_size") or 1), int(full.get("pipeline_model_parallel_size") or 1),
-            int(full.get("virtual_pipeline_model_parallel_size") or 1), full.get("decoder_first_pipeline_num_layers"),
-            full.get("decoder_last_pipeline_num_layers"),
-            ep=int(full.get("expert_model_parallel_size") or 1) if full.get("num_experts") else 1)
-    except (InteropError, TypeError, ValueError):
-        return ParallelLayout.build(num_layers)
-
-
-def _even_stages(num_layers: int, layout: ParallelLayout):
-    try:
-        return ParallelLayout.build(num_layers, layout.tp, layout.pp, layout.vpp).stages
-    except InteropError:
-        return None
 
 
 def vocab_divisor(vocab: int, padded: int, tp: int, default: int = 128) -> int | None:
@@ -336,18 +78,6 @@ def args_dict(args) -> dict | None:
     if hasattr(args, "state") and isinstance(getattr(args, "state"), dict):  # a placeholder Namespace subclass
         return dict(args.state)
     return None
-
-
-def model_config_args(path) -> dict:
-    """Completed Megatron args from --model-config: HF config.json, Megatron args file or MindSpeed YAML."""
-    from ... import mapargs
-    from ...io.small_files import read_json_object, require_small_file
-    path = require_small_file(path, "model config")  # not /dev/zero, a FIFO, a directory or a huge file
-    if path.suffix.lower() == ".json":
-        read_json_object(path, "model config")  # one line for bad JSON (too deep, a 5,000-digit number), not a traceback
-    source = mapargs.load(path)
-    return M.complete(source.explicit)
-
 
 
 def base_args(meg: dict) -> dict | None:

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from ...errors import InteropError
+from ...io.megatron_save import TRACKER, iteration_name, iteration_of, read_tracker
 
-TRACKER = "latest_checkpointed_iteration.txt"
 RANK_FILE = "model_optim_rng.pt"
 DISTRIB_OPTIM_FILE = "distrib_optim.pt"
 # mp_rank_TT, mp_rank_TT_PPP (pp > 1), mp_rank_TT_EEE (ep > 1, pp 1), mp_rank_TT_PPP_EEE (both): Megatron-LM's
@@ -49,32 +49,21 @@ def iteration_dir(path, iteration: int | None = None) -> tuple[Path, int | str |
     """The iteration directory to read: the tracker's (or `iteration`'s) under a save root, or `path` itself."""
     root = Path(path)
     if iteration is not None:
-        sub = root / f"iter_{int(iteration):07d}"
+        sub = root / iteration_name(iteration)
         if not sub.is_dir():
             found = sorted(c.name for c in root.iterdir() if c.name.startswith("iter_")) if root.is_dir() else []
             raise InteropError(f"{sub}: no such iteration directory (found: {', '.join(found) or 'none'})")
         return sub, int(iteration)
     if has_rank_dirs(root) or is_dist_dir(root):
-        name = root.name
-        it = int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else ("release" if name == "release" else None)
-        return root, it
+        return root, iteration_of(root.name)
     tracker = root / TRACKER
     if not tracker.is_file():
         raise InteropError(f"{root}: not a Megatron checkpoint (no {TRACKER}, no mp_rank_* folders)")
-    text = tracker.read_text(errors="replace").strip()  # a damaged tracker: the error below, not a traceback
-    if text == "release":
-        sub, it = root / "release", "release"
-    elif text.isdigit():
-        sub, it = root / f"iter_{int(text):07d}", int(text)
-    else:
-        raise InteropError(f"{tracker}: expected an iteration number or 'release', got {text!r}")
+    it = read_tracker(root)
+    sub = root / iteration_name(it)
     if not sub.is_dir():
         raise InteropError(f"{tracker}: names {sub.name}, which does not exist")
     return sub, it
-
-
-def iteration_name(iteration) -> str:
-    return "release" if iteration == "release" else f"iter_{iteration:07d}"
 
 
 def final_iteration(asked: int | None, state: dict) -> int | str:
@@ -82,6 +71,3 @@ def final_iteration(asked: int | None, state: dict) -> int | str:
     iteration = asked if asked is not None else state.get("iteration")
     return iteration if isinstance(iteration, int) else "release"
 
-
-def write_tracker(root: Path, iteration) -> None:
-    (root / TRACKER).write_text(f"{iteration}\n")

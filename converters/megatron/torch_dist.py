@@ -33,15 +33,18 @@ import torch
 
 from ...errors import InteropError
 from ...io import megatron_dist as dist
+from ...io.safe_pickle import to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import DIST_EXPERT_KEYS, EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import (args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, layout_from_args, model_config_args,
-                   padded_vocab, plain_arg, spec_from_args, vocab_divisor)
-from .checkpoint import CHECKPOINT_VERSION, final_iteration, iteration_name, write_tracker
+from ...model_config import megatron_args_from_file
+from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
+from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
+from ...io.megatron_save import iteration_name, write_tracker
+from .checkpoint import CHECKPOINT_VERSION, final_iteration
 from . import distrib
 from .optimizer import KINDS, dist_common, dist_common_distributed, dist_hyper, distrib_hyper
 from .training import from_megatron, optimizer_hyper, to_megatron
@@ -125,7 +128,7 @@ class Reader:
         stored = args_dict(common.get("args"))
         check_args(stored, self.dir / dist.COMMON_PT)
         if model_config is not None:
-            full = model_config_args(model_config)
+            full = megatron_args_from_file(model_config)
             notes.append(f"model description taken from {model_config}")
         elif stored and stored.get("num_layers"):
             full = M.complete(explicit_args(stored))
@@ -177,13 +180,13 @@ class Reader:
         if self.ckpt.objects():
             notes.append(f"ignored {len(self.ckpt.objects())} byte objects (_extra_state slots, rng state): not weights")
         it = common.get("iteration")
-        scheduler = plain_arg(common.get("opt_param_scheduler"))
+        scheduler = to_plain(common.get("opt_param_scheduler"))
         state = {"iteration": it if isinstance(it, int) else None,
                  **from_megatron(stored or {}, scheduler, (hyper or {}).get("step")),
-                 "megatron": {"checkpoint_version": plain_arg(common.get("checkpoint_version")), "scheme": scheme,
-                              "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
+                 "megatron": {"checkpoint_version": to_plain(common.get("checkpoint_version")), "scheme": scheme,
+                              "args": {k: to_plain(v) for k, v in (stored or {}).items()},
                               "opt_param_scheduler": scheduler, "optimizer": hyper,
-                              "num_floating_point_operations_so_far": plain_arg(
+                              "num_floating_point_operations_so_far": to_plain(
                                   common.get("num_floating_point_operations_so_far"))}}
         # torch_dist holds global tensors (readable at any layout); the layout shown is the one it was saved at
         self.source = Source(spec, layout_from_args(full, spec.num_layers), state, notes)

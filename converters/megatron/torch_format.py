@@ -38,9 +38,12 @@ from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .args import args_dict, args_from_spec, args_losses, check_args, base_args, explicit_args, model_config_args, padded_vocab, plain_arg, spec_from_args, vocab_divisor
-from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration,
-                         iteration_dir, iteration_name, rank_dir_name, rank_of_dir, write_tracker)
+from ...model_config import megatron_args_from_file
+from ...mappings.megatron_spec import args_from_spec, args_losses, spec_from_args
+from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
+from ...io.megatron_save import iteration_name, write_tracker
+from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, iteration_dir,
+                         rank_dir_name, rank_of_dir)
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
 from .optimizer import KINDS, distrib_entry, distrib_hyper, pack, unpack
@@ -101,7 +104,7 @@ class Reader:
             "iteration": first.get("iteration") if isinstance(first.get("iteration"), int) else it,
             **from_megatron(stored or {}, scheduler, (hyper or {}).get("step")),
             "megatron": {"checkpoint_version": to_plain(first.get("checkpoint_version")), "scheme": self.scheme,
-                         "args": {k: plain_arg(v) for k, v in (stored or {}).items()},
+                         "args": {k: to_plain(v) for k, v in (stored or {}).items()},
                          "opt_param_scheduler": scheduler, "optimizer": hyper,
                          "num_floating_point_operations_so_far": to_plain(
                              first.get("num_floating_point_operations_so_far"))},
@@ -169,7 +172,7 @@ class Reader:
     def _model_args(self, stored: dict | None, model_config, notes: list[str]) -> dict:
         if model_config is not None:
             notes.append(f"model description taken from {model_config}")
-            full = model_config_args(model_config)
+            full = megatron_args_from_file(model_config)
             # the layout and the padded vocab are facts of the files, not of the model description
             # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
             full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),

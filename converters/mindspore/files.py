@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 
 from ...errors import InteropError
+from ...io.megatron_save import TRACKER, iteration_name, read_tracker
 
 SIDECAR = "mindspore_model.json"
-TRACKER = "latest_checkpointed_iteration.txt"
 OLD_RANK_FILE = "model_optim_rng.ckpt"
 MINDSPEED_FILE = "network.ckpt"  # convert_pt2ckpt.py --file-prefix default 'network', --format 'ckpt'
 SINGLE_FILE = "model.ckpt"
@@ -52,10 +52,7 @@ def old_mindspeed_tree(path: Path) -> tuple[dict[tuple[int, int], Path], int, in
     if not (tracker.is_file() or any(path.glob("*/mp_rank_*"))):
         return None
     if tracker.is_file():
-        it = tracker.read_text(errors="replace").strip()  # damaged: the error below, not a traceback
-        folder = "release" if it == "release" else (f"iter_{int(it):07d}" if it.isdigit() else None)
-        if folder is None:
-            raise InteropError(f"{tracker}: expected an iteration number or 'release', found {it!r}")
+        folder = iteration_name(read_tracker(path))
     else:
         folders = sorted({p.parent.name for p in path.glob("*/mp_rank_*")})
         if len(folders) != 1:

@@ -13,7 +13,7 @@ from ...layout import ParallelLayout
 from ...mappings.mindspore_names import (DIALECTS, LOCAL_EXPERTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD,
                                          OPTIM_PREFIXES)
 from ...params import param_index
-from ...spec import ModelSpec
+from ...spec import ModelSpec, padded_to_tp
 from ...tensors import TensorMeta
 from . import pt_meta
 from .files import SIDECAR, mindformers_file, mindspeed_file
@@ -37,13 +37,7 @@ class Writer:
     """
 
     holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
-
-    @staticmethod
-    def padded_vocab(spec: ModelSpec, tp: int) -> int:
-        """Keep the source's padding when tp divides it; otherwise the true vocab rounded up to tp."""
-        if spec.padded_vocab % tp == 0:
-            return spec.padded_vocab
-        return -(-spec.vocab // tp) * tp
+    padded_vocab = staticmethod(padded_to_tp)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  dialect: str | None = None, qkv_concat: bool = False, qkv_layout: str | None = None,

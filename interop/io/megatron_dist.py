@@ -61,6 +61,7 @@ from torch.futures import Future
 
 from ..errors import InteropError
 from ..shards import Box, tiling_error
+from .megatron_save import TRACKER, iteration_name, read_tracker
 from .paths import inside
 from .safe_pickle import safe_torch_load
 from .torch_file import append_tensor
@@ -93,20 +94,12 @@ def checkpoint_dir(root, iteration: int | None = None) -> Path:
     if is_dist_checkpoint(root):
         return root
     if iteration is None:
-        tracker = root / "latest_checkpointed_iteration.txt"
-        if not tracker.is_file():
+        if not (root / TRACKER).is_file():
             raise InteropError(f"{root}: neither a torch_dist checkpoint (metadata.json + .metadata) "
                                "nor a Megatron save directory (latest_checkpointed_iteration.txt)")
-        text = tracker.read_text(errors="replace").strip()
-        if text == "release":
-            sub = root / "release"
-        else:
-            try:
-                sub = root / f"iter_{int(text):07d}"
-            except ValueError:
-                raise InteropError(f"{tracker}: expected an iteration number or 'release', got {text!r}") from None
+        sub = root / iteration_name(read_tracker(root))
     else:
-        sub = root / f"iter_{iteration:07d}"
+        sub = root / iteration_name(iteration)
     if not is_dist_checkpoint(sub):
         raise InteropError(f"{sub}: not a torch_dist checkpoint (needs metadata.json and .metadata)")
     return sub

@@ -11,6 +11,7 @@ called on the pickle's say-so except the allow-list below.
 from __future__ import annotations
 
 import argparse
+import enum
 import io
 import pathlib
 import signal
@@ -127,20 +128,29 @@ def safe_torch_load(path, mmap: bool = True):
     """`torch.load` of `path` on CPU with `weights_only=True`, the allow-list above and placeholders.
 
     Tensors stay memory-mapped when the file is in torch's zip format (`mmap`)."""
+    return load_pickle(path, mmap=mmap)[0]
+
+
+def load_pickle(path, names: list[str] | None = None, map_location="cpu", mmap: bool = True):
+    """(object, placeholder class names): the one safe `torch.load` every `.pt` reader goes through.
+
+    `names`: the globals the pickle names, when the caller has them already (else read from the file);
+    `map_location="meta"` leaves tensors unread (their bytes are read later, by offset)."""
     path = Path(path)
     if not path.is_file():
         raise InteropError(f"{path}: no such file")
     is_zip = zipfile.is_zipfile(path)
-    names = []
-    if is_zip:
-        try:
-            names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-        except Exception as exc:  # a damaged zip or pickle raises many types
-            raise InteropError(f"{path}: not a readable torch checkpoint ({_first_line(exc)})") from None
-    entries, _ = plan_globals(path, names)
+    if names is None:
+        names = []
+        if is_zip:
+            try:
+                names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+            except Exception as exc:  # a damaged zip or pickle raises many types
+                raise InteropError(f"{path}: not a readable torch checkpoint ({_first_line(exc)})") from None
+    entries, placeholders = plan_globals(path, names)
     try:
         with torch.serialization.safe_globals(entries):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and is_zip), placeholders
     except InteropError:
         raise
     except Exception as exc:
@@ -169,6 +179,8 @@ def to_plain(value, depth: int = 0):
     if isinstance(value, (numpy.generic,)):
         return to_plain(value.item(), depth + 1)
     if isinstance(value, signal.Signals):
+        return value.name
+    if isinstance(value, enum.Enum):  # AttnBackend.auto, ...: by name
         return value.name
     if isinstance(value, torch.dtype):
         return str(value).replace("torch.", "")

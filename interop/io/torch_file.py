@@ -29,7 +29,7 @@ import torch
 
 from ..errors import InteropError
 from . import background
-from .safe_pickle import plan_globals, safe_torch_load
+from .safe_pickle import load_pickle, safe_torch_load
 from .writeback import Writeback
 from .zipfile_writer import ALIGNMENT, ZipWriter
 
@@ -98,12 +98,7 @@ class LazyTorchFile:
             self.obj = safe_torch_load(self.path, mmap=False)
             return
         self._check_small_records()
-        entries, self.placeholders = plan_globals(self.path, _globals_in(self.path))
-        try:
-            with torch.serialization.safe_globals(entries):
-                self.obj = torch.load(self.path, map_location="meta", weights_only=True)
-        except Exception as exc:
-            raise InteropError(f"{self.path}: cannot load safely ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+        self.obj, self.placeholders = load_pickle(self.path, _globals_in(self.path), map_location="meta", mmap=False)
 
     def _check_small_records(self) -> None:
         """The pickle (names, shapes, offsets) and the small records are verified up front: cheap."""

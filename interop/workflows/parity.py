@@ -17,7 +17,7 @@ from pathlib import Path
 from interop.errors import InteropError
 from interop.store import is_store
 
-from .config import TrainConfig
+from ..trainer.config import TrainConfig
 
 FRAMEWORKS = ("torch", "hf", "mindspore", "megatron")
 
@@ -65,20 +65,31 @@ class ParityResult:
         return "\n".join(lines)
 
 
-def parse_layouts(text: str) -> list[tuple[int, int, int]]:
-    """'1x1,2x1,1x2,2x2' -> [(tp, pp, dp)]; an optional third number is dp ('1x1x2')."""
+def parse_layouts(text: str) -> list[tuple[int, ...]]:
+    """'1x1,2x1,1x2,2x2' -> [(tp, pp, dp)]; an optional third number is dp ('1x1x2'), a fourth the
+    expert parallelism carved out of dp ('1x1x2x2': tp 1, pp 1, dp 2, ep 2)."""
     out = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         try:
             parts = [int(x) for x in item.lower().split("x")]
         except ValueError:
-            raise InteropError(f"layout {item!r} is not TPxPP (e.g. 2x1) or TPxPPxDP") from None
-        if len(parts) not in (2, 3) or min(parts) < 1:
-            raise InteropError(f"layout {item!r} is not TPxPP (e.g. 2x1) or TPxPPxDP")
-        out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else 1))
+            raise InteropError(f"layout {item!r} is not TPxPP (e.g. 2x1), TPxPPxDP or TPxPPxDPxEP") from None
+        if len(parts) not in (2, 3, 4) or min(parts) < 1:
+            raise InteropError(f"layout {item!r} is not TPxPP (e.g. 2x1), TPxPPxDP or TPxPPxDPxEP")
+        out.append(tuple(parts) + (1,) * max(0, 3 - len(parts)))
     if not out:
         raise InteropError("no layouts given")
     return out
+
+
+def _unpack(layout) -> tuple[int, int, int, int]:
+    """(tp, pp, dp) or (tp, pp, dp, ep) -> (tp, pp, dp, ep)."""
+    return tuple(layout) + (1,) * (4 - len(layout))
+
+
+def _label(layout) -> str:
+    tp, pp, dp, ep = _unpack(layout)
+    return f"{tp}x{pp}" + (f"x{dp}" if dp > 1 or ep > 1 else "") + (f" ep{ep}" if ep > 1 else "")
 
 
 def _as_store(ckpt, tmp: Path) -> str:
@@ -101,15 +112,17 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
     every torch layout is planned as `interop train` plans it, every framework is installed and can hold
     the model."""
     from interop.store import StoreReader
-    from .launch import cleanup, prepare
+    from ..trainer.launch import cleanup, prepare
     spec = StoreReader(start, verify=False).spec
     problems = []
     if "torch" in frameworks:
-        for tp, pp, dp in layouts:
+        for layout in layouts:
+            tp, pp, dp, ep = _unpack(layout)
             try:
-                cleanup(prepare(cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp)))
+                cleanup(prepare(cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp,
+                                            ep=ep)))
             except InteropError as exc:
-                problems.append(f"layout {tp}x{pp}x{dp}: {exc}")
+                problems.append(f"layout {tp}x{pp}x{dp}" + (f"x{ep}" if ep > 1 else "") + f": {exc}")
     if "hf" in frameworks:
         if importlib.util.find_spec("transformers") is None:
             problems.append("framework hf: transformers is not installed")
@@ -119,6 +132,11 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
                 hf_config_from_spec(spec)
             except InteropError as exc:
                 problems.append(f"framework hf: {exc}")
+            if spec.is_moe and spec.moe_aux_loss_coeff > 0:
+                problems.append(f"framework hf: the model has a load-balancing loss (coefficient "
+                                f"{spec.moe_aux_loss_coeff}), which the reference trainer computes as Megatron does, "
+                                f"per micro-batch and layer, and transformers otherwise (trainer/moe.py); "
+                                f"compare with hf at moe_aux_loss_coeff 0")
     if "mindspore" in frameworks and importlib.util.find_spec("mindspore") is None:
         problems.append("framework mindspore: mindspore is not installed")
     if "megatron" in frameworks:
@@ -140,7 +158,7 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     `log` gets one progress line per run (stderr by default; None for silence)."""
     from .frameworks import hf_losses, mindspore_losses
     from .megatron_framework import megatron_losses
-    from .launch import TrainingFailed, train
+    from ..trainer.launch import TrainingFailed, train
     log = log or (lambda message: None)
     unknown = [f for f in frameworks if f not in FRAMEWORKS]
     if unknown:
@@ -150,14 +168,14 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     if not frameworks:
         raise InteropError("nothing to compare: give at least one framework")
     # Default: two micro-batches per replica, so pipelined layouts really interleave them.
-    gbs = cfg.global_batch_size or 2 * cfg.micro_batch_size * max(dp for _, _, dp in layouts)
+    gbs = cfg.global_batch_size or 2 * cfg.micro_batch_size * max(_unpack(layout)[2] for layout in layouts)
     cfg = cfg.replace(global_batch_size=gbs, quiet=True)
     jobs = []
     if "torch" in frameworks:
-        for tp, pp, dp in layouts:
-            label = f"torch {tp}x{pp}" + (f"x{dp}" if dp > 1 else "")
-            jobs.append((label, lambda start, tp=tp, pp=pp, dp=dp: [r["loss"] for r in train(
-                cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp))]))
+        for layout in layouts:
+            tp, pp, dp, ep = _unpack(layout)
+            jobs.append((f"torch {_label(layout)}", lambda start, tp=tp, pp=pp, dp=dp, ep=ep: [r["loss"] for r in train(
+                cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp, ep=ep))]))
     others = {"hf": hf_losses, "mindspore": mindspore_losses, "megatron": megatron_losses}
     jobs += [(name, lambda start, fn=others[name]: fn(start, cfg.replace(load=start)))
              for name in ("hf", "mindspore", "megatron") if name in frameworks]

@@ -4,7 +4,7 @@ Each takes the same checkpoint (converted to its own format with `interop.conver
 the same batches (`TokenData`, whole global batch at once) and the same update rule
 (`optim.py`: AdamW, schedule, clipping), in a single process, and returns its
 per-step losses.  Each is the framework's own model code: transformers'
-`AutoModelForCausalLM`, and `trainer/mindspore_model.py` in mindspore ops with
+`AutoModelForCausalLM`, and `mindspore_model.py` in mindspore ops with
 gradients from mindspore's autodiff (`value_and_grad`).  The MindSpore weights stay
 in their native fused layout; the update applied to them is `optim.py`'s AdamW (on
 torch copies of the same numbers), since AdamW is element-wise and the point is one
@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from interop.errors import InteropError
 
-from .config import TrainConfig
-from .data import TokenData
-from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
+from ..trainer.config import TrainConfig
+from ..trainer.data import TokenData
+from ..trainer.optim import clip_grad_norm, lr_at, make_adamw, set_lr
 
 
 def _convert(ckpt, dst, fmt: str, **options):
@@ -62,7 +62,7 @@ def hf_losses(ckpt, cfg: TrainConfig) -> list[float]:
 
 
 def mindspore_losses(ckpt, cfg: TrainConfig) -> list[float]:
-    """Train the MindSpore model (`trainer/mindspore_model.py`) with mindspore autodiff and the same AdamW."""
+    """Train the MindSpore model (`mindspore_model.py`) with mindspore autodiff and the same AdamW."""
     try:
         import mindspore as ms
         from . import mindspore_model

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from interop.errors import InteropError
 from interop.spec import ModelSpec, llama3_rope_scaling
 
-from .config import TrainConfig
-from .data import TokenData
-from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
+from ..trainer.config import TrainConfig
+from ..trainer.data import TokenData
+from ..trainer.optim import clip_grad_norm, lr_at, make_adamw, set_lr
 
 
 def available() -> str | None:
@@ -45,7 +45,9 @@ def precondition(spec: ModelSpec) -> str | None:
     why = available()
     if why:
         return f"not available: {why}"
-    from interop.converters.registry import converter
+    if spec.is_moe:
+        return "mixture-of-experts models are not built in megatron-core for parity (a dense GPTModel only)"
+    from interop.formats import converter
     padded = converter("megatron").Writer.padded_vocab(spec, 1)
     if padded != spec.vocab:
         return (f"the vocabulary ({spec.vocab}) is padded to {padded} rows, and megatron-core's loss counts "
@@ -73,7 +75,7 @@ def forward_logits(ckpt, tokens) -> torch.Tensor:
 
 def _in_child(fn, ckpt: str, arg):
     """Run `fn(ckpt, arg)` in a child process of its own (see the module docstring) and return its result."""
-    from .launch import free_port, start_method
+    from ..trainer.launch import free_port, start_method
     import torch.multiprocessing as mp
     ctx = mp.get_context(start_method())
     results = ctx.Queue()
@@ -209,7 +211,7 @@ def _forward(ckpt: str, tokens):
                 raise RuntimeError(f"expected one Megatron rank file, found {files}")
             state = safe_torch_load(files[0])["model"]
             spec = _spec_of(ckpt)
-            from interop.converters.registry import converter
+            from interop.formats import converter
             padded = converter("megatron").Writer.padded_vocab(spec, 1)
             model = build_gpt_model(spec.replace(padded_vocab=padded))
             model.load_state_dict(state, strict=True)

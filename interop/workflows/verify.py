@@ -4,8 +4,8 @@ Both checkpoints run in the reference model (the trainer's decoder, fed from the
 format: a checkpoint in any other format is converted to a temporary common-format copy
 first), and each also runs in its own framework where that is installed: transformers'
 `AutoModelForCausalLM` for HF, MindSpore ops over `mindspore.load_checkpoint` for MindSpore
-(`trainer/mindspore_model.py`), megatron-core's `GPTModel` for Megatron
-(`trainer/megatron_framework.py`).  Every run's logits are compared with the reference
+(`mindspore_model.py`), megatron-core's `GPTModel` for Megatron
+(`megatron_framework.py`).  Every run's logits are compared with the reference
 model's on the source; the largest difference must stay within the tolerance (1e-5 for
 fp32; the rounding of a bf16 or fp16 checkpoint's weights allows more, see TOLERANCE).
 
@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .converters.registry import detect_format
-from .errors import InteropError
+from ..formats import detect_format
+from ..errors import InteropError
 
 # Largest allowed |logit difference| by the lowest precision among the two checkpoints.  fp32 runs
 # differ only by summation order (~1e-7); bf16/fp16 weights rounded from fp32 move tiny models'
@@ -68,8 +68,8 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
     source (`model_config=`, `iteration=`) as keywords or in `options`; `dst_model_config` describes a
     destination that carries no model description."""
     import torch
-    from .convert import convert
-    from .store import StoreReader, is_store
+    from ..convert import convert
+    from ..store import StoreReader, is_store
     src_options = {k: v for k, v in {**(options or {}), **format_options}.items() if v is not None}
     src_format = src_format or detect_format(src)
     dst_format = dst_format or detect_format(dst)
@@ -88,9 +88,6 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
             raise InteropError(f"{dst} describes another model than {src}: "
                                + _spec_difference(specs["source"], specs["converted"]))
         spec = specs["source"]
-        if spec.is_moe:  # until the reference model (trainer/) runs MoE layers
-            raise InteropError(f"verify cannot run a mixture-of-experts model yet ({spec.num_experts} experts): "
-                               "the reference model has no MoE layer")
         lowest = max((s.dtype for s in specs.values()), key=lambda d: TOLERANCE[d])
         tol = tolerance if tolerance is not None else TOLERANCE[lowest]
         tokens = torch.randint(0, spec.vocab, (BATCH, min(SEQ, spec.max_positions)),
@@ -128,11 +125,11 @@ def reference_logits(store, tokens):
     """The trainer's decoder (tp 1, pp 1, one process, no process group) on a common-format checkpoint."""
     import torch
     import torch.nn.functional as F
-    from .layout import ParallelLayout
-    from .store import StoreReader
-    from .trainer.checkpoint import load_weights
-    from .trainer.grid import Grid
-    from .trainer.model import Stage, attention_mask, rope_tables
+    from ..layout import ParallelLayout
+    from ..store import StoreReader
+    from ..trainer.checkpoint import load_weights
+    from ..trainer.grid import Grid
+    from ..trainer.model import Stage, attention_mask, rope_tables
     reader = StoreReader(store)  # checksums verified: a corrupt file is an error, not a difference
     try:
         spec = reader.spec.replace(dtype="float32")
@@ -192,13 +189,13 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
     import torch
     try:
         import mindspore  # noqa: F401
-        from .trainer import mindspore_model
+        from . import mindspore_model
     except ImportError as exc:
         raise FrameworkUnavailable(f"mindspore is not installed ({exc}); ran in the reference model only") from None
     sidecar = Path(path) / "mindspore_model.json"  # interop's optional description; real MindSpeed files lack it
     desc = json.loads(sidecar.read_text()) if sidecar.is_file() else None
     if desc is None or desc["layout"]["tp"] != 1 or desc["layout"]["pp"] != 1:
-        from .convert import convert
+        from ..convert import convert
         dialect = (desc or {}).get("dialect")
         qkv = (desc or {}).get("qkv_concat") or None
         convert(store, tmp, src_format="interop", dst_format="mindspore", dialect=dialect, qkv_concat=qkv)
@@ -208,7 +205,7 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
 
 
 def _megatron_logits(store, tokens, tmp: Path):
-    from .trainer import megatron_framework
+    from . import megatron_framework
     why = megatron_framework.available()
     if why:
         raise FrameworkUnavailable(f"{why}; the Megatron checkpoint ran in the reference model only")

@@ -43,7 +43,7 @@ def build_tiny_llama(path: Path, seed: int = 0) -> None:
 def same_tensors(a: Path, b: Path) -> tuple[int, list[str]]:
     """(tensors compared, names that differ) between two HF model.safetensors files."""
     import torch
-    from .io.safetensors import SafetensorsFile
+    from ..io.safetensors import SafetensorsFile
     x, y = SafetensorsFile(a / "model.safetensors"), SafetensorsFile(b / "model.safetensors")
     differ = sorted(set(x.keys()) ^ set(y.keys()))
     differ += [k for k in sorted(set(x.keys()) & set(y.keys())) if not torch.equal(x.read(k), y.read(k))]
@@ -89,7 +89,7 @@ def step(echo, title: str, summary=None, work: Path | None = None) -> None:
 
 def run_demo(work: Path, echo=click.echo, keep: bool = True) -> bool:
     """The demo in `work`; `keep=False` (--clean): the directory goes afterwards, so no path in it is printed."""
-    from .convert import convert
+    from ..convert import convert
     hf, megatron, mindspore = work / "llama-hf", work / "megatron-tp2pp2", work / "mindspore-tp4"
     common, back = work / "common", work / "llama-hf-again"
     step(echo, "1. a tiny HF Llama (GQA 8 heads / 4 groups, untied, vocab 1024)" + (f" in {hf}" if keep else ""))
@@ -119,7 +119,7 @@ def run_demo(work: Path, echo=click.echo, keep: bool = True) -> bool:
     interop_cli("train", *common_args, "--save", work / "run", "--tp", 2, "--pp", 2, "--stop-at", 15, echo=echo, cwd=work)
     interop_cli("train", *common_args, "--save", work / "run", "--tp", 1, "--pp", 2, "--resume", echo=echo, cwd=work)
     interop_cli("train", *common_args, "--save", work / "straight", "--tp", 2, "--pp", 2, echo=echo, cwd=work)
-    from .trainer.metrics import compare_runs
+    from .metrics import compare_runs
 
     result = compare_runs({"uninterrupted 2x2": work / "straight", "stop 15, resume 1x2": work / "run"},
                           plot=work / "resume.png",

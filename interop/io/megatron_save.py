@@ -1,0 +1,40 @@
+"""Megatron's save folder: `latest_checkpointed_iteration.txt` names `iter_NNNNNNN/` (or `release/`).
+
+Megatron (torch and torch_dist), interop's earlier MindSpore layout and map-args all find their
+files through it (megatron/training/checkpointing.py: get_checkpoint_tracker_filename,
+get_checkpoint_name).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InteropError
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def iteration_name(iteration) -> str:
+    """The folder of `iteration` (an int or "release") under a save root."""
+    return "release" if iteration == "release" else f"iter_{int(iteration):07d}"
+
+
+def iteration_of(name: str) -> int | str | None:
+    """The iteration a folder name stands for (`iter_0000010` -> 10, `release`), or None."""
+    if name == "release":
+        return "release"
+    return int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else None
+
+
+def read_tracker(root) -> int | str:
+    """The iteration `root`'s tracker file names; one line for a damaged one."""
+    tracker = Path(root) / TRACKER
+    text = tracker.read_text(errors="replace").strip()  # damaged bytes: the error below, not a traceback
+    if text == "release":
+        return "release"
+    if not text.isdigit():
+        raise InteropError(f"{tracker}: expected an iteration number or 'release', got {text!r}")
+    return int(text)
+
+
+def write_tracker(root, iteration) -> None:
+    (Path(root) / TRACKER).write_text(f"{iteration}\n")

@@ -1,0 +1,19 @@
+"""--model-config: the model description for a checkpoint that carries none.
+
+Any file map-args reads (HF config.json, a Megatron args file or launch script, MindSpeed /
+MindFormers YAML) becomes completed Megatron args here, in core, so that a converter asks for
+the description without knowing the map-args engine that parses it.
+"""
+from __future__ import annotations
+
+from .io.small_files import read_json_object, require_small_file
+from .mappings import megatron_args
+
+
+def megatron_args_from_file(path) -> dict:
+    """Completed Megatron args (`megatron_args.complete`) from a model description file."""
+    from . import mapargs  # the loaders of every config format (no torch)
+    path = require_small_file(path, "model config")  # not /dev/zero, a FIFO, a directory or a huge file
+    if path.suffix.lower() == ".json":
+        read_json_object(path, "model config")  # one line for bad JSON (too deep, a 5,000-digit number), not a traceback
+    return megatron_args.complete(mapargs.load(path).explicit)
