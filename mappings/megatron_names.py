@@ -7,12 +7,16 @@ in the canonical names `{i}` is the global layer.  Transforms (`interop.transfor
   GroupedQKV  fused q, k, v: per query group [its q heads; k; v], a TP rank holds whole groups
   GatedMLP    SwiGLU's gate and up: each TP rank holds [gate_r; up_r]
   Tied        the last stage's copy of the tied embedding (TIED_HEAD), written, never read
-A key may have several rows (fc1 with and without a gate): the first row whose
+  GroupedExperts  megatron-core's legacy GroupedMLP: ALL of an EP rank's experts in one tensor
+        (`weight1` [h, E_local * 2F/tp]: per local expert a [h, 2F/tp] block = its linear_fc1.T;
+        `weight2` [E_local * F/tp, h]: per local expert a [F/tp, h] block = its linear_fc2.T)
+In MoE keys `{j}` is the LOCAL expert number on its expert-parallel rank, `{e}` the global one
+(e = ep_rank * E / EP + j); a routed expert's row belongs to that one EP rank.  A key may have several rows (fc1 with and without a gate): the first row whose
 canonical tensors all exist in the model applies; rows whose tensors are absent (a
 bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
-from ..transforms import Copy, GatedMLP, GroupedQKV
+from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
@@ -37,6 +41,59 @@ def _mlp(prefix: str, fc1: str, fc2: str) -> list:
     ]
 
 
+# A MoE layer's MLP (megatron-core transformer/moe/: router.py TopKRouter, experts.py SequentialMLP /
+# GroupedMLP, shared_experts.py SharedExpertMLP), in the state-dict order of a real 0.16.1 model.
+# `expert_bias` is the router's persistent buffer (--moe-router-enable-expert-bias); `gate_weight` exists only
+# with --moe-shared-expert-gate (MEGATRON-LAYOUTS.md section 3).
+_EXPERT = ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]
+_SHARED = ["layers.{i}.mlp.shared.gate.weight", "layers.{i}.mlp.shared.up.weight"]
+ROUTER = [
+    ("decoder.layers.{i}.mlp.router.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("decoder.layers.{i}.mlp.router.expert_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
+]
+SHARED_EXPERTS = [
+    ("decoder.layers.{i}.mlp.shared_experts.gate_weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", GatedMLP, _SHARED),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", Copy, ["layers.{i}.mlp.shared.up.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
+]
+# SequentialMLP (no --moe-grouped-gemm): one megatron-core MLP per local expert
+SEQUENTIAL_EXPERTS = [
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", GatedMLP, _EXPERT),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+]
+# Transformer Engine's TEGroupedMLP (--moe-grouped-gemm with TE): one TE GroupedLinear per fc holding
+# `weight0..weight{E_local-1}`, each shaped like SequentialMLP's linear (megatron/core/extensions/
+# transformer_engine.py TEGroupedLinear, `_sharded_state_dict_grouped`: `{prefix}weight{gemm_idx}`).
+TE_GROUPED_EXPERTS = [
+    ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", GatedMLP, _EXPERT),
+    ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.linear_fc2.weight{j}", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+]
+# The legacy GroupedMLP (--moe-grouped-gemm without TE, or --moe-use-legacy-grouped-gemm): one tensor per fc
+# for all of an EP rank's experts (megatron/core/transformer/moe/experts.py GroupedMLP: weight1 [h, E_l*2F/tp],
+# weight2 [E_l*F/tp, h], read as .view(E_l, h, -1) and .view(E_l, -1, h)); the parts repeat per local expert.
+LEGACY_GROUPED_EXPERTS = [
+    ("decoder.layers.{i}.mlp.experts.weight1", GroupedExperts, _EXPERT),
+    ("decoder.layers.{i}.mlp.experts.weight1", GroupedExperts, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.weight2", GroupedExperts, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+]
+EXPERT_LAYOUTS = {"sequential": SEQUENTIAL_EXPERTS, "te_grouped": TE_GROUPED_EXPERTS, "grouped": LEGACY_GROUPED_EXPERTS}
+# torch_dist: every expert implementation stores its experts under SequentialMLP's sharded key, a tensor
+# [layers, E, rows, cols] over the GLOBAL expert axis, one chunk per (layer, expert) (gate and up separate
+# chunks of fc1): experts.py SequentialMLP.sharded_state_dict / GroupedMLP's ShardedTensorFactory;
+# confirmed on real 0.16.1 models (tests/test_moe_megatron.py).
+DIST_EXPERT_KEYS = {"decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight":
+                    "decoder.layers.mlp.experts.experts.linear_fc1.weight",
+                    "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.weight":
+                    "decoder.layers.mlp.experts.experts.linear_fc2.weight"}
+
+
+def moe_rows(experts: str = "sequential") -> list:
+    return [*ROUTER, *EXPERT_LAYOUTS[experts], *SHARED_EXPERTS]
+
+
 # megatron-core GPTModel with the local (non Transformer-Engine) layer spec
 MCORE = [
     ("embedding.word_embeddings.weight", Copy, ["embed.word.weight"]),
@@ -51,6 +108,7 @@ MCORE = [
     ("decoder.layers.{i}.pre_mlp_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
     ("decoder.layers.{i}.pre_mlp_layernorm.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
+    *moe_rows(),
     ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
     ("decoder.final_layernorm.bias", Copy, ["final_norm.bias"]),
     ("output_layer.weight", Copy, ["lm_head.weight"]),
@@ -67,9 +125,14 @@ MCORE_TE = [
     ("decoder.layers.{i}.self_attention.linear_qkv.weight", GroupedQKV, _QKV_W),
     ("decoder.layers.{i}.self_attention.linear_qkv.bias", GroupedQKV, _QKV_B),
     *_QK_NORM,
+    # a MoE layer of the TE spec keeps its pre-MLP norm apart (MoE layers have no linear_fc1 to fuse it
+    # into): `TE_MOE_NORM` rows apply to MoE layers of such checkpoints, the fused ones to every other layer
+    ("decoder.layers.{i}.pre_mlp_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("decoder.layers.{i}.pre_mlp_layernorm.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", Copy, ["layers.{i}.mlp_norm.weight"]),
     ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
+    *moe_rows(),
     ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
     ("decoder.final_layernorm.bias", Copy, ["final_norm.bias"]),
     ("output_layer.weight", Copy, ["lm_head.weight"]),
@@ -92,6 +155,12 @@ LEGACY = [
     ("language_model.encoder.final_norm.bias", Copy, ["final_norm.bias"]),
     ("language_model.output_layer.weight", Copy, ["lm_head.weight"]),
 ]
+
+# The TE spec's separate pre-MLP norm of MoE layers, and the fused one it replaces there
+# (megatron/core/models/gpt/gpt_layer_specs.py: a MoE layer's `pre_mlp_layernorm` is TENorm; MEGATRON-LAYOUTS.md s.4).
+# megatron-core's local spec renames its pre_mlp_layernorm to the fused name in torch_dist, MoE layers too.
+TE_MOE_NORM = {"decoder.layers.{i}.pre_mlp_layernorm.weight", "decoder.layers.{i}.pre_mlp_layernorm.bias"}
+TE_FUSED_MLP_NORM = {"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias"}
 
 TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY}
 
@@ -116,6 +185,10 @@ EXTRA_STATE_MODULES = [
     "decoder.layers.{i}.self_attention.linear_qkv",
     "decoder.layers.{i}.mlp.linear_fc1",
     "decoder.layers.{i}.mlp.linear_fc2",
+    "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1",
+    "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2",
+    "decoder.layers.{i}.mlp.shared_experts.linear_fc1",
+    "decoder.layers.{i}.mlp.shared_experts.linear_fc2",
     "output_layer",
 ]
 

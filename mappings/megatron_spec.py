@@ -22,7 +22,7 @@ SPEC_NUMBERS = {
 }
 
 UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
-    "num_experts": None, "rotary_interleaved": False, "multi_latent_attention": False,
+    "rotary_interleaved": False, "multi_latent_attention": False,
     "apply_residual_connection_post_layernorm": False, "squared_relu": False,
 }
 
@@ -76,7 +76,100 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
-        dtype=dtype or full.get("params_dtype") or "float32")
+        dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
+
+
+def moe_from_args(full: dict, where: str) -> dict:
+    """ModelSpec's mixture-of-experts fields from Megatron's MoE args ({} for a dense model).
+
+    Top-k normalisation as megatron-core's router computes it (transformer/moe/moe_utils.py
+    topk_routing_with_score_function): softmax after the top-k (the default) sums to 1, softmax before it
+    (--moe-router-pre-softmax) does not; sigmoid scores are renormalised whenever top-k > 1."""
+    experts = full.get("num_experts")
+    if not experts:
+        return {}
+    score = full.get("moe_router_score_function") or "softmax"
+    topk = int(full.get("moe_router_topk") or 2)
+    norm = (not full.get("moe_router_pre_softmax")) if score == "softmax" else topk > 1
+    for dest, ok in (("moe_router_topk_scaling_factor", None), ("moe_router_num_groups", None),
+                     ("moe_router_group_topk", None), ("moe_latent_size", None)):
+        if full.get(dest) not in (ok, None):
+            raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported (the model description has no place "
+                               "for it)")
+    coeff = full.get("moe_aux_loss_coeff") or 0.0
+    if isinstance(coeff, (list, tuple)):
+        if len(set(coeff)) > 1:
+            raise InteropError(f"{where}: moe_aux_loss_coeff={coeff!r} (one per loss type) is not supported")
+        coeff = coeff[0] if coeff else 0.0
+    shared = full.get("moe_shared_expert_intermediate_size")
+    return dict(num_experts=int(experts), moe_topk=topk,
+                moe_ffn_hidden=int(full.get("moe_ffn_hidden_size") or full.get("ffn_hidden_size") or 4 * int(full["hidden_size"])),
+                moe_layers=_moe_layers(full.get("moe_layer_freq", 1), int(full["num_layers"]), where),
+                moe_router_score=score, moe_norm_topk=bool(norm),
+                moe_router_bias=bool(full.get("moe_router_enable_expert_bias")),
+                moe_aux_loss_coeff=float(coeff), shared_expert_ffn_hidden=int(shared) if shared else None,
+                shared_expert_gate=bool(shared and full.get("moe_shared_expert_gate")))
+
+
+def _moe_layers(freq, num_layers: int, where: str) -> list | None:
+    """--moe-layer-freq: an int k (every k-th layer from 0 is MoE) or a 0/1 list per layer (megatron-core
+    TransformerConfig.moe_layer_freq; Megatron-LM parses a string such as "[1,0,1,0]" or "([0]+[1]*3)")."""
+    if isinstance(freq, str):
+        text = freq.strip()
+        if text.isdigit():
+            freq = int(text)
+        else:
+            import ast
+            try:
+                node = ast.parse(text, mode="eval").body
+                freq = _pattern(node)
+            except (SyntaxError, ValueError):
+                raise InteropError(f"{where}: moe_layer_freq={text!r} is not an integer or a 0/1 list") from None
+    if isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1:
+        pattern = [int(i % freq == 0) for i in range(num_layers)]
+    elif isinstance(freq, (list, tuple)) and len(freq) == num_layers and all(f in (0, 1) for f in freq):
+        pattern = list(freq)
+    else:
+        raise InteropError(f"{where}: moe_layer_freq={freq!r} is not an integer or a 0/1 list of {num_layers} layers")
+    return None if all(pattern) else [i for i, f in enumerate(pattern) if f]
+
+
+def _pattern(node) -> list:
+    """A literal 0/1 list, or sums and products of them (`[0]*1+[1]*3`), without eval."""
+    import ast
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _pattern(node.left) + _pattern(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        left, right = node.left, node.right
+        if isinstance(right, ast.Constant) and isinstance(right.value, int) and 0 <= right.value <= 100000:
+            return _pattern(left) * right.value
+        raise ValueError("not a list times a count")
+    value = ast.literal_eval(node)
+    if not isinstance(value, (list, tuple)):
+        raise ValueError("not a list")
+    return list(value)
+
+
+def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
+    """Megatron's MoE args for `spec` at `layout` (the dense defaults for a dense model)."""
+    if not spec.is_moe:
+        return {"num_experts": None, "expert_model_parallel_size": 1}
+    if spec.moe_router_score == "sigmoid" and spec.moe_norm_topk != (spec.moe_topk > 1):
+        raise InteropError("megatron-core renormalises sigmoid router scores exactly when top-k > 1; this model "
+                           f"has top-k {spec.moe_topk} with moe_norm_topk={spec.moe_norm_topk}")
+    layers = spec.moe_layers
+    return {
+        "num_experts": spec.num_experts, "moe_router_topk": spec.moe_topk, "moe_ffn_hidden_size": spec.moe_ffn_hidden,
+        "moe_layer_freq": 1 if layers is None else [int(i in layers) for i in range(spec.num_layers)],
+        "moe_router_score_function": spec.moe_router_score,
+        "moe_router_pre_softmax": spec.moe_router_score == "softmax" and not spec.moe_norm_topk,
+        "moe_router_enable_expert_bias": spec.moe_router_bias, "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
+        "moe_shared_expert_intermediate_size": spec.shared_expert_ffn_hidden,
+        "moe_shared_expert_gate": spec.shared_expert_gate,
+        "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.tp,
+        # Megatron-LM's arguments.py: MoE with tensor parallelism requires sequence parallelism
+        **({"sequence_parallel": True} if layout.tp > 1 else {}),
+    }
 
 
 def _sliding_window(full: dict, where: str) -> int | None:
@@ -137,6 +230,7 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
         "decoder_last_pipeline_num_layers": per_stage[-1] if uneven else None,
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
         "transformer_impl": "local", "use_legacy_models": False, "use_mcore_models": True,
+        **moe_args(spec, layout),
     }
     args = M.complete({}) if base is None else dict(base)
     args.update(model)
@@ -163,7 +257,8 @@ def layout_from_args(full: dict, num_layers: int) -> ParallelLayout:
         return ParallelLayout.build(
             num_layers, int(full.get("tensor_model_parallel_size") or 1), int(full.get("pipeline_model_parallel_size") or 1),
             int(full.get("virtual_pipeline_model_parallel_size") or 1), full.get("decoder_first_pipeline_num_layers"),
-            full.get("decoder_last_pipeline_num_layers"))
+            full.get("decoder_last_pipeline_num_layers"),
+            ep=int(full.get("expert_model_parallel_size") or 1) if full.get("num_experts") else 1)
     except (InteropError, TypeError, ValueError):
         return ParallelLayout.build(num_layers)
 

@@ -183,7 +183,7 @@ def test_what_hf_cannot_hold_is_refused_before_writing(sources, tmp_path):
     (["--to", "interop", "--ep", "3"], ["ep=3 does not divide the 4 experts"]),
     (["--to", "interop", "--ep", "0"], ["--ep must be a positive integer"]),
     (["--to", "hf", "--ep", "2"], ["not sharded", "--ep 1"]),
-    (["--to", "megatron"], ["megatron target cannot hold a mixture-of-experts model"]),
+    (["--to", "megatron", "--ep", "3"], ["ep=3 does not divide the 4 experts"]),
     (["--to", "mindspore", "--dialect", "mindformers", "--ep", "2"], ["MindFormers MoE output is written at --ep 1"]),
 ])
 def test_bad_targets_are_one_error_line_and_leave_nothing(sources, tmp_path, args, words):

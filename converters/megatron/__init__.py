@@ -58,6 +58,7 @@ class Writer:
     """Writes the `format` asked for (torch or torch_dist) through that layout's writer."""
 
     padded_vocab = staticmethod(_padded_vocab)
+    holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
 
     def __init__(self, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
                  distributed_optimizer: bool | None = None, dp: int | None = None, only=None):

@@ -20,7 +20,9 @@ MODEL_NUMBERS = {**dict.fromkeys(
      "vocab_size", "padded_vocab_size", "max_position_embeddings", "seq_length", "make_vocab_size_divisible_by",
      "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
      "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "data_parallel_size",
-     "global_batch_size", "consumed_train_samples", "ddp_bucket_size"), M.INT),
+     "global_batch_size", "consumed_train_samples", "ddp_bucket_size", "num_experts", "moe_router_topk",
+     "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "expert_model_parallel_size",
+     "expert_tensor_parallel_size"), M.INT),
     **dict.fromkeys(("norm_epsilon", "rotary_base", "rotary_percent", "rope_scaling_factor"), M.FLOAT)}
 
 

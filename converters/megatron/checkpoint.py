@@ -12,12 +12,29 @@ from ...io.megatron_save import TRACKER, iteration_name, iteration_of, read_trac
 
 RANK_FILE = "model_optim_rng.pt"
 DISTRIB_OPTIM_FILE = "distrib_optim.pt"
-RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
+# mp_rank_TT, mp_rank_TT_PPP (pp > 1), mp_rank_TT_EEE (ep > 1, pp 1), mp_rank_TT_PPP_EEE (both): Megatron-LM's
+# training/checkpointing.py get_checkpoint_name appends `_{pipeline_rank:03d}` when pp > 1, then
+# `_{expert_rank:03d}` when ep > 1.  A two-part name is the pp rank or the ep rank as the args say.
+RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
 CHECKPOINT_VERSION = 3.0
 
 
-def rank_dir_name(t: int, p: int, pp: int) -> str:
-    return f"mp_rank_{t:02d}" if pp == 1 else f"mp_rank_{t:02d}_{p:03d}"
+def rank_dir_name(t: int, p: int, pp: int, e: int = 0, ep: int = 1) -> str:
+    name = f"mp_rank_{t:02d}" if pp == 1 else f"mp_rank_{t:02d}_{p:03d}"
+    return name if ep == 1 else f"{name}_{e:03d}"
+
+
+def rank_of_dir(match, pp: int, ep: int) -> tuple[int, int, int] | None:
+    """(tp, pp, ep) rank of a RANK_DIR match at pipeline size `pp` and expert size `ep`; None when the
+    name has a different number of parts than those sizes give."""
+    numbers = [int(g) for g in match.groups() if g is not None]
+    want = 1 + (pp > 1) + (ep > 1)
+    if len(numbers) != want:
+        return None
+    t = numbers[0]
+    p = numbers[1] if pp > 1 else 0
+    e = numbers[-1] if ep > 1 else 0
+    return t, p, e
 
 
 def is_dist_dir(path: Path) -> bool:

@@ -36,7 +36,7 @@ from ...io import megatron_dist as dist
 from ...io.safe_pickle import to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
-from ...mappings.megatron_names import EXTRA_STATE_MODULES, scheme_of
+from ...mappings.megatron_names import DIST_EXPERT_KEYS, EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -51,15 +51,50 @@ from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+_EXPERT_TEMPLATE = "decoder.layers.{{i}}.mlp.experts.local_experts.{{j}}.{fc}.weight"
 # the distributed optimizer's `dp_reshardable` buckets (megatron-core 0.14+): one flat tensor per bucket and kind
 _BUCKET = re.compile(r"^optimizer\.distributed\.dp_group_idx_0\.gbuf_idx_(\d+)\.dtype_\((.+)\)\.bucket_idx_(\d+)\."
                      r"(param|exp_avg|exp_avg_sq)$")
 
 
-def stacked_key(key: str) -> tuple[str, int | None]:
-    """`decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3)."""
+def stacked_key(key: str, homogeneous: bool = True) -> tuple[str, int | tuple | None]:
+    """Where a global Megatron tensor is stored: (DCP key, leading index).
+
+    `decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3); a routed expert's
+    `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` (expert numbers global at ep 1) ->
+    (`decoder.layers.mlp.experts.experts.linear_fc1.weight`, (3, 5)): megatron-core stacks experts on a
+    second axis over ALL experts, whatever the expert parallelism (MEGATRON-LAYOUTS.md s.3.3).
+    A model that mixes dense and MoE layers (`homogeneous` False) is not layer-stacked: megatron-core keeps the
+    global layer number in every key (transformer_block.py sharded_state_dict, `non_homogeneous_layers` when
+    moe_layer_freq is a list or > 1), and the experts are stacked alone: (`decoder.layers.3.mlp.experts.experts.
+    linear_fc1.weight`, (5,))."""
+    m = _EXPERT.match(key)
+    if m:
+        stacked = DIST_EXPERT_KEYS[_EXPERT_TEMPLATE.format(fc=m.group(3))]
+        layer, expert = int(m.group(1)), int(m.group(2))
+        if homogeneous:
+            return stacked, (layer, expert)
+        return stacked.replace("decoder.layers.", f"decoder.layers.{layer}.", 1), (expert,)
     m = _LAYER.match(key)
-    return (f"decoder.layers.{key[m.end():]}", int(m.group(1))) if m else (key, None)
+    if m is None or not homogeneous:
+        return key, None
+    return f"decoder.layers.{key[m.end():]}", int(m.group(1))
+
+
+def homogeneous(spec: ModelSpec) -> bool:
+    """Whether megatron-core stacks this model's layers in torch_dist: not when some layers are MoE and others
+    dense (moe_layer_freq a list, which is how interop writes `moe_layers`)."""
+    return not (spec.is_moe and spec.moe_layers is not None)
+
+
+def global_shape(spec: ModelSpec, at, shape) -> tuple:
+    """The stored global shape of a Megatron tensor of `shape` held at leading index `at` (`stacked_key`)."""
+    if at is None:
+        return tuple(shape)
+    if isinstance(at, tuple):
+        return ((spec.num_layers,) if len(at) == 2 else ()) + (spec.num_experts, *shape)
+    return (spec.num_layers, *shape)
 
 
 def optim_key(kind: str, key: str) -> str:
@@ -80,14 +115,18 @@ def detect(path) -> bool:
     return True
 
 
-def _file_of(key: str, layer: int | None) -> int:
-    """The `.distcp` file of a chunk: one per decoder layer (1 + layer), and file 0 for the rest."""
+def _file_of(key: str, layer: int | tuple | None) -> int:
+    """The `.distcp` file of a chunk: one per decoder layer (1 + layer; a routed expert's (layer, expert) goes
+    with its layer), and file 0 for the rest (and for a model of mixed dense and MoE layers, whose keys are
+    not layer-stacked: `stacked_key`)."""
+    if isinstance(layer, tuple):
+        layer = layer[0] if len(layer) == 2 else None
     return 0 if layer is None else 1 + layer
 
 
-def _rows(spec: ModelSpec, scheme: str):
-    """The name table at tp=1, pp=1 (global tensors, global layer numbers)."""
-    return expand_rows(scheme, spec, ParallelLayout.build(spec.num_layers))
+def _rows(spec: ModelSpec, scheme: str, moe_norm_apart: bool = False):
+    """The name table at tp=1, pp=1, ep=1 (global tensors, global layer and expert numbers)."""
+    return expand_rows(scheme, spec, ParallelLayout.build(spec.num_layers), moe_norm_apart=moe_norm_apart)
 
 
 class Reader:
@@ -127,10 +166,13 @@ class Reader:
         self.spec = spec = spec_from_args(full, str(self.dir), NAME_OF_DTYPE.get(dtype, "float32"))
         self.index = param_index(spec)
         self.row_of, expected = {}, {}
-        for row in _rows(spec, scheme):
-            key, layer = stacked_key(row.key)
+        # the TE spec keeps a MoE layer's pre-MLP norm apart; the local spec's sharded keys fuse its name
+        moe_norm_apart = any(k.endswith(".pre_mlp_layernorm.weight") for k in model_keys)
+        self.homogeneous = not any(_LAYER.match(k) for k in model_keys)
+        for row in _rows(spec, scheme, moe_norm_apart):
+            key, layer = stacked_key(row.key, self.homogeneous)
             shape = row.transform.rank_shape()
-            expected[key] = (spec.num_layers, *shape) if layer is not None else tuple(shape)
+            expected[key] = global_shape(spec, layer, shape)
             for j, name in enumerate(row.parts):
                 self.row_of[name] = (row, key, layer, j)
         for key, shape in expected.items():
@@ -291,9 +333,15 @@ class Reader:
         kind = name.split(".")[1]
         return f"optimizer.state.{getattr(self, 'native', {}).get(kind, kind)}."
 
-    def _read_stored(self, key: str, layer: int | None) -> torch.Tensor:
-        """The Megatron tensor `key` (layer `layer`), reassembled when the distributed optimizer stored it flattened."""
-        stored = self.ckpt.read(key, layer)
+    def _read_stored(self, key: str, layer) -> torch.Tensor:
+        """The Megatron tensor `key` (layer `layer`, or a (layer, expert) pair), reassembled when the distributed
+        optimizer stored it flattened."""
+        if isinstance(layer, tuple):  # (layer, expert) or (expert,)
+            shape, n = self.ckpt.meta(key)[1], len(layer)
+            stored = self.ckpt.read_box(key, [*layer] + [0] * (len(shape) - n), [1] * n + [*shape[n:]])
+            stored = stored.reshape(shape[n:])
+        else:
+            stored = self.ckpt.read(key, layer)
         fragments = getattr(self, "fragments", {}).get(key)
         return stored if fragments is None else _unflatten(stored, *fragments)
 
@@ -326,6 +374,14 @@ def _unflatten(stored: torch.Tensor, fragments: tuple, weight: tuple) -> torch.T
     return x.permute(*order).reshape(weight)
 
 
+def _extra_template(module: str) -> str:
+    """The EXTRA_STATE_MODULES template `module` (a layer's linear) matches, or '' (no `_extra_state`)."""
+    for m in EXTRA_STATE_MODULES:
+        if re.fullmatch(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+"), module):
+            return m
+    return ""
+
+
 class Writer:
     """Writes `save/iter_XXXXXXX/` in torch_dist, loadable by Megatron-LM at any tp/pp."""
 
@@ -339,18 +395,26 @@ class Writer:
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
         self.distributed_optimizer = distributed_optimizer  # None: as the source's args say
         self.index = param_index(spec)
+        if layout.ep > 1:
+            spec.check_ep(layout.ep)
         self.rows = _rows(spec, "mcore_te")
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
+        if spec.is_moe and any(m.name.startswith(OPTIM_PREFIXES) for m in metas):
+            self.notes.append("the experts' optimizer state is written in their weights' layout (the global expert "
+                              "axis), as megatron-core shards optimizer state like its parameter; not checked against "
+                              "megatron-core's MoE optimizer loading")
         dtype_of = {m.name: m.dtype for m in metas}
         self.kinds = [k for k in KINDS if any(m.name.startswith(f"optim.{k}.") for m in metas)]
         self.planned: dict[str, tuple[torch.dtype, tuple]] = {}
+        self.homogeneous = homogeneous(spec)
+        lead: dict[str, int] = {}  # leading axes written one index at a time
         for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
             for row in self.rows:
-                key, layer = stacked_key(row.key)
+                key, layer = stacked_key(row.key, self.homogeneous)
                 shape = tuple(row.transform.rank_shape())
-                self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]],
-                                                       (spec.num_layers, *shape) if layer is not None else shape)
+                self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]], global_shape(spec, layer, shape))
+                lead[_prefix(prefix) + key] = 0 if layer is None else len(layer) if isinstance(layer, tuple) else 1
         self.pending: dict[tuple, dict] = {}
         # Finished Megatron tensors go straight into the DCP file of a folder renamed `iter_*` at the end
         # (the iteration is known only from the final state).
@@ -360,10 +424,10 @@ class Writer:
         self.only = only
         self.out = dist.DistWriter(self.partial, _file_of, only)
         for key, (dtype, shape) in self.planned.items():
-            self.out.declare(key, dtype, shape)
+            self.out.declare(key, dtype, shape, lead=lead[key])
 
     def wants(self, name: str) -> bool:
-        key, layer = stacked_key(self.row_of[base_param_name(name)].key)
+        key, layer = stacked_key(self.row_of[base_param_name(name)].key, self.homogeneous)
         return self.only is None or _file_of(key, layer) in self.only
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
@@ -375,7 +439,7 @@ class Writer:
             return
         del self.pending[(prefix, row.parts)]
         fused = row.transform.fuse([got[n] for n in row.parts])
-        key, layer = stacked_key(row.key)
+        key, layer = stacked_key(row.key, self.homogeneous)
         self.out.write(prefix + key, layer, fused)
 
     def finish_units(self, state: dict | None = None) -> dict:
@@ -430,12 +494,26 @@ class Writer:
                 common["optimizer"] = dist_common(hyper, step, self.kinds)
         self.out.rename(lambda key: next((new + key[len(old):] for old, new in renamed.items() if key.startswith(old)),
                                          key))
-        # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module.
-        n = self.spec.num_layers
-        for m in EXTRA_STATE_MODULES:
-            if "{i}" in m:
-                for i in range(n):
-                    self.out.write_object(f"{stacked_key(m.format(i=i))[0]}._extra_state/shard_{i}_{n}", None)
+        # mcore's loader asks for one (empty) `_extra_state` object per layer of each linear module, and per
+        # (layer, expert) of each routed expert's (a ShardedObject's key: `<key>/shard_<offset>_<shape>`).
+        n, written = self.spec.num_layers, set()
+        for row in self.rows:
+            module = row.key.rsplit(".", 1)[0]
+            if "{i}" not in _extra_template(module):
+                continue
+            key, layer = stacked_key(row.key, self.homogeneous)
+            name = f"{key.rsplit('.', 1)[0]}._extra_state"
+            if isinstance(layer, tuple) and len(layer) == 2:
+                name += f"/shard_{layer[0]}.{layer[1]}_{n}.{self.spec.num_experts}"
+            elif isinstance(layer, tuple):
+                name += f"/shard_{layer[0]}_{self.spec.num_experts}"
+            elif layer is None:  # megatron-core's ShardedObject without offsets (transformer/utils.py)
+                name += "/shard_0_1"
+            else:
+                name += f"/shard_{layer}_{n}"
+            if name not in written:
+                written.add(name)
+                self.out.write_object(name, None)
         self.out.finish(common)
         self.partial.rename(self.root / iteration_name(iteration))
         write_tracker(self.root, iteration)

@@ -3,13 +3,16 @@
 On disk (the `torch` format):
 
     save/latest_checkpointed_iteration.txt        an iteration number or `release`
-    save/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.pt
+    save/iter_0000100/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt   (_PPP when pp > 1, _EEE when ep > 1)
 
-Each rank file is a pickle of one (tp, pp) rank's state: `args`, `iteration`,
+Each rank file is a pickle of one (tp, pp[, ep]) rank's state: `args`, `iteration`,
 `checkpoint_version`, `model` (or `model0..N-1`, one per virtual pipeline chunk,
 layer numbers local to the chunk), `optimizer`, `opt_param_scheduler`, `rng_state`.
 Names follow megatron-core (with or without Transformer Engine's fused norms) or the
-legacy model (older spellings included): `interop.mappings.megatron_names`.  
+legacy model (older spellings included): `interop.mappings.megatron_names`.  With expert parallelism
+every EP rank's file holds the same non-expert tensors and its own routed experts, numbered locally
+(`local_experts.<j>`, j = e - ep_rank * E / EP); a two-part folder name is the pp or the ep rank as the
+args say (MEGATRON-LAYOUTS.md s.1).  
 
 Rank files are unpickled safely (`interop.io.safe_pickle`) with tensors left on
 disk (`interop.io.torch_file`): a read costs the tensor's bytes, not the file's.
@@ -40,7 +43,7 @@ from ...mappings.megatron_spec import args_from_spec, args_losses, spec_from_arg
 from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, iteration_dir,
-                         rank_dir_name)
+                         rank_dir_name, rank_of_dir)
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
 from .optimizer import KINDS, distrib_entry, distrib_hyper, pack, unpack
@@ -49,6 +52,11 @@ from .rows import expand_rows, flatten, ignored_why, legacy_key, read_ranks
 
 DISTRIB_KIND = {ours: theirs for theirs, ours in distrib.KINDS.items()}  # optim kind -> distrib_optim.pt's
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# modules whose state dict holds an `_extra_state` entry (layer and local expert numbers as digits)
+_EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+")
+                                   for m in EXTRA_STATE_MODULES))
+_GROUPED_KEY = re.compile(r"\.mlp\.experts\.weight[12]$")
+_TE_GROUPED_KEY = re.compile(r"\.mlp\.experts\.linear_fc[12]\.weight\d+$")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -72,9 +80,15 @@ class Reader:
         self.scheme = self._scheme()
         spec = self._spec(full, stored, notes)
         self.layout = self._layout(spec, full)
+        etp = (stored or {}).get("expert_tensor_parallel_size")
+        if spec.is_moe and etp not in (None, self.tp):
+            # megatron-core then cuts experts over other ranks than the folders' tp index: not mapped here
+            raise InteropError(f"{self.files[(0, 0)].path}: expert_tensor_parallel_size={etp} differs from "
+                               f"tensor_model_parallel_size={self.tp}; only experts split like the dense layers "
+                               "(the default, ETP = TP) are read from the torch format (torch_dist: any)")
         self.spec = spec
         self.index = param_index(spec)
-        self.rows = expand_rows(self.scheme, spec, self.layout)
+        self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, self.moe_norm_apart)
         self._check_tensors(notes)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
         self.moments: dict[str, dict] = {}  # optim kind -> {(t, p, v): {key: stored tensor}}
@@ -101,36 +115,53 @@ class Reader:
 
     # -- opening -------------------------------------------------------------------------------
     def _open_ranks(self) -> None:
-        found = {}
+        matches = {}
         for c in self.dir.iterdir():
             m = RANK_DIR.match(c.name)
             if m and c.is_dir():
-                found[(int(m.group(1)), int(m.group(2) or 0))] = c.name
-        if not found:
+                matches[c.name] = m
+        if not matches:
             raise InteropError(f"{self.dir}: no mp_rank_* folders")
-        with_pp = {k for k, name in found.items() if len(name) > len("mp_rank_00")}
-        first = LazyTorchFile(self._rank_path(found, (0, 0)))
+        first_name = min(matches, key=lambda n: [int(g or 0) for g in matches[n].groups()])
+        first = LazyTorchFile(self._rank_path({0: first_name}, 0))
         stored = args_dict(first.obj.get("args")) if isinstance(first.obj, dict) else None
-        tp = int((stored or {}).get("tensor_model_parallel_size") or max(t for t, _ in found) + 1)
-        pp = int((stored or {}).get("pipeline_model_parallel_size") or max(p for _, p in found) + 1)
-        if (pp > 1) != bool(with_pp):
-            raise InteropError(f"{self.dir}: rank folder names ({sorted(found.values())[0]}, ...) do not match "
-                               f"pipeline size {pp}")
+        stored = stored or {}
+        parts = {len([g for g in m.groups() if g is not None]) for m in matches.values()}
+        if len(parts) > 1:
+            raise InteropError(f"{self.dir}: rank folder names mix {sorted(parts)} numbers ({', '.join(sorted(matches)[:3])})")
+        parts = parts.pop()
+        ep = int(stored.get("expert_model_parallel_size") or 1) if stored.get("num_experts") else 1
+        if not stored and parts == 3:  # no args: a three-part name is unambiguous
+            ep = max(int(m.group(3)) for m in matches.values()) + 1
+        pp = stored.get("pipeline_model_parallel_size")
+        if pp is None:  # no args: the names say (a two-part name taken as the pp rank, as before ep existed)
+            pp = max(int(m.group(2) or 0) for m in matches.values()) + 1 if parts >= 2 else 1
+        pp = int(pp)
+        found = {}
+        for name, m in matches.items():
+            rank = rank_of_dir(m, pp, ep)
+            if rank is None:
+                raise InteropError(f"{self.dir}: rank folder {name} does not match pipeline size {pp} and expert "
+                                   f"parallel size {ep} (mp_rank_TT[_PPP][_EEE]: _PPP when pp > 1, _EEE when ep > 1)")
+            found[rank] = name
+        tp = int(stored.get("tensor_model_parallel_size") or max(t for t, _, _ in found) + 1)
         for t in range(tp):
             for p in range(pp):
-                if (t, p) not in found:
-                    raise InteropError(f"{self.dir}: rank folder {rank_dir_name(t, p, pp)} is missing "
-                                       f"(the checkpoint is tp={tp} pp={pp})")
-        extra = sorted(name for (t, p), name in found.items() if t >= tp or p >= pp)
+                for e in range(ep):
+                    if (t, p, e) not in found:
+                        raise InteropError(f"{self.dir}: rank folder {rank_dir_name(t, p, pp, e, ep)} is missing "
+                                           f"(the checkpoint is tp={tp} pp={pp}{f' ep={ep}' if ep > 1 else ''})")
+        extra = sorted(name for (t, p, e), name in found.items() if t >= tp or p >= pp or e >= ep)
         if extra:
-            raise InteropError(f"{self.dir}: rank folder {extra[0]} is beyond the checkpoint's tp={tp} pp={pp}")
-        self.tp, self.pp = tp, pp
-        self.rank_dirs = {k: found[k] for k in found}
-        self.files = {(0, 0): first}
-        for t in range(tp):
-            for p in range(pp):
-                if (t, p) != (0, 0):
-                    self.files[(t, p)] = LazyTorchFile(self._rank_path(found, (t, p)))
+            raise InteropError(f"{self.dir}: rank folder {extra[0]} is beyond the checkpoint's tp={tp} pp={pp}"
+                               f"{f' ep={ep}' if ep > 1 else ''}")
+        self.tp, self.pp, self.ep = tp, pp, ep
+        self.ep_files = {}
+        for key in sorted(found):
+            self.ep_files[key] = first if found[key] == first_name else LazyTorchFile(self._rank_path(found, key))
+        self.rank_dirs = {(t, p): found[(t, p, 0)] for t, p, e in found if e == 0}
+        # every EP rank holds the same non-expert tensors: those are read from ep rank 0's files
+        self.files = {(t, p): f for (t, p, e), f in self.ep_files.items() if e == 0}
 
     def _rank_path(self, found, key) -> Path:
         path = self.dir / found[key] / RANK_FILE
@@ -171,13 +202,16 @@ class Reader:
             out[p] = keys
         if len({len(v) for v in out.values()}) != 1:
             raise InteropError(f"{self.dir}: pipeline stages hold different numbers of virtual chunks")
-        self.state_dicts = {}
-        for (t, p), f in self.files.items():
+        self.ep_dicts = {}
+        for (t, p, e), f in self.ep_files.items():
+            if not isinstance(f.obj, dict):
+                raise InteropError(f"{f.path}: expected a dict, found {type(f.obj).__name__}")
             for v, key in enumerate(out[p]):
                 sd = f.obj.get(key)
                 if not isinstance(sd, dict):
                     raise InteropError(f"{f.path}: entry {key!r} is not a state dict")
-                self.state_dicts[(t, p, v)] = flatten(sd)
+                self.ep_dicts[(t, p, v, e)] = flatten(sd)
+        self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == 0}
         return out
 
     def _scheme(self) -> str:
@@ -187,8 +221,16 @@ class Reader:
             raise InteropError(f"{self.dir}: neither megatron-core nor legacy parameter names "
                                f"(e.g. {keys[0] if keys else 'no keys at all'})")
         if scheme == "legacy":
-            for k, sd in self.state_dicts.items():
-                self.state_dicts[k] = OrderedDict((legacy_key(n), x) for n, x in sd.items())
+            for k, sd in self.ep_dicts.items():
+                self.ep_dicts[k] = OrderedDict((legacy_key(n), x) for n, x in sd.items())
+            self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == 0}
+        # how the routed experts are stored (the args' moe_grouped_gemm says which module the run built)
+        self.experts = "sequential"
+        if any(_GROUPED_KEY.search(k) for k in keys):
+            self.experts = "grouped"
+        elif any(_TE_GROUPED_KEY.search(k) for k in keys):
+            self.experts = "te_grouped"
+        self.moe_norm_apart = scheme == "mcore_te" and any(k.endswith(".pre_mlp_layernorm.weight") for k in keys)
         return scheme
 
     def _spec(self, full: dict, stored: dict | None, notes: list[str]) -> ModelSpec:
@@ -230,21 +272,24 @@ class Reader:
             for p in range(self.pp):
                 stages[p][v] = (start, start + counts[(p, v)])
                 start += counts[(p, v)]
-        layout = ParallelLayout(self.tp, self.pp, tuple(tuple(c) for c in stages))
+        layout = ParallelLayout(self.tp, self.pp, tuple(tuple(c) for c in stages), self.ep)
         spec.check_tp(self.tp)
+        if self.ep > 1:
+            spec.check_ep(self.ep)
         return layout
 
     def _check_tensors(self, notes: list[str]) -> None:
         """Every stored tensor is mapped, a tied copy, or reported; shapes agree with the args."""
         expected = {}
         for r in self.rows:
-            expected[(r.stage, r.chunk, r.key)] = r
+            for e in (range(self.ep) if r.ep is None else [r.ep]):
+                expected[(r.stage, r.chunk, e, r.key)] = r
         ignored: dict[str, int] = {}
         tied = 0
-        for (t, p, v), sd in self.state_dicts.items():
-            where = self.files[(t, p)].path
+        for (t, p, v, e), sd in self.ep_dicts.items():
+            where = self.ep_files[(t, p, e)].path
             for key, value in sd.items():
-                row = expected.get((p, v, key))
+                row = expected.get((p, v, e, key))
                 if row is None:
                     why = ignored_why(key)
                     if why is not None and key.endswith("_extra_state") and value is None:
@@ -259,24 +304,32 @@ class Reader:
                 want = row.transform.rank_shape(t, self.tp)
                 if tuple(value.shape) != tuple(want):
                     raise InteropError(f"{where}: {key} has shape {list(value.shape)}, args imply {list(want)}")
-                peer = self.state_dicts[(0, p, v)].get(key)
+                peer = self.ep_dicts[(0, p, v, e)].get(key)
                 if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
                     raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
                                        "one dtype expected")
-                tied += not row.transform.reads_back
-            for (p2, v2, key), row in expected.items():
-                if (p2, v2) == (p, v) and key not in sd:
+                tied += not row.transform.reads_back and e == 0
+            for (p2, v2, e2, key), row in expected.items():
+                if (p2, v2, e2) == (p, v, e) and key not in sd:
                     raise InteropError(f"{where}: tensor {key} is missing")
         for why, n in sorted(ignored.items()):
             notes.append(f"ignored {n} entries: {why}")
         if tied:
             notes.append("dropped the last stage's copy of the tied embedding (it equals the input embedding)")
+        if self.ep > 1:
+            notes.append(f"read the tensors outside the routed experts from expert-parallel rank 0's files (each of the "
+                         f"{self.ep} EP ranks holds a copy)")
+        if self.experts != "sequential":
+            notes.append(f"routed experts read from {'the legacy GroupedMLP (weight1/weight2)' if self.experts == 'grouped' else 'TEGroupedMLP (linear_fc1.weightN)'}")
 
     def _load_optimizer(self, first: dict) -> tuple[dict | None, str | None]:
         """Map the non-distributed optimizer's state to parameters: (hyperparameters, note)."""
         distributed = (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file()
         if "optimizer" not in first and not distributed:
             return None, None
+        if self.spec.is_moe:
+            return None, ("optimizer state not converted (mixture of experts: the expert-parallel optimizer state of "
+                          "the torch format is not mapped); weights converted")
         found, hyper = {k: {} for k in KINDS}, None
         for (t, p), f in self.files.items():
             params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
@@ -356,8 +409,9 @@ class Reader:
         out = []
         for prefix in [""] + [f"optim.{k}." for k in self.moments]:
             for p in param_table(self.spec):
-                dicts, _, _ = self._stored(prefix + p.name)
+                dicts, _, files = self._stored(prefix + p.name)
                 row, _ = self.row_of[p.name]
+                dicts, _ = self._on_ep_rank(dicts, files, row)
                 out.append(TensorMeta(prefix + p.name, dicts[(0, row.stage, row.chunk)][row.key].dtype, p.shape))
         return out
 
@@ -365,10 +419,19 @@ class Reader:
         """Every TP rank holds the whole tensor (norms, biases of row-parallel layers): rank 0's is read."""
         return row.transform.replicated
 
+    def _on_ep_rank(self, dicts: dict, files: dict, row) -> tuple[dict, dict]:
+        """`dicts` / `files` keyed (t, p, v) / (t, p) as seen from the EP rank holding `row` (a routed expert's)."""
+        if row.ep is None or row.ep == 0:
+            return dicts, files
+        e = row.ep
+        return ({(t, p, v): sd for (t, p, v, r), sd in self.ep_dicts.items() if r == e},
+                {(t, p): f for (t, p, r), f in self.ep_files.items() if r == e})
+
     def _read_row(self, dicts: dict, files: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
             self._cache.clear()
             self.memory.release_idle()
+        dicts, files = self._on_ep_rank(dicts, files, row)
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
         dtypes = {t: s.dtype for t, s in stored.items()}
         if len(set(dtypes.values())) > 1:  # never cast one rank's bytes to its peers' type
@@ -385,7 +448,7 @@ class Reader:
         row, j = self.row_of[base]
         if len(row.parts) == 1:
             return self._read_row(dicts, files, row)[0]
-        ident = (name[:len(name) - len(base)], row.stage, row.chunk, row.key)
+        ident = (name[:len(name) - len(base)], row.stage, row.chunk, row.ep, row.key)
         if ident not in self._cache:  # fused: the row's other tensors are asked for next
             self._cache[ident] = self._read_row(dicts, files, row)
             while len(self._cache) > 2:  # a fused weight and its bias alternate in canonical order
@@ -398,6 +461,7 @@ class Reader:
         replicated norms); None for a split on dim 1 or a file without record offsets."""
         dicts, base, files = self._stored(name)
         row, j = self.row_of[base]
+        dicts, files = self._on_ep_rank(dicts, files, row)
         replicated = self._replicated(row)
         ranks = [0] if replicated else range(self.tp)
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in ranks}
@@ -453,6 +517,8 @@ class Writer:
         """`only`: the (tp, pp) rank files (`units`) to write, for a conversion split over processes
         (`interop.workers`); None: all of them."""
         spec.check_tp(layout.tp)
+        if layout.ep > 1:
+            spec.check_ep(layout.ep)
         if layout.num_layers != spec.num_layers:
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
@@ -463,6 +529,10 @@ class Writer:
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = args_losses(spec)
+        if spec.is_moe and self.optim_kinds:
+            self.notes.append("optimizer state not written (mixture of experts: the torch format's expert-parallel "
+                              "optimizer layout is not written; --format torch_dist keeps it)")
+            self.optim_kinds = []
         self.pending: dict[tuple, dict] = {}
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
@@ -471,16 +541,20 @@ class Writer:
         self.dp = dp
         self.weight_dtypes: set = set()
         self.dir = self.root / "iter_pending"
-        # units: the rank files; none to split with distrib_optim.pt, whose args need every rank's weight dtypes
+        # units: the (t, p) rank files, each with its ep ranks' files; none to split with distrib_optim.pt, whose
+        # args need every rank's weight dtypes
         self.units = [] if distributed else layout.ranks()
-        self.files = {}
+        self.owned = {(t, p) for t, p in layout.ranks() if only is None or (t, p) in only}
+        self.files = {}  # (t, p, e): one rank file per tensor, pipeline and expert parallel rank
         for t, p in layout.ranks():
-            if only is not None and (t, p) not in only:
+            if (t, p) not in self.owned:
                 continue
-            path = self.dir / rank_dir_name(t, p, layout.pp) / RANK_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.files[(t, p)] = TorchFileWriter(path)
-        self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p), f in self.files.items()} \
+            for e in range(layout.ep):
+                path = self.dir / rank_dir_name(t, p, layout.pp, e, layout.ep) / RANK_FILE
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.files[(t, p, e)] = TorchFileWriter(path)
+        # (a MoE model has no optimizer state here, so no distrib_optim.pt: ep is 1 where there is one)
+        self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p, e), f in self.files.items() if e == 0} \
             if distributed else {}
 
     def _check_distrib(self, distributed_optimizer: bool | None, dp: int | None) -> bool:
@@ -506,11 +580,13 @@ class Writer:
     def wants(self, name: str) -> bool:
         base = base_param_name(name)
         stages = {r.stage for r in self._targets(self.row_of[base], base)}
-        return any((t, p) in self.files for t in range(self.layout.tp) for p in stages)
+        return any((t, p) in self.owned for t in range(self.layout.tp) for p in stages)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base = base_param_name(name)
         kind = name.split(".")[1] if base != name else ""  # optimizer moments: fused like their weight
+        if kind and kind not in self.optim_kinds:
+            return
         row = self.row_of[base]
         got = self.pending.setdefault((kind, row.parts), {})
         got[base] = tensor
@@ -521,7 +597,7 @@ class Writer:
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
         for t in range(self.layout.tp):
-            mine = [r for r in self._targets(row, base) if (t, r.stage) in self.files]
+            mine = [r for r in self._targets(row, base) if (t, r.stage) in self.owned]
             if not mine:
                 continue
             fused = row.transform
@@ -531,38 +607,30 @@ class Writer:
                 if kind and self.distrib:
                     self.distrib[(t, r.stage)].add(DISTRIB_KIND[kind], r.chunk, r.key, piece)
                     continue
-                self.refs[(kind, t, r.stage, r.chunk, r.key)] = self.files[(t, r.stage)].add(piece)
+                for e in (range(self.layout.ep) if r.ep is None else [r.ep]):  # every EP rank: a copy
+                    self.refs[(kind, t, r.stage, r.chunk, e, r.key)] = self.files[(t, r.stage, e)].add(piece)
                 if not kind:
                     self.weight_dtypes.add(piece.dtype)
                 if not kind and self.distrib and "fp32_param" not in self.optim_kinds:  # masters: the weights
                     self.distrib[(t, r.stage)].add("param", r.chunk, r.key, piece)
 
-    def _model_dict(self, t: int, p: int, v: int) -> OrderedDict:
+    def _model_dict(self, t: int, p: int, v: int, e: int) -> OrderedDict:
+        """Rank (t, p, e)'s state dict of chunk v: its rows in module order, each linear module followed by its
+        (empty) `_extra_state`, as megatron-core's state_dict has them."""
         out = OrderedDict()
-        last = (p, v) == (self.layout.pp - 1, self.layout.vpp - 1)
-        start = self.layout.stages[p][v][0]
-        extra = set()
-        for i in range(self.layout.stages[p][v][1] - start):
-            extra.update(m.format(i=i) for m in EXTRA_STATE_MODULES if "{i}" in m)
-        if last:
-            extra.add("output_layer")
         pending_extra = None
         for r in self.rows:
-            if (r.stage, r.chunk) != (p, v):
+            if (r.stage, r.chunk) != (p, v) or r.ep not in (None, e):
                 continue
             module = r.key.rsplit(".", 1)[0]
             if pending_extra is not None and module != pending_extra:
                 out[pending_extra + "._extra_state"] = None
-                extra.discard(pending_extra)
                 pending_extra = None
-            out[r.key] = self.refs[("", t, p, v, r.key)]
-            if module in extra:
+            out[r.key] = self.refs[("", t, p, v, e, r.key)]
+            if _EXTRA_STATE.fullmatch(module):
                 pending_extra = module
         if pending_extra is not None:
             out[pending_extra + "._extra_state"] = None
-            extra.discard(pending_extra)
-        if last and "output_layer" in extra:
-            out["output_layer._extra_state"] = None
         return out
 
     def _final(self, state: dict) -> tuple:
@@ -571,6 +639,13 @@ class Writer:
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = args_from_spec(self.spec, self.layout, base, divisor)
+        expert_notes = []
+        if self.spec.is_moe and args.get("moe_grouped_gemm"):
+            # the rank files hold SequentialMLP's keys (local_experts.N): a run building GroupedMLP would not load them
+            args["moe_grouped_gemm"] = args["moe_use_legacy_grouped_gemm"] = False
+            expert_notes.append("the experts are written as SequentialMLP (local_experts.N) and the args say "
+                              "moe_grouped_gemm=False; for --moe-grouped-gemm runs write --format torch_dist, "
+                              "whose expert layout is the same for every expert implementation")
         iteration = final_iteration(self.iteration, state)
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if not self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
@@ -584,7 +659,7 @@ class Writer:
                          "--use-distributed-optimizer, or pass --distributed-optimizer --dp N")
         args = argparse.Namespace(**args)
         args.iteration = 0 if iteration == "release" else iteration
-        return args, iteration, scheduler, notes
+        return args, iteration, scheduler, expert_notes + notes
 
     def finish_units(self, state: dict | None = None) -> dict:
         """Write this writer's rank files (their pickles, after the tensors already in them)."""
@@ -593,10 +668,10 @@ class Writer:
         state = state or {}
         meg = state.get("megatron") or {}
         args, iteration, scheduler, _ = self._final(state)
-        for (t, p), f in self.files.items():
+        for (t, p, e), f in self.files.items():
             obj = {"args": args, "checkpoint_version": CHECKPOINT_VERSION,
                    "iteration": 0 if iteration == "release" else iteration}
-            chunks = [self._model_dict(t, p, v) for v in range(self.layout.vpp)]
+            chunks = [self._model_dict(t, p, v, e) for v in range(self.layout.vpp)]
             if self.distrib:
                 hyper = optimizer_hyper(state) or {}
                 step = hyper.get("step") if hyper.get("step") is not None else args.iteration
@@ -608,7 +683,7 @@ class Writer:
                                             [distrib.bucket_size(vars(args), p, v) for v in range(self.layout.vpp)],
                                             (self.weight_dtype, grad_dtype(self.weight_dtype, vars(args))))
             elif self.optim_kinds:
-                params = [(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, key)] for k in self.optim_kinds})
+                params = [(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, e, key)] for k in self.optim_kinds})
                           for v, sd in enumerate(chunks) for key, ref in sd.items() if ref is not None]
                 hyper = optimizer_hyper(state) or {}
                 step = hyper.get("step") if hyper.get("step") is not None else args.iteration

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import itertools
 import json
 import math
 import os
@@ -451,6 +452,7 @@ class DistWriter:
         self.open_files: dict[int, tuple[int, Writeback]] = {}
         self.offsets: dict[int, int] = {}
         self.declared: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        self.lead: dict[str, int] = {}  # leading axes written one index at a time (layer; layer, expert)
         self.objects: list[str] = []
         self.storage: dict[MetadataIndex, _StorageInfo] = {}
 
@@ -465,24 +467,30 @@ class DistWriter:
             self.open_files[unit] = (fd, Writeback(fd))
         return self.open_files[unit][0]
 
-    def declare(self, key: str, dtype: torch.dtype, shape) -> None:
-        """Tensor `key` of global `shape` will be written (per layer if stacked)."""
+    def declare(self, key: str, dtype: torch.dtype, shape, lead: int | None = None) -> None:
+        """Tensor `key` of global `shape` will be written: per layer if stacked, else whole; `lead` overrides
+        how many leading axes are written one index at a time (mcore's routed experts: [layers, experts, ...]
+        stacked, [experts, ...] in a model of mixed layers)."""
         if key in self.declared:
             raise ValueError(f"duplicate tensor key {key!r}")
-        if is_stacked(key) and not shape:
+        lead = (1 if is_stacked(key) else 0) if lead is None else lead
+        if is_stacked(key) and not shape or len(shape) < lead:
             raise ValueError(f"{key}: a stacked key needs a leading layer axis")
         self.declared[key] = (dtype, tuple(shape))
+        self.lead[key] = lead
 
-    def write(self, key: str, layer: int | None, data: torch.Tensor) -> None:
-        """Layer `layer` of stacked `key` (without the layer axis), or (layer None) the whole tensor `key`."""
+    def write(self, key: str, layer, data: torch.Tensor) -> None:
+        """Layer `layer` of stacked `key` (without the layer axis; a (layer, expert) pair for a `lead=2` key),
+        or (layer None) the whole tensor `key`."""
         dtype, shape = self.declared[key]
-        stacked = is_stacked(key)
-        if stacked != (layer is not None) or (stacked and not 0 <= layer < shape[0]):
-            raise ValueError(f"{key}: {'a layer in range' if stacked else 'no layer'} expected, got {layer}")
-        want = shape[1:] if stacked else shape
+        lead = self.lead[key]
+        at = () if layer is None else tuple(layer) if isinstance(layer, tuple) else (layer,)
+        if len(at) != lead or any(not 0 <= i < n for i, n in zip(at, shape)):
+            raise ValueError(f"{key}: {lead} leading indices in range expected, got {layer}")
+        want = shape[lead:]
         if tuple(data.shape) != tuple(want) or data.dtype != dtype:
             raise ValueError(f"{key}: planned {dtype} {list(want)}, got {data.dtype} {list(data.shape)}")
-        offsets = torch.Size([layer] + [0] * (len(shape) - 1)) if stacked else torch.Size([0] * len(shape))
+        offsets = torch.Size(list(at) + [0] * (len(shape) - lead))
         index = MetadataIndex(key, offsets)
         if index in self.storage:
             raise ValueError(f"{key}: layer {layer} written twice")
@@ -490,7 +498,7 @@ class DistWriter:
         if self.only is not None and unit not in self.only:
             raise ValueError(f"{key} (layer {layer}) belongs to {self.file_name(unit)}, not this writer's")
         fd = self._fd(unit)
-        length = append_tensor(fd, self.path / self.file_name(unit), data.unsqueeze(0) if stacked else data)
+        length = append_tensor(fd, self.path / self.file_name(unit), data.reshape((1,) * lead + tuple(want)))
         self._stored(unit, index, length)
 
     def write_object(self, key: str, value) -> None:
@@ -513,6 +521,7 @@ class DistWriter:
         if len(set(names.values())) != len(names) or set(names.values()) & set(self.objects):
             raise ValueError("renaming makes two keys one")
         self.declared = {names[k]: v for k, v in self.declared.items()}
+        self.lead = {names[k]: v for k, v in self.lead.items()}
         self.storage = {MetadataIndex(names.get(i.fqn, i.fqn), i.offset): info for i, info in self.storage.items()}
 
     def _stored(self, unit: int, index: MetadataIndex, length: int) -> None:
@@ -539,12 +548,10 @@ class DistWriter:
         """`.metadata`, common.pt and metadata.json; refuses if a declared chunk never came."""
         entries: dict[str, Any] = {}
         for key, (dtype, shape) in self.declared.items():
-            size = torch.Size(shape)
-            if is_stacked(key):
-                chunks = [ChunkStorageMetadata(torch.Size([i] + [0] * (len(size) - 1)), torch.Size([1, *size[1:]]))
-                          for i in range(size[0])]
-            else:
-                chunks = [ChunkStorageMetadata(torch.Size([0] * len(size)), size)]
+            size, lead = torch.Size(shape), self.lead[key]
+            indices = itertools.product(*(range(n) for n in size[:lead]))
+            chunks = [ChunkStorageMetadata(torch.Size([*at] + [0] * (len(size) - lead)), torch.Size([1] * lead + [*size[lead:]]))
+                      for at in indices]
             missing = next((c for c in chunks if MetadataIndex(key, c.offsets) not in self.storage), None)
             if missing is not None:
                 raise InteropError(f"{self.path}: {key} at {list(missing.offsets)} was never written")

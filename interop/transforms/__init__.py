@@ -7,9 +7,11 @@ rank t stores, and how the split axis maps; its docstring draws the layout.  Nam
 from .base import Transform
 from .concat import GatedMLP, PlainConcat
 from .copy import Copy, Tied
+from .experts import GroupedExperts
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
 from .stack import Stack
 from .transpose import Transpose
 
-__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "Stack"]
+__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "Stack",
+           "GroupedExperts"]
