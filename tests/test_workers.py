@@ -26,8 +26,11 @@ from hostile import assert_one_error, leftovers, run
 H, FFN, HEADS, KV, VOCAB, LAYERS = 64, 96, 8, 4, 256, 4
 
 
-def _write_hf(path: Path) -> None:
-    """A small HF Llama (bf16, random), written directly: no transformers import."""
+EXPERTS = 4
+
+
+def _write_hf(path: Path, experts: int = 0) -> None:
+    """A small HF Llama, or Mixtral with `experts` (bf16, random), written directly: no transformers import."""
     import json
     path.mkdir()
     d = H // HEADS
@@ -36,9 +39,15 @@ def _write_hf(path: Path) -> None:
         p = f"model.layers.{i}."
         entries += [(p + "input_layernorm.weight", (H,)), (p + "self_attn.q_proj.weight", (H, H)),
                     (p + "self_attn.k_proj.weight", (KV * d, H)), (p + "self_attn.v_proj.weight", (KV * d, H)),
-                    (p + "self_attn.o_proj.weight", (H, H)), (p + "post_attention_layernorm.weight", (H,)),
-                    (p + "mlp.gate_proj.weight", (FFN, H)), (p + "mlp.up_proj.weight", (FFN, H)),
-                    (p + "mlp.down_proj.weight", (H, FFN))]
+                    (p + "self_attn.o_proj.weight", (H, H)), (p + "post_attention_layernorm.weight", (H,))]
+        if experts:
+            entries.append((p + "block_sparse_moe.gate.weight", (experts, H)))
+            for e in range(experts):
+                q = f"{p}block_sparse_moe.experts.{e}."
+                entries += [(q + "w1.weight", (FFN, H)), (q + "w2.weight", (H, FFN)), (q + "w3.weight", (FFN, H))]
+        else:
+            entries += [(p + "mlp.gate_proj.weight", (FFN, H)), (p + "mlp.up_proj.weight", (FFN, H)),
+                        (p + "mlp.down_proj.weight", (H, FFN))]
     entries += [("model.norm.weight", (H,)), ("lm_head.weight", (VOCAB, H))]
     writer = SafetensorsWriter(path / "model.safetensors", [(k, torch.bfloat16, s) for k, s in entries],
                                {"format": "pt"})
@@ -50,6 +59,9 @@ def _write_hf(path: Path) -> None:
               "intermediate_size": FFN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
               "num_key_value_heads": KV, "vocab_size": VOCAB, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
               "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+    if experts:
+        config.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=experts,
+                      num_experts_per_tok=2, sliding_window=None)
     (path / "config.json").write_text(json.dumps(config))
 
 
@@ -57,6 +69,7 @@ def _write_hf(path: Path) -> None:
 def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("workers")
     _write_hf(root / "hf")
+    _write_hf(root / "mixtral", experts=EXPERTS)
     convert(root / "hf", root / "megatron", dst_format="megatron", tp=2, pp=2)
     convert(root / "hf", root / "store", dst_format="interop", tp=2, pp=2)
     return root
@@ -122,6 +135,11 @@ CASES = {  # target: (source, convert options, target files split over the worke
     "mindspore-tp2pp2": ("hf", dict(dst_format="mindspore", tp=2, pp=2), 4),
     "torch_dist": ("hf", dict(dst_format="megatron", format="torch_dist"), LAYERS + 1),
     "interop-store-tp2pp2": ("hf", dict(dst_format="interop", tp=2, pp=2), 4),
+    # mixture of experts: each (tp, pp) unit writes its expert-parallel ranks' files too
+    "moe-megatron-torch-tp2pp2ep2": ("mixtral", dict(dst_format="megatron", tp=2, pp=2, ep=2), 4),
+    "moe-torch_dist-ep2": ("mixtral", dict(dst_format="megatron", format="torch_dist", ep=2), LAYERS + 1),
+    "moe-mindspore-tp2pp2ep2": ("mixtral", dict(dst_format="mindspore", tp=2, pp=2, ep=2), 4),
+    "moe-interop-store-tp2ep2": ("mixtral", dict(dst_format="interop", tp=2, ep=2), 2),
 }
 
 
