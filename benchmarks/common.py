@@ -21,8 +21,14 @@ def llama_config(layers=8, hidden=2048, ffn=5504, heads=16, kv=4, vocab=32000) -
             "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
 
 
+def mixtral_config(layers=8, hidden=1024, ffn=2048, heads=16, kv=4, vocab=32000, experts=8, topk=2) -> dict:
+    return {**llama_config(layers, hidden, ffn, heads, kv, vocab), "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral", "num_local_experts": experts, "num_experts_per_tok": topk, "sliding_window": None}
+
+
 def write_synthetic_hf(path: Path, config: dict, seed: int = 0) -> int:
-    """A HF Llama checkpoint of random bf16 weights, written one tensor at a time. Returns its size."""
+    """A HF Llama (or Mixtral, with `num_local_experts`) checkpoint of random bf16 weights, written one tensor
+    at a time. Returns its size."""
     path.mkdir(parents=True)
     h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     d = h // config["num_attention_heads"]
@@ -32,9 +38,16 @@ def write_synthetic_hf(path: Path, config: dict, seed: int = 0) -> int:
         p = f"model.layers.{i}."
         entries += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (h, h)),
                     (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.v_proj.weight", (kv, h)),
-                    (p + "self_attn.o_proj.weight", (h, h)), (p + "post_attention_layernorm.weight", (h,)),
-                    (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
-                    (p + "mlp.down_proj.weight", (h, f))]
+                    (p + "self_attn.o_proj.weight", (h, h)), (p + "post_attention_layernorm.weight", (h,))]
+        experts = config.get("num_local_experts")
+        if experts:  # Mixtral's hub names: w1 gate, w2 down, w3 up
+            entries.append((p + "block_sparse_moe.gate.weight", (experts, h)))
+            for e in range(experts):
+                q = f"{p}block_sparse_moe.experts.{e}."
+                entries += [(q + "w1.weight", (f, h)), (q + "w2.weight", (h, f)), (q + "w3.weight", (f, h))]
+        else:
+            entries += [(p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
+                        (p + "mlp.down_proj.weight", (h, f))]
     entries += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
     writer = SafetensorsWriter(path / "model.safetensors", [(k, torch.bfloat16, s) for k, s in entries], {"format": "pt"})
     gen = torch.Generator().manual_seed(seed)
