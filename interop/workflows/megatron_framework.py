@@ -151,7 +151,11 @@ def causal_mask(spec: ModelSpec, s: int) -> torch.Tensor:
     return masked[None, None]
 
 
-def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
+@contextlib.contextmanager
+def _loaded_model(ckpt: str, purpose: str, padded_vocab, **convert_options):
+    """In the child: megatron-core's model-parallel world as one gloo process, and the checkpoint converted to
+    Megatron tp 1 `torch` files and loaded strictly into a GPTModel of `padded_vocab(spec)` rows; yields
+    (model, spec) and tears the world down after."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from interop.convert import convert
@@ -161,16 +165,25 @@ def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
     dist.init_process_group("gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     try:
-        with tempfile.TemporaryDirectory(prefix="interop-parity-megatron-") as tmp:
-            convert(ckpt, Path(tmp) / "meg", src_format="interop", dst_format="megatron", tp=1)
+        with tempfile.TemporaryDirectory(prefix=f"interop-{purpose}-megatron-") as tmp:
+            convert(ckpt, Path(tmp) / "meg", src_format="interop", dst_format="megatron", tp=1, **convert_options)
             files = sorted((Path(tmp) / "meg").glob("*/mp_rank_00/model_optim_rng.pt"))
             if len(files) != 1:
                 raise RuntimeError(f"expected one Megatron rank file, found {files}")
             state = safe_torch_load(files[0])["model"]
             spec = _spec_of(ckpt)
-            model = build_gpt_model(spec.replace(padded_vocab=spec.vocab))
+            model = build_gpt_model(spec.replace(padded_vocab=padded_vocab(spec)))
             model.load_state_dict(state, strict=True)
         model.eval()  # dropout is 0 anyway; gradients are unaffected
+        yield model, spec
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
+    # precondition() refused a padded vocabulary: the model has exactly spec.vocab rows
+    with _loaded_model(ckpt, "parity", lambda spec: spec.vocab) as (model, spec):
         optimizer = make_adamw(model.named_parameters(), cfg.optim())
         params = list(model.parameters())
         data = TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)
@@ -188,43 +201,19 @@ def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
             optimizer.step()
             losses.append(float(loss.detach()))
         return losses
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 def _forward(ckpt: str, tokens):
     """In the child: the checkpoint as Megatron tp 1 `torch` files, loaded strictly into a GPTModel, one forward."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from interop.convert import convert
-    from interop.io.safe_pickle import safe_torch_load
-    if not torch.cuda.is_available():
-        _patch_cpu()
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    try:
-        with tempfile.TemporaryDirectory(prefix="interop-verify-megatron-") as tmp:
-            convert(ckpt, Path(tmp) / "meg", src_format="interop", dst_format="megatron", tp=1, dtype="fp32")
-            files = sorted((Path(tmp) / "meg").glob("*/mp_rank_00/model_optim_rng.pt"))
-            if len(files) != 1:
-                raise RuntimeError(f"expected one Megatron rank file, found {files}")
-            state = safe_torch_load(files[0])["model"]
-            spec = _spec_of(ckpt)
-            from interop.formats import converter
-            padded = converter("megatron").Writer.padded_vocab(spec, 1)
-            model = build_gpt_model(spec.replace(padded_vocab=padded))
-            model.load_state_dict(state, strict=True)
-        model.eval()
+    from interop.formats import converter
+    padded = lambda spec: converter("megatron").Writer.padded_vocab(spec, 1)  # noqa: E731
+    with _loaded_model(ckpt, "verify", padded, dtype="fp32") as (model, spec):
         tokens = torch.from_numpy(tokens)
         b, s = tokens.shape
         positions = torch.arange(s).unsqueeze(0).expand(b, s)
         with torch.no_grad():
             logits = model(input_ids=tokens, position_ids=positions, attention_mask=causal_mask(spec, s))
         return logits[..., :spec.vocab].float().numpy().copy()
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 def _spec_of(ckpt) -> ModelSpec:
