@@ -48,6 +48,17 @@ def moe_store(path, **changes):
     return path, spec, tensors
 
 
+
+def assert_reads_back_without_sidecar(tmp_path, tensors) -> None:
+    """`tmp_path/ms` read with the model from --model-config (interop's sidecar removed): every tensor exact."""
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--to", "interop", "--model-config",
+                    tmp_path / "common-spec.json", "-q")
+    assert code == 0, out
+    back = StoreReader(tmp_path / "back")
+    for name, t in tensors.items():
+        assert torch.equal(back.read(name), t), name
+
 @pytest.fixture
 def mindformers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # it writes ./output/log on import
@@ -95,13 +106,7 @@ def test_strict_load_into_mindformers_moe_llama(tmp_path, mindformers, changes, 
         assert (got["model.layers.1.feed_forward.shared_experts_gate.weight"]
                 == tensors["layers.1.mlp.shared_gate.weight"].numpy()).all()
     # and back: every canonical tensor exact, without interop's sidecar (the model from --model-config)
-    (tmp_path / "ms" / "mindspore_model.json").unlink()
-    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--to", "interop", "--model-config",
-                    tmp_path / "common-spec.json", "-q")
-    assert code == 0, out
-    back = StoreReader(tmp_path / "back")
-    for name, t in tensors.items():
-        assert torch.equal(back.read(name), t), name
+    assert_reads_back_without_sidecar(tmp_path, tensors)
 
 
 def test_mindformers_moe_reads_a_file_with_expert_load_buffers(tmp_path, mindformers):
@@ -201,13 +206,7 @@ def test_mindspeed_moe_loads_into_its_model_and_reads_back(tmp_path, tp, pp):
                 gate = tensors[f"layers.{spec.num_layers - 1}.mlp.experts.3.gate.weight"][t * rows:(t + 1) * rows]
                 up = tensors[f"layers.{spec.num_layers - 1}.mlp.experts.3.up.weight"][t * rows:(t + 1) * rows]
                 assert (got == torch.cat([gate, up]).numpy()).all()
-    (tmp_path / "ms" / "mindspore_model.json").unlink()
-    code, out = run("convert", tmp_path / "ms", tmp_path / "back", "--to", "interop", "--model-config",
-                    tmp_path / "common-spec.json", "-q")
-    assert code == 0, out
-    back = StoreReader(tmp_path / "back")
-    for name, t in tensors.items():
-        assert torch.equal(back.read(name), t), name
+    assert_reads_back_without_sidecar(tmp_path, tensors)
 
 
 # ---------------------------------------------------------------- what cannot be written: one line each
