@@ -19,10 +19,10 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_layout_flags(tp=1, pp=1, vpp=1, first_stage_layers=None, last_stage_layers=None, ep=1) -> None:
+def check_layout_flags(tp=1, pp=1, vpp=1, first_stage_layers=None, last_stage_layers=None, ep=1, etp=None) -> None:
     """Refuse layout flags that are nonsense whatever the model (`--first-stage-layers -2`, `--tp 0`),
     before any file is opened: the same rule for `interop convert` and `interop train`."""
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--vpp", vpp), ("--ep", ep)):
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--vpp", vpp), ("--ep", ep), ("--etp", tp if etp is None else etp)):
         if not _is_int(value) or value < 1:
             raise InteropError(f"{flag} must be a positive integer, got {value!r}")
     if tp * pp > MAX_RANKS:
@@ -43,6 +43,9 @@ class ParallelLayout:
     # stages[p][v] = (first layer, end layer) of virtual chunk v on pipeline stage p
     stages: tuple[tuple[tuple[int, int], ...], ...]
     ep: int = 1  # expert parallelism: MoE experts split evenly over ep ranks (dense tensors: every ep rank)
+    # expert tensor parallelism: each routed expert split over etp ranks (megatron-core's
+    # --expert-tensor-parallel-size; None given: tp, its default)
+    etp: int | None = None
 
     check_flags = staticmethod(check_layout_flags)
 
@@ -50,6 +53,10 @@ class ParallelLayout:
         problem = _layout_problem(self.tp, self.pp, self.stages)
         if problem is None and (not _is_int(self.ep) or not 1 <= self.ep <= MAX_RANKS):
             problem = f"ep must be a positive integer, got {self.ep!r}"
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
+        if problem is None and (not _is_int(self.etp) or not 1 <= self.etp <= MAX_RANKS):
+            problem = f"etp must be a positive integer, got {self.etp!r}"
         if problem:
             raise InteropError(f"invalid parallel layout: {problem}")
 
@@ -64,15 +71,15 @@ class ParallelLayout:
     @classmethod
     def build(cls, num_layers: int, tp: int = 1, pp: int = 1, vpp: int = 1,
               first_stage_layers: int | None = None, last_stage_layers: int | None = None,
-              ep: int = 1) -> "ParallelLayout":
-        check_layout_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep)
+              ep: int = 1, etp: int | None = None) -> "ParallelLayout":
+        check_layout_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
         if first_stage_layers is not None or last_stage_layers is not None:
             counts = _uneven_counts(num_layers, pp, first_stage_layers, last_stage_layers)
             bounds, start = [], 0
             for n in counts:
                 bounds.append(((start, start + n),))
                 start += n
-            return cls(tp, pp, tuple(bounds), ep)
+            return cls(tp, pp, tuple(bounds), ep, etp)
         chunks = pp * vpp
         if num_layers % chunks:
             raise InteropError(f"{num_layers} layers cannot be split evenly over pp={pp} x vpp={vpp} chunks")
@@ -80,7 +87,7 @@ class ParallelLayout:
         stages = tuple(
             tuple(((v * pp + p) * per, (v * pp + p + 1) * per) for v in range(vpp)) for p in range(pp)
         )
-        return cls(tp, pp, stages, ep)
+        return cls(tp, pp, stages, ep, etp)
 
     def ep_rank_of(self, param: Param, num_experts: int | None) -> int | None:
         """The expert-parallel rank holding a routed expert's tensor; None for every other tensor."""
@@ -118,6 +125,8 @@ class ParallelLayout:
         data = {"tp": self.tp, "pp": self.pp, "stages": [[list(c) for c in chunks] for chunks in self.stages]}
         if self.ep != 1:  # absent for dense layouts, as before expert parallelism existed
             data["ep"] = self.ep
+        if self.etp != self.tp:  # absent where experts are split like the dense layers (megatron-core's default)
+            data["etp"] = self.etp
         return data
 
     @classmethod
@@ -132,7 +141,7 @@ class ParallelLayout:
             raise InteropError(f"{prefix}invalid parallel layout: stages must be lists of [first, end] layer pairs")
         try:
             return cls(data["tp"], data["pp"], tuple(tuple((a, b) for a, b in chunks) for chunks in stages),
-                       data.get("ep", 1))
+                       data.get("ep", 1), data.get("etp"))
         except InteropError as exc:
             raise InteropError(f"{prefix}{exc}") from None
 
@@ -143,6 +152,7 @@ class ParallelLayout:
             parts.append(f"pp{p}: layers {ranges}")
         vpp = f" vpp={self.vpp}" if self.vpp > 1 else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
+        ep += f" etp={self.etp}" if self.etp != self.tp else ""
         return f"tp={self.tp} pp={self.pp}{vpp}{ep} ({'; '.join(parts)})"
 
 

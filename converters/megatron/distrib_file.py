@@ -45,9 +45,9 @@ def grad_dtype(param_dtype: torch.dtype, args: dict) -> torch.dtype:
 class DistribOptimFile:
     """One rank's `distrib_optim.pt`: pieces in, the coalesced world tensors out."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, scratch: str = SCRATCH):
         self.folder = folder
-        self.scratch = folder / SCRATCH
+        self.scratch = folder / scratch
         self.fd = os.open(self.scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.size = 0  # fp32 elements written to the scratch file
         self.where: dict[tuple, tuple[int, int]] = {}  # (megatron kind, chunk, key) -> (first element, numel)
@@ -65,9 +65,18 @@ class DistribOptimFile:
     def finish(self, chunks: list[list[tuple[str, int]]], dp: int, bucket_sizes: list[int | None],
                dtype_key: tuple) -> None:
         """Write the file: `chunks` lists each model chunk's (key, numel) in state-dict order."""
+        out = TorchFileWriter(self.folder / DISTRIB_OPTIM_FILE)
+        try:
+            out.finish(self.build(out, chunks, dp, bucket_sizes, dtype_key))
+        except BaseException:
+            out.abort()
+            raise
+
+    def build(self, out: TorchFileWriter, chunks: list[list[tuple[str, int]]], dp: int,
+              bucket_sizes: list[int | None], dtype_key: tuple) -> dict:
+        """The file's object (its world tensors added to `out`), for `finish` or a chained optimizer's list."""
         stored = torch.from_file(str(self.scratch), shared=False, size=self.size, dtype=torch.float32) \
             if self.size else torch.empty(0)
-        out = TorchFileWriter(self.folder / DISTRIB_OPTIM_FILE)
         try:
             obj = {"buckets_coalesced": True}
             for v, params in enumerate(chunks):
@@ -86,10 +95,7 @@ class DistribOptimFile:
                     entry[kind] = out.add(world)
                 entry["numel_unpadded"] = total
                 obj[v] = {dtype_key: entry}
-            out.finish(obj)
-        except BaseException:
-            out.abort()
-            raise
+            return obj
         finally:
             del stored
             self.close()

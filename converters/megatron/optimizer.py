@@ -19,9 +19,12 @@ and write that entry.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ...io.safe_pickle import to_plain
+from . import distrib
 
 KINDS = ("exp_avg", "exp_avg_sq", "fp32_param")  # optim.<kind>.<canonical name>
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -165,3 +168,84 @@ def distrib_entry(hyper: dict | None, step) -> dict:
 def dist_common_distributed(hyper: dict | None, step) -> dict:
     """The `optimizer` entry of common.pt for megatron-core's distributed optimizer (`fully_reshardable`)."""
     return {**distrib_entry(hyper, step), "param_state_sharding_type": "fully_reshardable"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixture of experts: megatron-core's ChainedOptimizer of the dense and the expert optimizer
+
+DENSE, EXPERT = 0, 1  # their places in the chained optimizer's saved list (optimizer/__init__.py get_megatron_optimizer)
+
+
+def is_expert_param(key: str) -> bool:
+    """A routed expert's parameter (`allreduce=False` in megatron-core: SequentialMLP's local_experts, GroupedMLP's
+    weight1/2, TEGroupedMLP's linear_fc1/2.weightN); the router and the shared experts are dense."""
+    return ".mlp.experts." in key
+
+
+def split_experts(params: list, ep_rank: int) -> list[tuple[int, list]]:
+    """[(DENSE, the dense params), (EXPERT, the routed experts' params)] of one rank's (id, key, shape) list in model
+    order; only EXPERT on EP ranks after the first, whose dense state is EP rank 0's copy."""
+    dense = [x for x in params if not is_expert_param(x[1])]
+    experts = [x for x in params if is_expert_param(x[1])]
+    return ([(DENSE, dense)] if ep_rank == 0 else []) + [(EXPERT, experts)]
+
+
+def chained_entry(saved, which: int | None):
+    """The `which` optimizer's entry of a chained optimizer's saved list (`ChainedOptimizer.state_dict()` and
+    `save_parameter_state` save a list, one entry per optimizer; a dict keyed 0, 1 loads too); `saved` itself for
+    None; a string saying why not."""
+    if which is None:
+        return saved
+    if isinstance(saved, dict) and set(saved) == {DENSE, EXPERT}:
+        saved = [saved[DENSE], saved[EXPERT]]
+    if not isinstance(saved, (list, tuple)):
+        return "one optimizer for all parameters (megatron-core keeps the experts' in an optimizer of their own)"
+    if len(saved) != 2:
+        return f"a chained optimizer of {len(saved)} (the dense and the expert optimizer expected)"
+    if saved[which] is None:
+        return f"no {'dense' if which == DENSE else 'expert'} optimizer state in it"
+    return saved[which]
+
+
+def expert_data_parallel(dp: int, tp: int, ep: int, etp: int) -> int | str:
+    """The expert-data-parallel size (parallel_state.py: world = tp * pp * dp = etp * ep * edp * pp), over which the
+    expert optimizer's buffers are laid out; a string saying why it does not divide."""
+    if (dp * tp) % (ep * etp):
+        return f"dp {dp} * tp {tp} is not a multiple of ep {ep} * etp {etp} (no expert-data-parallel size)"
+    return dp * tp // (ep * etp)
+
+
+def expert_groups(hyper: dict | None, keys_shapes: list[tuple[str, tuple]]) -> list[dict]:
+    """The expert optimizer's param groups: the saved ones where the source had them, else the dense groups that
+    its parameters fall in (weight decay / no weight decay) marked `is_expert_parallel` (as `_get_param_groups`
+    makes them: groups exist only where parameters do)."""
+    hyper = hyper or {}
+    if hyper.get("expert_param_groups"):
+        return [dict(g) for g in hyper["expert_param_groups"]]
+    dense = hyper.get("param_groups") or DEFAULT_GROUPS
+    if len(dense) == 1:
+        return [dict(dense[0], is_expert_parallel=True)]
+    kinds = {no_decay(k, s) for k, s in keys_shapes}
+    return [dict(g, is_expert_parallel=True) for g in dense if _is_no_decay_group(g) in kinds]
+
+
+_LOCAL_EXPERT = re.compile(r"^(.*)\.mlp\.experts\.local_experts\.(\d+)\.")
+
+
+def parameter_order(keys: list[str]) -> list[str]:
+    """megatron-core's parameter order (its `named_parameters`, which the optimizers number and the DDP buffers
+    lay out in) of a local-spec chunk whose keys are listed by kind: `distrib.module_order`, with each MoE layer's
+    routed experts expert by expert (local_experts.0.linear_fc1, .0.linear_fc2, .1.linear_fc1, ...)."""
+    out = distrib.module_order(keys)
+    i = 0
+    while i < len(out):
+        m = _LOCAL_EXPERT.match(out[i])
+        if not m:
+            i += 1
+            continue
+        j = i
+        while j < len(out) and (n := _LOCAL_EXPERT.match(out[j])) and n.group(1) == m.group(1):
+            j += 1
+        out[i:j] = sorted(out[i:j], key=lambda k: int(_LOCAL_EXPERT.match(k).group(2)))
+        i = j
+    return out

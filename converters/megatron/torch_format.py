@@ -46,7 +46,10 @@ from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_
                          rank_dir_name, rank_of_dir)
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
-from .optimizer import KINDS, distrib_entry, distrib_hyper, pack, unpack
+
+EXPERT_SCRATCH = "distrib_optim.experts.scratch"
+from .optimizer import (DENSE, EXPERT, KINDS, chained_entry, distrib_entry, distrib_hyper, expert_data_parallel,
+                        expert_groups, is_expert_param, pack, parameter_order, split_experts, unpack)
 from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows, flatten, ignored_why, legacy_key, read_ranks
 
@@ -86,13 +89,14 @@ class Reader:
             raise InteropError(f"{self.files[(0, 0)].path}: expert_tensor_parallel_size={etp} differs from "
                                f"tensor_model_parallel_size={self.tp}; only experts split like the dense layers "
                                "(the default, ETP = TP) are read from the torch format (torch_dist: any)")
+        self.etp = etp or self.tp
         self.spec = spec
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, self.moe_norm_apart)
         self._check_tensors(notes)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
         self.moments: dict[str, dict] = {}  # optim kind -> {(t, p, v): {key: stored tensor}}
-        self.moment_files = self.files  # the files the moments are stored in (distrib_optim.pt: their own)
+        self.moment_files = self.ep_files  # the files the moments are stored in (distrib_optim.pt: their own)
         self.stored_args = stored or {}
         hyper, note = self._load_optimizer(first)
         if note:
@@ -323,64 +327,92 @@ class Reader:
             notes.append(f"routed experts read from {'the legacy GroupedMLP (weight1/weight2)' if self.experts == 'grouped' else 'TEGroupedMLP (linear_fc1.weightN)'}")
 
     def _load_optimizer(self, first: dict) -> tuple[dict | None, str | None]:
-        """Map the non-distributed optimizer's state to parameters: (hyperparameters, note)."""
+        """Map the optimizer's state to parameters: (hyperparameters, note).
+
+        A MoE model's optimizer is megatron-core's ChainedOptimizer of two (optimizer/__init__.py
+        `get_megatron_optimizer`): the dense parameters' and the routed experts' (their own param groups and,
+        with the distributed optimizer, their own buffers over the expert-data-parallel group), saved as a list
+        of the two state dicts; EP rank e's files hold the experts of that rank (`optimizer.split_experts`)."""
         distributed = (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file()
         if "optimizer" not in first and not distributed:
             return None, None
-        if self.spec.is_moe:
-            return None, ("optimizer state not converted (mixture of experts: the expert-parallel optimizer state of "
-                          "the torch format is not mapped); weights converted")
-        found, hyper = {k: {} for k in KINDS}, None
-        for (t, p), f in self.files.items():
+        found, hyper, expert_groups = {k: {} for k in KINDS}, None, None
+        for (t, p, e), f in self.ep_files.items():
             params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
-                      for key, x in self.state_dicts[(t, p, v)].items()
+                      for key, x in self.ep_dicts[(t, p, v, e)].items()
                       if isinstance(x, torch.Tensor) and ignored_why(key) is None]
-            if distributed:
-                got = self._distributed(t, p, params, f)
-            else:
-                got = unpack(f.obj.get("optimizer"), params, f.read)
-            if isinstance(got, str):
-                return None, f"optimizer state not converted ({f.path}: {got}); weights converted"
-            by_param, hyper = got
-            for (v, key), kinds in by_param.items():
-                for kind, stored in kinds.items():
-                    found[kind].setdefault((t, p, v), {})[key] = stored
+            parts = split_experts(params, e) if self.spec.is_moe else [(None, params)]
+            for which, mine in parts:
+                if distributed:
+                    got = self._distributed(t, p, e, which, mine, f)
+                else:
+                    saved = chained_entry(f.obj.get("optimizer"), which)
+                    got = saved if isinstance(saved, str) else unpack(saved, mine, f.read)
+                if isinstance(got, str):
+                    return None, f"optimizer state not converted ({f.path}: {got}); weights converted"
+                by_param, got_hyper = got
+                if which == EXPERT:
+                    expert_groups = got_hyper["param_groups"]
+                else:
+                    hyper = got_hyper
+                for (v, key), kinds in by_param.items():
+                    for kind, stored in kinds.items():
+                        found[kind].setdefault((t, p, v, e), {})[key] = stored
         kinds = [k for k in KINDS if found[k]]
         for kind in kinds:
             for r in self.rows:
                 for t in range(self.tp):
-                    if r.transform.reads_back and r.key not in found[kind].get((t, r.stage, r.chunk), {}):
-                        return None, (f"optimizer state not converted ({self.files[(t, r.stage)].path}: no {kind} "
+                    e = r.ep or 0
+                    if r.transform.reads_back and r.key not in found[kind].get((t, r.stage, r.chunk, e), {}):
+                        return None, (f"optimizer state not converted ({self.ep_files[(t, r.stage, e)].path}: no {kind} "
                                       f"for {r.key}); weights converted")
         self.moments = {k: found[k] for k in kinds}
         if not kinds:
             return None, "optimizer state not converted (the optimizer holds no Adam state yet)"
+        if expert_groups is not None:
+            hyper = dict(hyper, expert_param_groups=expert_groups)
         how = f" from {DISTRIB_OPTIM_FILE} (distributed optimizer)" if distributed else ""
-        return hyper, f"converted the optimizer state ({', '.join(kinds)}){how}, step {hyper.get('step')}"
+        experts = " (dense and expert optimizers)" if self.spec.is_moe else ""
+        return hyper, f"converted the optimizer state ({', '.join(kinds)}){experts}{how}, step {hyper.get('step')}"
 
-    def _distributed(self, t: int, p: int, params, rank_file) -> tuple[dict, dict] | str:
-        """The distributed optimizer's per-parameter state of rank (t, p), cut from its `distrib_optim.pt`
-        (`distrib.py` has the buffer layout), and the hyperparameters from the rank file."""
-        path = self.dir / self.rank_dirs[(t, p)] / DISTRIB_OPTIM_FILE
+    def _distributed(self, t: int, p: int, e: int, which, params, rank_file) -> tuple[dict, dict] | str:
+        """The distributed optimizer's per-parameter state of rank (t, p, e), cut from its `distrib_optim.pt`
+        (`distrib.py` has the buffer layout), and the hyperparameters from the rank file.  `which`: None (one
+        optimizer), DENSE or EXPERT (the chained optimizer's entries; the experts' buffers are laid out over the
+        expert-data-parallel group, one buffer per model chunk holding experts)."""
+        path = self.dir / self.ep_files[(t, p, e)].path.parent.name / DISTRIB_OPTIM_FILE
         if not path.is_file():
             return f"{DISTRIB_OPTIM_FILE} is missing beside it"
-        dfile = LazyTorchFile(path)
-        state = dfile.obj
+        dfile = self.moment_files.get((t, p, e)) if self.moment_files is not self.ep_files else None
+        dfile = dfile or LazyTorchFile(path)
+        state = chained_entry(dfile.obj, which)
+        if isinstance(state, str):
+            return f"{path.name}: {state}"
         if not isinstance(state, dict) or state.get("buckets_coalesced") is not True:
             return f"{path.name} is not megatron-core's coalesced parameter state (buckets_coalesced)"
         args = self.stored_args
         dp = args.get("data_parallel_size")
         if not isinstance(dp, int) or dp < 1:
             return f"the args do not say data_parallel_size, which lays out the buffers of {path.name}"
+        if which == EXPERT:
+            dp = expert_data_parallel(dp, self.tp, self.ep, self.etp)
+            if isinstance(dp, str):
+                return dp
         if self.pp > 1 and self.spec.tied_embeddings:
             return f"{path.name}: a tied embedding over several pipeline stages has a bucket of its own (not supported)"
-        if self.moment_files is self.files:
+        if self.moment_files is self.ep_files:
             self.moment_files = {}
-        self.moment_files[(t, p)] = dfile
+        self.moment_files[(t, p, e)] = dfile
         out = {}
-        for v in range(len(self.chunks[p])):
+        chunks = [v for v in range(len(self.chunks[p])) if any(c == v for (c, _), _, _ in params)]
+        if which != EXPERT:
+            chunks = list(range(len(self.chunks[p])))
+        extra = sorted(set(k for k in state if isinstance(k, int)) - set(range(len(chunks))))
+        if extra:
+            return f"{path.name}: buffer {extra[0]} is beyond the {len(chunks)} model chunks' buffers"
+        for g, v in enumerate(chunks):
             mine = [(key, math.prod(shape)) for (c, _), key, shape in params if c == v]
-            buffers = state.get(v)
+            buffers = state.get(g)
             if not isinstance(buffers, dict) or len(buffers) != 1:
                 return f"{path.name}: model chunk {v} has {len(buffers or {})} buffers (one dtype is understood)"
             world = next(iter(buffers.values()))
@@ -395,14 +427,15 @@ class Reader:
                 first, n = offsets[key], buffer.slots[key].numel
                 out[(v, key)] = {ours: world[theirs][first:first + n].view(shape)
                                  for theirs, ours in distrib.KINDS.items()}
-        return out, distrib_hyper(rank_file.obj.get("optimizer"))
+        saved = chained_entry(rank_file.obj.get("optimizer"), which)
+        return out, distrib_hyper(saved if not isinstance(saved, str) else None)
 
     # -- the Reader contract -------------------------------------------------------------------
     def _stored(self, name: str) -> tuple[dict, str, dict]:
         """The per-rank dicts `name` lives in (weights, or one optimizer kind's), its parameter, and the files."""
         base = base_param_name(name)
         if base == name:
-            return self.state_dicts, base, self.files
+            return self.ep_dicts, base, self.ep_files
         return self.moments[name.split(".")[1]], base, self.moment_files
 
     def metas(self) -> list[TensorMeta]:
@@ -420,12 +453,11 @@ class Reader:
         return row.transform.replicated
 
     def _on_ep_rank(self, dicts: dict, files: dict, row) -> tuple[dict, dict]:
-        """`dicts` / `files` keyed (t, p, v) / (t, p) as seen from the EP rank holding `row` (a routed expert's)."""
-        if row.ep is None or row.ep == 0:
-            return dicts, files
-        e = row.ep
-        return ({(t, p, v): sd for (t, p, v, r), sd in self.ep_dicts.items() if r == e},
-                {(t, p): f for (t, p, r), f in self.ep_files.items() if r == e})
+        """`dicts` / `files` keyed (t, p, v, e) / (t, p, e), as (t, p, v) / (t, p) of the EP rank holding `row`
+        (a routed expert's; EP rank 0 for the rest, which every EP rank holds a copy of)."""
+        e = row.ep or 0
+        return ({(t, p, v): sd for (t, p, v, r), sd in dicts.items() if r == e},
+                {(t, p): f for (t, p, r), f in files.items() if r == e})
 
     def _read_row(self, dicts: dict, files: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
@@ -529,10 +561,6 @@ class Writer:
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = args_losses(spec)
-        if spec.is_moe and self.optim_kinds:
-            self.notes.append("optimizer state not written (mixture of experts: the torch format's expert-parallel "
-                              "optimizer layout is not written; --format torch_dist keeps it)")
-            self.optim_kinds = []
         self.pending: dict[tuple, dict] = {}
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
@@ -553,9 +581,14 @@ class Writer:
                 path = self.dir / rank_dir_name(t, p, layout.pp, e, layout.ep) / RANK_FILE
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.files[(t, p, e)] = TorchFileWriter(path)
-        # (a MoE model has no optimizer state here, so no distrib_optim.pt: ep is 1 where there is one)
+        # distrib_optim.pt: the dense optimizer's buffers on EP rank 0, with MoE the expert optimizer's on every EP rank
         self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p, e), f in self.files.items() if e == 0} \
             if distributed else {}
+        self.expert_distrib = {key: DistribOptimFile(f.path.parent, EXPERT_SCRATCH) for key, f in self.files.items()} \
+            if distributed and spec.is_moe else {}
+        # the expert optimizer's buffers: one per model chunk that holds routed experts, numbered in chunk order
+        self.expert_chunks = {p: sorted({r.chunk for r in self.rows if r.stage == p and is_expert_param(r.key)})
+                              for p in range(layout.pp)}
 
     def _check_distrib(self, distributed_optimizer: bool | None, dp: int | None) -> bool:
         """Whether distrib_optim.pt files are written (refused in one line where they cannot be)."""
@@ -572,7 +605,19 @@ class Writer:
         if self.layout.pp > 1 and self.spec.tied_embeddings:
             raise InteropError(f"--distributed-optimizer: a tied embedding over several pipeline stages has a bucket "
                                f"of its own in {DISTRIB_OPTIM_FILE} (not supported); write --format torch_dist")
+        if self.spec.is_moe:
+            edp = expert_data_parallel(dp, self.layout.tp, self.layout.ep, self.layout.etp)
+            if isinstance(edp, str):
+                raise InteropError(f"--distributed-optimizer --dp {dp}: {edp}")
+            self.expert_dp = edp
         return True
+
+    def _distrib_file(self, t: int, row):
+        """The DistribOptimFile and buffer number `row`'s optimizer state goes to (a routed expert's: its EP rank's
+        expert optimizer, buffers counted over the chunks holding experts)."""
+        if self.expert_distrib and is_expert_param(row.key):
+            return self.expert_distrib[(t, row.stage, row.ep or 0)], self.expert_chunks[row.stage].index(row.chunk)
+        return self.distrib[(t, row.stage)], row.chunk
 
     def _targets(self, row, base: str) -> list:
         return [row] + (self.tied_rows if base == "embed.word.weight" else [])
@@ -605,14 +650,16 @@ class Writer:
                                   out=self.memory.empty(fused.rank_shape(t, self.layout.tp), parts[0].dtype))
             for r in mine:
                 if kind and self.distrib:
-                    self.distrib[(t, r.stage)].add(DISTRIB_KIND[kind], r.chunk, r.key, piece)
+                    target, buffer = self._distrib_file(t, r)
+                    target.add(DISTRIB_KIND[kind], buffer, r.key, piece)
                     continue
                 for e in (range(self.layout.ep) if r.ep is None else [r.ep]):  # every EP rank: a copy
                     self.refs[(kind, t, r.stage, r.chunk, e, r.key)] = self.files[(t, r.stage, e)].add(piece)
                 if not kind:
                     self.weight_dtypes.add(piece.dtype)
                 if not kind and self.distrib and "fp32_param" not in self.optim_kinds:  # masters: the weights
-                    self.distrib[(t, r.stage)].add("param", r.chunk, r.key, piece)
+                    target, buffer = self._distrib_file(t, r)
+                    target.add("param", buffer, r.key, piece)
 
     def _model_dict(self, t: int, p: int, v: int, e: int) -> OrderedDict:
         """Rank (t, p, e)'s state dict of chunk v: its rows in module order, each linear module followed by its
@@ -673,21 +720,18 @@ class Writer:
                    "iteration": 0 if iteration == "release" else iteration}
             chunks = [self._model_dict(t, p, v, e) for v in range(self.layout.vpp)]
             if self.distrib:
-                hyper = optimizer_hyper(state) or {}
-                step = hyper.get("step") if hyper.get("step") is not None else args.iteration
-                obj["optimizer"] = distrib_entry(hyper, step)
-                # the buffer follows the model's own parameter order (module by module), not the kind-sorted rows
-                self.distrib[(t, p)].finish([[(key, math.prod(sd[key].shape))
-                                              for key in distrib.module_order([k for k, r in sd.items() if r is not None])]
-                                             for sd in chunks], self.dp,
-                                            [distrib.bucket_size(vars(args), p, v) for v in range(self.layout.vpp)],
-                                            (self.weight_dtype, grad_dtype(self.weight_dtype, vars(args))))
+                self._write_distrib(t, p, e, chunks, vars(args), state, obj)
             elif self.optim_kinds:
-                params = [(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, e, key)] for k in self.optim_kinds})
-                          for v, sd in enumerate(chunks) for key, ref in sd.items() if ref is not None]
                 hyper = optimizer_hyper(state) or {}
                 step = hyper.get("step") if hyper.get("step") is not None else args.iteration
-                obj["optimizer"] = pack(params, hyper, step, f.add)
+                parts = self._optimizer_parts(chunks, e)
+                entries = [pack([(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, e, key)] for k in self.optim_kinds})
+                                 for v, key, ref in params],
+                                hyper if which != EXPERT else dict(hyper, param_groups=expert_groups(
+                                    hyper, [(key, tuple(ref.shape)) for _, key, ref in params])),
+                                step, f.add) if params is not None else None
+                           for which, params in parts]
+                obj["optimizer"] = entries[0] if not self.spec.is_moe else entries
             if self.layout.vpp == 1:
                 obj["model"] = chunks[0]
             else:
@@ -699,6 +743,49 @@ class Writer:
                 obj["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
             f.finish(obj)
         return {}
+
+    def _optimizer_parts(self, chunks: list[OrderedDict], e: int) -> list[tuple]:
+        """[(which, [(chunk, key, ref)] in megatron-core's parameter order)] per optimizer: one (None) for a dense
+        model; for MoE the chained optimizer's dense (EP rank 0's files only, None elsewhere) and expert entries."""
+        params = [(v, key, sd[key]) for v, sd in enumerate(chunks)
+                  for key in parameter_order([k for k, ref in sd.items() if ref is not None])]
+        if not self.spec.is_moe:
+            return [(None, params)]
+        dense = [x for x in params if not is_expert_param(x[1])] if e == 0 else None
+        return [(DENSE, dense), (EXPERT, [x for x in params if is_expert_param(x[1])])]
+
+    def _write_distrib(self, t: int, p: int, e: int, chunks: list[OrderedDict], args: dict, state: dict,
+                       obj: dict) -> None:
+        """Rank (t, p, e)'s optimizer entry and distrib_optim.pt (for MoE the chained optimizer's two of each)."""
+        hyper = optimizer_hyper(state) or {}
+        step = hyper.get("step") if hyper.get("step") is not None else args["iteration"]
+        dtypes = (self.weight_dtype, grad_dtype(self.weight_dtype, args))
+        parts = self._optimizer_parts(chunks, e)
+        if not self.spec.is_moe:
+            obj["optimizer"] = distrib_entry(hyper, step)
+            self.distrib[(t, p)].finish([[(key, math.prod(ref.shape)) for c, key, ref in parts[0][1] if c == v]
+                                         for v in range(self.layout.vpp)], self.dp,
+                                        [distrib.bucket_size(args, p, v) for v in range(self.layout.vpp)], dtypes)
+            return
+        (_, dense), (_, experts) = parts
+        groups = expert_groups(hyper, [(key, tuple(ref.shape)) for _, key, ref in experts])
+        obj["optimizer"] = [distrib_entry(hyper, step) if dense is not None else None,
+                            distrib_entry(dict(hyper, param_groups=groups), step)]
+        out = TorchFileWriter(self.files[(t, p, e)].path.parent / DISTRIB_OPTIM_FILE)
+        try:
+            saved = [None, None]
+            if dense is not None:
+                saved[DENSE] = self.distrib[(t, p)].build(
+                    out, [[(key, math.prod(ref.shape)) for c, key, ref in dense if c == v] for v in range(self.layout.vpp)],
+                    self.dp, [distrib.bucket_size(args, p, v) for v in range(self.layout.vpp)], dtypes)
+            owned = self.expert_chunks[p]
+            saved[EXPERT] = self.expert_distrib[(t, p, e)].build(
+                out, [[(key, math.prod(ref.shape)) for c, key, ref in experts if c == v] for v in owned],
+                self.expert_dp, [distrib.bucket_size(args, p, v) for v in owned], dtypes)
+            out.finish(saved)
+        except BaseException:
+            out.abort()
+            raise
 
     def finish_global(self, state: dict | None, results: dict | None = None) -> None:
         """Name the iteration folder and write the tracker, once every rank file is written."""
@@ -735,7 +822,7 @@ class Writer:
                           + ": resume at that dp with --use-distributed-optimizer")
 
     def abort(self) -> None:
-        for f in self.distrib.values():
+        for f in [*self.distrib.values(), *self.expert_distrib.values()]:
             f.close()
         for f in self.files.values():
             f.abort()
