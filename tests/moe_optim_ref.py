@@ -91,7 +91,7 @@ def _train_step(ddp, optimizer, step: int) -> float:
     optimizer.step()
     value = torch.tensor(total)
     torch.distributed.all_reduce(value)  # tp ranks agree; dp ranks hold their share
-    return value.item() / torch.distributed.get_world_size() * ps.get_tensor_model_parallel_world_size()
+    return value.item() / torch.distributed.get_world_size()
 
 
 def _live_state(model, optimizer, distributed: bool) -> dict[str, torch.Tensor]:
@@ -193,7 +193,15 @@ def _load(folder: Path, model, optimizer, ep: int, distributed: bool) -> None:
     optimizer.load_state_dict(state["optimizer"])
     if distributed:
         FX._keep_torch_step(optimizer)
-        optimizer.load_parameter_state(str(mine / "distrib_optim.pt"))
+        with torch.no_grad():  # fp32 weights: the masters are views of the parameters, which autograd guards
+            optimizer.load_parameter_state(str(mine / "distrib_optim.pt"))
+        # megatron-core without TE/apex gives every parameter the SAME `step` tensor (distrib_optimizer.py
+        # load_state_dict, "Extract 'step', for non-Apex/TE support"), which torch Adam then increments once per
+        # parameter per update; TE's FusedAdam keeps no per-parameter step.  Give each its own, as a fresh run has.
+        for opt in optimizer.chained_optimizers:
+            for state in opt.optimizer.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].clone()
 
 
 def _resume_worker(rank: int, world: int, port: int, jobs_path: str) -> None:

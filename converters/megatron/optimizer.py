@@ -93,7 +93,6 @@ def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add, b
     load_state_dict reads `state` at the top), not wrapped in {"optimizer": ...} as the mixed-precision optimizer.
     """
     hyper = hyper or {}
-    step_ref = add(torch.tensor(float(step or 0)))
     saved_groups = hyper.get("param_groups") or DEFAULT_GROUPS
     if len(saved_groups) == 1:
         members = [params]
@@ -106,7 +105,9 @@ def pack(params: list[tuple[str, tuple, dict]], hyper: dict | None, step, add, b
         for key, shape, kinds in mine:
             entry = {k: kinds[k] for k in MOMENTS if k in kinds}
             if entry:
-                entry = {"step": step_ref, **entry}
+                # one step tensor per parameter: torch Adam increments it in place (`step_t += 1`), so a tensor
+                # shared by all (as unpickling keeps it) would advance once per parameter per update
+                entry = {"step": add(torch.tensor(float(step or 0))), **entry}
                 state[i] = entry
             if "fp32_param" in kinds:
                 masters[-1].append(kinds["fp32_param"])

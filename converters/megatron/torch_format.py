@@ -772,8 +772,7 @@ class Writer:
             return
         (_, dense), (_, experts) = parts
         groups = expert_groups(hyper, [(key, tuple(ref.shape)) for _, key, ref in experts])
-        obj["optimizer"] = [distrib_entry(hyper, step) if dense is not None else None,
-                            distrib_entry(dict(hyper, param_groups=groups), step)]
+        obj["optimizer"] = [distrib_entry(hyper, step), distrib_entry(dict(hyper, param_groups=groups), step)]
         out = TorchFileWriter(self.files[(t, p, e)].path.parent / DISTRIB_OPTIM_FILE)
         try:
             saved = [None, None]
