@@ -22,6 +22,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--pp", default=1, show_default=True, help="Target pipeline-parallel size.")
 @click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")
 @click.option("--ep", default=1, show_default=True, help="Target expert-parallel size (mixture-of-experts models).")
+@click.option("--etp", type=int, default=None, help="Target expert tensor-parallel size (default: --tp, as megatron-core's).")
 @click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
 @click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
@@ -60,7 +61,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               "cores available; jobs under 1 GiB of source per worker, and targets of one file, use one).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
-def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layers, last_stage_layers, dtype, force,
+def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_layers, last_stage_layers, dtype, force,
             megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
             qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, workers,
             quiet):
@@ -74,7 +75,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layer
     from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
-        summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep,
+        summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                               dtype=dtype, force=force, progress=bar, workers=workers,
                               options={"format": megatron_format, "iteration": iteration,

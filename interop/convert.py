@@ -212,7 +212,7 @@ def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple
 def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
             force: bool = False, options: dict | None = None, progress=None, ep: int = 1, workers: int | None = 1,
-            **format_options) -> Summary:
+            etp: int | None = None, **format_options) -> Summary:
     """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp, and `ep` expert-parallel
     ranks for a mixture-of-experts model). Returns a Summary.
 
@@ -235,7 +235,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     reader_cls, writer_cls = reader_of(src_format), writer_of(dst_format)
     reader_options, writer_options = split_options(reader_cls, writer_cls, options, src_format, dst_format)
-    ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep)
+    ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
     reader = reader_cls(src, **reader_options)
@@ -244,12 +244,13 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         check_weights_on_disk(spec, src)
         spec.check_tp(tp)
         spec.check_ep(ep)
+        spec.check_etp(tp if etp is None else etp, tp)
         if spec.is_moe and not getattr(writer_cls, "holds_moe", False):
             raise InteropError(f"a {dst_format} target cannot hold a mixture-of-experts model yet "
                                f"({spec.num_experts} experts): convert it --to hf or --to interop")
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
         out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
-        layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers, ep)
+        layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
         index = param_index(out_spec)
         metas_in = reader.metas()
         metas_out = []

@@ -128,6 +128,16 @@ class ModelSpec:
         if self.is_moe and tp > 1 and self.moe_ffn_hidden % tp:
             raise InteropError(f"tp={tp} does not divide the experts' ffn_hidden ({self.moe_ffn_hidden})")
 
+    def check_etp(self, etp: int, tp: int) -> None:
+        """Expert tensor parallelism splits each routed expert's ffn evenly (megatron-core's
+        --expert-tensor-parallel-size, tp by default); a dense model has no experts to split otherwise."""
+        if etp == tp:
+            return
+        if not self.is_moe:
+            raise InteropError(f"--etp {etp} needs a mixture-of-experts model; this one is dense")
+        if self.moe_ffn_hidden % etp:
+            raise InteropError(f"etp={etp} does not divide the experts' ffn_hidden ({self.moe_ffn_hidden})")
+
     def check_ep(self, ep: int) -> None:
         """Expert parallelism gives each ep rank the same number of whole experts."""
         if ep == 1:

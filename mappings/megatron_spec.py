@@ -166,7 +166,7 @@ def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
         "moe_router_enable_expert_bias": spec.moe_router_bias, "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
         "moe_shared_expert_intermediate_size": spec.shared_expert_ffn_hidden,
         "moe_shared_expert_gate": spec.shared_expert_gate,
-        "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.tp,
+        "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.etp,
         # Megatron-LM's arguments.py: MoE with tensor parallelism requires sequence parallelism
         **({"sequence_parallel": True} if layout.tp > 1 else {}),
     }
@@ -258,7 +258,9 @@ def layout_from_args(full: dict, num_layers: int) -> ParallelLayout:
             num_layers, int(full.get("tensor_model_parallel_size") or 1), int(full.get("pipeline_model_parallel_size") or 1),
             int(full.get("virtual_pipeline_model_parallel_size") or 1), full.get("decoder_first_pipeline_num_layers"),
             full.get("decoder_last_pipeline_num_layers"),
-            ep=int(full.get("expert_model_parallel_size") or 1) if full.get("num_experts") else 1)
+            ep=int(full.get("expert_model_parallel_size") or 1) if full.get("num_experts") else 1,
+            etp=int(full.get("expert_tensor_parallel_size") or full.get("tensor_model_parallel_size") or 1)
+            if full.get("num_experts") else None)
     except (InteropError, TypeError, ValueError):
         return ParallelLayout.build(num_layers)
 

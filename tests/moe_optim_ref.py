@@ -36,7 +36,7 @@ import moe_megatron_ref as MR  # noqa: E402
 
 KIND = "qwen2moe"  # q/k/v biases (a no-weight-decay group), a gated shared expert, 4 routed experts
 STEPS, MICRO, MBS, SEQ = 2, 2, 2, 16
-LR = 1e-3
+LR = 1e-3  # = make_megatron_fixtures.LR, whose scheduler is used
 
 
 def _batch(step: int, micro: int):
@@ -71,10 +71,18 @@ def _build(tp: int, ep: int, distributed: bool):
         grad_reduce_in_fp32=True, use_distributed_optimizer=distributed, overlap_grad_reduce=False), model)
     cfg = OptimizerConfig(optimizer="adam", lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
                           clip_grad=1.0, bf16=False, params_dtype=torch.float32, use_distributed_optimizer=distributed)
-    return model, ddp, get_megatron_optimizer(cfg, [ddp])
+    optimizer = get_megatron_optimizer(cfg, [ddp])
+    return model, ddp, optimizer, FX_scheduler(optimizer)
 
 
-def _train_step(ddp, optimizer, step: int) -> float:
+def FX_scheduler(optimizer):
+    """Megatron-LM's OptimizerParamScheduler as the fixtures script makes it (cosine, warmup 1 iteration)."""
+    import make_megatron_fixtures as FX
+
+    return FX._scheduler(optimizer, MICRO * MBS)
+
+
+def _train_step(ddp, optimizer, scheduler, step: int) -> float:
     from megatron.core import parallel_state as ps
 
     dp, r = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
@@ -89,6 +97,7 @@ def _train_step(ddp, optimizer, step: int) -> float:
         total += loss.item()
     ddp.finish_grad_sync()
     optimizer.step()
+    scheduler.step(increment=MICRO * MBS)
     value = torch.tensor(total)
     torch.distributed.all_reduce(value)  # tp ranks agree; dp ranks hold their share
     return value.item() / torch.distributed.get_world_size()
@@ -142,6 +151,14 @@ def _args(tp: int, ep: int, distributed: bool):
     args.iteration = STEPS
     args.optimizer, args.lr, args.weight_decay, args.adam_beta1, args.adam_beta2, args.adam_eps = \
         "adam", LR, 0.01, 0.9, 0.95, 1e-8
+    import make_megatron_fixtures as FX  # the schedule FX._scheduler builds, in Megatron-LM's argument names
+
+    args.min_lr, args.lr_warmup_iters, args.lr_decay_iters, args.lr_decay_style, args.train_iters = \
+        FX.MIN_LR, FX.WARMUP, FX.TRAIN_ITERS, "cosine", FX.TRAIN_ITERS
+    args.start_weight_decay = args.end_weight_decay = 0.01
+    args.weight_decay_incr_style, args.clip_grad = "constant", 1.0
+    args.micro_batch_size, args.global_batch_size = MBS, MBS * MICRO
+    args.consumed_train_samples, args.seq_length = STEPS * MBS * MICRO, SEQ
     return args
 
 
@@ -159,9 +176,9 @@ def _save_worker(rank: int, world: int, port: int, root: str) -> None:
     try:
         for distributed in (False, True):
             ps.initialize_model_parallel(expert_model_parallel_size=2)
-            model, ddp, optimizer = _build(1, 2, distributed)
+            model, ddp, optimizer, scheduler = _build(1, 2, distributed)
             assert len(optimizer.chained_optimizers) == 2  # dense, experts
-            losses = [_train_step(ddp, optimizer, s) for s in range(1, STEPS + 1)]
+            losses = [_train_step(ddp, optimizer, scheduler, s) for s in range(1, STEPS + 1)]
             live = _live_state(model, optimizer, distributed)
             out = root / ("distopt" if distributed else "plain")
             folder = out / f"iter_{STEPS:07d}" / _folder(1, 2)
@@ -171,9 +188,10 @@ def _save_worker(rank: int, world: int, port: int, root: str) -> None:
             if ps.get_expert_data_parallel_rank() == 0:
                 torch.save({"args": _args(1, 2, distributed), "checkpoint_version": 3.0, "iteration": STEPS,
                             "model": model.state_dict_for_save_checkpoint(), "optimizer": optimizer.state_dict(),
+                            "opt_param_scheduler": scheduler.state_dict(),
                             "num_floating_point_operations_so_far": 0}, folder / "model_optim_rng.pt")
             torch.distributed.barrier()
-            next_losses = [_train_step(ddp, optimizer, s) for s in (STEPS + 1, STEPS + 2)]
+            next_losses = [_train_step(ddp, optimizer, scheduler, s) for s in (STEPS + 1, STEPS + 2)]
             if rank == 0:
                 (out / "latest_checkpointed_iteration.txt").write_text(str(STEPS))
                 torch.save(live, out / "expected_state.pt")
@@ -184,13 +202,14 @@ def _save_worker(rank: int, world: int, port: int, root: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _load(folder: Path, model, optimizer, ep: int, distributed: bool) -> None:
+def _load(folder: Path, model, optimizer, scheduler, ep: int, distributed: bool) -> None:
     import make_megatron_fixtures as FX
 
     mine = folder / _folder(0, ep)
     state = torch.load(mine / "model_optim_rng.pt", weights_only=False)
     model.load_state_dict(state["model"], strict=True)
     optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["opt_param_scheduler"])
     if distributed:
         FX._keep_torch_step(optimizer)
         with torch.no_grad():  # fp32 weights: the masters are views of the parameters, which autograd guards
@@ -214,14 +233,14 @@ def _resume_worker(rank: int, world: int, port: int, jobs_path: str) -> None:
         for job in jobs:
             tp, ep, distributed = job["tp"], job["ep"], job["distributed"]
             ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
-            model, ddp, optimizer = _build(tp, ep, distributed)
-            _load(Path(job["folder"]), model, optimizer, ep, distributed)
+            model, ddp, optimizer, scheduler = _build(tp, ep, distributed)
+            _load(Path(job["folder"]), model, optimizer, scheduler, ep, distributed)
             entry = results[job["label"]] = {}
             if tp == 1:
                 live = _live_state(model, optimizer, distributed)
                 if rank == 0:
                     torch.save(live, Path(job["folder"]).parent / "loaded_state.pt")
-            entry["next_losses"] = [_train_step(ddp, optimizer, s) for s in (STEPS + 1, STEPS + 2)]
+            entry["next_losses"] = [_train_step(ddp, optimizer, scheduler, s) for s in (STEPS + 1, STEPS + 2)]
             torch.distributed.barrier()
             ps.destroy_model_parallel()
         if rank == 0:
