@@ -69,7 +69,7 @@ def _build(tp: int, ep: int, distributed: bool):
         MR.fill(model, ps.get_expert_model_parallel_rank())
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=distributed, overlap_grad_reduce=False), model)
-    cfg = OptimizerConfig(optimizer="adam", lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
+    cfg = OptimizerConfig(optimizer="adam", lr=LR, min_lr=1e-4, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
                           clip_grad=1.0, bf16=False, params_dtype=torch.float32, use_distributed_optimizer=distributed)
     optimizer = get_megatron_optimizer(cfg, [ddp])
     return model, ddp, optimizer, FX_scheduler(optimizer)

@@ -272,15 +272,55 @@ def test_grouped_experts_transform_at_expert_tensor_parallel_2():
         assert all(torch.equal(a, b) for a, b in zip(back, parts))
 
 
-def test_expert_tensor_parallelism_other_than_tp_is_refused_in_the_torch_format(tmp_path):
+def test_expert_tensor_parallelism_other_than_tp_in_the_torch_format(tmp_path):
+    """--etp: Megatron-LM's torch format at etp != tp has one folder per saving rank (expert-data-parallel rank 0:
+    local ranks r < etp * ep, named mp_rank_{r % tp}_{r // etp % ep}, holding expert tp shard r % etp), not the
+    tp x ep grid; interop writes and reads exactly that, and refuses the layouts whose Megatron-LM save loses shards."""
     spec = ModelSpec(**MIXTRAL)
-    _write(tmp_path / "src", spec, ParallelLayout.build(2, tp=2, ep=2), "torch")
-    for path in (tmp_path / "src" / "iter_0000005").glob("*/model_optim_rng.pt"):
-        state = torch.load(path, weights_only=False)
-        state["args"].expert_tensor_parallel_size = 1
-        torch.save(state, path)
-    with pytest.raises(InteropError, match="expert_tensor_parallel_size=1 differs from tensor_model_parallel_size=2"):
-        meg.Reader(tmp_path / "src")
+    tensors = _write(tmp_path / "src", spec, ParallelLayout.build(2, tp=2, ep=2, etp=1), "torch")
+    assert sorted(p.name for p in (tmp_path / "src" / "iter_0000005").iterdir()) == ["mp_rank_00_000", "mp_rank_01_001"]
+    state = torch.load(tmp_path / "src" / "iter_0000005" / "mp_rank_01_001" / "model_optim_rng.pt", weights_only=False)
+    assert state["args"].expert_tensor_parallel_size == 1 and state["args"].tensor_model_parallel_size == 2
+    f, h = spec.moe_ffn_hidden, spec.hidden
+    assert state["model"]["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"].shape == (2 * f, h)  # whole
+    assert state["model"]["decoder.layers.0.self_attention.linear_proj.weight"].shape == (h, spec.heads * spec.head_dim // 2)
+    convert(tmp_path / "src", tmp_path / "e4", dst_format="megatron", tp=2, ep=4, etp=1)
+    assert sorted(p.name for p in (tmp_path / "e4" / "iter_0000005").iterdir()) == [
+        "mp_rank_00_000", "mp_rank_00_002", "mp_rank_01_001", "mp_rank_01_003"]
+    for path in (tmp_path / "src", tmp_path / "e4"):
+        got, source = read_all(path)
+        assert source.layout.etp == 1 and source.layout.tp == 2
+        assert got.keys() == tensors.keys()
+        assert all(torch.equal(got[n][:t.shape[0]], t) for n, t in tensors.items())
+    for tp, ep, etp, why in ((2, 1, 1, "writes no file for tp rank 1"), (1, 1, 2, "writes two ranks' files")):
+        with pytest.raises(InteropError, match=why):
+            convert(tmp_path / "src", tmp_path / "bad", dst_format="megatron", tp=tp, ep=ep, etp=etp)
+        assert not (tmp_path / "bad").exists()
+    with pytest.raises(InteropError, match="etp=3 does not divide"):
+        convert(tmp_path / "src", tmp_path / "bad", dst_format="megatron", tp=2, etp=3)
+
+
+def test_expert_tensor_parallel_1_at_tp_2_against_megatron_core(ref, tmp_path):
+    """megatron-core at tp 2 / etp 1: with ep 2 it loads interop's torch-format output (folders mp_rank_00_000 and
+    mp_rank_01_001) and, at ep 1, interop's torch_dist output, with the source model's loss; its own torch-format save
+    at tp 2 / ep 2 / etp 1 reads back exactly the source's tensors (moe_etp_ref)."""
+    import moe_etp_ref as E
+
+    root, results = ref
+    kind = "qwen2moe"
+    convert(root / "torch" / kind, tmp_path / "etp-torch", dst_format="megatron", tp=2, ep=2, etp=1)
+    convert(root / "torch" / kind, tmp_path / "etp-dist", dst_format="megatron", tp=2, ep=1, etp=1, format="torch_dist")
+    got = E.run(tmp_path, kind, tmp_path / "etp-torch" / "iter_0000001", tmp_path / "etp-dist" / "iter_0000001")
+    loss = results[kind]["loss"]
+    assert abs(got["loss:torch"] - loss) < TOL and abs(got["loss:dist"] - loss) < TOL, (got, loss)
+    assert sorted(p.name for p in (tmp_path / "mcore-etp" / "iter_0000001").iterdir()) == ["mp_rank_00_000",
+                                                                                          "mp_rank_01_001"]
+    theirs, source = read_all(tmp_path / "mcore-etp")
+    want, _ = read_all(root / "torch" / kind)
+    assert source.layout.etp == 1 and source.layout.ep == 2 and source.layout.tp == 2
+    assert theirs.keys() == want.keys()
+    for name, t in want.items():
+        assert torch.equal(theirs[name], t), name
 
 
 def test_grouped_gemm_sources_are_written_as_sequential_experts_with_a_note(ref, tmp_path):

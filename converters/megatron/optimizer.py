@@ -185,12 +185,12 @@ def is_expert_param(key: str) -> bool:
     return ".mlp.experts." in key
 
 
-def split_experts(params: list, ep_rank: int) -> list[tuple[int, list]]:
+def split_experts(params: list, with_dense: bool) -> list[tuple[int, list]]:
     """[(DENSE, the dense params), (EXPERT, the routed experts' params)] of one rank's (id, key, shape) list in model
-    order; only EXPERT on EP ranks after the first, whose dense state is EP rank 0's copy."""
+    order; only EXPERT where the dense state is read from another folder (a copy of the same tp rank's)."""
     dense = [x for x in params if not is_expert_param(x[1])]
     experts = [x for x in params if is_expert_param(x[1])]
-    return ([(DENSE, dense)] if ep_rank == 0 else []) + [(EXPERT, experts)]
+    return ([(DENSE, dense)] if with_dense else []) + [(EXPERT, experts)]
 
 
 def chained_entry(saved, which: int | None):

@@ -62,6 +62,47 @@ _GROUPED_KEY = re.compile(r"\.mlp\.experts\.weight[12]$")
 _TE_GROUPED_KEY = re.compile(r"\.mlp\.experts\.linear_fc[12]\.weight\d+$")
 
 
+def rank_folders(tp: int, etp: int, ep: int) -> dict[tuple[int, int], int]:
+    """{(folder tp rank t, EP rank e): expert tp rank} of the rank files Megatron-LM's `--ckpt-format torch` writes on
+    a pipeline stage.  The ranks of expert-data-parallel rank 0 save (training/checkpointing.py): local ranks
+    r < etp * ep in parallel_state.py's rank order (tp-cp-ep-dp-pp, the experts' tp being etp).  Rank r's folder is
+    named by its dense tp rank r % tp and its EP rank (r // etp) % ep (`get_checkpoint_name`) and holds the dense
+    shards of tp rank r % tp and the expert shards of expert tp rank r % etp.  At etp = tp (megatron-core's default):
+    every (t, e), holding expert shard t.  Refused where Megatron-LM's files would lose shards."""
+    out: dict[tuple[int, int], int] = {}
+    for r in range(etp * ep):
+        folder = (r % tp, (r // etp) % ep)
+        if folder in out:
+            raise InteropError(f"etp={etp} with tp={tp}, ep={ep}: Megatron-LM's torch format writes two ranks' files "
+                               f"into {rank_dir_name(folder[0], 0, 1, folder[1], ep)} (expert shards lost); "
+                               "use --format torch_dist")
+        out[folder] = r % etp
+    missing = sorted(set(range(tp)) - {t for t, _ in out})
+    if missing:
+        raise InteropError(f"etp={etp} x ep={ep} is less than tp={tp}: Megatron-LM's torch format writes no file for "
+                           f"tp rank {missing[0]} (its dense shards lost); use --format torch_dist")
+    return out
+
+
+class FolderPlan:
+    """Where a rank's tensors are in the torch format's rank folders (`rank_folders`): the dense shards of tp rank t
+    in folder (t, dense_ep[t]) (and copies in every folder named t), expert shard et of EP rank e in folder
+    (expert_tp[(et, e)], e)."""
+
+    def __init__(self, tp: int, etp: int, ep: int):
+        self.folders = rank_folders(tp, etp, ep)
+        self.expert_tp = {(et, e): t for (t, e), et in self.folders.items()}
+        # the folder rank t itself saves (dense data-parallel rank 0: its distrib_optim.pt holds the dense buffers)
+        self.dense_ep = {t: (t // etp) % ep for t in range(tp)}
+
+    def of(self, row_ep: int | None, rank: int) -> tuple[int, int]:
+        """(folder tp rank, EP rank) holding shard `rank` of a row (a dense row: tp rank; an expert row of EP rank
+        `row_ep`: expert tp rank)."""
+        if row_ep is None:
+            return rank, self.dense_ep[rank]
+        return self.expert_tp[(rank, row_ep)], row_ep
+
+
 # ------------------------------------------------------------------------------------------------
 # Reading
 
@@ -83,13 +124,6 @@ class Reader:
         self.scheme = self._scheme()
         spec = self._spec(full, stored, notes)
         self.layout = self._layout(spec, full)
-        etp = (stored or {}).get("expert_tensor_parallel_size")
-        if spec.is_moe and etp not in (None, self.tp):
-            # megatron-core then cuts experts over other ranks than the folders' tp index: not mapped here
-            raise InteropError(f"{self.files[(0, 0)].path}: expert_tensor_parallel_size={etp} differs from "
-                               f"tensor_model_parallel_size={self.tp}; only experts split like the dense layers "
-                               "(the default, ETP = TP) are read from the torch format (torch_dist: any)")
-        self.etp = etp or self.tp
         self.spec = spec
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, self.moe_norm_apart)
@@ -149,23 +183,29 @@ class Reader:
                                    f"parallel size {ep} (mp_rank_TT[_PPP][_EEE]: _PPP when pp > 1, _EEE when ep > 1)")
             found[rank] = name
         tp = int(stored.get("tensor_model_parallel_size") or max(t for t, _, _ in found) + 1)
-        for t in range(tp):
-            for p in range(pp):
-                for e in range(ep):
-                    if (t, p, e) not in found:
-                        raise InteropError(f"{self.dir}: rank folder {rank_dir_name(t, p, pp, e, ep)} is missing "
-                                           f"(the checkpoint is tp={tp} pp={pp}{f' ep={ep}' if ep > 1 else ''})")
-        extra = sorted(name for (t, p, e), name in found.items() if t >= tp or p >= pp or e >= ep)
+        etp = int(stored.get("expert_tensor_parallel_size") or tp) if stored.get("num_experts") else tp
+        try:
+            self.plan = FolderPlan(tp, etp, ep)
+        except InteropError as exc:
+            raise InteropError(f"{self.dir}: {exc}") from None
+        shape = f"tp={tp} pp={pp}{f' ep={ep}' if ep > 1 else ''}{f' etp={etp}' if etp != tp else ''}"
+        for p in range(pp):
+            for t, e in self.plan.folders:
+                if (t, p, e) not in found:
+                    raise InteropError(f"{self.dir}: rank folder {rank_dir_name(t, p, pp, e, ep)} is missing "
+                                       f"(the checkpoint is {shape})")
+        extra = sorted(name for (t, p, e), name in found.items() if p >= pp or (t, e) not in self.plan.folders)
         if extra:
-            raise InteropError(f"{self.dir}: rank folder {extra[0]} is beyond the checkpoint's tp={tp} pp={pp}"
-                               f"{f' ep={ep}' if ep > 1 else ''}")
-        self.tp, self.pp, self.ep = tp, pp, ep
+            raise InteropError(f"{self.dir}: rank folder {extra[0]} is beyond the checkpoint's {shape}")
+        self.tp, self.pp, self.ep, self.etp = tp, pp, ep, etp
         self.ep_files = {}
         for key in sorted(found):
             self.ep_files[key] = first if found[key] == first_name else LazyTorchFile(self._rank_path(found, key))
-        self.rank_dirs = {(t, p): found[(t, p, 0)] for t, p, e in found if e == 0}
-        # every EP rank holds the same non-expert tensors: those are read from ep rank 0's files
-        self.files = {(t, p): f for (t, p, e), f in self.ep_files.items() if e == 0}
+        dense = self.plan.dense_ep
+        self.rank_dirs = {(t, p): found[(t, p, e)] for t, p, e in found if e == dense[t]}
+        # every EP rank holds the same non-expert tensors: those are read from one folder per tp rank (EP rank 0's
+        # at etp = tp)
+        self.files = {(t, p): f for (t, p, e), f in self.ep_files.items() if e == dense[t]}
 
     def _rank_path(self, found, key) -> Path:
         path = self.dir / found[key] / RANK_FILE
@@ -215,7 +255,7 @@ class Reader:
                 if not isinstance(sd, dict):
                     raise InteropError(f"{f.path}: entry {key!r} is not a state dict")
                 self.ep_dicts[(t, p, v, e)] = flatten(sd)
-        self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == 0}
+        self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == self.plan.dense_ep[t]}
         return out
 
     def _scheme(self) -> str:
@@ -227,7 +267,7 @@ class Reader:
         if scheme == "legacy":
             for k, sd in self.ep_dicts.items():
                 self.ep_dicts[k] = OrderedDict((legacy_key(n), x) for n, x in sd.items())
-            self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == 0}
+            self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == self.plan.dense_ep[t]}
         # how the routed experts are stored (the args' moe_grouped_gemm says which module the run built)
         self.experts = "sequential"
         if any(_GROUPED_KEY.search(k) for k in keys):
@@ -276,7 +316,7 @@ class Reader:
             for p in range(self.pp):
                 stages[p][v] = (start, start + counts[(p, v)])
                 start += counts[(p, v)]
-        layout = ParallelLayout(self.tp, self.pp, tuple(tuple(c) for c in stages), self.ep)
+        layout = ParallelLayout(self.tp, self.pp, tuple(tuple(c) for c in stages), self.ep, self.etp)
         spec.check_tp(self.tp)
         if self.ep > 1:
             spec.check_ep(self.ep)
@@ -305,14 +345,14 @@ class Reader:
                     continue
                 if not isinstance(value, torch.Tensor):
                     raise InteropError(f"{where}: {key} is not a tensor")
-                want = row.transform.rank_shape(t, self.tp)
+                want = row.transform.rank_shape(*self._shard(row, t, e))
                 if tuple(value.shape) != tuple(want):
                     raise InteropError(f"{where}: {key} has shape {list(value.shape)}, args imply {list(want)}")
-                peer = self.ep_dicts[(0, p, v, e)].get(key)
+                peer = self.ep_dicts.get((0, p, v, e), {}).get(key)
                 if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
                     raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
                                        "one dtype expected")
-                tied += not row.transform.reads_back and e == 0
+                tied += not row.transform.reads_back and e == self.plan.dense_ep[t]
             for (p2, v2, e2, key), row in expected.items():
                 if (p2, v2, e2) == (p, v, e) and key not in sd:
                     raise InteropError(f"{where}: tensor {key} is missing")
@@ -342,7 +382,7 @@ class Reader:
             params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
                       for key, x in self.ep_dicts[(t, p, v, e)].items()
                       if isinstance(x, torch.Tensor) and ignored_why(key) is None]
-            parts = split_experts(params, e) if self.ep > 1 else [(None, params)]
+            parts = split_experts(params, e == self.plan.dense_ep[t]) if self.ep > 1 else [(None, params)]
             for which, mine in parts:
                 if distributed:
                     got = self._distributed(t, p, e, which, mine, f)
@@ -362,8 +402,8 @@ class Reader:
         kinds = [k for k in KINDS if found[k]]
         for kind in kinds:
             for r in self.rows:
-                for t in range(self.tp):
-                    e = r.ep or 0
+                for rank in range(self._ranks(r)):
+                    t, e = self.plan.of(r.ep, rank)
                     if r.transform.reads_back and r.key not in found[kind].get((t, r.stage, r.chunk, e), {}):
                         return None, (f"optimizer state not converted ({self.ep_files[(t, r.stage, e)].path}: no {kind} "
                                       f"for {r.key}); weights converted")
@@ -454,18 +494,34 @@ class Reader:
         return row.transform.replicated
 
     def _on_ep_rank(self, dicts: dict, files: dict, row) -> tuple[dict, dict]:
-        """`dicts` / `files` keyed (t, p, v, e) / (t, p, e), as (t, p, v) / (t, p) of the EP rank holding `row`
-        (a routed expert's; EP rank 0 for the rest, which every EP rank holds a copy of)."""
-        e = row.ep or 0
-        return ({(t, p, v): sd for (t, p, v, r), sd in dicts.items() if r == e},
-                {(t, p): f for (t, p, r), f in files.items() if r == e})
+        """`dicts` / `files` keyed (folder tp rank, p, v, e) / (t, p, e), as (shard, p, v) / (shard, p) of `row`'s
+        shards (`FolderPlan.of`: a routed expert's of its EP rank, by expert tp rank; the rest by tp rank)."""
+        out_dicts, out_files = {}, {}
+        for rank in range(self._ranks(row)):
+            t, e = self.plan.of(row.ep, rank)
+            for (t2, p, v, e2), sd in dicts.items():
+                if (t2, e2) == (t, e):
+                    out_dicts[(rank, p, v)] = sd
+            for (t2, p, e2), f in files.items():
+                if (t2, e2) == (t, e):
+                    out_files[(rank, p)] = f
+        return out_dicts, out_files
+
+    def _ranks(self, row) -> int:
+        """How many shards a row is cut in: a routed expert's over the expert tp ranks, the rest over tp."""
+        return self.etp if row.ep is not None else self.tp
+
+    def _shard(self, row, t: int, e: int) -> tuple[int, int]:
+        """(shard, shards) of `row` in folder (t, e)."""
+        return (self.plan.folders[(t, e)], self.etp) if row.ep is not None else (t, self.tp)
 
     def _read_row(self, dicts: dict, files: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
             self._cache.clear()
             self.memory.release_idle()
         dicts, files = self._on_ep_rank(dicts, files, row)
-        stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
+        n = self._ranks(row)
+        stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(n)}
         dtypes = {t: s.dtype for t, s in stored.items()}
         if len(set(dtypes.values())) > 1:  # never cast one rank's bytes to its peers' type
             raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(d) for d in dtypes.values())} "
@@ -474,7 +530,7 @@ class Reader:
             tensor = files[(0, row.stage)].read(stored[0])
             return [tensor if out is None else out[0].copy_(tensor)]
         read_into = lambda t, runs: files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
-        return read_ranks(row, read_into, self.tp, stored[0].dtype, self.memory, out)
+        return read_ranks(row, read_into, n, stored[0].dtype, self.memory, out)
 
     def read(self, name: str) -> torch.Tensor:
         dicts, base, files = self._stored(name)
@@ -496,14 +552,14 @@ class Reader:
         row, j = self.row_of[base]
         dicts, files = self._on_ep_rank(dicts, files, row)
         replicated = self._replicated(row)
-        ranks = [0] if replicated else range(self.tp)
+        ranks = [0] if replicated else range(self._ranks(row))
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in ranks}
         if any(x.device.type != "meta" or not x.is_contiguous() for x in stored.values()):
             return None
         full = [torch.empty(self.index[n].shape, dtype=stored[0].dtype, device="meta") for n in row.parts]
         pieces = []  # (first element, path, file offset, bytes) of the runs that belong to `name`
         for t in ranks:
-            runs = [(full[0], 0, full[0].numel())] if replicated else row.transform.runs(full, t, self.tp)
+            runs = [(full[0], 0, full[0].numel())] if replicated else row.transform.runs(full, t, self._ranks(row))
             if runs is None:
                 return None
             x, item = stored[t], stored[t].element_size()
@@ -574,17 +630,20 @@ class Writer:
         # args need every rank's weight dtypes
         self.units = [] if distributed else layout.ranks()
         self.owned = {(t, p) for t, p in layout.ranks() if only is None or (t, p) in only}
+        self.plan = FolderPlan(layout.tp, layout.etp, layout.ep)  # which (t, e) folders exist (all at etp = tp)
         self.files = {}  # (t, p, e): one rank file per tensor, pipeline and expert parallel rank
         for t, p in layout.ranks():
             if (t, p) not in self.owned:
                 continue
             for e in range(layout.ep):
+                if (t, e) not in self.plan.folders:
+                    continue
                 path = self.dir / rank_dir_name(t, p, layout.pp, e, layout.ep) / RANK_FILE
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.files[(t, p, e)] = TorchFileWriter(path)
         # distrib_optim.pt: the dense optimizer's buffers on EP rank 0, with MoE the expert optimizer's on every EP rank
-        self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p, e), f in self.files.items() if e == 0} \
-            if distributed else {}
+        self.distrib = {(t, p): DistribOptimFile(f.path.parent) for (t, p, e), f in self.files.items()
+                        if e == self.plan.dense_ep[t]} if distributed else {}
         self.expert_distrib = {key: DistribOptimFile(f.path.parent, EXPERT_SCRATCH) for key, f in self.files.items()} \
             if distributed and layout.ep > 1 else {}
         # the expert optimizer's buffers: one per model chunk that holds routed experts, numbered in chunk order
@@ -642,20 +701,23 @@ class Writer:
         parts = [got[n] for n in row.parts]
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
-        for t in range(self.layout.tp):
+        shards = self.layout.etp if row.ep is not None else self.layout.tp  # a routed expert: over the expert tp
+        for rank in range(shards):
+            t = self.plan.of(row.ep, rank)[0]  # the folders' tp rank holding this shard
             mine = [r for r in self._targets(row, base) if (t, r.stage) in self.owned]
             if not mine:
                 continue
             fused = row.transform
-            piece = fused.to_rank(parts, t, self.layout.tp,
-                                  out=self.memory.empty(fused.rank_shape(t, self.layout.tp), parts[0].dtype))
+            piece = fused.to_rank(parts, rank, shards, out=self.memory.empty(fused.rank_shape(rank, shards),
+                                                                           parts[0].dtype))
             for r in mine:
                 if kind and self.distrib:
                     target, buffer = self._distrib_file(t, r)
                     target.add(DISTRIB_KIND[kind], buffer, r.key, piece)
                     continue
                 for e in (range(self.layout.ep) if r.ep is None else [r.ep]):  # every EP rank: a copy
-                    self.refs[(kind, t, r.stage, r.chunk, e, r.key)] = self.files[(t, r.stage, e)].add(piece)
+                    if (t, e) in self.plan.folders:
+                        self.refs[(kind, t, r.stage, r.chunk, e, r.key)] = self.files[(t, r.stage, e)].add(piece)
                 if not kind:
                     self.weight_dtypes.add(piece.dtype)
                 if not kind and self.distrib and "fp32_param" not in self.optim_kinds:  # masters: the weights
@@ -726,7 +788,7 @@ class Writer:
             elif self.optim_kinds:
                 hyper = optimizer_hyper(state) or {}
                 step = hyper.get("step") if hyper.get("step") is not None else args.iteration
-                parts = self._optimizer_parts(chunks, 0)  # every EP rank's file: the whole dense state
+                parts = self._optimizer_parts(chunks, True)  # every EP rank's file: the whole dense state
                 entries = [pack([(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, e, key)] for k in self.optim_kinds})
                                  for v, key, ref in params],
                                 hyper if which != EXPERT else dict(hyper, param_groups=expert_groups(
@@ -746,15 +808,15 @@ class Writer:
             f.finish(obj)
         return {}
 
-    def _optimizer_parts(self, chunks: list[OrderedDict], e: int) -> list[tuple]:
+    def _optimizer_parts(self, chunks: list[OrderedDict], with_dense: bool) -> list[tuple]:
         """[(which, [(chunk, key, ref)] in megatron-core's parameter order)] per optimizer: one (None) without expert
-        parallelism; else the chained optimizer's dense (None for EP ranks e > 0: distrib_optim.pt holds the dense
-        buffers on data-parallel rank 0 only, which is EP rank 0) and expert entries."""
+        parallelism; else the chained optimizer's dense (None where `with_dense` is False: distrib_optim.pt holds the
+        dense buffers only in the folder of the tp rank's data-parallel rank 0, FolderPlan.dense_ep) and expert entries."""
         params = [(v, key, sd[key]) for v, sd in enumerate(chunks)
                   for key in parameter_order([k for k, ref in sd.items() if ref is not None])]
         if self.layout.ep == 1:
             return [(None, params)]
-        dense = [x for x in params if not is_expert_param(x[1])] if e == 0 else None
+        dense = [x for x in params if not is_expert_param(x[1])] if with_dense else None
         return [(DENSE, dense), (EXPERT, [x for x in params if is_expert_param(x[1])])]
 
     def _write_distrib(self, t: int, p: int, e: int, chunks: list[OrderedDict], args: dict, state: dict,
@@ -763,7 +825,7 @@ class Writer:
         hyper = optimizer_hyper(state) or {}
         step = hyper.get("step") if hyper.get("step") is not None else args["iteration"]
         dtypes = (self.weight_dtype, grad_dtype(self.weight_dtype, args))
-        parts = self._optimizer_parts(chunks, e)
+        parts = self._optimizer_parts(chunks, e == self.plan.dense_ep[t])
         if self.layout.ep == 1:
             obj["optimizer"] = distrib_entry(hyper, step)
             self.distrib[(t, p)].finish([[(key, math.prod(ref.shape)) for c, key, ref in parts[0][1] if c == v]
