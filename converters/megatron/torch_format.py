@@ -791,8 +791,7 @@ class Writer:
                 parts = self._optimizer_parts(chunks, True)  # every EP rank's file: the whole dense state
                 entries = [pack([(key, tuple(ref.shape), {k: self.refs[(k, t, p, v, e, key)] for k in self.optim_kinds})
                                  for v, key, ref in params],
-                                hyper if which != EXPERT else dict(hyper, param_groups=expert_groups(
-                                    hyper, [(key, tuple(ref.shape)) for _, key, ref in params])),
+                                hyper if which != EXPERT else dict(hyper, param_groups=self._expert_groups(hyper)),
                                 step, f.add, bare=self.weight_dtype == torch.float32) if params is not None else None
                            for which, params in parts]
                 obj["optimizer"] = entries[0] if self.layout.ep == 1 else entries
@@ -807,6 +806,12 @@ class Writer:
                 obj["num_floating_point_operations_so_far"] = meg["num_floating_point_operations_so_far"]
             f.finish(obj)
         return {}
+
+    def _expert_groups(self, hyper: dict) -> list[dict]:
+        """The expert optimizer's param groups, the same on every rank (megatron-core gathers the group keys over
+        all ranks: a pipeline stage without MoE layers still has them, empty)."""
+        return expert_groups(hyper, [(r.key, tuple(self.index[r.parts[0]].shape)) for r in self.rows
+                                     if is_expert_param(r.key)])
 
     def _optimizer_parts(self, chunks: list[OrderedDict], with_dense: bool) -> list[tuple]:
         """[(which, [(chunk, key, ref)] in megatron-core's parameter order)] per optimizer: one (None) without expert
@@ -833,7 +838,7 @@ class Writer:
                                         [distrib.bucket_size(args, p, v) for v in range(self.layout.vpp)], dtypes)
             return
         (_, dense), (_, experts) = parts
-        groups = expert_groups(hyper, [(key, tuple(ref.shape)) for _, key, ref in experts])
+        groups = self._expert_groups(hyper)
         obj["optimizer"] = [distrib_entry(hyper, step), distrib_entry(dict(hyper, param_groups=groups), step)]
         out = TorchFileWriter(self.files[(t, p, e)].path.parent / DISTRIB_OPTIM_FILE)
         try:
