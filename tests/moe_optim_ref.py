@@ -119,28 +119,27 @@ def _live_state(model, optimizer, distributed: bool) -> dict[str, torch.Tensor]:
                 tensors = opt._get_main_param_and_optimizer_states(p)
                 for theirs, ours in (("param", "fp32_param"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
                     pieces.append((f"{ours}/{names[p]}", rng.start, rng.end, tensors[theirs].detach().float().clone(),
-                                   p.numel()))
+                                   tuple(p.shape)))
         else:
             inner = opt.optimizer
             for group in inner.param_groups:
                 for p in group["params"]:
                     for k in ("exp_avg", "exp_avg_sq"):
                         pieces.append((f"{k}/{names[p]}", 0, p.numel(), inner.state[p][k].detach().clone().reshape(-1),
-                                       p.numel()))
+                                       tuple(p.shape)))
     gathered = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, pieces)
-    shapes = {}
-    for n, p in model.named_parameters():
-        shapes[MR.global_name(n, ep_rank)] = tuple(p.shape)
     flat: dict[str, torch.Tensor] = {}
+    shapes: dict[str, tuple] = {}
     for part in gathered:
-        for key, start, stop, values, numel in part:
-            full = flat.setdefault(key, torch.full((numel,), float("nan")))
+        for key, start, stop, values, shape in part:
+            full = flat.setdefault(key, torch.full((int(torch.Size(shape).numel()),), float("nan")))
             full[start:stop] = values
+            shapes[key] = shape
     out = {}
     for key, full in flat.items():
         assert not full.isnan().any(), f"{key}: not covered by the shards"
-        out[key] = full.view(shapes[key.split("/", 1)[1]]) if key.split("/", 1)[1] in shapes else full
+        out[key] = full.view(shapes[key])
     return out
 
 
