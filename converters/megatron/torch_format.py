@@ -46,14 +46,13 @@ from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_
                          rank_dir_name, rank_of_dir)
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
-
-EXPERT_SCRATCH = "distrib_optim.experts.scratch"
 from .optimizer import (DENSE, EXPERT, KINDS, chained_entry, distrib_entry, distrib_hyper, expert_data_parallel,
                         expert_groups, is_expert_param, pack, parameter_order, split_experts, unpack)
 from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows, flatten, ignored_why, legacy_key, read_ranks
 
 DISTRIB_KIND = {ours: theirs for theirs, ours in distrib.KINDS.items()}  # optim kind -> distrib_optim.pt's
+EXPERT_SCRATCH = "distrib_optim.experts.scratch"  # the expert optimizer's pieces, beside the dense optimizer's
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # modules whose state dict holds an `_extra_state` entry (layer and local expert numbers as digits)
 _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+")
