@@ -300,6 +300,20 @@ def test_expert_tensor_parallelism_other_than_tp_in_the_torch_format(tmp_path):
         convert(tmp_path / "src", tmp_path / "bad", dst_format="megatron", tp=2, etp=3)
 
 
+def test_layout_carries_etp():
+    """ParallelLayout.etp: tp unless given (megatron-core's default), stored only when it differs, and refused in one
+    line when nonsense."""
+    plain = ParallelLayout.build(2, tp=2, ep=2)
+    assert plain.etp == 2 and "etp" not in plain.to_dict() and plain == ParallelLayout.build(2, tp=2, ep=2, etp=2)
+    split = ParallelLayout.build(2, tp=2, ep=2, etp=1)
+    assert split.to_dict()["etp"] == 1 and ParallelLayout.from_dict(split.to_dict()) == split
+    assert "etp=1" in split.describe() and split != plain
+    with pytest.raises(InteropError, match="--etp must be a positive integer"):
+        ParallelLayout.build(2, tp=2, etp=0)
+    with pytest.raises(InteropError, match="--etp 2 needs a mixture-of-experts model"):
+        ModelSpec(**{k: v for k, v in MIXTRAL.items() if not k.startswith(("num_experts", "moe_"))}).check_etp(2, 1)
+
+
 def test_expert_tensor_parallel_1_at_tp_2_against_megatron_core(ref, tmp_path):
     """megatron-core at tp 2 / etp 1: with ep 2 it loads interop's torch-format output (folders mp_rank_00_000 and
     mp_rank_01_001) and, at ep 1, interop's torch_dist output, with the source model's loss; its own torch-format save
