@@ -2,8 +2,9 @@
 
 The layout comes from the files themselves: which layers each `rank_N` file holds gives the pipeline
 stages (and virtual chunks), a column-split tensor's shape gives tp, extra copies per stage are
-data-parallel ranks.  The model description comes from `--model-config` (a HF config.json) or
-interop's optional `mindspore_model.json`; the training state from the scalars beside the tensors.
+data-parallel ranks.  The model description comes from `--model-config` (a HF config.json, Megatron
+args, MindSpeed / MindFormers YAML) or interop's optional `mindspore_model.json`; the training state
+from the scalars beside the tensors.
 """
 from __future__ import annotations
 
@@ -33,11 +34,18 @@ def _load_json(path: Path, what: str) -> dict:
 
 
 def _spec_from_config(path, dtype: str) -> ModelSpec:
+    """--model-config: a HF config.json (or interop's {"spec": ...}); any other model description
+    (a Megatron args file or launch script, MindSpeed / MindFormers YAML) through Megatron's args."""
     from ...mappings.hf_config import spec_from_hf_config
-    data = _load_json(Path(path), "model config")
-    if "spec" in data:
-        return ModelSpec.from_dict(data["spec"], where=str(path))
-    return spec_from_hf_config(data, dtype, where=str(path))
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        data = _load_json(path, "model config")
+        if "spec" in data:
+            return ModelSpec.from_dict(data["spec"], where=str(path))
+        return spec_from_hf_config(data, dtype, where=str(path))
+    from ...mappings.megatron_spec import spec_from_args
+    from ...model_config import megatron_args_from_file
+    return spec_from_args(megatron_args_from_file(path), str(path), dtype)
 
 
 def _guess_dialect(tags: list[str], path: Path) -> str:
@@ -110,7 +118,8 @@ class Reader:
             spec = ModelSpec.from_dict(sidecar["spec"])
         else:
             raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
-                               "pass --model-config (a HF config.json)")
+                               "pass --model-config (a HF config.json, Megatron args file or MindSpeed / "
+                               "MindFormers YAML)")
         dialect = (sidecar or {}).get("dialect") or _guess_dialect(tags, path)
         if dialect not in DIALECTS:
             raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
