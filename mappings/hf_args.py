@@ -44,21 +44,11 @@ NOT_IN_CONFIG = {"padded_vocab_size", "swiglu", "openai_gelu", "bias_gelu_fusion
                  "window_attn_skip_freq"}
 # moe_args' values that are the parallel layout, not the model.
 MOE_LAYOUT = {"expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel"}
-# The Megatron values every HF config.json carries (beside its architecture's TRAINING_KEYS).
-MODEL_HELD = (set(SPEC_NUMBERS.values()) - {"padded_vocab_size"}) | {
-    "activation", "normalization", "position_embedding_type", "group_query_attention", "rotary_base",
-    "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias", "qk_layernorm", "use_rope_scaling",
-    "rope_scaling_factor", "window_size", "bf16", "fp16", "params_dtype", "num_experts", "moe_router_topk",
-    "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_score_function", "moe_router_pre_softmax",
-    "moe_router_enable_expert_bias", "moe_aux_loss_coeff", "moe_shared_expert_intermediate_size",
-    "moe_shared_expert_gate", "moe_input_jitter_eps"}
-
-
 def held(full: dict) -> set:
-    """The Megatron values the config.json written for these args has a field for (the others are
-    "no hf field for it" in the report)."""
-    arch = "gpt2" if to_hf(full)[0]["model_type"] == "gpt2" else "llama"
-    return MODEL_HELD | {dest for dest, _ in TRAINING_KEYS[arch]}
+    """The Megatron values the config.json written for these args has a field for: what it reads back
+    (the others are "no hf field for it" in the report)."""
+    values, _ = from_hf(to_hf(full)[0], "hf")
+    return set(values) | {"params_dtype"}  # said by bf16 / fp16
 
 
 def require(full: dict) -> dict:
