@@ -3,7 +3,9 @@
 The pipeline is: read the source into Megatron's terms (an args file or launch
 script, a Megatron checkpoint's stored args, or any file this module writes),
 complete it with Megatron's defaults and derived values, write the target
-through its table in `interop.mappings`, and then read the result back. The
+through its table in `interop.mappings` (a HF config.json through ModelSpec,
+`mappings/hf_args.py`, as `interop convert --to hf` writes it), and then read
+the result back. The
 read-back is what makes the report honest: every argument the user gave that
 does not come back unchanged is listed (flag, value, why), and `--strict`
 turns such a loss into an error.
