@@ -31,6 +31,7 @@ from .errors import InteropError
 MIN_BYTES_PER_WORKER = 1 << 30
 PROGRESS_BYTES = 16 << 20  # a worker reports progress at most every this many bytes of source
 last_peak_rss: list[int] = []  # each worker's peak RSS (bytes) in the last run: the benchmarks report it
+last_start_rss: list[int] = []  # each worker's RSS as it began (forked from the fork server), in the last run
 
 
 def available_cores() -> int:
@@ -145,6 +146,7 @@ def run(tasks: list[dict], progress=None, total: int = 0) -> list[dict]:
                 p.join()
         messages.close()
     last_peak_rss[:] = [results[w].get("peak_rss") or 0 for w in range(len(results))]
+    last_start_rss[:] = [results[w].get("start_rss") or 0 for w in range(len(results))]
     return [results[w] for w in range(len(results))]
 
 
@@ -170,10 +172,11 @@ def _raise_failed(w: int, error: dict) -> None:
     raise RuntimeError(f"conversion worker {w} failed:\n{error['traceback']}")
 
 
-def _peak_rss() -> int | None:
+def _peak_rss(field: str = "VmHWM") -> int | None:
+    """This process's peak RSS in bytes (`field="VmRSS"`: its RSS now); None where /proc says nothing."""
     try:
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
     except (OSError, StopIteration, ValueError):
         return None
 
@@ -198,6 +201,7 @@ class _Progress:
 def _work(task: dict, messages) -> None:
     """One worker: open the source, stream the tensors its units need, finish its units' files."""
     w = task["worker"]
+    start_rss = _peak_rss("VmRSS")
     try:
         from .convert import one_torch_thread, stream
         from .io.background import background_writes
@@ -222,7 +226,8 @@ def _work(task: dict, messages) -> None:
                 progress.flush()
         finally:
             reader.close()
-        messages.put(("done", w, {"results": results, "notes": notes, "peak_rss": _peak_rss(), "writer_notes": list(getattr(writer, "notes", []))}))
+        messages.put(("done", w, {"results": results, "notes": notes, "peak_rss": _peak_rss(),
+                                  "start_rss": start_rss, "writer_notes": list(getattr(writer, "notes", []))}))
     except InteropError as exc:
         messages.put(("error", w, {"type": "interop", "message": str(exc)}))
     except OSError as exc:
