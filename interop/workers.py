@@ -19,6 +19,7 @@ at least `MIN_BYTES_PER_WORKER` of source.
 """
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import os
 import queue as queues
@@ -53,7 +54,6 @@ def worker_count(requested: int | None, total_bytes: int, units: int) -> int:
 
 def splittable(writer_cls) -> bool:
     """Whether the writer takes `only=` (a set of its units) and finishes in two halves."""
-    import inspect
     return "only" in inspect.signature(writer_cls.__init__).parameters and hasattr(writer_cls, "finish_global")
 
 
@@ -206,7 +206,10 @@ def _work(task: dict, messages) -> None:
         from .convert import one_torch_thread, stream
         from .io.background import background_writes
         from .params import param_index
-        reader = task["reader_cls"](task["src"], **task["reader_options"])  # classes travel by name
+        reader_options = dict(task["reader_options"])
+        if "verify" in inspect.signature(task["reader_cls"].__init__).parameters:
+            reader_options["verify"] = False  # the parent opened the source with its checks: not every byte again
+        reader = task["reader_cls"](task["src"], **reader_options)  # classes travel by name
         try:
             with one_torch_thread(), background_writes():
                 writer = task["writer_cls"](task["dst"], task["spec"], task["layout"], task["metas_out"],

@@ -65,9 +65,12 @@ class Reader:
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
 
     def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
-                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None):
+                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True):
         """`qkv_layout` / `qkv_bias_layout`: how a MindFormers w_qkv is joined.  MindSpore -> MindSpore gives
-        the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's)."""
+        the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's).
+        `verify=False` skips what reads tensor bytes to check the files (crc trailers, a tied head's or a
+        renamed tensor's stored copy): a `--workers` worker, whose parent made those checks already."""
+        self.verify = verify
         qkv_layout, qkv_bias_layout = src_qkv_layout or qkv_layout, src_qkv_bias_layout or qkv_bias_layout
         path = Path(path)
         if not path.exists():
@@ -92,7 +95,7 @@ class Reader:
                 by_rank, notes = rank_folders(path)
                 paths = {("rank", r): p for r, p in by_rank.items()}
             for key, p in sorted(paths.items()):
-                self.files[key] = CkptFile(p)
+                self.files[key] = CkptFile(p, verify=verify)
             self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes)
         except BaseException:
             self.close()
@@ -354,8 +357,9 @@ class Reader:
                 raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect} {self.spec.arch} "
                                    f"model at tp={self.layout.tp} pp={self.layout.pp} (unknown tag layout)")
         self.optim = have_moments
-        self._check_tied_copies(tied, notes)
-        self._check_name_copies(copies, moments if have_moments else [])
+        if self.verify:
+            self._check_tied_copies(tied, notes)
+            self._check_name_copies(copies, moments if have_moments else [])
         notes += [f"dropped buffers that are not parameters ({why})" for why in sorted(buffers)]
         strings = scalars.pop("__strings__", [])
         if strings:
