@@ -186,3 +186,36 @@ def test_each_worker_and_the_parent_stay_bounded(mindspeed, tmp_path):
     assert got["added"] <= 16 << 20, got["added"] / 2**20
     for added in got["workers"]:
         assert 0 < added <= largest + layer, (added / 2**20, largest / 2**20, layer / 2**20)
+
+
+def test_workers_do_not_check_the_crc_again(mindspeed, tmp_path, monkeypatch):
+    """Rank files with mindspore's crc trailer (`save_checkpoint(crc_check=True)`): the parent checks every
+    file's crc32 as it opens them (one read of every byte); the workers open the source with `verify=False`
+    and read only what they convert.  Shown with trailers that are wrong: this process's check is told to
+    pass them, and a worker that checked again (in its own process, unpatched) would refuse them."""
+    import shutil
+
+    from interop.converters.mindspore.reader import Reader
+    from interop.errors import InteropError
+    from interop.io.ms_ckpt import CRC_MAGIC, load_ckpt
+    root, tensors = mindspeed
+    src = tmp_path / "crc"
+    shutil.copytree(root / "ms", src)
+    for f in src.glob("rank_*/*.ckpt"):
+        save_ckpt(f, load_ckpt(f), crc=True)
+        with open(f, "r+b") as raw:  # a wrong crc in the trailer
+            raw.seek(-1, os.SEEK_END)
+            last = raw.read(1)
+            raw.seek(-1, os.SEEK_END)
+            raw.write(bytes([last[0] ^ 1]))
+    with pytest.raises(InteropError, match="crc check failed"):
+        Reader(src)
+    Reader(src, verify=False).close()  # no crc read at all
+    checked = []
+    monkeypatch.setattr(ms_ckpt, "_crc32_range", lambda fd, a, b: checked.append(b - a) or
+                        int.from_bytes(os.pread(fd, 10, b + len(CRC_MAGIC)), "big"))
+    monkeypatch.setattr(parallel, "MIN_BYTES_PER_WORKER", 1)
+    convert(src, tmp_path / "two", dst_format="hf", workers=2, max_shard_size="40MB")
+    assert len(checked) == TP  # the parent checked each rank file once
+    convert(root / "ms", tmp_path / "plain", dst_format="hf", workers=1, max_shard_size="40MB")
+    assert_same_output(tmp_path / "plain", tmp_path / "two")
