@@ -4,7 +4,9 @@ A writer that can be split names its target *units* (`writer.units`): the Megatr
 MindSpore rank files, the common store's rank files, HF's shard files, torch_dist's `.distcp`
 files (one per decoder layer), listed stage by stage.  Worker w of N owns the w-th of N runs of
 consecutive units (so a source tensor is read by as few workers as can be).  It opens the
-source itself (only names, shapes and options cross the process boundary, never a tensor),
+source itself (only names, shapes and options cross the process boundary, never a tensor; with
+`verify=False` where the reader takes it: the parent's reader made the checks that read every
+byte, such as a MindSpore file's crc, and holds no tensor itself),
 streams the canonical tensors in the usual order, reads only those its units need
 (`writer.wants(name)`), and finishes its units' files (`writer.finish_units(state)`, which returns
 what the files describing the whole checkpoint need: sizes, checksums, DCP storage entries).
