@@ -1,9 +1,10 @@
 """The conversion engine: any reader -> canonical tensors -> any writer, one tensor (or one fused row) at a time.
 
-Peak memory is one global tensor (plus the reader's and writer's view of it, and up to
-`io.background.LIMIT` bytes still being written on the helper thread), never the model.
+Peak memory is one global tensor or fused row (plus the reader's and writer's view of it, and up
+to `io.background.LIMIT` bytes still being written on the helper thread), never the model.
 Resharding is the same operation: the writer cuts each global tensor into the target
-layout's shards.
+layout's shards.  A row that both sides store with an equal transform (a grouped QKV, a gated
+fc1) moves whole, re-sliced, never split and rebuilt (`fused_plan`; ARCHITECTURE.md, "Rows").
 """
 from __future__ import annotations
 
