@@ -23,6 +23,8 @@ from interop.transforms import GatedMLP, GroupedQKV, Transform
 from hf_models import save as save_hf
 from test_workers import _write_hf, assert_same_output
 
+FIXTURES = Path(__file__).parent / "fixtures" / "megatron" / "0.16.1"
+
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
@@ -55,6 +57,17 @@ CASES = {  # name: (source, convert options, whether some fused row still has to
     "gpt2-megatron-tp2-mindspeed-tp4": ("gpt2-megatron", dict(dst_format="mindspore", tp=4), False),
     "moe-megatron-tp2ep2-mindspeed-tp2ep2": ("moe-megatron", dict(dst_format="mindspore", tp=2, ep=2), False),
     "moe-megatron-tp2ep2-megatron-tp1ep4": ("moe-megatron", dict(dst_format="megatron", ep=4), False),
+    # real megatron-core 0.16.1 checkpoints with optimizer state (tests/fixtures/megatron/PROVENANCE): the Adam
+    # moments move whole like their weights; MindSpeed writes the fp32 masters as the weights
+    "mcore-fp16opt-torch-mindspeed-tp2": (FIXTURES / "fp16opt/torch", dict(dst_format="mindspore", tp=2), False),
+    "mcore-fp16opt-torch-megatron-tp2": (FIXTURES / "fp16opt/torch", dict(dst_format="megatron", tp=2), False),
+    "mcore-fp16opt-torch_dist-megatron-tp2pp2": (FIXTURES / "fp16opt/torch_dist",
+                                                 dict(dst_format="megatron", tp=2, pp=2), False),
+    "mcore-distopt-torch-torch_dist": (FIXTURES / "distopt/torch", dict(dst_format="megatron", format="torch_dist"),
+                                       False),
+    # the distributed optimizer's torch_dist buckets are flat: their moments take the per-tensor path
+    "mcore-distopt-torch_dist-megatron-tp2": (FIXTURES / "distopt/torch_dist", dict(dst_format="megatron", tp=2),
+                                              True),
 }
 
 

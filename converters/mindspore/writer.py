@@ -175,7 +175,7 @@ class Writer:
         name = self._weight_name(names[0])
         if name is None:
             return False
-        native_prefix, canonical = self._split(name)
+        canonical = self._split(name)[1]
         row = self.row_of.get(canonical)
         prefix = name[:len(name) - len(canonical)]
         return (row is not None and row[1] == transform and [prefix + p for p in row[2]] ==
