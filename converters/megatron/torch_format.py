@@ -112,6 +112,7 @@ class Reader:
         self.source = Source(spec, self.layout, state, notes)
         self._cache: OrderedDict = OrderedDict()
         self.memory = BufferPool()
+        self.vocab_buffer = False
 
     # -- opening -------------------------------------------------------------------------------
     def _open_ranks(self) -> None:
@@ -431,6 +432,7 @@ class Reader:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
             self._cache.clear()
             self.memory.release_idle()
+            self.vocab_buffer = True  # left idle in the pool after it, which no layer's row fits
         dicts, files = self._on_ep_rank(dicts, files, row)
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
         dtypes = {t: s.dtype for t, s in stored.items()}
@@ -518,6 +520,9 @@ class Reader:
         if len({s.dtype for s in stored.values()}) > 1:
             raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(s.dtype) for s in stored.values())} "
                                "by the tp ranks (tp 0, 1, ...): one dtype expected")
+        if self.vocab_buffer:  # the embedding's buffer would stay mapped through every layer
+            self.memory.release_idle()
+            self.vocab_buffer = False
         fused = row.transform
         out = self.memory.empty(fused.rank_shape(), stored[0].dtype)
         per_row = out[0].numel()
