@@ -500,6 +500,22 @@ class Reader:
             at = b
         return ranges if at == target.numel() else None
 
+    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    def fused_row(self, name: str):
+        """(transform, canonical names) of the fused MindSpore tensor holding `name`; None for a lone one."""
+        prefix = next((p for p in self.prefixes if name.startswith(p)), "")
+        _, transform, parts = self.row_of[name[len(prefix):]]
+        return (transform, [prefix + p for p in parts]) if len(parts) > 1 else None
+
+    def read_fused(self, name: str) -> torch.Tensor:
+        """The whole fused tensor holding `name` (as at tp 1) from every TP rank's, never split into parts."""
+        prefix = next((p for p in self.prefixes if name.startswith(p)), "")
+        ms_name, transform, parts = self.row_of[name[len(prefix):]]
+        tag = (self.prefixes[prefix] if prefix else "") + self.tag_of[ms_name]
+        ranks = [0] if transform.replicated else range(self.layout.tp)
+        shards = [_read(*self._home(t, self.index[parts[0]], tag)) for t in ranks]
+        return shards[0] if len(shards) == 1 else transform.fused_from_ranks(shards)
+
     def close(self) -> None:
         self._cached = (None, None)
         self.memory.release_idle()
