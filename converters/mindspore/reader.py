@@ -512,9 +512,11 @@ class Reader:
         prefix = next((p for p in self.prefixes if name.startswith(p)), "")
         ms_name, transform, parts = self.row_of[name[len(prefix):]]
         tag = (self.prefixes[prefix] if prefix else "") + self.tag_of[ms_name]
-        ranks = [0] if transform.replicated else range(self.layout.tp)
-        shards = [_read(*self._home(t, self.index[parts[0]], tag)) for t in ranks]
-        return shards[0] if len(shards) == 1 else transform.fused_from_ranks(shards)
+        homes, dtype = self._stored(tag, transform, parts)
+        out = self.memory.empty(transform.rank_shape(), dtype)
+        for t, (f, stored) in homes.items():  # each rank's rows read straight into their place
+            f.read_into(stored, [_raw(out[a:b]) for a, b in transform.fused_rows(t, len(homes))])
+        return out
 
     def close(self) -> None:
         self._cached = (None, None)
