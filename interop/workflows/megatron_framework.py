@@ -45,8 +45,9 @@ def precondition(spec: ModelSpec) -> str | None:
     why = available()
     if why:
         return f"not available: {why}"
-    if spec.is_moe:
-        return "mixture-of-experts models are not built in megatron-core for parity (a dense GPTModel only)"
+    if spec.is_moe and spec.moe_router_score == "sigmoid" and not spec.moe_norm_topk and spec.moe_topk > 1:
+        return ("megatron-core renormalises the top-k of sigmoid router scores always (moe_utils "
+                "topk_routing_with_score_function); this model does not (moe_norm_topk false)")
     from interop.formats import converter
     padded = converter("megatron").Writer.padded_vocab(spec, 1)
     if padded != spec.vocab:
@@ -113,9 +114,29 @@ def _patch_cpu() -> None:
     mcore_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
 
 
-def build_gpt_model(spec: ModelSpec):
-    """An mcore GPTModel for `spec` with every fused kernel off (plain torch ops, any device)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+def moe_config(spec: ModelSpec, router_bias_update_rate: float = 1e-3) -> dict:
+    """megatron-core's TransformerConfig MoE fields for `spec` ({} for a dense model): SequentialMLP experts
+    (no grouped GEMM), the allgather dispatcher, and the router as ModelSpec describes it (trainer/moe.py
+    `route`): softmax top-k renormalised is megatron's top-k of the logits then softmax over the k; softmax
+    without renormalising is `moe_router_pre_softmax`; sigmoid renormalises for k > 1 in both."""
+    if not spec.is_moe:
+        return {}
+    coeff = spec.moe_aux_loss_coeff
+    return dict(
+        num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_topk, moe_ffn_hidden_size=spec.moe_ffn_hidden,
+        moe_layer_freq=[int(spec.is_moe_layer(i)) for i in range(spec.num_layers)],
+        moe_shared_expert_intermediate_size=spec.shared_expert_ffn_hidden,
+        moe_shared_expert_gate=spec.shared_expert_gate, moe_router_score_function=spec.moe_router_score,
+        moe_router_pre_softmax=spec.moe_router_score == "softmax" and not spec.moe_norm_topk,
+        moe_router_enable_expert_bias=spec.moe_router_bias, moe_router_bias_update_rate=router_bias_update_rate,
+        moe_aux_loss_coeff=coeff, moe_router_load_balancing_type="aux_loss" if coeff > 0 else "none",
+        moe_grouped_gemm=False, moe_token_dispatcher_type="allgather")
+
+
+def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3):
+    """An mcore GPTModel for `spec` with every fused kernel off (plain torch ops, any device); a
+    mixture-of-experts spec gets megatron-core's MoE layers where `spec.is_moe_layer` (`moe_config`)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
     norm = "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm"
@@ -128,15 +149,20 @@ def build_gpt_model(spec: ModelSpec):
         bias_activation_fusion=False, params_dtype=torch.float32, use_cpu_initialization=True,
         bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
         persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
-        qk_layernorm=spec.qk_norm)
+        qk_layernorm=spec.qk_norm, **moe_config(spec, router_bias_update_rate))
     scaling = spec.rope_scaling
     if scaling is not None and scaling != llama3_rope_scaling(scaling["factor"]):
         raise InteropError(f"megatron-core's rope scaling fixes low_freq_factor 1, high_freq_factor 4 and "
                            f"original_max_position_embeddings 8192; this model has {scaling}")
+    if spec.is_moe:
+        # per-layer specs: moe_layer_freq's dense layers get a dense MLP (get_gpt_layer_local_spec gives
+        # every layer the MoE one)
+        layers = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=norm)
+    else:
+        layers = get_gpt_layer_local_spec(normalization=norm, qk_layernorm=spec.qk_norm)
     # A sliding window is given as the attention mask (causal_mask); megatron-core's own window_size
     # builds its mask on CUDA only.
-    return GPTModel(config, get_gpt_layer_local_spec(normalization=norm, qk_layernorm=spec.qk_norm),
-                    vocab_size=spec.padded_vocab, max_sequence_length=spec.max_positions,
+    return GPTModel(config, layers, vocab_size=spec.padded_vocab, max_sequence_length=spec.max_positions,
                     position_embedding_type="rope" if spec.position == "rope" else "learned_absolute",
                     rotary_base=int(spec.rope_base), share_embeddings_and_output_weights=spec.tied_embeddings,
                     rope_scaling=scaling is not None, rope_scaling_factor=scaling["factor"] if scaling else 8.0)
@@ -152,9 +178,9 @@ def causal_mask(spec: ModelSpec, s: int) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _loaded_model(ckpt: str, purpose: str, padded_vocab, **convert_options):
+def _loaded_model(ckpt: str, purpose: str, padded_vocab, router_bias_update_rate: float = 1e-3, **convert_options):
     """In the child: megatron-core's model-parallel world as one gloo process, and the checkpoint converted to
-    Megatron tp 1 `torch` files and loaded strictly into a GPTModel of `padded_vocab(spec)` rows; yields
+    Megatron tp 1 (ep 1) `torch` files and loaded strictly into a GPTModel of `padded_vocab(spec)` rows; yields
     (model, spec) and tears the world down after."""
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -162,17 +188,19 @@ def _loaded_model(ckpt: str, purpose: str, padded_vocab, **convert_options):
     from interop.io.safe_pickle import safe_torch_load
     if not torch.cuda.is_available():
         _patch_cpu()
+    _patch_no_te_router()
     dist.init_process_group("gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     try:
         with tempfile.TemporaryDirectory(prefix=f"interop-{purpose}-megatron-") as tmp:
-            convert(ckpt, Path(tmp) / "meg", src_format="interop", dst_format="megatron", tp=1, **convert_options)
+            convert(ckpt, Path(tmp) / "meg", src_format="interop", dst_format="megatron", tp=1, ep=1,
+                    **convert_options)
             files = sorted((Path(tmp) / "meg").glob("*/mp_rank_00/model_optim_rng.pt"))
             if len(files) != 1:
                 raise RuntimeError(f"expected one Megatron rank file, found {files}")
             state = safe_torch_load(files[0])["model"]
             spec = _spec_of(ckpt)
-            model = build_gpt_model(spec.replace(padded_vocab=padded_vocab(spec)))
+            model = build_gpt_model(spec.replace(padded_vocab=padded_vocab(spec)), router_bias_update_rate)
             model.load_state_dict(state, strict=True)
         model.eval()  # dropout is 0 anyway; gradients are unaffected
         yield model, spec
@@ -181,26 +209,63 @@ def _loaded_model(ckpt: str, purpose: str, padded_vocab, **convert_options):
         dist.destroy_process_group()
 
 
+def _patch_no_te_router() -> None:
+    """megatron-core's router GEMM tests `te_general_gemm`, a name moe_utils defines only when Transformer
+    Engine imports: without TE it is None (the plain matmul), as megatron-core's own code means it."""
+    from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def _train(ckpt: str, cfg: TrainConfig) -> list[float]:
+    """Megatron-LM's train_step on one process: the global batch in micro-batches of `cfg.micro_batch_size`
+    (each loss scaled by 1 / micro-batches, and so the MoE aux losses, MoEAuxLossAutoScaler.set_loss_scale as
+    its forward_step does), then finalize_model_grads' expert-bias update, clipping and the update rule."""
     # precondition() refused a padded vocabulary: the model has exactly spec.vocab rows
-    with _loaded_model(ckpt, "parity", lambda spec: spec.vocab) as (model, spec):
+    with _loaded_model(ckpt, "parity", lambda spec: spec.vocab,
+                       router_bias_update_rate=cfg.router_bias_update_rate) as (model, spec):
+        model.train()  # MoE routers add their aux loss and count tokens for the expert bias in training only
         optimizer = make_adamw(model.named_parameters(), cfg.optim())
         params = list(model.parameters())
         data = TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)
-        b, s = cfg.global_batch_size, cfg.seq_length
-        positions = torch.arange(s).unsqueeze(0).expand(b, s)
+        b, s, mbs = cfg.global_batch_size, cfg.seq_length, cfg.micro_batch_size
+        if b % mbs:
+            raise InteropError(f"global batch {b} is not a multiple of the micro batch {mbs}")
+        micro_batches = b // mbs
+        positions = torch.arange(s).unsqueeze(0).expand(mbs, s)
         causal = causal_mask(spec, s)
+        if spec.is_moe:
+            from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+            MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / micro_batches))
         losses = []
         for step in range(1, cfg.steps + 1):
             tokens, targets = data.batch((step - 1) * b, b)
             optimizer.zero_grad(set_to_none=False)
-            loss = model(input_ids=tokens, position_ids=positions, attention_mask=causal, labels=targets).mean()
-            loss.backward()
+            total = 0.0
+            for m in range(micro_batches):
+                rows = slice(m * mbs, (m + 1) * mbs)
+                loss = model(input_ids=tokens[rows], position_ids=positions, attention_mask=causal,
+                             labels=targets[rows]).mean() / micro_batches
+                loss.backward()
+                total += float(loss.detach())
+            if spec.is_moe:
+                _finalize_moe(model)
             clip_grad_norm([(p.grad, True) for p in params], cfg.clip_grad)
             set_lr(optimizer, lr_at(cfg.optim(), step, cfg.steps))
             optimizer.step()
-            losses.append(float(loss.detach()))
+            losses.append(total)
         return losses
+
+
+def _finalize_moe(model) -> None:
+    """What megatron-core's finalize_model_grads does for MoE routers after the backward passes: move the
+    expert bias by the step's token counts (aux-loss-free balancing) and zero the counts."""
+    import importlib
+    # the module, not the function of the same name that megatron.core.distributed exports
+    fmg = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    if model.config.moe_router_enable_expert_bias:
+        fmg._update_router_expert_bias([model], model.config)
+    fmg.reset_model_temporary_tensors(model.config, [model])
 
 
 def _forward(ckpt: str, tokens):
