@@ -46,15 +46,17 @@ ROUTED = dict(QWEN2_MOE, **UNPADDED, moe_norm_topk=True, moe_router_score="sigmo
               moe_aux_loss_coeff=0.1)
 
 
-def test_shared_expert_bias_and_aux_loss_in_megatron_core(tmp_path):
+def test_shared_expert_bias_and_aux_loss_in_megatron_core_at_ep1_and_ep2(tmp_path):
     """megatron-core (its router's aux loss through MoEAuxLossAutoScaler at 1 / micro-batches, its expert-bias
     update, its gated shared expert, a dense first layer) follows the reference trainer within 1e-5 over 4
-    updates.  Both the aux loss and the bias update move the losses by more than the tolerance (the trainer
-    without either differs), so the agreement shows megatron-core computes both as the trainer does."""
+    updates, in one process and with its experts over 2 gloo processes (`megatron:ep2`: expert_model_parallel_size
+    2, dp 2, megatron-core's allgather dispatcher moving the tokens).  Both the aux loss and the bias update move
+    the losses by more than the tolerance (the trainer without either differs), so the agreement shows
+    megatron-core computes both as the trainer does."""
     cfg = CFG.replace(router_bias_update_rate=0.01)
     ckpt = init_checkpoint(ModelSpec(**ROUTED), tmp_path / "routed", seed=5)
-    result = parity(ckpt, cfg, layouts=[(1, 1, 1)], frameworks=["torch", "megatron"], log=None)
-    assert list(result.runs) == ["torch 1x1", "megatron"], result.failed
+    result = parity(ckpt, cfg, layouts=[(1, 1, 1)], frameworks=["torch", "megatron", "megatron:ep2"], log=None)
+    assert list(result.runs) == ["torch 1x1", "megatron", "megatron ep2"], result.failed
     assert result.ok and result.max_diff < 1e-5, result.table()
     megatron = result.runs["megatron"]
     no_aux = init_checkpoint(ModelSpec(**dict(ROUTED, moe_aux_loss_coeff=0.0)), tmp_path / "no-aux", seed=5)
@@ -77,10 +79,16 @@ def test_megatron_moe_checkpoint_verified_in_megatron_core(tmp_path):
     assert result.ok and result.max_diff < 1e-5, result.lines()
 
 
-def test_unnormalised_sigmoid_routing_is_refused_for_megatron_core(tmp_path):
+def test_what_megatron_core_cannot_run_is_one_line(tmp_path):
     """megatron-core renormalises a sigmoid router's top-k always: a model that does not is one error line
-    before anything runs, naming why."""
+    before anything runs, naming why; so is an ep that does not divide the experts, or a malformed `megatron:`."""
     ckpt = init_checkpoint(ModelSpec(**dict(ROUTED, moe_norm_topk=False)), tmp_path / "unnormalised", seed=5)
     run = CliRunner().invoke(main, ["parity", str(ckpt), "--frameworks", "torch,megatron", "--steps", "1"])
     assert run.exit_code == 2 and "framework megatron: megatron-core renormalises" in run.stderr, run.output
     assert "Traceback" not in run.output
+    routed = init_checkpoint(ModelSpec(**ROUTED), tmp_path / "routed", seed=5)
+    for framework, message in (("megatron:ep3", "framework megatron:ep3: ep=3 does not divide the 4 experts"),
+                               ("megatron:2", "write megatron:epN")):
+        run = CliRunner().invoke(main, ["parity", str(routed), "--frameworks", f"torch,{framework}", "--steps", "1"])
+        assert run.exit_code == 2 and message in run.stderr, run.output
+        assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.output
