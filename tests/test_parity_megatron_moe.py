@@ -81,11 +81,15 @@ def test_megatron_moe_checkpoint_verified_in_megatron_core(tmp_path):
 
 def test_what_megatron_core_cannot_run_is_one_line(tmp_path):
     """megatron-core renormalises a sigmoid router's top-k always: a model that does not is one error line
-    before anything runs, naming why; so is an ep that does not divide the experts, or a malformed `megatron:`."""
+    before anything runs, naming why; so are experts without the biases of a model with linear biases (mcore's
+    experts take add_bias_linear's), an ep that does not divide the experts, and a malformed `megatron:`."""
     ckpt = init_checkpoint(ModelSpec(**dict(ROUTED, moe_norm_topk=False)), tmp_path / "unnormalised", seed=5)
     run = CliRunner().invoke(main, ["parity", str(ckpt), "--frameworks", "torch,megatron", "--steps", "1"])
     assert run.exit_code == 2 and "framework megatron: megatron-core renormalises" in run.stderr, run.output
     assert "Traceback" not in run.output
+    biased = init_checkpoint(ModelSpec(**dict(MIXTRAL, **UNPADDED, linear_bias=True)), tmp_path / "biased", seed=5)
+    run = CliRunner().invoke(main, ["parity", str(biased), "--frameworks", "torch,megatron", "--steps", "1"])
+    assert run.exit_code == 2 and "megatron-core's experts take biases" in run.stderr, run.output
     routed = init_checkpoint(ModelSpec(**ROUTED), tmp_path / "routed", seed=5)
     for framework, message in (("megatron:ep3", "framework megatron:ep3: ep=3 does not divide the 4 experts"),
                                ("megatron:2", "write megatron:epN")):

@@ -46,6 +46,9 @@ def precondition(spec: ModelSpec) -> str | None:
     why = available()
     if why:
         return f"not available: {why}"
+    if spec.is_moe and spec.linear_bias:
+        return ("megatron-core's experts take biases from add_bias_linear, which this model's experts do not have "
+                "(its dense layers do)")
     if spec.is_moe and spec.moe_router_score == "sigmoid" and not spec.moe_norm_topk and spec.moe_topk > 1:
         return ("megatron-core renormalises the top-k of sigmoid router scores always (moe_utils "
                 "topk_routing_with_score_function); this model does not (moe_norm_topk false)")
