@@ -90,3 +90,14 @@ def module_order(keys: list[str]) -> list[str]:
     first = next((i for i, n in enumerate(layers) if n is not None), len(keys))
     return [k for _, _, k in sorted(((0 if i < first else 1 if n is not None else 2, n or 0, k)
                                      for i, (k, n) in enumerate(zip(keys, layers))), key=lambda x: x[:2])]
+
+
+def chunk_starts(buffer: Buffer, bucket: int, dp: int) -> set[int]:
+    """Where the DCP chunks of a `dp_reshardable` bucket tensor start: megatron-core saves each dp rank's piece of
+    every parameter, and of every gap between them, as a chunk of its own (distrib_optimizer.py,
+    `sharded_param_state_dp_reshardable`), so the parameters' first and end elements and the dp shards' edges,
+    short of the bucket's unpadded end."""
+    end, shard = buffer.unpadded[bucket], buffer.padded[bucket] // dp
+    mine = [s for s in buffer.slots.values() if s.bucket == bucket]
+    edges = {0} | {s.start for s in mine} | {s.start + s.numel for s in mine} | {r * shard for r in range(dp)}
+    return {e for e in edges if e < end}
