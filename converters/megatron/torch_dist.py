@@ -215,7 +215,7 @@ class Reader:
                              f"{why}); weights converted")
                 return None
             notes.append(f"converted the optimizer state ({', '.join(self.kinds)}) from the distributed optimizer's "
-                         f"buckets (dp_reshardable, saved at tp {self.dist_tp}, dp {self.stored_args['data_parallel_size']}), "
+                         f"buckets (dp_reshardable, saved at {self.dist_at}), "
                          f"step {why['step']}")
             return why
         # megatron-core 0.16's distributed optimizer (`fully_reshardable`) keeps the fp32 master under `param`
@@ -291,6 +291,8 @@ class Reader:
         else:
             return why
         self.dist_tp = layout.tp
+        self.dist_at = (f"tp {layout.tp}, pp {layout.pp}" + (f", vpp {layout.vpp}" if layout.vpp > 1 else "") +
+                        f", dp {dp}, {'local' if scheme == 'mcore' else 'Transformer Engine'} layer spec")
         self.buckets = {(m, v, b, kind): key for (m, v, _, b, kind), key in found.items()}
         self.kinds = [distrib.KINDS[k] for k in distrib.KINDS]
         groups = next((k for k in self.ckpt.objects() if k.startswith("optimizer.distributed.dp_group_idx_0.optimizer/")),
