@@ -4,7 +4,12 @@ megatron-core's DDP lays every model chunk's parameters (of one dtype) out in on
 (megatron/core/distributed/param_and_grad_buffer.py, `_ParamAndGradBuffer.__init__`, the same rules
 in 0.12 .. 0.16):
 
-- parameters in REVERSE order of the chunk's `parameters()` (its state-dict order);
+- parameters in REVERSE order of the chunk's `parameters()` (its state-dict order; each tp rank's buffer
+  holds its own shards, each pipeline stage's its own layers).  The order is the layer spec's module order:
+  the local spec's `input_layernorm` comes first in a layer, the Transformer Engine spec's norm is
+  `linear_qkv.layer_norm_weight`, which TE's LayerNormLinear registers before its `weight`, after
+  `linear_proj` (attention.py registers linear_proj before SelfAttention's linear_qkv); `module_order`
+  orders either table's keys;
 - with the distributed optimizer, each parameter starts at a multiple of 64 elements;
 - a bucket closes after the parameter that brings it to `bucket_size` elements; its end is padded
   to a multiple of lcm(dp, 128); the next parameter starts there;

@@ -15,8 +15,9 @@ layout under `optimizer.state.<kind>.<weight key>` (`optimizer.py` has the commo
 becomes `optim.<kind>.<canonical name>` through the same unfusing as the weights, and back.
 The distributed optimizer's layouts are read too: `fully_sharded_model_space` (the same keys, each
 tensor flattened per fragment), `fully_reshardable` (the same keys, the master under `param`; also
-written, for a source that used the distributed optimizer) and `dp_reshardable` (flat buckets,
-mapped to parameters by `distrib.py`).
+written, for a source that used the distributed optimizer) and `dp_reshardable` (flat buckets per
+tp x pp rank and model chunk, at any tp/pp/vpp/dp, mapped to parameters by `distrib.py` in the local or the
+Transformer Engine layer spec's module order, and checked against the chunk boundaries stored with them).
 
 Reading goes one layer slice at a time; writing appends each finished Megatron tensor (one layer of a
 stacked key) to the DCP file as it comes (`megatron_dist.DistWriter`), so memory stays at one tensor.
