@@ -144,3 +144,24 @@ def test_tp2_pp2_resumes_at_pp1(tmp_path):
     losses, state = _resume(tmp_path / "ours" / "iter_0000002", tmp_path / "r-ours", 2, 1, "fully_reshardable")
     _assert_same_state(state, _live_state("tp2pp2dp1", 2, 2))
     assert len(losses) == 2 and all(loss == loss for loss in losses)
+
+
+def test_tp2_buckets_to_the_torch_format_at_tp1(tmp_path):
+    """tp 2, dp 2 buckets -> the torch format at tp 1 with `--distributed-optimizer --dp 2` (rank file +
+    distrib_optim.pt): megatron-core at tp 1, dp 2 (`load_parameter_state`) trains the next two updates with exactly
+    the losses it trains from interop's torch_dist of the same checkpoint (`fully_reshardable`)."""
+    pytest.importorskip("megatron.core")
+    src = FIXTURES / "tp2dp2" / "torch_dist"
+    summary = convert(src, tmp_path / "pt", dst_format="megatron", tp=1,
+                      options={"format": "torch", "distributed_optimizer": True, "dp": 2})
+    assert any("distrib_optim.pt) for dp 2" in n for n in summary.notes), summary.notes
+    convert(src, tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist", "distributed_optimizer": True})
+    fixtures_script = HERE.parent / "scripts" / "make_megatron_fixtures.py"
+    losses = []
+    for ckpt, sharding in ((tmp_path / "pt" / "iter_0000002", []),
+                           (tmp_path / "dist" / "iter_0000002", ["--sharding", "fully_reshardable"])):
+        run = subprocess.run([sys.executable, str(fixtures_script), str(ckpt), "--resume", "--only", "distopt", *sharding],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        losses.append(json.loads(run.stdout.strip().splitlines()[-1])["losses"])
+    assert losses[0] == losses[1]

@@ -52,10 +52,13 @@ def bucket_size(args: dict, stage: int, chunk: int) -> int | None:
     return int(args.get("ddp_bucket_size") or max(40000000, 1000000 * dp))
 
 
-def layout(params: list[tuple[str, int]], dp: int, size: int | None) -> Buffer:
-    """Where each (key, numel) of a chunk (in state-dict order) sits in the distributed optimizer's buffer."""
+def layout(params: list[tuple[str, int]], dp: int, size: int | None, high_busbw: bool = False) -> Buffer:
+    """Where each (key, numel) of a chunk (in state-dict order) sits in the distributed optimizer's buffer.
+    `high_busbw`: Megatron-LM's --ddp-pad-buckets-for-high-nccl-busbw, which pads bucket ends to lcm(dp, 128, 2**16)."""
     def pad(n: int, d: int) -> int:
         return int(math.ceil(n / d) * d)
+
+    end_divisor = math.lcm(dp, 128, 2 ** 16) if high_busbw else math.lcm(dp, 128)
 
     slots, unpadded, padded = {}, [], []
     start = bucket_start = 0
@@ -68,14 +71,14 @@ def layout(params: list[tuple[str, int]], dp: int, size: int | None) -> Buffer:
         open_bucket = True
         if size is not None and end - bucket_start >= size:
             unpadded.append(end - bucket_start)
-            padded.append(pad(end, math.lcm(dp, 128)) - bucket_start)
+            padded.append(pad(end, end_divisor) - bucket_start)
             bucket_start = start = bucket_start + padded[-1]
             open_bucket = False
         else:
             start = end
     if open_bucket:
         unpadded.append(end - bucket_start)
-        padded.append(pad(end, math.lcm(dp, 128)) - bucket_start)
+        padded.append(pad(end, end_divisor) - bucket_start)
     return Buffer(slots, unpadded, padded)
 
 

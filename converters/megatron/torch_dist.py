@@ -312,7 +312,8 @@ class Reader:
             for t in range(layout.tp):
                 m = p * layout.tp + t
                 buffer = distrib.layout([(k, math.prod(mine[k].transform.rank_shape(t, layout.tp))) for k in order],
-                                        dp, distrib.bucket_size(args, p, v))
+                                        dp, distrib.bucket_size(args, p, v),
+                                        bool(args.get("ddp_pad_buckets_for_high_nccl_busbw")))
                 for b in range(max(len(buffer.unpadded), 1 + max(f[3] for f in found if f[:2] == (m, v)))):
                     for kind in distrib.KINDS:
                         key = next((k for f, k in found.items() if f[:2] == (m, v) and f[3:] == (b, kind)), None)
