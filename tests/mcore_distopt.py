@@ -1,6 +1,7 @@
 """megatron-core's distributed optimizer at tp/pp > 1 on the CPU: save a real run, resume one, dump its state.
 
     python tests/mcore_distopt.py save OUT --tp 2 --pp 1 --dp 2       # OUT/torch_dist/iter_0000002, OUT/state_*.safetensors
+                                                                       # (--model-space: + OUT/torch_dist_model_space)
     python tests/mcore_distopt.py resume ITER_DIR OUT --tp 2 --dp 1    # loads (fully_reshardable or dp_reshardable)
 
 The model, patches, optimizer, scheduler and save are scripts/make_megatron_fixtures.py's (a tiny Llama-style
@@ -100,7 +101,7 @@ def _dump_state(ps, gpt, optimizer, out: Path) -> None:
         save_file({k: v.contiguous() for k, v in state.items()}, str(out / f"state_tp{t}_pp{p}.safetensors"))
 
 
-def _save_worker(rank: int, world: int, port: int, out: str, tp: int, pp: int) -> None:
+def _save_worker(rank: int, world: int, port: int, out: str, tp: int, pp: int, model_space: bool) -> None:
     ps, gpt, ddp, optimizer, scheduler = _start(rank, world, port, tp, pp)
     dp = world // (tp * pp)
     for step in range(1, STEPS + 1):
@@ -111,6 +112,11 @@ def _save_worker(rank: int, world: int, port: int, out: str, tp: int, pp: int) -
     args = F._args(True, "torch_dist", dp, STEPS * F.MBS * dp)
     args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.world_size = tp, pp, world
     F._save_torch_dist(root / "torch_dist", gpt, optimizer, scheduler, args, True, F._version())  # dp_reshardable
+    if model_space:  # the same state as 0.12-0.15's Megatron-LM saves it
+        real = F._sharded_metadata
+        F._sharded_metadata = lambda version, distributed: dict(real(version, distributed),
+                                                                distrib_optim_sharding_type="fully_sharded_model_space")
+        F._save_torch_dist(root / "torch_dist_model_space", gpt, optimizer, scheduler, args, True, F._version())
     torch.distributed.destroy_process_group()
 
 
@@ -134,12 +140,15 @@ def main(argv=None) -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--dp", type=int, default=1)
-    parser.add_argument("--sharding", default="fully_reshardable")
+    parser.add_argument("--sharding", default="fully_reshardable", help="resume: the sharding type to load with")
+    parser.add_argument("--model-space", action="store_true",
+                        help="save: also torch_dist_model_space/ (`fully_sharded_model_space`)")
     ns = parser.parse_args(argv)
     world = ns.tp * ns.pp * ns.dp
     if ns.what == "save":
         ns.paths[0].mkdir(parents=True, exist_ok=True)
-        torch.multiprocessing.spawn(_save_worker, args=(world, F._free_port(), str(ns.paths[0]), ns.tp, ns.pp),
+        torch.multiprocessing.spawn(_save_worker, args=(world, F._free_port(), str(ns.paths[0]), ns.tp, ns.pp,
+                                                        ns.model_space),
                                     nprocs=world)
     else:
         ckpt, out = ns.paths

@@ -1,5 +1,6 @@
-"""The distributed optimizer's torch_dist buckets (`dp_reshardable`) saved by megatron-core 0.16.1 at tp/pp > 1,
-read into per-parameter Adam state and resumed by megatron-core at another layout.
+"""The distributed optimizer's torch_dist state saved by megatron-core at tp/pp > 1 (0.16.1's `dp_reshardable`
+buckets, 0.15.3's `fully_sharded_model_space`), read into per-parameter Adam state and resumed by megatron-core
+0.16.1 at another layout (and written to the torch format's distrib_optim.pt at another tp).
 
 Facts (megatron-core 0.16.1, megatron/core/optimizer/distrib_optimizer.py `sharded_param_state_dp_reshardable`,
 optimizer/__init__.py, distributed/param_and_grad_buffer.py): every tp x pp rank saves its own buffers under
@@ -24,12 +25,14 @@ import torch
 from safetensors.torch import load_file
 
 from interop.convert import convert
+from interop.converters.megatron.rows import expand_rows
 from interop.converters.megatron.torch_dist import Reader
+from interop.layout import ParallelLayout
 from interop.io.megatron_dist import DistCheckpoint
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures" / "distopt"
-CASES = {"tp2dp2": (2, 1), "tp2pp2dp1": (2, 2)}  # fixture -> (tp, pp) it was saved at
+CASES = {"tp2dp2": (2, 1), "tp2pp2dp1": (2, 2), "mcore0.15-tp2pp2dp1": (2, 2)}  # fixture -> (tp, pp) it was saved at
 PER_STAGE = 1  # 2 layers over pp 2
 
 
@@ -45,23 +48,24 @@ def _live_state(fixture: str, tp: int, pp: int) -> dict[tuple[int, str], torch.T
 
 
 @pytest.mark.parametrize("fixture", sorted(CASES))
-def test_buckets_at_tp_and_pp_are_read_exactly(fixture):
-    """Each canonical `optim.*` tensor, cut back into rank t's shard, is the live optimizer's element for element."""
+def test_distributed_optimizer_at_tp_and_pp_is_read_exactly(fixture):
+    """Each canonical `optim.*` tensor, cut back into rank t's shard, is the live optimizer's element for element:
+    0.16.1's `dp_reshardable` buckets, and 0.15.3's per-parameter `fully_sharded_model_space` (its Megatron-LM's
+    default), both saved at tp 2 and pp 2 (and 0.16.1's at dp 2)."""
     tp, pp = CASES[fixture]
     reader = Reader(FIXTURES / fixture / "torch_dist")
-    assert any(f"buckets (dp_reshardable, saved at tp {tp}, pp {pp}, dp {2 if pp == 1 else 1}, local layer spec)"
-               in n for n in reader.source.notes), reader.source.notes
+    how = ("fully_sharded_model_space" if fixture.startswith("mcore0.15") else
+           f"buckets (dp_reshardable, saved at tp {tp}, pp {pp}, dp {2 if pp == 1 else 1}, local layer spec)")
+    assert any(how in n for n in reader.source.notes), reader.source.notes
     live = _live_state(fixture, tp, pp)
     checked = set()
-    for name in [m.name for m in reader.metas() if m.name.startswith("optim.")]:
-        kind, base = name.split(".")[1], name.split(".", 2)[2]
-        row, _, _ = reader.dist_slots[base]
-        parts = [reader.read(f"optim.{kind}.{part}") for part in row.parts]
-        offset = row.stage * PER_STAGE
-        key = re.sub(r"layers\.(\d+)\.", lambda m: f"layers.{int(m.group(1)) + offset}.", row.key)
-        for t in range(tp):
-            assert torch.equal(row.transform.to_rank(parts, t, tp), live[(t, f"{kind}/{key}")]), (name, t)
-            checked.add((t, f"{kind}/{key}"))
+    for row in expand_rows("mcore", reader.spec, ParallelLayout.build(reader.spec.num_layers, tp, pp)):
+        key = re.sub(r"layers\.(\d+)\.", lambda m: f"layers.{int(m.group(1)) + row.stage * PER_STAGE}.", row.key)
+        for kind in ("fp32_param", "exp_avg", "exp_avg_sq"):
+            parts = [reader.read(f"optim.{kind}.{part}") for part in row.parts]
+            for t in range(tp):
+                assert torch.equal(row.transform.to_rank(parts, t, tp), live[(t, f"{kind}/{key}")]), (kind, key, t)
+                checked.add((t, f"{kind}/{key}"))
     assert checked == set(live)  # every parameter of every rank, all three kinds
     assert reader.source.state["optimizer"]["step"] == 2
 
