@@ -1,6 +1,6 @@
 """megatron-core's distributed optimizer at tp/pp > 1 on the CPU: save a real run, resume one, dump its state.
 
-    python tests/mcore_distopt.py save OUT --tp 2 --pp 1 --dp 2       # OUT/torch_dist/iter_0000002, OUT/state_*.safetensors
+    python tests/mcore_distopt.py save OUT --tp 2 --pp 1 --dp 2       # OUT/torch_dist/iter_0000002, OUT/torch/..., OUT/state_*
                                                                        # (--model-space: + OUT/torch_dist_model_space)
     python tests/mcore_distopt.py resume ITER_DIR OUT --tp 2 --dp 1    # loads (fully_reshardable or dp_reshardable)
 
@@ -29,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import make_megatron_fixtures as F  # noqa: E402
 
 STEPS = F.STEPS
+# a multiple of 128 * tp for tp 1 and 2, so that Megatron-LM's default padding (--make-vocab-size-divisible-by 128)
+# keeps it at either tp (the batches use the first F.VOCAB token ids)
+VOCAB = 256
 
 
 def _start(rank: int, world: int, port: int, tp: int, pp: int):
@@ -43,7 +46,7 @@ def _start(rank: int, world: int, port: int, tp: int, pp: int):
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     config = dataclasses.replace(F._config(), tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(0)
-    gpt = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=F.VOCAB,
+    gpt = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=VOCAB,
                    max_sequence_length=F.DIMS["max_position_embeddings"], position_embedding_type="rope",
                    share_embeddings_and_output_weights=False, pre_process=ps.is_pipeline_first_stage(),
                    post_process=ps.is_pipeline_last_stage()).bfloat16()
@@ -101,6 +104,24 @@ def _dump_state(ps, gpt, optimizer, out: Path) -> None:
         save_file({k: v.contiguous() for k, v in state.items()}, str(out / f"state_tp{t}_pp{p}.safetensors"))
 
 
+def _save_torch(ps, out: Path, gpt, optimizer, scheduler, args) -> None:
+    """Megatron-LM's `--ckpt-format torch` save at tp/pp: one folder per (tp, pp) rank (`mp_rank_<t>` at pp 1, else
+    `mp_rank_<t>_<p>`: checkpointing.py get_checkpoint_name), its rank file from dp rank 0, and distrib_optim.pt
+    from `save_parameter_state` (collective over dp)."""
+    t, p = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    folder = out / f"iter_{STEPS:07d}" / (f"mp_rank_{t:02d}" if args.pipeline_model_parallel_size == 1
+                                          else f"mp_rank_{t:02d}_{p:03d}")
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"args": args, "checkpoint_version": 3.0, "iteration": STEPS, "model": gpt.state_dict_for_save_checkpoint(),
+             "optimizer": optimizer.state_dict(), "opt_param_scheduler": scheduler.state_dict(),
+             "rng_state": [F._rng_state()], "num_floating_point_operations_so_far": 12345}
+    optimizer.save_parameter_state(str(folder / "distrib_optim.pt"))
+    if ps.get_data_parallel_rank() == 0:
+        torch.save(state, folder / "model_optim_rng.pt")
+        (out / "latest_checkpointed_iteration.txt").write_text(str(STEPS))
+    torch.distributed.barrier()
+
+
 def _save_worker(rank: int, world: int, port: int, out: str, tp: int, pp: int, model_space: bool) -> None:
     ps, gpt, ddp, optimizer, scheduler = _start(rank, world, port, tp, pp)
     dp = world // (tp * pp)
@@ -111,7 +132,10 @@ def _save_worker(rank: int, world: int, port: int, out: str, tp: int, pp: int, m
     _dump_state(ps, gpt, optimizer, root)
     args = F._args(True, "torch_dist", dp, STEPS * F.MBS * dp)
     args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.world_size = tp, pp, world
+    args.vocab_size = args.padded_vocab_size = VOCAB
     F._save_torch_dist(root / "torch_dist", gpt, optimizer, scheduler, args, True, F._version())  # dp_reshardable
+    torch_args = argparse.Namespace(**dict(vars(args), ckpt_format="torch"))
+    _save_torch(ps, root / "torch", gpt, optimizer, scheduler, torch_args)
     if model_space:  # the same state as 0.12-0.15's Megatron-LM saves it
         real = F._sharded_metadata
         F._sharded_metadata = lambda version, distributed: dict(real(version, distributed),
@@ -125,7 +149,10 @@ def _resume_worker(rank: int, world: int, port: int, ckpt: str, out: str, tp: in
     with torch.no_grad():  # other weights than the saved run's: the load must replace them all
         for p in gpt.parameters():
             p.add_(1.0)
-    F._load_torch_dist(ckpt, gpt, optimizer, scheduler, True, sharding)
+    if (Path(ckpt) / "mp_rank_00").is_dir():  # the torch format at tp 1: rank file, then load_parameter_state
+        F._load_torch(Path(ckpt), gpt, optimizer, scheduler, True)
+    else:
+        F._load_torch_dist(ckpt, gpt, optimizer, scheduler, True, sharding)
     _dump_state(ps, gpt, optimizer, Path(out))
     losses = [_step(ps, gpt, ddp, optimizer, step, 1) for step in (STEPS + 1, STEPS + 2)]
     if rank == 0:

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from interop.convert import convert
+from interop.converters.megatron import Reader as MegatronReader
 from interop.converters.megatron.rows import expand_rows
 from interop.converters.megatron.torch_dist import Reader
 from interop.layout import ParallelLayout
@@ -47,15 +48,16 @@ def _live_state(fixture: str, tp: int, pp: int) -> dict[tuple[int, str], torch.T
     return out
 
 
-@pytest.mark.parametrize("fixture", sorted(CASES))
-def test_distributed_optimizer_at_tp_and_pp_is_read_exactly(fixture):
+@pytest.mark.parametrize("fixture,fmt", [(f, "torch_dist") for f in sorted(CASES)] +
+                         [(f, "torch") for f in sorted(CASES) if not f.startswith("mcore0.15")])
+def test_distributed_optimizer_at_tp_and_pp_is_read_exactly(fixture, fmt):
     """Each canonical `optim.*` tensor, cut back into rank t's shard, is the live optimizer's element for element:
-    0.16.1's `dp_reshardable` buckets, and 0.15.3's per-parameter `fully_sharded_model_space` (its Megatron-LM's
-    default), both saved at tp 2 and pp 2 (and 0.16.1's at dp 2)."""
+    0.16.1's `dp_reshardable` buckets and `distrib_optim.pt` files (one per tp x pp rank), and 0.15.3's per-parameter
+    `fully_sharded_model_space` (its Megatron-LM's default), all saved at tp 2 and pp 2 (and 0.16.1's at dp 2)."""
     tp, pp = CASES[fixture]
-    reader = Reader(FIXTURES / fixture / "torch_dist")
-    how = ("fully_sharded_model_space" if fixture.startswith("mcore0.15") else
-           f"buckets (dp_reshardable, saved at tp {tp}, pp {pp}, dp {2 if pp == 1 else 1}, local layer spec)")
+    reader = MegatronReader(FIXTURES / fixture / fmt)
+    how = ("fully_sharded_model_space" if fixture.startswith("mcore0.15") else "from distrib_optim.pt" if fmt == "torch"
+           else f"buckets (dp_reshardable, saved at tp {tp}, pp {pp}, dp {2 if pp == 1 else 1}, local layer spec)")
     assert any(how in n for n in reader.source.notes), reader.source.notes
     live = _live_state(fixture, tp, pp)
     checked = set()
@@ -152,20 +154,39 @@ def test_tp2_pp2_resumes_at_pp1(tmp_path):
 
 def test_tp2_buckets_to_the_torch_format_at_tp1(tmp_path):
     """tp 2, dp 2 buckets -> the torch format at tp 1 with `--distributed-optimizer --dp 2` (rank file +
-    distrib_optim.pt): megatron-core at tp 1, dp 2 (`load_parameter_state`) trains the next two updates with exactly
-    the losses it trains from interop's torch_dist of the same checkpoint (`fully_reshardable`)."""
+    distrib_optim.pt): megatron-core at tp 1, dp 2 (`load_parameter_state`, as Megatron-LM's load_checkpoint does)
+    trains the next two updates with exactly the losses it trains from interop's torch_dist of the same checkpoint
+    (`fully_reshardable`), both holding the same masters and moments."""
     pytest.importorskip("megatron.core")
     src = FIXTURES / "tp2dp2" / "torch_dist"
     summary = convert(src, tmp_path / "pt", dst_format="megatron", tp=1,
                       options={"format": "torch", "distributed_optimizer": True, "dp": 2})
     assert any("distrib_optim.pt) for dp 2" in n for n in summary.notes), summary.notes
     convert(src, tmp_path / "dist", dst_format="megatron", options={"format": "torch_dist", "distributed_optimizer": True})
-    fixtures_script = HERE.parent / "scripts" / "make_megatron_fixtures.py"
-    losses = []
-    for ckpt, sharding in ((tmp_path / "pt" / "iter_0000002", []),
-                           (tmp_path / "dist" / "iter_0000002", ["--sharding", "fully_reshardable"])):
-        run = subprocess.run([sys.executable, str(fixtures_script), str(ckpt), "--resume", "--only", "distopt", *sharding],
-                             capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr[-3000:]
-        losses.append(json.loads(run.stdout.strip().splitlines()[-1])["losses"])
-    assert losses[0] == losses[1]
+    via_pt, state_pt = _resume(tmp_path / "pt" / "iter_0000002", tmp_path / "r-pt", 1, 2, "fully_reshardable")
+    via_dist, state_dist = _resume(tmp_path / "dist" / "iter_0000002", tmp_path / "r-dist", 1, 2, "fully_reshardable")
+    _assert_same_state(state_pt, state_dist)
+    assert via_pt == via_dist
+
+
+@pytest.mark.parametrize("fixture", ["tp2dp2", "tp2pp2dp1"])
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+def test_distrib_optim_pt_at_tp_and_pp_equals_megatron_cores_own(fixture, fmt, tmp_path):
+    """The run at tp 2 (pp 2), read from either format, -> the torch format at the same tp / pp / dp with
+    `--distributed-optimizer`: every rank's distrib_optim.pt equals the one megatron-core's own
+    `save_parameter_state` wrote (keys, dtype key, every element of the coalesced buffers)."""
+    tp, pp = CASES[fixture]
+    dp = 2 if pp == 1 else 1
+    convert(FIXTURES / fixture / fmt, tmp_path / "pt", dst_format="megatron", tp=tp, pp=pp,
+            options={"format": "torch", "distributed_optimizer": True, "dp": dp})
+    ranks = sorted(p.name for p in (FIXTURES / fixture / "torch" / "iter_0000002").iterdir())
+    assert sorted(p.name for p in (tmp_path / "pt" / "iter_0000002").iterdir()) == ranks and len(ranks) == tp * pp
+    for rank in ranks:
+        ours, theirs = (torch.load(root / "iter_0000002" / rank / "distrib_optim.pt", weights_only=True)
+                        for root in (tmp_path / "pt", FIXTURES / fixture / "torch"))
+        assert ours.keys() == theirs.keys() == {"buckets_coalesced", 0}
+        assert ours[0].keys() == theirs[0].keys() == {(torch.bfloat16, torch.float32)}
+        for dtypes, entry in theirs[0].items():
+            assert ours[0][dtypes]["numel_unpadded"] == entry["numel_unpadded"]
+            for k in ("param", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(ours[0][dtypes][k], entry[k]), (rank, k)
