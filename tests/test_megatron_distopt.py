@@ -48,15 +48,15 @@ def _live_state(fixture: str, tp: int, pp: int) -> dict[tuple[int, str], torch.T
     return out
 
 
-@pytest.mark.parametrize("fixture,fmt", [(f, "torch_dist") for f in sorted(CASES)] +
-                         [(f, "torch") for f in sorted(CASES) if not f.startswith("mcore0.15")])
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+@pytest.mark.parametrize("fixture", sorted(CASES))
 def test_distributed_optimizer_at_tp_and_pp_is_read_exactly(fixture, fmt):
     """Each canonical `optim.*` tensor, cut back into rank t's shard, is the live optimizer's element for element:
-    0.16.1's `dp_reshardable` buckets and `distrib_optim.pt` files (one per tp x pp rank), and 0.15.3's per-parameter
-    `fully_sharded_model_space` (its Megatron-LM's default), all saved at tp 2 and pp 2 (and 0.16.1's at dp 2)."""
+    `distrib_optim.pt` files (one per tp x pp rank), 0.16.1's `dp_reshardable` buckets and 0.15.3's per-parameter
+    `fully_sharded_model_space` (its Megatron-LM's default), saved at tp 2 and pp 2 (and 0.16.1's at dp 2)."""
     tp, pp = CASES[fixture]
     reader = MegatronReader(FIXTURES / fixture / fmt)
-    how = ("fully_sharded_model_space" if fixture.startswith("mcore0.15") else "from distrib_optim.pt" if fmt == "torch"
+    how = ("from distrib_optim.pt" if fmt == "torch" else "fully_sharded_model_space" if fixture.startswith("mcore0.15")
            else f"buckets (dp_reshardable, saved at tp {tp}, pp {pp}, dp {2 if pp == 1 else 1}, local layer spec)")
     assert any(how in n for n in reader.source.notes), reader.source.notes
     live = _live_state(fixture, tp, pp)
