@@ -36,7 +36,8 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
               "distrib_optim.pt laid out for --dp N.")
 @click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
               "(HF config.json, Megatron args file or MindSpeed YAML).")
-@click.option("--dialect", type=click.Choice(["mindspeed", "mindformers"]), help="MindSpore naming dialect.")
+@click.option("--dialect", type=click.Choice(["mindspeed", "mindformers", "mindformers-mcore"]),
+              help="MindSpore naming dialect (mindformers-mcore: MindFormers' parallel_core models, e.g. qwen3, qwen3_moe).")
 @click.option("--qkv-concat", is_flag=True, default=None,
               help="MindFormers: fuse q/k/v into w_qkv and gate/up into w_gate_hidden.")
 @click.option("--qkv-layout", type=click.Choice(["grouped", "plain"]),

@@ -22,7 +22,7 @@ from ...spec import ModelSpec
 from ...tensors import Source, TensorMeta
 from . import pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
-from .rows import converter_names, ms_rows
+from .rows import MCORE_LAYOUT_NOTE, check_layout, converter_names, ms_rows, refuse_mla
 from .scalars import is_scalar_tag, scalars_to_state
 
 FORMAT = "mindspore"
@@ -104,6 +104,7 @@ class Reader:
                         if first.meta(k)[0] is not None and first.meta(k)[0].is_floating_point and first.meta(k)[1]]
         dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(float_dtypes[0] if float_dtypes else None,
                                                                            "float32")
+        refuse_mla(tags, first.path)
         if model_config is not None:
             spec = _spec_from_config(model_config, dtype)
         elif sidecar is not None:
@@ -127,6 +128,9 @@ class Reader:
             tp = max(t for t, _ in self.files) + 1
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
+        check_layout(spec, dialect, layout.tp, f"{path}: ")
+        if dialect == "mindformers-mcore":
+            notes.append(MCORE_LAYOUT_NOTE)
         if sidecar is not None and "layout" in sidecar:
             said = ParallelLayout.from_dict(sidecar["layout"])
             if (said.tp, said.pp, said.ep) != (layout.tp, layout.pp, layout.ep):
