@@ -260,6 +260,19 @@ class Reader:
         tag = tag.replace(f"{LOCAL_EXPERTS}{param.expert}.", f"{LOCAL_EXPERTS}{local}.")
         return (self.files[(t, stage)] if d == 0 else self.ep_files[(t, stage, d)]), tag
 
+    def native_name(self, name: str) -> str | None:
+        """The tag a canonical tensor is stored under (`interop inspect --native`): at ep > 1 an expert's local
+        number in its expert-parallel rank's file, which the name then says; the part when the tensor is fused."""
+        row = self.row_of.get(name)
+        if row is None:
+            return None
+        ms_name, _, parts = row
+        param = self.index[name]
+        f, tag = self._home(0, param, self.tag_of[ms_name])
+        if param.expert is not None and self.layout.ep > 1:
+            tag = f"{tag} ({Path(f.path).parent.name})"
+        return tag if len(parts) == 1 else f"{tag} [part {parts.index(name) + 1}/{len(parts)}]"
+
     def _tp_from_shapes(self, spec: ModelSpec, f: CkptFile) -> int:
         index = param_index(spec)
         for name, transform, parts in self.rows:
