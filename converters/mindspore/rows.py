@@ -58,7 +58,7 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
                     taken.add(name)
     held = {name for _, _, names in rows for name in names}
     homeless = [name for name in present if name not in held]
-    if homeless:  # e.g. Qwen3's q/k norms: neither dialect's table names them (not confirmed in their sources)
+    if homeless:  # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
         raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}")
     return rows
 
