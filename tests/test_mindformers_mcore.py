@@ -229,17 +229,23 @@ def test_qwen3_dense_tp2_merged_by_transform_checkpoints(tmp_path):
         assert torch.equal(back.read(name), t), name
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_moe_dense_first", "mixtral", "qwen2_moe", "qwen3"])
 def test_hf_through_mindformers_mcore_and_back(tmp_path, family):
     """HF -> MindFormers mcore-style -> HF, the MindSpore file read without interop's sidecar (the model from the
-    HF config.json, the dialect from the names): identical.  Mixtral (routed experts), Qwen2-MoE (gated shared
-    expert), Qwen3 (q/k norms)."""
+    HF config.json, the dialect from the names): identical tensors, and the same logits from transformers.  Qwen3-MoE (what MindFormers' qwen3_moe converts;
+    also with a dense first layer, mlp_only_layers), Mixtral (routed experts), Qwen2-MoE (gated shared expert),
+    Qwen3 (q/k norms)."""
     import transformers
     from hf_models import assert_same_hf
     torch.manual_seed(0)
     small = dict(vocab_size=96, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                  rms_norm_eps=1e-5, num_hidden_layers=2, intermediate_size=24)
-    if family == "mixtral":
+    if family.startswith("qwen3_moe"):
+        dense = [0] if family == "qwen3_moe_dense_first" else []
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            **small, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+            mlp_only_layers=dense))
+    elif family == "mixtral":
         model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**small, num_local_experts=4,
                                                                            num_experts_per_tok=2))
     elif family == "qwen2_moe":
@@ -257,6 +263,12 @@ def test_hf_through_mindformers_mcore_and_back(tmp_path, family):
                     tmp_path / "hf" / "config.json", "-q")
     assert code == 0, out
     assert_same_hf(tmp_path / "hf", tmp_path / "back")
+    # and transformers builds the same model from the config.json written back: the same logits
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back")
+    assert type(back) is type(model)
+    ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, back.eval()(ids).logits)
 
 
 def test_refusals_are_one_line(tmp_path):
