@@ -264,7 +264,8 @@ def hf_family(spec: ModelSpec) -> str:
     if spec.is_moe:
         if spec.shared_expert_ffn_hidden is not None:
             return "qwen2_moe"
-        return "qwen3_moe" if spec.qk_norm else "mixtral"
+        # q/k norms without Mixtral's every-layer sliding window: Qwen3-MoE; otherwise Mixtral says what it lacks
+        return "qwen3_moe" if spec.qk_norm and spec.sliding_window is None else "mixtral"
     if spec.qk_norm:
         return "qwen3"
     if spec.qkv_bias and not spec.linear_bias and not spec.has_mlp_bias:
