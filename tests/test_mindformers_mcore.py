@@ -290,3 +290,33 @@ def test_refusals_are_one_line(tmp_path):
     lines = [line for line in out.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "multi-latent attention" in lines[0], out
     assert not (tmp_path / "back").exists()
+
+
+def test_adam_moments_ride_along_as_mindformers_names_them(tmp_path):
+    """Adam moments as `adam_m.` / `adam_v.` + the parameter name (mindformers/core/optim/adamw.py
+    clone_state(prefix="adam_m" / "adam_v")), stacked experts included; read back exact without the sidecar."""
+    src, spec, tensors = store(tmp_path / "common", **MOE)
+    reader = StoreReader(src)
+    metas = reader.metas()
+    moments = [TensorMeta(p + m.name, torch.float32, m.shape) for p in ("optim.exp_avg.", "optim.exp_avg_sq.")
+               for m in metas]
+    (tmp_path / "with_optim").mkdir()
+    writer = StoreWriter(tmp_path / "with_optim", spec, ParallelLayout.build(2), metas + moments)
+    g = torch.Generator().manual_seed(3)
+    expected = {}
+    for m in metas + moments:
+        expected[m.name] = reader.read(m.name) if not m.name.startswith("optim.") else torch.rand(m.shape, generator=g)
+        writer.write(m.name, expected[m.name])
+    writer.finish({})
+    convert(tmp_path / "with_optim", tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers-mcore"})
+    stored = load_ckpt(tmp_path / "ms" / "model.ckpt")
+    w2 = stored["adam_v.decoder.layers.1.mlp.experts.weight2"]
+    assert w2.shape == (4 * 48, 64)
+    assert torch.equal(w2.view(4, 48, 64)[2], expected["optim.exp_avg_sq.layers.1.mlp.experts.2.down.weight"].T)
+    assert "adam_m.decoder.layers.0.self_attention.q_layernorm.weight" in stored
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="interop",
+            options={"model_config": str(tmp_path / "common-spec.json")})
+    back = StoreReader(tmp_path / "back")
+    for name, t in expected.items():
+        assert torch.equal(back.read(name), t), name
