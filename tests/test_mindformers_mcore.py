@@ -68,10 +68,10 @@ def mcore(tmp_path, monkeypatch):
     MFContextOperator.reset_instance()
 
 
-def qwen3():
+def qwen3(tied=False):
     from mindformers.models.qwen3.configuration_qwen3 import Qwen3Config
     from mindformers.models.qwen3.modeling_qwen3_train import TrainingQwen3ForCausalLM
-    return TrainingQwen3ForCausalLM(Qwen3Config(**COMMON_HF))
+    return TrainingQwen3ForCausalLM(Qwen3Config(**COMMON_HF, tie_word_embeddings=tied))
 
 
 def qwen3_moe(**extra):
@@ -113,17 +113,21 @@ def read_back(tmp_path, tensors):
         assert torch.equal(back.read(name), t), name
 
 
-def test_qwen3_dense_strict_loads_and_reads_back(tmp_path, mcore):
-    src, spec, tensors = store(tmp_path / "common")
+@pytest.mark.parametrize("tied", [False, True])
+def test_qwen3_dense_strict_loads_and_reads_back(tmp_path, mcore, tied):
+    """Untied and tied (the tied model holds no output_layer: none is written)."""
+    src, spec, tensors = store(tmp_path / "common", tied_embeddings=tied)
     summary = convert(src, tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindformers-mcore"})
     assert any("use_interleaved_weight_layout_mlp=True" in n for n in summary.notes), summary.notes
-    got, not_loaded = strict_load(qwen3(), tmp_path / "ms" / "model.ckpt")
+    got, not_loaded = strict_load(qwen3(tied), tmp_path / "ms" / "model.ckpt")
     assert not_loaded == []
+    assert ("output_layer.weight" in got) == (not tied)
     assert (got["decoder.layers.1.self_attention.q_layernorm.weight"]
             == tensors["layers.1.attn.q_norm.weight"].numpy()).all()
     assert (got["decoder.layers.1.self_attention.k_layernorm.weight"]
             == tensors["layers.1.attn.k_norm.weight"].numpy()).all()
-    assert (got["output_layer.weight"] == tensors["lm_head.weight"].numpy()).all()
+    if not tied:
+        assert (got["output_layer.weight"] == tensors["lm_head.weight"].numpy()).all()
     fc1 = got["decoder.layers.1.mlp.linear_fc1.weight"]  # MLPInterleaved: gate, up rows alternate
     assert (fc1[0::2] == tensors["layers.1.mlp.gate.weight"].numpy()).all()
     assert (fc1[1::2] == tensors["layers.1.mlp.up.weight"].numpy()).all()
@@ -229,7 +233,8 @@ def test_qwen3_dense_tp2_merged_by_transform_checkpoints(tmp_path):
         assert torch.equal(back.read(name), t), name
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_moe_dense_first", "mixtral", "qwen2_moe", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_moe_dense_first", "mixtral", "qwen2_moe", "qwen3",
+                                    "qwen3_tied"])
 def test_hf_through_mindformers_mcore_and_back(tmp_path, family):
     """HF -> MindFormers mcore-style -> HF, the MindSpore file read without interop's sidecar (the model from the
     HF config.json, the dialect from the names): identical tensors, and the same logits from transformers.  Qwen3-MoE (what MindFormers' qwen3_moe converts;
@@ -252,7 +257,8 @@ def test_hf_through_mindformers_mcore_and_back(tmp_path, family):
         model = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
             **small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24))
     else:
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**small, head_dim=8))
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**small, head_dim=8,
+                                                                       tie_word_embeddings=family == "qwen3_tied"))
     model.save_pretrained(tmp_path / "hf")
     code, out = run("convert", tmp_path / "hf", tmp_path / "ms", "--to", "mindspore", "--dialect", "mindformers-mcore",
                     "-q")

@@ -326,7 +326,8 @@ class Reader:
                         optional[(t, stage, d)].add(plain)
         tied = []
         if self.spec.tied_embeddings:
-            head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight")}
+            head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight"),
+                    "mindformers-mcore": ("output_layer.weight",)}
             tied = list(head[self.dialect])
             for t in range(self.layout.tp):
                 for d in eps:
