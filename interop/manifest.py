@@ -21,6 +21,7 @@ from .spec import DTYPES, ModelSpec  # the dtype names (interop.tensors.DTYPE_NA
 FORMAT = "interop"
 VERSION = 1
 _CRC = re.compile(r"^[0-9a-f]{8}$")
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 def _is_count(value) -> bool:
@@ -74,6 +75,8 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
                 or not (isinstance(info.get("crc32"), str) and _CRC.match(info["crc32"])):
             fail(f"files[{name!r}] needs 'bytes' (a non-negative integer) and 'crc32' (8 hex digits)")
 
+    _check_carried(manifest.get("carried"), files, fail)
+
     index = param_index(spec)
     used: dict[tuple[str, str], str] = {}  # (file, key) -> tensor: one stored entry never serves two shards
     for name, entry in tensors.items():
@@ -119,6 +122,18 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
             lost = next(p for p in index if p not in present)
             fail(f"optimizer state {prefix}{lost} is missing (the others of {prefix.rstrip('.')} are listed)")
     return spec, layout
+
+
+def _check_carried(carried, files: dict, fail) -> None:
+    """`carried`: {"files": [plain file names, each listed under files as carried/NAME], "config": {...}}."""
+    if carried is None:
+        return
+    if not isinstance(carried, dict) or not isinstance(carried.get("files", []), list) \
+            or not isinstance(carried.get("config", {}), dict):
+        fail("'carried' must be {\"files\": [names], \"config\": {...}}")
+    for name in carried.get("files", []):
+        if not isinstance(name, str) or not _PLAIN_NAME.match(name) or f"carried/{name}" not in files:
+            fail(f"carried file {name!r} must be a plain file name listed under 'files' as carried/NAME")
 
 
 def check_files_exist(root: Path, files: dict, where) -> None:

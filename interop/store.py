@@ -8,6 +8,8 @@
       optim-tp00-pp00.safetensors   Adam moments (optional), same sharding as the weights
       model-tp00-pp00-ep01.safetensors   at ep > 1: the routed experts of expert-parallel rank 1
                                     (tp rank 0's slice of each), so each ep rank's experts are its own files
+      carried/tokenizer.json ...    what the source held besides weights (an HF source's tokenizer and
+                                    generation config), kept so that a later HF output gets them back
 
 Every shard records its global offset, so a reader at any tp/pp/ep reads only what
 it needs.  Replicated tensors are stored once, on tp rank 0 of their stage; tensors
@@ -16,6 +18,7 @@ other than routed experts (attention, router, shared expert) in the files withou
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from .spec import ModelSpec
 from .tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
 
 MANIFEST = "interop.json"
+CARRIED = "carried"  # the folder of files carried as they are (`StoreWriter.carry`)
 
 
 def is_store(path) -> bool:
@@ -69,6 +73,9 @@ class StoreReader:
         self._check_files(verify)
         self._files: dict[str, SafetensorsFile] = {}
         self._memory = BufferPool()
+        carried = manifest.get("carried") or {}
+        self.carried = {"files": {name: self.root / CARRIED / name for name in carried.get("files", [])},
+                        "config": dict(carried.get("config", {}))}
 
     @property
     def spec(self) -> ModelSpec:
@@ -210,6 +217,12 @@ class StoreWriter:
         self.units = list(files)  # stage by stage (the tensors' order), for `interop.workers`
         self.writers = {name: SafetensorsWriter(self.root / name, entries, {"format": "pt"})
                         for name, entries in sorted(files.items()) if only is None or name in only}
+        self.carried: dict = {}
+
+    def carry(self, carried: dict) -> None:
+        """What the source holds besides weights (`Reader.carried`: files such as an HF tokenizer, and
+        config values such as token ids): kept in `carried/` and the manifest for a later HF output."""
+        self.carried = carried
 
     def wants(self, name: str) -> bool:
         return any(fname in self.writers for fname, _ in self.placement[name])
@@ -228,9 +241,18 @@ class StoreWriter:
         return files
 
     def finish_global(self, state: dict | None, files: dict) -> None:
-        """interop.json, from every file's size and checksum."""
-        write_manifest(self.root, self.spec, self.layout, self.metas, self.placement,
-                       {name: files[name] for name in sorted(self.units)}, state)
+        """The carried files, then interop.json from every file's size and checksum."""
+        files = {name: files[name] for name in sorted(self.units)}
+        names = sorted(self.carried.get("files", {}))
+        if names:
+            (self.root / CARRIED).mkdir()
+        for name in names:
+            target = self.root / CARRIED / name
+            shutil.copyfile(self.carried["files"][name], target)
+            files[f"{CARRIED}/{name}"] = {"bytes": target.stat().st_size, "crc32": file_crc32(target)}
+        carried = {"files": names, "config": dict(self.carried.get("config", {}))}
+        write_manifest(self.root, self.spec, self.layout, self.metas, self.placement, files, state,
+                       carried if names or carried["config"] else None)
 
     def finish(self, state: dict | None = None) -> None:
         self.finish_global(state, self.finish_units(state))
@@ -241,7 +263,7 @@ class StoreWriter:
 
 
 def write_manifest(root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                   placement: dict, files: dict, state: dict | None = None) -> None:
+                   placement: dict, files: dict, state: dict | None = None, carried: dict | None = None) -> None:
     """Write interop.json last: a directory without it is not a checkpoint.
 
     `placement` is `plan_shards`'s {name: [(file, Box)]}; `files` is {file: {"bytes", "crc32"}}.
@@ -263,4 +285,6 @@ def write_manifest(root, spec: ModelSpec, layout: ParallelLayout, metas: list[Te
         "spec": spec.to_dict(), "layout": layout.to_dict(),
         "tensors": tensors, "files": files, "state": state or {},
     }
+    if carried:
+        manifest["carried"] = carried
     (Path(root) / MANIFEST).write_text(json.dumps(manifest, indent=1))

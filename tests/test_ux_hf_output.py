@@ -131,3 +131,36 @@ def test_megatron_tokenizer_model_from_its_args(tmp_path):
     (tmp_path / "sp.model").unlink()  # named but gone: no tokenizer, said so
     summary = convert(tmp_path / "meg", tmp_path / "hf2", dst_format="hf")
     assert any("output has no tokenizer" in n for n in summary.notes)
+
+
+def test_common_format_keeps_what_an_hf_source_carries(complete_hf, tmp_path):
+    """HF -> interop (tp 2) -> interop (tp 1) -> HF: the tokenizer, generation config and token ids survive
+    the hub format (kept in `carried/`, checksummed in the manifest) and transformers loads them."""
+    convert(complete_hf, tmp_path / "hub", dst_format="interop", tp=2)
+    assert (tmp_path / "hub" / "carried" / "tokenizer.json").is_file()
+    convert(tmp_path / "hub", tmp_path / "hub1", dst_format="interop")
+    summary = convert(tmp_path / "hub1", tmp_path / "hf", dst_format="hf")
+    assert not any("no tokenizer" in n or "not carried" in n for n in summary.notes)
+    out = tmp_path / "hf"
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("w5 w9").input_ids == transformers.AutoTokenizer.from_pretrained(complete_hf)("w5 w9").input_ids
+    assert transformers.GenerationConfig.from_pretrained(out).max_new_tokens == 7
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 2)
+
+
+@pytest.mark.parametrize("carried, why", [
+    ({"files": ["../escape.json"], "config": {}}, "plain file name"),
+    ({"files": ["tokenizer.json"], "config": {}}, "plain file name"),  # not listed under files
+    ({"files": "tokenizer.json"}, "'carried' must be"),
+])
+def test_a_bad_carried_entry_is_one_line(complete_hf, tmp_path, carried, why):
+    convert(complete_hf, tmp_path / "hub", dst_format="interop")
+    manifest_path = tmp_path / "hub" / "interop.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["carried"] = carried
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith("carried/")}
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(InteropError, match=why):
+        convert(tmp_path / "hub", tmp_path / "hf", dst_format="hf")
+    assert not (tmp_path / "hf").exists()

@@ -386,6 +386,22 @@ class Reader:
         fragments = getattr(self, "fragments", {}).get(key)
         return stored if fragments is None else _unflatten(stored, *fragments)
 
+    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    def fused_row(self, name: str):
+        """(transform, canonical names) of the fused tensor holding `name`; None for a lone one, and for the
+        distributed optimizer's buckets (flat, not laid out as the row)."""
+        base = base_param_name(name)
+        row = self.row_of[base][0]
+        if len(row.parts) < 2 or self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+            return None
+        prefix = name[:len(name) - len(base)]
+        return row.transform, [prefix + n for n in row.parts]
+
+    def read_fused(self, name: str) -> torch.Tensor:
+        """The whole fused tensor holding `name`: torch_dist stores it global, as at tp 1."""
+        _, key, layer, _ = self.row_of[base_param_name(name)]
+        return self._read_stored(self._key_prefix(name) + key, layer)
+
     def close(self) -> None:
         self._cache.clear()
 
@@ -482,6 +498,17 @@ class Writer:
         fused = row.transform.fuse([got[n] for n in row.parts])
         key, layer = stacked_key(row.key, self.homogeneous)
         self.out.write(prefix + key, layer, fused)
+
+    def accepts_fused(self, names: list[str], transform) -> bool:
+        """Whether `names` are one of our rows, in its order, stored by an equal transform."""
+        base = base_param_name(names[0])
+        row, prefix = self.row_of.get(base), names[0][:len(names[0]) - len(base)]
+        return row is not None and row.transform == transform and [prefix + n for n in row.parts] == list(names)
+
+    def write_fused(self, names: list[str], fused: torch.Tensor) -> None:
+        """The whole stored tensor of one row, as torch_dist keeps it (global)."""
+        key, layer = stacked_key(self.row_of[base_param_name(names[0])].key, self.homogeneous)
+        self.out.write(_prefix(names[0]) + key, layer, fused)
 
     def finish_units(self, state: dict | None = None) -> dict:
         """Close this writer's `.distcp` files; returns their DCP storage entries."""
