@@ -1,6 +1,11 @@
-"""Convert ~1 GB Megatron tp 2 / pp 2 checkpoints to HF, to Megatron tp 4 / pp 1 and to torch_dist; torch_dist to HF.
+"""Convert ~1 GB Megatron tp 2 / pp 2 checkpoints to HF, to Megatron tp 4 / pp 1, to torch_dist and to MindSpore
+(MindSpeed) tp 4 / pp 4; torch_dist to HF.
 
-    .venv/bin/python benchmarks/bench_megatron.py [--arch gpt2 llama] [--repeat 3] [--keep DIR]
+    .venv/bin/python benchmarks/bench_megatron.py [--arch gpt2 llama] [--repeat 3] [--jobs mindspore] [--keep DIR]
+
+`--jobs WORD...` runs only the jobs whose label contains one of the words.  The Megatron and MindSpore
+targets also run along the engine's per-tensor path (`per-tensor`: fused QKV and fc1 split into canonical
+tensors and fused again, as before rows moved whole), in the same run, for a before/after comparison.
 
 Two checkpoints, written with interop's Megatron writer (bf16): GPT2-style (36 layers,
 hidden 1024, ffn 4096, LayerNorm, biases, tied, vocab 32000 padded to 32256: every HF
@@ -60,6 +65,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", nargs="+", choices=sorted(SPECS), default=["gpt2", "llama"])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--jobs", nargs="+", help="only the jobs whose label contains one of these words")
     ap.add_argument("--keep", help="work in this directory and keep it")
     opts = ap.parse_args()
     work = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="bench_megatron-"))
@@ -71,14 +77,21 @@ def main():
             size = tree_size(src)
             warm = size * 5 // 4  # fresh page cache for the output: see common.warm_page_cache
             print(f"checkpoint: {size / 1e9:.2f} GB (megatron tp2 pp2, {arch}-style, bf16)")
-            copies, runs = [], {"-> HF": [], "-> megatron tp4 pp1": []}
+            copies = []
             dist_src = work / f"torch_dist-{arch}"
             if not dist_src.exists():
                 convert(src, dist_src, dst_format="megatron", format="torch_dist")
-            runs["-> torch_dist"], runs["torch_dist -> HF"] = [], []
+            pp = 4 if SPECS[arch]["num_layers"] % 4 == 0 else 2
             targets = {"-> HF": {"dst_format": "hf"}, "-> megatron tp4 pp1": {"dst_format": "megatron", "tp": 4, "pp": 1},
+                       "-> megatron tp4 pp1, per-tensor": {"dst_format": "megatron", "tp": 4, "pp": 1, "per_tensor": True},
+                       f"-> mindspore tp4 pp{pp}": {"dst_format": "mindspore", "tp": 4, "pp": pp},
+                       f"-> mindspore tp4 pp{pp}, per-tensor": {"dst_format": "mindspore", "tp": 4, "pp": pp,
+                                                                "per_tensor": True},
                        "-> torch_dist": {"dst_format": "megatron", "format": "torch_dist"},
                        "torch_dist -> HF": {"dst_format": "hf", "src": dist_src}}
+            if opts.jobs:
+                targets = {k: v for k, v in targets.items() if any(word in k for word in opts.jobs)}
+            runs = {label: [] for label in targets}
             for _ in range(opts.repeat):
                 print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
                 for label, kwargs in targets.items():

@@ -8,6 +8,11 @@ and the best time is kept (the file is warm in the page cache for every reader);
 the peak RSS above the starting point is sampled alongside.  Both writers must
 produce the same bytes.  Files live in a temporary directory removed at the end.
 
+`--to-hf` measures MindSpore (MindSpeed tp8/pp4 rank folders) -> HF of a 7B-shaped Llama with `--layers`
+of its 32 layers (bf16; 4 layers: 2.1 GB) against a copy + fsync of the same folders, each in a fresh
+interpreter, with one worker and with `--workers` (HF shards of `--shard-size`, so that there are units
+to split): time / copy and peak RSS of the process and of each worker, from one run.
+
 `--convert` instead measures a HF -> mindspore conversion of a ~1 GB Llama (GQA,
 fp32, written straight to safetensors): the peak RSS the conversion adds over the
 process after imports, relative to the checkpoint size (target <= 0.25).
@@ -128,12 +133,50 @@ def bench_convert(tp: int = 2, pp: int = 2) -> None:
           f"(largest tensor {largest / 2**20:.0f} MiB)")
 
 
+def bench_to_hf(layers: int, workers: int, shard: str) -> None:
+    """MindSpeed tp8/pp4 -> HF against a copy of the rank folders, one worker and `workers`, one run."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import llama_config, measured_convert, measured_copy, settle, tree_size, write_synthetic_hf
+
+    from interop.convert import convert
+
+    work = Path(tempfile.mkdtemp(prefix="bench_ms_to_hf_"))
+    try:
+        write_synthetic_hf(work / "hf", llama_config(layers=layers, hidden=4096, ffn=11008, heads=32, kv=32))
+        convert(work / "hf", work / "ms", dst_format="mindspore", tp=8, pp=4)
+        shutil.rmtree(work / "hf")
+        size = tree_size(work / "ms")
+        print(f"MindSpeed tp8/pp4 -> HF, 7B-shaped, {layers} of 32 layers: {size / 1e9:.2f} GB bf16; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+        for n in sorted({1, workers}):
+            copy = measured_copy(work / "ms", work / "copy", size * 5 // 4)
+            r = measured_convert(size * 5 // 4, min_bytes_per_worker=1 << 28, src=work / "ms", dst=work / "out",
+                                 dst_format="hf", workers=n, max_shard_size=shard)
+            shutil.rmtree(work / "out")
+            settle()
+            each = " ".join(f"{x / 2**20:.0f}" for x in r["worker_peak_rss"])
+            print(f"  --workers {n}: {r['seconds']:.2f} s, copy {copy:.2f} s, time/copy {r['seconds'] / copy:.2f}; "
+                  f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB ({r['peak_rss'] / size:.3f} of the model)"
+                  + (f", each worker {each} MiB" if each else ""))
+        print(f"  load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--convert", action="store_true", help="measure a HF -> mindspore conversion's peak RSS instead")
+    ap.add_argument("--to-hf", action="store_true", help="measure MindSpeed tp8/pp4 -> HF against a copy instead")
+    ap.add_argument("--layers", type=int, default=4, help="--to-hf: layers of the 7B shape (multiple of 4)")
+    ap.add_argument("--workers", type=int, default=2, help="--to-hf: also run with this many workers")
+    ap.add_argument("--shard-size", default="1300MB", help="--to-hf: HF shard size (the units workers split)")
     args = ap.parse_args()
+    if args.to_hf:
+        return bench_to_hf(args.layers, args.workers, args.shard_size)
     if args.convert:
         return bench_convert()
 

@@ -6,11 +6,31 @@ import json
 import click
 
 from ..formats import names as format_names
+from ..formats import options as declared_options
 from .common import ProgressBar, user_errors
 
 # The engine (and torch) is imported inside the commands: `interop --help` starts without it.
 FORMAT_CHOICE = click.Choice(format_names())
 DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
+CLICK_TYPES = {"int": int, "path": click.Path()}
+
+
+def format_options(command: str):
+    """The click options of each format's own options (`--dialect`, `--tokenizer`, ...), as the formats
+    declare them (`interop.formats.options`); the command gets them as keywords, None when not given."""
+    def decorate(fn):
+        for option in reversed(declared_options(command)):
+            help_text = option.helps[command]
+            if option.kind == "switch":
+                flags = [f"{option.flag}/--no-{option.flag[2:]}", option.name]
+                fn = click.option(*flags, default=None, help=help_text)(fn)
+            elif option.kind == "flag":
+                fn = click.option(option.flag, option.name, is_flag=True, default=None, help=help_text)(fn)
+            else:
+                kind = click.Choice(option.choices) if option.choices else CLICK_TYPES.get(option.kind, str)
+                fn = click.option(option.flag, option.name, type=kind, help=help_text)(fn)
+        return fn
+    return decorate
 
 
 @click.command()
@@ -27,34 +47,7 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
               help="Cast the weights (optimizer state keeps its dtype).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
-@click.option("--format", "megatron_format", type=click.Choice(["torch", "torch_dist"]),
-              help="Megatron on-disk format to write (default: torch).")
-@click.option("--iteration", type=int, help="Megatron iteration to read (default: the tracker's).")
-@click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
-              help="Megatron output: write the optimizer in the distributed optimizer's layout: torch_dist "
-              "fully_reshardable (default there: as the source was saved), or the torch format's "
-              "distrib_optim.pt laid out for --dp N.")
-@click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
-              "(HF config.json, Megatron args file or MindSpeed YAML).")
-@click.option("--dialect", type=click.Choice(["mindspeed", "mindformers", "mindformers-mcore"]),
-              help="MindSpore naming dialect (mindformers-mcore: MindFormers' parallel_core models, e.g. qwen3, qwen3_moe).")
-@click.option("--qkv-concat", is_flag=True, default=None,
-              help="MindFormers: fuse q/k/v into w_qkv and gate/up into w_gate_hidden.")
-@click.option("--qkv-layout", type=click.Choice(["grouped", "plain"]),
-              help="MindFormers w_qkv / w_gate_hidden: grouped (r1.5.0 and later) or plain (r1.3.x).")
-@click.option("--qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
-              help="MindFormers w_qkv.bias when it differs from the weights (convert_weight.py: plain).")
-@click.option("--src-qkv-layout", type=click.Choice(["grouped", "plain"]),
-              help="MindSpore -> MindSpore: the source's w_qkv layout (--qkv-layout is then the output's).")
-@click.option("--src-qkv-bias-layout", type=click.Choice(["grouped", "plain"]),
-              help="MindSpore -> MindSpore: the source's w_qkv.bias layout.")
-@click.option("--dp", type=int, help="MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N. "
-              "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is laid out for.")
-@click.option("--tokenizer", type=click.Path(), help="HF output: a tokenizer directory, or one "
-              "tokenizer file (Megatron's --tokenizer-model sentencepiece model, or a tokenizer.json). "
-              "An HF source's own tokenizer is carried without it.")
-@click.option("--max-shard-size", help="HF output: largest weight file, e.g. 5GB or 500MB (transformers' style); "
-              "sharded output gets model.safetensors.index.json. [5GiB]")
+@format_options("convert")
 @click.option("--verify", "then_verify", is_flag=True,
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
 @click.option("--workers", type=int, help="Processes to split the writing over, by target files (default: the "
@@ -62,37 +55,32 @@ DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICE
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layers, last_stage_layers, dtype, force,
-            megatron_format, iteration, distributed_optimizer, model_config, dialect, qkv_concat, qkv_layout,
-            qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, dp, tokenizer, max_shard_size, then_verify, workers,
-            quiet):
+            then_verify, workers, quiet, **options):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
+
+    The options from --tokenizer to --src-qkv-bias-layout are the formats' own (each format declares
+    them): one applies where its format is the source or the target, and is refused elsewhere.
 
     \b
     Example:
       interop convert ./llama-hf ./llama-tp2pp2 --from hf --to interop --tp 2 --pp 2
       interop convert ./llama-tp2pp2 ./llama-hf-again --to hf
+      interop convert ./llama-hf ./llama-mf --to mindspore --dialect mindformers --qkv-concat
     """
     from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                              dtype=dtype, force=force, progress=bar, workers=workers,
-                              options={"format": megatron_format, "iteration": iteration,
-                                       "distributed_optimizer": distributed_optimizer,
-                                       "model_config": model_config, "dialect": dialect,
-                                       "qkv_concat": qkv_concat, "qkv_layout": qkv_layout,
-                                       "qkv_bias_layout": qkv_bias_layout, "src_qkv_layout": src_qkv_layout,
-                                       "src_qkv_bias_layout": src_qkv_bias_layout, "dp": dp, "tokenizer": tokenizer,
-                                       "max_shard_size": max_shard_size})
+                              dtype=dtype, force=force, progress=bar, workers=workers, options=options)
     finally:
         bar.close()
     click.echo("\n".join(summary.lines()))
     if then_verify:
         from ..workflows.verify import verify
         from .verify import report
-        report(verify(src, dst, src_format=summary.src_format, dst_format=dst_format, model_config=model_config,
-                      iteration=iteration))
+        report(verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
+                      model_config=options.get("model_config"), iteration=options.get("iteration")))
 
 
 @click.command()
@@ -102,11 +90,9 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, first_stage_layer
 @click.option("--no-tensors", is_flag=True, help="Leave out the per-tensor table.")
 @click.option("--native", is_flag=True, help="Show each tensor's name in the checkpoint's own format next to "
               "its canonical name.")
-@click.option("--model-config", type=click.Path(), help="Model description for a checkpoint that carries none "
-              "(HF config.json, Megatron args file or MindSpeed YAML).")
-@click.option("--iteration", type=int, help="Megatron iteration to describe (default: the tracker's).")
+@format_options("inspect")
 @user_errors
-def inspect(path, fmt, as_json, no_tensors, native, model_config, iteration):
+def inspect(path, fmt, as_json, no_tensors, native, **options):
     """Describe a checkpoint: format, model, layout, tensors and totals.
 
     \b
@@ -114,6 +100,6 @@ def inspect(path, fmt, as_json, no_tensors, native, model_config, iteration):
       interop inspect ./llama-tp2pp2
     """
     from ..describe import describe, render
-    info = describe(path, fmt, native=native, model_config=model_config, iteration=iteration)
+    info = describe(path, fmt, native=native, **options)
     click.echo(json.dumps(info.to_dict(), indent=1) if as_json
                else render(info, show_tensors=not no_tensors, native=native))

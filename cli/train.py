@@ -87,7 +87,7 @@ def train(config_path, **flags):
                    "carved out of DP).")
 @click.option("--frameworks", default="torch,hf", show_default=True,
               help="Comma separated: torch (the reference trainer at each layout), hf, mindspore, "
-                   "megatron (megatron-core, when installed).")
+                   "megatron (megatron-core, when installed; megatron:epN: a MoE model's experts over N processes).")
 @click.option("--tolerance", type=float, default=1e-5, show_default=True, help="Largest allowed loss difference.")
 @click.option("--plot", type=click.Path(), help="Write a PNG of the loss curves here.")
 @user_errors

@@ -1,9 +1,10 @@
-"""The conversion engine: any reader -> canonical tensors -> any writer, one tensor at a time.
+"""The conversion engine: any reader -> canonical tensors -> any writer, one tensor (or one fused row) at a time.
 
-Peak memory is one global tensor (plus the reader's and writer's view of it, and up to
-`io.background.LIMIT` bytes still being written on the helper thread), never the model.
+Peak memory is one global tensor or fused row (plus the reader's and writer's view of it, and up
+to `io.background.LIMIT` bytes still being written on the helper thread), never the model.
 Resharding is the same operation: the writer cuts each global tensor into the target
-layout's shards.
+layout's shards.  A row that both sides store with an equal transform (a grouped QKV, a gated
+fc1) moves whole, re-sliced, never split and rebuilt (`fused_plan`; ARCHITECTURE.md, "Rows").
 """
 from __future__ import annotations
 
@@ -170,15 +171,63 @@ def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | 
     return out
 
 
+def fused_plan(reader, writer, metas_in, metas_out) -> dict[int, tuple]:
+    """The fused rows that move whole: {index of the row's last tensor: (transform, names, indices)}.
+
+    A row moves whole when the reader serves it fused (`reader.fused_row(name)` -> (transform, names))
+    and the writer stores the same names fused by an equal transform (`writer.accepts_fused(names,
+    transform)`): then the stored tensor is only re-sliced for the target's TP ranks
+    (`Transform.rank_from_fused`), never split into canonical tensors and fused again.  The row moves at
+    its last tensor's place, where the per-tensor path would have completed it (so files get their tensors
+    in the same order).  Rows that change shape (vocab padding) or mix dtypes take the per-tensor path."""
+    if not (hasattr(reader, "fused_row") and hasattr(writer, "accepts_fused")):
+        return {}
+    position = {m.name: i for i, m in enumerate(metas_in)}
+    plan, placed = {}, set()
+    for i, m in enumerate(metas_in):
+        if i in placed:
+            continue
+        found = reader.fused_row(m.name)
+        if found is None:
+            continue
+        transform, names = found
+        indices = [position.get(n) for n in names]
+        if (len(names) < 2 or None in indices or transform.fused_rows() is None
+                or len({metas_in[k].dtype for k in indices}) > 1 or len({metas_out[k].dtype for k in indices}) > 1
+                or any(metas_in[k].shape != metas_out[k].shape for k in indices)
+                or not writer.accepts_fused(names, transform)):
+            continue
+        plan[max(indices)] = (transform, names, indices)
+        placed.update(indices)
+    return plan
+
+
+def _move_fused(reader, writer, transform, names: list[str], dtype, src) -> None:
+    """One fused row from reader to writer as its whole stored tensor (cast to `dtype`)."""
+    tensor = reader.read_fused(names[0])
+    if tuple(tensor.shape) != transform.rank_shape():
+        raise InteropError(f"{src}: the tensor holding {names[0]} has shape {list(tensor.shape)}, "
+                           f"expected {list(transform.rank_shape())}")
+    writer.write_fused(names, tensor.to(dtype))
+
+
 def stream(reader, writer, metas_in, metas_out, index: dict, true_vocab: int, src, notes: list[str], progress=None,
            wants=None) -> tuple[int, int]:
     """Read each source tensor, fit and cast it, hand it to the writer; returns (tensors, bytes) written.
+    A fused row both sides store alike moves whole (`fused_plan`).
     `wants(name)`, when given, says which tensors the writer needs (a worker's share): the others are
     not read.  `progress.update(n)` gets every tensor's source bytes, read or not."""
     tensors = nbytes = 0
-    for m_in, m_out in zip(metas_in, metas_out):
+    plan = fused_plan(reader, writer, metas_in, metas_out)
+    in_plan = {k for _, _, indices in plan.values() for k in indices}
+    for i, (m_in, m_out) in enumerate(zip(metas_in, metas_out)):
         if wants is None or wants(m_out.name):
-            if not _passed_through(reader, writer, m_in, m_out):
+            if i in plan:
+                transform, names, _ = plan[i]
+                _move_fused(reader, writer, transform, names, m_out.dtype, src)
+            elif i in in_plan:
+                pass  # moves with its row, at the row's last tensor
+            elif not _passed_through(reader, writer, m_in, m_out):
                 vocab = index[base_param_name(m_in.name)].split == "vocab"
                 tensor = _read_padded(reader, m_in, m_out) if vocab else None
                 if tensor is None:

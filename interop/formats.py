@@ -7,17 +7,25 @@ others, and the names are read from the installed metadata without importing any
 Detection tries the formats in name order, and each format's `detect` claims only its own files;
 the one overlap left is resolved by that order: deepspeed before megatron (a Megatron-DeepSpeed
 save also holds Megatron's tracker file; tests/test_deepspeed.py holds it).
+
+A format's own options (`--dialect`, `--tokenizer`, ...: keywords of its Reader / Writer) are
+declared by the format in a light module registered in the `interop.format_options` group
+(`OPTIONS`, a tuple of `FormatOption`); the CLI builds its flags from `options(command)` without
+importing any converter, and `interop.convert.split_options` routes the values by signature.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 
 from .errors import InteropError
 
 GROUP = "interop.formats"
+OPTIONS_GROUP = "interop.format_options"
+OPTION_KINDS = ("text", "int", "path", "flag", "switch")
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,3 +72,59 @@ def detect_format(path) -> str:
         if converter(name).detect(path):
             return name
     raise InteropError(f"{path}: cannot tell its format (known: {', '.join(names())}); name it with --from")
+
+
+# ---------------------------------------------------------------- the formats' own options
+
+@dataclass(frozen=True)
+class FormatOption:
+    """One option a format's Reader or Writer takes as a keyword (`name`; the flag is --name-with-dashes).
+
+    helps: the command that offers it ("convert", "inspect") -> its help text there.  kind: "text",
+    "int", "path", "flag" (--x) or "switch" (--x/--no-x); a value left out is None and reaches no one.
+    choices: the values a text takes."""
+
+    name: str
+    helps: dict = field(hash=False)
+    kind: str = "text"
+    choices: tuple = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@functools.lru_cache(maxsize=1)
+def _option_modules() -> dict[str, str]:
+    return dict(sorted((ep.name, ep.value) for ep in entry_points(group=OPTIONS_GROUP)))
+
+
+def declared_options() -> dict[str, tuple]:
+    """{format: its FormatOptions}, from the light modules the formats register (no converter imported)."""
+    return {name: importlib.import_module(module).OPTIONS for name, module in _option_modules().items()}
+
+
+def options(command: str) -> list[FormatOption]:
+    """The options `command` offers, one per flag, in format-name order.  Formats that take the same
+    keyword (`--dp`, `--model-config`) must declare it alike; their help texts are joined."""
+    merged: dict[str, FormatOption] = {}
+    for fmt, declared in declared_options().items():
+        for option in declared:
+            if option.kind not in OPTION_KINDS:
+                raise InteropError(f"format {fmt}: {option.flag} has kind {option.kind!r} (known: "
+                                   f"{', '.join(OPTION_KINDS)})")
+            if command not in option.helps:
+                continue
+            seen = merged.get(option.name)
+            if seen is None:
+                merged[option.name] = FormatOption(option.name, {command: option.helps[command]}, option.kind,
+                                                   tuple(option.choices))
+                continue
+            if (seen.kind, seen.choices) != (option.kind, tuple(option.choices)):
+                raise InteropError(f"format {fmt} declares {option.flag} unlike another format does "
+                                   f"({option.kind} {option.choices} vs {seen.kind} {seen.choices})")
+            text = seen.helps[command]
+            if option.helps[command] not in text:
+                merged[option.name] = FormatOption(seen.name, {command: f"{text} {option.helps[command]}"},
+                                                   seen.kind, seen.choices)
+    return list(merged.values())

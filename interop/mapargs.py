@@ -3,7 +3,9 @@
 The pipeline is: read the source into Megatron's terms (an args file or launch
 script, a Megatron checkpoint's stored args, or any file this module writes),
 complete it with Megatron's defaults and derived values, write the target
-through its table in `interop.mappings`, and then read the result back. The
+through its table in `interop.mappings` (a HF config.json through ModelSpec,
+`mappings/hf_args.py`, as `interop convert --to hf` writes it), and then read
+the result back. The
 read-back is what makes the report honest: every argument the user gave that
 does not come back unchanged is listed (flag, value, why), and `--strict`
 turns such a loss into an error.
@@ -361,8 +363,6 @@ def _table(target: str, full: dict):
         return colossalai.ROWS
     if target == "deepspeed":
         return deepspeed.ROWS
-    if target == "hf":
-        return hf_args.rows_for(full)
     if target == "mindspeed-nested":
         return mindspeed.NESTED_ROWS
     raise InteropError(f"--to must be one of {', '.join(TARGETS)}, got {target!r}")
@@ -410,8 +410,10 @@ def _to_target(explicit: dict, target: str) -> tuple[str, dict, dict, list[str]]
     if target == "megatron":
         text, entries, warnings = format_args(explicit)
         return text, {}, {e.flag: e.why for e in entries}, warnings
-    written = hf_args.require(full) if target == "hf" else full
-    doc, why = write_table(written, _table(target, written), NULLABLE.get(target))
+    if target == "hf":  # through ModelSpec, as `interop convert --to hf` writes it
+        doc, why = hf_args.to_hf(full)
+    else:
+        doc, why = write_table(full, _table(target, full), NULLABLE.get(target))
     return render(doc, target), doc, why, _target_warnings(full, doc, target)
 
 
@@ -457,15 +459,16 @@ def read_target(text: str, target: str, where: str = "input") -> tuple[dict, lis
             explicit["world_size"] = launch.world_size
         return explicit, unknown, warnings
     doc = parse_document(text, target, where)
-    if target == "hf":
-        doc = hf_args.normalize_doc(doc)
     if target == "deepspeed" and "ds_config" not in doc and "parallel_mode" not in doc:
         doc = {"ds_config": doc}  # a plain DeepSpeed config, as DeepSpeed and ATorch read it
-    rows = hf_args.rows_for_doc(doc, where) if target == "hf" else _table(target, {})
-    try:
-        values, entries = read_table(doc, rows, target)
-    except InteropError as exc:
-        raise InteropError(f"{where}: {exc}") from None
+    if target == "hf":  # through ModelSpec, as the HF reader reads it
+        values, notes = hf_args.from_hf(doc, where)
+        entries = [Unmapped(*note) for note in notes]
+    else:
+        try:
+            values, entries = read_table(doc, _table(target, {}), target)
+        except InteropError as exc:
+            raise InteropError(f"{where}: {exc}") from None
     values = {dest: _typed(dest, value, where) for dest, value in values.items()}
     warnings = []
     if target == "mindformers-legacy":
@@ -757,6 +760,8 @@ def check(source: ArgsSource) -> tuple[dict, list[str]]:
 def _held(target: str, before: dict) -> set:
     if target == "megatron":
         return {d for d, a in M.ARGS.items() if a.origin == "megatron" and a.flags}
+    if target == "hf":
+        return hf_args.held(before)
     return {s for row in _table(target, before) for s in row.source}
 
 
@@ -792,6 +797,9 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unma
             entries.append(Unmapped(flag, value, f"no {target} field for it"))
         else:
             entries.append(Unmapped(flag, value, f"{target} reads it back as {after.get(dest)!r}"))
+    for dest, text in why.items():  # a value not given but lost all the same (a default the target cannot hold)
+        if dest in M.ARGS and dest not in explicit and before.get(dest) != after.get(dest):
+            entries.append(Unmapped(M.flag_of(dest), before.get(dest), text))
     return entries
 
 

@@ -4,7 +4,9 @@ A writer that can be split names its target *units* (`writer.units`): the Megatr
 MindSpore rank files, the common store's rank files, HF's shard files, torch_dist's `.distcp`
 files (one per decoder layer), listed stage by stage.  Worker w of N owns the w-th of N runs of
 consecutive units (so a source tensor is read by as few workers as can be).  It opens the
-source itself (only names, shapes and options cross the process boundary, never a tensor),
+source itself (only names, shapes and options cross the process boundary, never a tensor; with
+`verify=False` where the reader takes it: the parent's reader made the checks that read every
+byte, such as a MindSpore file's crc, and holds no tensor itself),
 streams the canonical tensors in the usual order, reads only those its units need
 (`writer.wants(name)`), and finishes its units' files (`writer.finish_units(state)`, which returns
 what the files describing the whole checkpoint need: sizes, checksums, DCP storage entries).
@@ -19,6 +21,7 @@ at least `MIN_BYTES_PER_WORKER` of source.
 """
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import os
 import queue as queues
@@ -31,6 +34,7 @@ from .errors import InteropError
 MIN_BYTES_PER_WORKER = 1 << 30
 PROGRESS_BYTES = 16 << 20  # a worker reports progress at most every this many bytes of source
 last_peak_rss: list[int] = []  # each worker's peak RSS (bytes) in the last run: the benchmarks report it
+last_start_rss: list[int] = []  # each worker's RSS as it began (forked from the fork server), in the last run
 
 
 def available_cores() -> int:
@@ -52,7 +56,6 @@ def worker_count(requested: int | None, total_bytes: int, units: int) -> int:
 
 def splittable(writer_cls) -> bool:
     """Whether the writer takes `only=` (a set of its units) and finishes in two halves."""
-    import inspect
     return "only" in inspect.signature(writer_cls.__init__).parameters and hasattr(writer_cls, "finish_global")
 
 
@@ -145,6 +148,7 @@ def run(tasks: list[dict], progress=None, total: int = 0) -> list[dict]:
                 p.join()
         messages.close()
     last_peak_rss[:] = [results[w].get("peak_rss") or 0 for w in range(len(results))]
+    last_start_rss[:] = [results[w].get("start_rss") or 0 for w in range(len(results))]
     return [results[w] for w in range(len(results))]
 
 
@@ -170,10 +174,11 @@ def _raise_failed(w: int, error: dict) -> None:
     raise RuntimeError(f"conversion worker {w} failed:\n{error['traceback']}")
 
 
-def _peak_rss() -> int | None:
+def _peak_rss(field: str = "VmHWM") -> int | None:
+    """This process's peak RSS in bytes (`field="VmRSS"`: its RSS now); None where /proc says nothing."""
     try:
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
     except (OSError, StopIteration, ValueError):
         return None
 
@@ -198,11 +203,15 @@ class _Progress:
 def _work(task: dict, messages) -> None:
     """One worker: open the source, stream the tensors its units need, finish its units' files."""
     w = task["worker"]
+    start_rss = _peak_rss("VmRSS")
     try:
         from .convert import one_torch_thread, stream
         from .io.background import background_writes
         from .params import param_index
-        reader = task["reader_cls"](task["src"], **task["reader_options"])  # classes travel by name
+        reader_options = dict(task["reader_options"])
+        if "verify" in inspect.signature(task["reader_cls"].__init__).parameters:
+            reader_options["verify"] = False  # the parent opened the source with its checks: not every byte again
+        reader = task["reader_cls"](task["src"], **reader_options)  # classes travel by name
         try:
             with one_torch_thread(), background_writes():
                 writer = task["writer_cls"](task["dst"], task["spec"], task["layout"], task["metas_out"],
@@ -222,7 +231,8 @@ def _work(task: dict, messages) -> None:
                 progress.flush()
         finally:
             reader.close()
-        messages.put(("done", w, {"results": results, "notes": notes, "peak_rss": _peak_rss(), "writer_notes": list(getattr(writer, "notes", []))}))
+        messages.put(("done", w, {"results": results, "notes": notes, "peak_rss": _peak_rss(),
+                                  "start_rss": start_rss, "writer_notes": list(getattr(writer, "notes", []))}))
     except InteropError as exc:
         messages.put(("error", w, {"type": "interop", "message": str(exc)}))
     except OSError as exc:

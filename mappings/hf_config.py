@@ -137,6 +137,21 @@ LLAMA3_ROPE_KEYS = {"factor": "factor", "low_freq_factor": "low_freq_factor", "h
                     "original_max_position_embeddings": "original_max_positions"}
 
 
+# config.json keys spec_from_hf_config reads beyond the tables above (map-args names every other key as unread).
+GPT2_READS = ("model_type", "n_inner", "activation_function", *GPT2_UNSUPPORTED)
+LLAMA_READS = ("model_type", "hidden_act", "num_key_value_heads", "head_dim", "rope_theta", "rope_parameters",
+               "rope_scaling", "attention_bias", "mlp_bias", "qkv_bias", "sliding_window", "use_sliding_window",
+               "decoder_sparse_step", "mlp_only_layers")
+
+
+def config_keys(model_type: str) -> set:
+    """Every config.json key that `spec_from_hf_config` reads for this model_type."""
+    if model_type == "gpt2":
+        return {key for _, key, _ in GPT2_KEYS} | set(GPT2_READS)
+    moe = MOE_KEYS.get(HF_FAMILIES[model_type].get("moe"), [])
+    return {key for _, key, _ in LLAMA_KEYS + moe} | set(LLAMA_READS)
+
+
 def spec_from_hf_config(config: dict, dtype: str = "float32", where: str = "config.json") -> ModelSpec:
     model_type = config.get("model_type")
     if model_type == "gpt2":
@@ -282,19 +297,28 @@ HF_SHAPES = {
 }
 
 
-def hf_config_from_spec(spec: ModelSpec) -> dict:
-    """A config.json that `AutoModelForCausalLM.from_pretrained` builds the same model from."""
+def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
+    """A config.json that `AutoModelForCausalLM.from_pretrained` builds the same model from.
+
+    What the HF class cannot hold is refused; with `cannot` (a list) it is appended there instead as
+    (ModelSpec field, why) and the nearest config is written: map-args reports it and goes on."""
+    def refuse(field: str, why: str) -> None:
+        if cannot is None:
+            raise InteropError(why)
+        cannot.append((field, why))
+
     for field, allowed in HF_SHAPES[spec.arch].items():
         if getattr(spec, field) not in allowed:
-            raise InteropError(f"HF {spec.arch} cannot hold a model with {field}={getattr(spec, field)} "
-                               f"(it has {' or '.join(allowed)})")
+            refuse(field, f"HF {spec.arch} cannot hold a model with {field}={getattr(spec, field)} "
+                          f"(it has {' or '.join(allowed)})")
     if spec.arch == "gpt2":
         if spec.kv_groups != spec.heads or spec.head_dim * spec.heads != spec.hidden:
-            raise InteropError("HF GPT2 needs multi-head attention with head_dim * heads == hidden")
+            refuse("kv_groups" if spec.kv_groups != spec.heads else "head_dim",
+                   "HF GPT2 needs multi-head attention with head_dim * heads == hidden")
         if not (spec.qkv_bias and spec.linear_bias):
-            raise InteropError("HF GPT2 has biases on every linear layer; this model has none")
+            refuse("linear_bias", "HF GPT2 has biases on every linear layer; this model has none")
         config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_inner": spec.ffn_hidden,
-                  "activation_function": GPT2_ACTIVATION_OUT[spec.activation],
+                  "activation_function": GPT2_ACTIVATION_OUT.get(spec.activation, "gelu_new"),
                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         table = GPT2_KEYS
     else:
@@ -305,29 +329,29 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
                   "rope_theta": spec.rope_base, "rope_parameters": _rope_parameters(spec), "attention_dropout": 0.0}
         if family["biases"] == "attention_bias":
             if spec.qkv_bias != spec.linear_bias:
-                raise InteropError(f"HF {model_type}'s attention_bias puts biases on q, k, v and o together; "
-                                   "this model has them on only some")
+                refuse("linear_bias", f"HF {model_type}'s attention_bias puts biases on q, k, v and o together; "
+                                      "this model has them on only some")
             config["attention_bias"] = spec.qkv_bias
             if model_type == "llama":
                 config["mlp_bias"] = spec.has_mlp_bias
             elif spec.has_mlp_bias:
-                raise InteropError(f"HF {model_type} has no MLP biases; this model has them")
+                refuse("mlp_bias", f"HF {model_type} has no MLP biases; this model has them")
         elif family["biases"] == "none" and (spec.qkv_bias or spec.linear_bias or spec.has_mlp_bias):
-            raise InteropError(f"HF {model_type} has no biases; this model has them")
+            refuse("qkv_bias" if spec.qkv_bias else "linear_bias", f"HF {model_type} has no biases; this model has them")
         elif family["biases"] == "qkv_key":
             if spec.linear_bias or spec.has_mlp_bias:
-                raise InteropError(f"HF {model_type} has biases on q, k and v only; this model has others")
+                refuse("linear_bias", f"HF {model_type} has biases on q, k and v only; this model has others")
             config["qkv_bias"] = spec.qkv_bias
         if family.get("moe"):
-            config.update(_moe_config(spec, model_type))
+            config.update(_moe_config(spec, model_type, refuse))
         if family["sliding"] == "model":
             config["sliding_window"] = spec.sliding_window
         elif family["sliding"] == "per_layer":
             config["use_sliding_window"] = False
             config["sliding_window"] = None
         if spec.sliding_window is not None and family["sliding"] != "model":
-            raise InteropError(f"HF {model_type} cannot hold a sliding window on every layer "
-                               f"(sliding_window={spec.sliding_window})")
+            refuse("sliding_window", f"HF {model_type} cannot hold a sliding window on every layer "
+                                     f"(sliding_window={spec.sliding_window})")
         table = LLAMA_KEYS
     for field, key, _ in table:
         config[key] = getattr(spec, field)
@@ -337,27 +361,27 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     return config
 
 
-def _moe_config(spec: ModelSpec, model_type: str) -> dict:
-    """The MoE keys of a Mixtral / Qwen2-MoE config.json; a spec the family's model cannot run is refused."""
-    cannot = []
+def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
+    """The MoE keys of a Mixtral / Qwen2-MoE config.json; what the family's model cannot run is refused."""
+    def cannot(field: str, what: str) -> None:
+        refuse(field, f"HF {model_type} cannot hold this mixture-of-experts model: it has {what}")
+
     if spec.moe_router_score != "softmax":
-        cannot.append(f"a {spec.moe_router_score} router")
+        cannot("moe_router_score", f"a {spec.moe_router_score} router (HF's is a softmax)")
     if spec.moe_router_bias:
-        cannot.append("a router expert bias")
+        cannot("moe_router_bias", "a router expert bias")
     if spec.qk_norm != HF_FAMILIES[model_type]["qk_norm"]:
-        cannot.append("q/k norms" if spec.qk_norm else "no q/k norms")
+        cannot("qk_norm", "q/k norms" if spec.qk_norm else "no q/k norms")
     if model_type == "mixtral":
         if not spec.moe_norm_topk:
-            cannot.append("top-k probabilities left unnormalised (Mixtral always renormalises them)")
+            cannot("moe_norm_topk", "top-k probabilities left unnormalised (Mixtral always renormalises them)")
         if spec.moe_layers is not None:
-            cannot.append(f"dense layers (only {spec.moe_layers} are MoE)")
+            cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
     elif model_type == "qwen3_moe":
         if spec.shared_expert_ffn_hidden is not None:
-            cannot.append("a shared expert")
+            cannot("shared_expert_ffn_hidden", "a shared expert")
     elif not spec.shared_expert_gate:
-        cannot.append("a shared expert without its sigmoid gate")
-    if cannot:
-        raise InteropError(f"HF {model_type} cannot hold this mixture-of-experts model: it has {'; '.join(cannot)}")
+        cannot("shared_expert_gate", "a shared expert without its sigmoid gate")
     out = {key: getattr(spec, field) for field, key, _ in MOE_KEYS[model_type]}
     out.update(MOE_TRAINING_KEYS[model_type])
     if model_type in ("qwen2_moe", "qwen3_moe"):

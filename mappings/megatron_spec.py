@@ -27,6 +27,10 @@ UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
 }
 
 
+UNSUPPORTED_MOE_ARGS = ("moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk",
+                        "moe_latent_size")  # set (not None): a router our ModelSpec cannot describe
+
+
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 NORMS_OUT = {v: k for k, v in NORMS.items()}
 
@@ -62,7 +66,7 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     if qk_norm and norm != "rmsnorm":
         raise InteropError(f"{where}: qk_layernorm with normalization={full.get('normalization')!r} is not supported "
                            "(RMSNorm is)")
-    sliding_window = _sliding_window(full, where)
+    sliding_window = sliding_window_of(full, where)
     rope_scaling = None
     if full.get("use_rope_scaling") and position == "rope":
         rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
@@ -91,9 +95,8 @@ def moe_from_args(full: dict, where: str) -> dict:
     score = full.get("moe_router_score_function") or "softmax"
     topk = int(full.get("moe_router_topk") or 2)
     norm = (not full.get("moe_router_pre_softmax")) if score == "softmax" else topk > 1
-    for dest, ok in (("moe_router_topk_scaling_factor", None), ("moe_router_num_groups", None),
-                     ("moe_router_group_topk", None), ("moe_latent_size", None)):
-        if full.get(dest) not in (ok, None):
+    for dest in UNSUPPORTED_MOE_ARGS:
+        if full.get(dest) is not None:
             raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported (the model description has no place "
                                "for it)")
     coeff = full.get("moe_aux_loss_coeff") or 0.0
@@ -112,42 +115,12 @@ def moe_from_args(full: dict, where: str) -> dict:
 
 
 def _moe_layers(freq, num_layers: int, where: str) -> list | None:
-    """--moe-layer-freq: an int k (every k-th layer from 0 is MoE) or a 0/1 list per layer (megatron-core
-    TransformerConfig.moe_layer_freq; Megatron-LM parses a string such as "[1,0,1,0]" or "([0]+[1]*3)")."""
-    if isinstance(freq, str):
-        text = freq.strip()
-        if text.isdigit():
-            freq = int(text)
-        else:
-            import ast
-            try:
-                node = ast.parse(text, mode="eval").body
-                freq = _pattern(node)
-            except (SyntaxError, ValueError):
-                raise InteropError(f"{where}: moe_layer_freq={text!r} is not an integer or a 0/1 list") from None
-    if isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1:
-        pattern = [int(i % freq == 0) for i in range(num_layers)]
-    elif isinstance(freq, (list, tuple)) and len(freq) == num_layers and all(f in (0, 1) for f in freq):
-        pattern = list(freq)
-    else:
+    """--moe-layer-freq (megatron_args.moe_layer_pattern reads Megatron's forms: an int k, every k-th layer
+    from 0, or a 0/1 list such as "[1,0,1,0]" or "([0]+[1]*3)") -> ModelSpec.moe_layers (None: every layer)."""
+    pattern = M.moe_layer_pattern(freq, num_layers)
+    if pattern is None:
         raise InteropError(f"{where}: moe_layer_freq={freq!r} is not an integer or a 0/1 list of {num_layers} layers")
     return None if all(pattern) else [i for i, f in enumerate(pattern) if f]
-
-
-def _pattern(node) -> list:
-    """A literal 0/1 list, or sums and products of them (`[0]*1+[1]*3`), without eval."""
-    import ast
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _pattern(node.left) + _pattern(node.right)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        left, right = node.left, node.right
-        if isinstance(right, ast.Constant) and isinstance(right.value, int) and 0 <= right.value <= 100000:
-            return _pattern(left) * right.value
-        raise ValueError("not a list times a count")
-    value = ast.literal_eval(node)
-    if not isinstance(value, (list, tuple)):
-        raise ValueError("not a list")
-    return list(value)
 
 
 def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
@@ -172,7 +145,7 @@ def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
     }
 
 
-def _sliding_window(full: dict, where: str) -> int | None:
+def sliding_window_of(full: dict, where: str) -> int | None:
     """--window-size (left, right) on every layer -> ModelSpec.sliding_window.
 
     megatron-core lets query i see keys i - left .. i + right (transformer/utils.py
@@ -193,18 +166,12 @@ def _sliding_window(full: dict, where: str) -> int | None:
     return left + 1
 
 
-def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
-                   divisible_by: int = 128) -> dict:
-    """Megatron args for `spec` at `layout`, on top of `base` (a source's args) or Megatron's defaults."""
-    if spec.qkv_bias and not spec.linear_bias:
-        add_qkv_bias = True
-    else:
-        add_qkv_bias = spec.qkv_bias
+def model_args(spec: ModelSpec) -> dict:
+    """The Megatron arguments that state `spec`'s model (no layout, no training): what a config.json says.
+
+    Torch-free: map-args writes a config.json's model through here."""
     if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
         raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
-    first = layout.stages[0][0]
-    per_stage = [sum(b - a for a, b in chunks) for chunks in layout.stages]
-    uneven = layout.vpp == 1 and layout.stages != _even_stages(spec.num_layers, layout)
     model = {dest: getattr(spec, field) for field, dest in SPEC_NUMBERS.items()}
     model |= {
         "group_query_attention": spec.kv_groups != spec.heads, "normalization": NORMS_OUT[spec.norm],
@@ -218,17 +185,29 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
         "rotary_base": int(spec.rope_base) if float(spec.rope_base).is_integer() else spec.rope_base,
         "rotary_percent": 1.0, "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not spec.tied_embeddings,
-        "add_bias_linear": spec.linear_bias, "add_qkv_bias": add_qkv_bias, "qk_layernorm": spec.qk_norm,
+        "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm,
         "use_rope_scaling": spec.rope_scaling is not None,
         "rope_scaling_factor": spec.rope_scaling["factor"] if spec.rope_scaling else 8.0,
         "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
+        "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
+    }
+    return model
+
+
+def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
+                   divisible_by: int = 128) -> dict:
+    """Megatron args for `spec` at `layout`, on top of `base` (a source's args) or Megatron's defaults."""
+    first = layout.stages[0][0]
+    per_stage = [sum(b - a for a, b in chunks) for chunks in layout.stages]
+    uneven = layout.vpp == 1 and layout.stages != _even_stages(spec.num_layers, layout)
+    model = model_args(spec)
+    model |= {
         "make_vocab_size_divisible_by": divisible_by,
         "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
         "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
         "num_layers_per_virtual_pipeline_stage": (first[1] - first[0]) if layout.vpp > 1 else None,
         "decoder_first_pipeline_num_layers": per_stage[0] if uneven else None,
         "decoder_last_pipeline_num_layers": per_stage[-1] if uneven else None,
-        "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
         "transformer_impl": "local", "use_legacy_models": False, "use_mcore_models": True,
         **moe_args(spec, layout),
     }

@@ -1,7 +1,10 @@
-"""Generate the Megatron test fixtures with a real megatron-core (0.12 .. 0.16; 0.17+ under Python 3.12).
+"""Generate the Megatron test fixtures with a real megatron-core (0.12 .. 0.16; 0.17 .. 0.19 under Python 3.12).
 
     pip install --target /tmp/mcore-0.12 "megatron-core==0.12.*" --no-deps
     PYTHONPATH=/tmp/mcore-0.12 python scripts/make_megatron_fixtures.py tests/fixtures/megatron
+    # 0.17+ (wheels need Python >= 3.12; a 3.12 venv with torch, numpy, packaging, safetensors, psutil):
+    /tmp/py312/bin/python -m pip install --target /tmp/mcore-0.18 "megatron-core==0.18.*" --no-deps
+    PYTHONPATH=/tmp/mcore-0.18 /tmp/py312/bin/python scripts/make_megatron_fixtures.py tests/fixtures/megatron
 
 A tiny Llama-style megatron-core GPTModel (bf16 weights, the local layer spec, one gloo process
 per data-parallel rank on the CPU, megatron-core's own DDP, optimizer and scheduler) trains

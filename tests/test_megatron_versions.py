@@ -1,4 +1,4 @@
-"""Checkpoints saved by real megatron-core releases (0.12 .. 0.16 and 0.19), read exactly.
+"""Checkpoints saved by real megatron-core releases (0.12 .. 0.19), read exactly.
 
 `tests/fixtures/megatron/<version>/<optim>/` were made by `scripts/make_megatron_fixtures.py`
 (see PROVENANCE there): a tiny Llama-style GPTModel trained 2 bf16 updates by that release's own
@@ -35,7 +35,7 @@ VERSIONS = sorted({v for v, _ in CASES})
 
 def test_every_release_is_there():
     """The matrix the fixtures cover (regenerate with the script if one is missing)."""
-    assert [v.rsplit(".", 1)[0] for v in VERSIONS] == ["0.12", "0.13", "0.14", "0.15", "0.16", "0.19"]
+    assert [v.rsplit(".", 1)[0] for v in VERSIONS] == ["0.12", "0.13", "0.14", "0.15", "0.16", "0.17", "0.18", "0.19"]
     assert all((FIXTURES / v / k / "expected.json").is_file() for v in VERSIONS for k in ("fp16opt", "distopt"))
 
 

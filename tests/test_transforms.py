@@ -221,3 +221,56 @@ def test_shapes_that_do_not_fit_are_refused():
         GatedMLP([(4, 2)], 0)
     with pytest.raises(ValueError):
         Copy([(4, 2), (4, 2)], 0)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("case", CASES)
+def test_rank_from_fused_is_what_rank_t_stores(case, tp):
+    """Re-slicing the whole stored tensor (`rank_from_fused`) gives rank t's stored tensor exactly, and
+    `fused_from_ranks` puts the ranks' tensors back into the whole one: a fused row moves between two formats
+    that store it alike without its canonical parts.  Transforms whose ranks do not store whole rows of the
+    whole tensor (transposed, stacked, cut on columns) say None."""
+    transform = CASES[case]()
+    parts = _parts(transform.shapes)
+    whole = transform.fuse(parts)
+    if transform.fused_rows(0, tp) is None:
+        assert isinstance(transform, (Transpose, Stack)) or transform.axis == 1
+        return
+    ranks = []
+    for t in range(tp):
+        got = transform.rank_from_fused(whole, t, tp)
+        assert torch.equal(got, transform.to_rank(parts, t, tp)), (case, t, tp)
+        out = torch.full(transform.rank_shape(t, tp), -1.0)
+        assert torch.equal(transform.rank_from_fused(whole, t, tp, out=out), got)
+        ranks.append(got.clone())
+    assert torch.equal(transform.fused_from_ranks(ranks), whole)
+    if not transform.replicated:  # every row of the whole on exactly one rank
+        rows = [r for t in range(tp) for a, b in transform.fused_rows(t, tp) for r in range(a, b)]
+        assert sorted(rows) == list(range(whole.shape[0]))
+
+
+def test_fused_rows_pin_the_frameworks_cuts():
+    """GroupedQKV: a rank holds whole groups, one range of rows; GatedMLP: [gate_t; up_t], two ranges;
+    Interleave: one range (pairs stay together); replicated: every row on every rank."""
+    qkv = GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4)  # 8 rows per group
+    assert [qkv.fused_rows(t, 2) for t in range(2)] == [((0, 16),), ((16, 32),)]
+    assert qkv.fused_rows(3, 4) == ((24, 32),)
+    mlp = GatedMLP([(8, 6), (8, 6)], 0)
+    assert [mlp.fused_rows(t, 2) for t in range(2)] == [((0, 4), (8, 12)), ((4, 8), (12, 16))]
+    assert Interleave([(8, 6), (8, 6)], 0).fused_rows(1, 4) == ((4, 8),)
+    assert PlainConcat([(4,), (2,)], None).fused_rows(1, 2) == ((0, 6),)
+    whole = torch.zeros(32, 6)
+    assert qkv.rank_from_fused(whole, 1, 2).data_ptr() == whole[16].data_ptr()  # one range: a view, no copy
+
+
+def test_equal_transforms_are_the_same_class_with_the_same_parameters():
+    """The engine moves a row whole only between equal transforms (`==`, usable as dict keys)."""
+    qkv = GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4)
+    assert qkv == GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4)
+    assert hash(qkv) == hash(GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4))
+    assert qkv != GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=2)  # other groups
+    assert qkv != GroupedQKV([(16, 6), (8, 6), (8, 6)], None, groups=4)  # other split
+    assert GatedMLP([(8, 6), (8, 6)], 0) != PlainConcat([(8, 6), (8, 6)], 0)  # same layout at tp 1, not per rank
+    assert GatedMLP([(8, 6), (8, 6)], 0) != Interleave([(8, 6), (8, 6)], 0)
+    assert GatedMLP([(8, 6), (8, 6)], 0) != GatedMLP([(8, 4), (8, 4)], 0)
+    assert Stack([(8, 6)] * 4, 0, per=2) != Stack([(8, 6)] * 4, 0, per=1)

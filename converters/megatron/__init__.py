@@ -81,6 +81,12 @@ class Writer:
     def wants(self, name) -> bool:
         return self.impl.wants(name)
 
+    def accepts_fused(self, names, transform) -> bool:  # a fused row moved whole (interop.convert.fused_plan)
+        return self.impl.accepts_fused(names, transform)
+
+    def write_fused(self, names, fused) -> None:
+        self.impl.write_fused(names, fused)
+
     def finish(self, state: dict | None = None) -> None:
         self.impl.finish(state)
 

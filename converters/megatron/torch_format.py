@@ -112,6 +112,7 @@ class Reader:
         self.source = Source(spec, self.layout, state, notes)
         self._cache: OrderedDict = OrderedDict()
         self.memory = BufferPool()
+        self.vocab_buffer = False
 
     # -- opening -------------------------------------------------------------------------------
     def _open_ranks(self) -> None:
@@ -431,6 +432,7 @@ class Reader:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
             self._cache.clear()
             self.memory.release_idle()
+            self.vocab_buffer = True  # left idle in the pool after it, which no layer's row fits
         dicts, files = self._on_ep_rank(dicts, files, row)
         stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
         dtypes = {t: s.dtype for t, s in stored.items()}
@@ -498,6 +500,36 @@ class Reader:
             return False
         self._read_row(dicts, files, row, [out])
         return True
+
+    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    def fused_row(self, name: str):
+        """(transform, canonical names) of the fused Megatron tensor holding `name`; None for a lone one."""
+        base = base_param_name(name)
+        row, _ = self.row_of[base]
+        if len(row.parts) < 2:
+            return None
+        prefix = name[:len(name) - len(base)]
+        return row.transform, [prefix + n for n in row.parts]
+
+    def read_fused(self, name: str) -> torch.Tensor:
+        """The whole fused tensor holding `name` (as at tp 1), each rank's rows read straight into place."""
+        dicts, base, files = self._stored(name)
+        row, _ = self.row_of[base]
+        dicts, files = self._on_ep_rank(dicts, files, row)
+        stored = {t: dicts[(t, row.stage, row.chunk)][row.key] for t in range(self.tp)}
+        if len({s.dtype for s in stored.values()}) > 1:
+            raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(s.dtype) for s in stored.values())} "
+                               "by the tp ranks (tp 0, 1, ...): one dtype expected")
+        if self.vocab_buffer:  # the embedding's buffer would stay mapped through every layer
+            self.memory.release_idle()
+            self.vocab_buffer = False
+        fused = row.transform
+        out = self.memory.empty(fused.rank_shape(), stored[0].dtype)
+        per_row = out[0].numel()
+        for t in [0] if fused.replicated else range(self.tp):
+            ranges = fused.fused_rows(0, 1) if fused.replicated else fused.fused_rows(t, self.tp)
+            files[(t, row.stage)].read_into(stored[t], [(out, a * per_row, b * per_row) for a, b in ranges])
+        return out
 
     def close(self) -> None:
         self._cache.clear()
@@ -596,13 +628,17 @@ class Writer:
         parts = [got[n] for n in row.parts]
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
+        fused, tp = row.transform, self.layout.tp
+        self._place(kind, row, base, lambda t: fused.to_rank(
+            parts, t, tp, out=self.memory.empty(fused.rank_shape(t, tp), parts[0].dtype)))
+
+    def _place(self, kind: str, row, base: str, piece_of) -> None:
+        """Each owned TP rank's stored tensor (`piece_of(t)`) into its rank files (or distrib_optim.pt)."""
         for t in range(self.layout.tp):
             mine = [r for r in self._targets(row, base) if (t, r.stage) in self.owned]
             if not mine:
                 continue
-            fused = row.transform
-            piece = fused.to_rank(parts, t, self.layout.tp,
-                                  out=self.memory.empty(fused.rank_shape(t, self.layout.tp), parts[0].dtype))
+            piece = piece_of(t)
             for r in mine:
                 if kind and self.distrib:
                     self.distrib[(t, r.stage)].add(DISTRIB_KIND[kind], r.chunk, r.key, piece)
@@ -613,6 +649,26 @@ class Writer:
                     self.weight_dtypes.add(piece.dtype)
                 if not kind and self.distrib and "fp32_param" not in self.optim_kinds:  # masters: the weights
                     self.distrib[(t, r.stage)].add("param", r.chunk, r.key, piece)
+
+    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    def accepts_fused(self, names: list[str], transform) -> bool:
+        """Whether `names` are one of our rows, in its order, stored by an equal transform."""
+        base = base_param_name(names[0])
+        kind = names[0].split(".")[1] if base != names[0] else ""
+        row = self.row_of.get(base)
+        prefix = names[0][:len(names[0]) - len(base)]
+        return (row is not None and (not kind or kind in self.optim_kinds) and row.transform == transform
+                and [prefix + n for n in row.parts] == list(names))
+
+    def write_fused(self, names: list[str], fused: torch.Tensor) -> None:
+        """The whole stored tensor of one row, re-sliced for each TP rank (`Transform.rank_from_fused`)."""
+        base = base_param_name(names[0])
+        row, tp = self.row_of[base], self.layout.tp
+        kind = names[0].split(".")[1] if base != names[0] else ""
+        cut = row.transform
+        self._place(kind, row, base, lambda t: cut.rank_from_fused(  # one range of rows: a view, no buffer
+            fused, t, tp, out=None if len(cut.fused_rows(t, tp)) == 1 else self.memory.empty(cut.rank_shape(t, tp),
+                                                                                               fused.dtype)))
 
     def _model_dict(self, t: int, p: int, v: int, e: int) -> OrderedDict:
         """Rank (t, p, e)'s state dict of chunk v: its rows in module order, each linear module followed by its

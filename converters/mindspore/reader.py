@@ -2,8 +2,9 @@
 
 The layout comes from the files themselves: which layers each `rank_N` file holds gives the pipeline
 stages (and virtual chunks), a column-split tensor's shape gives tp, extra copies per stage are
-data-parallel ranks.  The model description comes from `--model-config` (a HF config.json) or
-interop's optional `mindspore_model.json`; the training state from the scalars beside the tensors.
+data-parallel ranks.  The model description comes from `--model-config` (a HF config.json, Megatron
+args, MindSpeed / MindFormers YAML) or interop's optional `mindspore_model.json`; the training state
+from the scalars beside the tensors.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile
 from ...io.small_files import read_json_object
 from ...layout import ParallelLayout
+from ...memory import BufferPool
 from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, LOCAL_EXPERTS,
                                          MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
 from ...params import param_index, param_table
@@ -33,11 +35,18 @@ def _load_json(path: Path, what: str) -> dict:
 
 
 def _spec_from_config(path, dtype: str) -> ModelSpec:
+    """--model-config: a HF config.json (or interop's {"spec": ...}); any other model description
+    (a Megatron args file or launch script, MindSpeed / MindFormers YAML) through Megatron's args."""
     from ...mappings.hf_config import spec_from_hf_config
-    data = _load_json(Path(path), "model config")
-    if "spec" in data:
-        return ModelSpec.from_dict(data["spec"], where=str(path))
-    return spec_from_hf_config(data, dtype, where=str(path))
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        data = _load_json(path, "model config")
+        if "spec" in data:
+            return ModelSpec.from_dict(data["spec"], where=str(path))
+        return spec_from_hf_config(data, dtype, where=str(path))
+    from ...mappings.megatron_spec import spec_from_args
+    from ...model_config import megatron_args_from_file
+    return spec_from_args(megatron_args_from_file(path), str(path), dtype)
 
 
 def _guess_dialect(tags: list[str], path: Path) -> str:
@@ -64,9 +73,12 @@ class Reader:
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
 
     def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
-                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None):
+                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True):
         """`qkv_layout` / `qkv_bias_layout`: how a MindFormers w_qkv is joined.  MindSpore -> MindSpore gives
-        the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's)."""
+        the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's).
+        `verify=False` skips what reads tensor bytes to check the files (crc trailers, a tied head's or a
+        renamed tensor's stored copy): a `--workers` worker, whose parent made those checks already."""
+        self.verify = verify
         qkv_layout, qkv_bias_layout = src_qkv_layout or qkv_layout, src_qkv_bias_layout or qkv_bias_layout
         path = Path(path)
         if not path.exists():
@@ -78,6 +90,7 @@ class Reader:
         self.files: dict = {}
         self.ep_files: dict = {}  # {(tp rank, stage, ep rank >= 1): file} of a MindSpeed expert-parallel run
         self._cached = (None, None)
+        self.memory = BufferPool(keep=4)  # the rows read, reused once the writer is done with them
         notes: list[str] = []
         try:
             old = old_mindspeed_tree(path) if path.is_dir() else None
@@ -90,7 +103,7 @@ class Reader:
                 by_rank, notes = rank_folders(path)
                 paths = {("rank", r): p for r, p in by_rank.items()}
             for key, p in sorted(paths.items()):
-                self.files[key] = CkptFile(p)
+                self.files[key] = CkptFile(p, verify=verify)
             self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes)
         except BaseException:
             self.close()
@@ -111,7 +124,8 @@ class Reader:
             spec = ModelSpec.from_dict(sidecar["spec"])
         else:
             raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
-                               "pass --model-config (a HF config.json)")
+                               "pass --model-config (a HF config.json, Megatron args file or MindSpeed / "
+                               "MindFormers YAML)")
         dialect = (sidecar or {}).get("dialect") or _guess_dialect(tags, path)
         if dialect not in DIALECTS:
             raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
@@ -370,8 +384,9 @@ class Reader:
                 raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect} {self.spec.arch} "
                                    f"model at tp={self.layout.tp} pp={self.layout.pp} (unknown tag layout)")
         self.optim = have_moments
-        self._check_tied_copies(tied, notes)
-        self._check_name_copies(copies, moments if have_moments else [])
+        if self.verify:
+            self._check_tied_copies(tied, notes)
+            self._check_name_copies(copies, moments if have_moments else [])
         notes += [f"dropped buffers that are not parameters ({why})" for why in sorted(buffers)]
         strings = scalars.pop("__strings__", [])
         if strings:
@@ -418,25 +433,121 @@ class Reader:
                     out.append(TensorMeta(prefix + param.name, f.meta(tag)[0], param.shape))
         return out
 
-    def read(self, name: str) -> torch.Tensor:
+    def _row(self, name: str):
+        """(stored tag, transform, parts) of a canonical (or optimizer-moment) tensor name."""
         native, canonical = "", name
         for prefix, nat in self.prefixes.items():
             if name.startswith(prefix):
                 native, canonical = nat, name[len(prefix):]
         ms_name, transform, parts = self.row_of[canonical]
-        tag = native + self.tag_of[ms_name]
+        return native + self.tag_of[ms_name], transform, parts, canonical
+
+    def read(self, name: str) -> torch.Tensor:
+        tag, transform, parts, canonical = self._row(name)
+        if len(parts) == 1:
+            return self._gather(tag, transform, parts)[0]
         if self._cached[0] != tag:  # q, k and v come from one fused tensor: read it once
+            self._cached = (None, None)  # (the previous row is not held while this one is read)
             self._cached = (tag, self._gather(tag, transform, parts))
         return self._cached[1][parts.index(canonical)]
 
-    def _gather(self, tag: str, transform, parts: list[str]) -> list[torch.Tensor]:
-        """The row's canonical tensors from every TP rank's stored tensor (rank 0's when replicated)."""
+    def read_into(self, name: str, out: torch.Tensor) -> bool:
+        """Fill `out` (e.g. the first rows of a padded vocab buffer) with `name` when its stored tensor
+        holds nothing else; False for a fused row."""
+        tag, transform, parts, _ = self._row(name)
+        if len(parts) != 1 or out.dtype != self._stored(tag, transform, parts)[1] or not out.is_contiguous():
+            return False
+        self._gather(tag, transform, parts, [out])
+        return True
+
+    def _stored(self, tag: str, transform, parts) -> tuple[dict, torch.dtype]:
+        """{tp rank: (file, its tag)} of the ranks to read (rank 0 alone when replicated) and their one dtype;
+        a rank whose type or shard shape differs is refused (its bytes are never cast to its peers' type)."""
         first = self.index[parts[0]]
         ranks = [0] if transform.replicated else range(self.layout.tp)
-        return transform.from_ranks([_read(*self._home(t, first, tag)) for t in ranks])
+        homes = {t: self._home(t, first, tag) for t in ranks}
+        entries = {t: f.entry(name) for t, (f, name) in homes.items()}
+        if len({e.type for e in entries.values()}) != 1 or entries[0].dtype is None:
+            raise InteropError(f"{homes[0][0].path}: {tag} is stored as "
+                               f"{', '.join(e.type for e in entries.values())} by the tp ranks: one tensor type expected")
+        for t, e in entries.items():
+            want = transform.rank_shape(t, len(homes))
+            if e.shape != want:
+                raise InteropError(f"{homes[t][0].path}: {homes[t][1]} has shape {list(e.shape)}, expected {list(want)}")
+        return homes, entries[0].dtype
+
+    def _gather(self, tag: str, transform, parts: list[str], out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """The row's canonical tensors, each TP rank's stored bytes read straight into their place (rank 0's
+        when replicated): memory is the row itself, plus one rank's shard where TP cuts columns."""
+        homes, dtype = self._stored(tag, transform, parts)
+        if out is None:
+            if self.index[parts[0]].split == "vocab":  # the largest tensor: drop the layers' idle buffers first
+                self.memory.release_idle()
+            out = [self.memory.empty(shape, dtype) for shape in transform.shapes]
+        tp = len(homes)
+        for t, (f, name) in homes.items():
+            runs = transform.runs(out, t, tp)
+            if runs is None:  # columns: one read into a reused buffer and one strided copy, not a read per row
+                shard = self.memory.empty(transform.rank_shape(t, tp), dtype)
+                f.read_into(name, [_raw(shard)])
+                for full, stored in transform.pieces(out, shard, t, tp):
+                    full.copy_(stored)
+                del shard
+            else:
+                f.read_into(name, [_raw(x.view(-1)[a:b]) for x, a, b in runs])
+        return out
+
+    def byte_ranges(self, name: str) -> list[tuple[str, int, int]] | None:
+        """`name`'s bytes as (path, offset, bytes) ranges of the rank files, in row-major order, when each
+        rank stores its part as runs of whole rows (vocab blocks, q/k/v groups, gate and up, norms): the
+        conversion engine then copies them file to file in the kernel.  None for a split on columns."""
+        tag, transform, parts, canonical = self._row(name)
+        homes, dtype = self._stored(tag, transform, parts)
+        full = [torch.empty(shape, dtype=dtype, device="meta") for shape in transform.shapes]
+        target, item = full[parts.index(canonical)], dtype.itemsize
+        pieces = []  # (first element of the part, last + 1, file, tag, byte position in the stored tensor)
+        for t, (f, stored) in homes.items():
+            runs = transform.runs(full, t, len(homes))
+            if runs is None:
+                return None
+            pos = 0
+            for x, a, b in runs:
+                if x is target:
+                    pieces.append((a, b, f, stored, pos))
+                pos += (b - a) * item
+        ranges, at = [], 0
+        for a, b, f, stored, pos in sorted(pieces, key=lambda piece: piece[0]):
+            if a != at:
+                return None
+            for offset, n in f.byte_ranges(stored, pos, pos + (b - a) * item):
+                if ranges and ranges[-1][0] == f.path and ranges[-1][1] + ranges[-1][2] == offset:
+                    ranges[-1] = (f.path, ranges[-1][1], ranges[-1][2] + n)
+                else:
+                    ranges.append((f.path, offset, n))
+            at = b
+        return ranges if at == target.numel() else None
+
+    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    def fused_row(self, name: str):
+        """(transform, canonical names) of the fused MindSpore tensor holding `name`; None for a lone one."""
+        prefix = next((p for p in self.prefixes if name.startswith(p)), "")
+        _, transform, parts = self.row_of[name[len(prefix):]]
+        return (transform, [prefix + p for p in parts]) if len(parts) > 1 else None
+
+    def read_fused(self, name: str) -> torch.Tensor:
+        """The whole fused tensor holding `name` (as at tp 1) from every TP rank's, never split into parts."""
+        prefix = next((p for p in self.prefixes if name.startswith(p)), "")
+        ms_name, transform, parts = self.row_of[name[len(prefix):]]
+        tag = (self.prefixes[prefix] if prefix else "") + self.tag_of[ms_name]
+        homes, dtype = self._stored(tag, transform, parts)
+        out = self.memory.empty(transform.rank_shape(), dtype)
+        for t, (f, stored) in homes.items():  # each rank's rows read straight into their place
+            f.read_into(stored, [_raw(out[a:b]) for a, b in transform.fused_rows(t, len(homes))])
+        return out
 
     def close(self) -> None:
         self._cached = (None, None)
+        self.memory.release_idle()
         for f in list(self.files.values()) + list(self.ep_files.values()):
             f.close()
 
@@ -469,5 +580,6 @@ def _refuse_expert_parallel(f: CkptFile, name: str, spec: ModelSpec) -> None:
                            "not read yet (only ep 1)")
 
 
-def _read(f: CkptFile, tag: str) -> torch.Tensor:
-    return f.read(tag)
+def _raw(x: torch.Tensor):
+    """A contiguous tensor's memory as a writable byte array (numpy has no bfloat16: viewed as bytes)."""
+    return x.view(torch.uint8).numpy() if x.dim() else x.reshape(1).view(torch.uint8).numpy()

@@ -144,12 +144,9 @@ class Writer:
         return any((t, p) in self.owned for t in range(self.layout.tp) for p in stages)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(MASTER_PREFIX):
-            if self.dialect != "mindspeed":
-                return
-            name = name[len(MASTER_PREFIX):]
-        elif self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
-            return  # the master copy stands for it
+        name = self._weight_name(name)
+        if name is None:
+            return
         native_prefix, canonical = self._split(name)
         ms_name, transform, parts = self.row_of[canonical]
         got = self.pending.setdefault(native_prefix + ms_name, {})
@@ -165,15 +162,43 @@ class Writer:
             for head in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD):
                 self._emit(native_prefix + head, transform, [got[canonical]], stage=self.layout.pp - 1)
 
-    def _emit(self, ms_name: str, transform, parts: list[torch.Tensor], stage: int | None = None) -> None:
-        """Each TP rank's stored tensor (the transform's), appended to the stage's files."""
+    def _weight_name(self, name: str) -> str | None:
+        """The name `write` files `name` under (a master copy under its weight's), or None when it drops it."""
+        if name.startswith(MASTER_PREFIX):
+            return name[len(MASTER_PREFIX):] if self.dialect == "mindspeed" else None
+        if self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
+            return None  # the master copy stands for it
+        return name
+
+    def accepts_fused(self, names: list[str], transform) -> bool:
+        """Whether `names` are one of our rows, in its order, stored by an equal transform
+        (`interop.convert.fused_plan`: then the whole stored tensor comes to `write_fused`)."""
+        name = self._weight_name(names[0])
+        if name is None:
+            return False
+        canonical = self._split(name)[1]
+        row = self.row_of.get(canonical)
+        prefix = name[:len(name) - len(canonical)]
+        return (row is not None and row[1] == transform and [prefix + p for p in row[2]] ==
+                [self._weight_name(n) for n in names])
+
+    def write_fused(self, names: list[str], fused: torch.Tensor) -> None:
+        """One row's whole stored tensor, re-sliced for each TP rank (`Transform.rank_from_fused`)."""
+        native_prefix, canonical = self._split(self._weight_name(names[0]))
+        ms_name, transform, _ = self.row_of[canonical]
+        self._emit(native_prefix + ms_name, transform, rank_of=lambda t, tp: transform.rank_from_fused(fused, t, tp))
+
+    def _emit(self, ms_name: str, transform, parts: list[torch.Tensor] | None = None, stage: int | None = None,
+              rank_of=None) -> None:
+        """Each TP rank's stored tensor (the transform's, from the parts or `rank_of(t, tp)`), appended to the
+        stage's files."""
         first = self.index[self._canonical_of(ms_name)]
         stage = self.layout.stage_of(first) if stage is None else stage
         tp = self.layout.tp
         for t in range(tp):
             if (t, stage) not in self.owned:
                 continue
-            fused = transform.to_rank(parts, t, tp)
+            fused = transform.to_rank(parts, t, tp) if rank_of is None else rank_of(t, tp)
             native, base = self._native_split(ms_name)
             for d, name in self._targets(first, ms_name):
                 self.files[(t, stage, d)].write(name, fused)

@@ -16,10 +16,18 @@ whose contents concatenate.  0-d tensors (the `append_dict` scalars) have no dim
 strings have dims [0], type "str" and UTF-32-LE content.  The crc32 covers every
 byte before the trailer.
 
-`CkptFile` indexes the Values over mmap (only headers are touched), so listing is
-cheap; `read` preads one tensor into its own buffer (memory bounded by the largest
-tensor), `view` returns a zero-copy view of the mapping when the tensor is one
-aligned chunk.  `CkptWriter` streams Values one tensor at a time; its bytes equal
+`CkptFile` indexes the Values by pread of a small window at each Value's start (only
+headers are read: no tensor byte is read, paged in or mapped), so listing is cheap and
+a process that only indexes (the parent of `--workers`) holds no tensor memory; `read`
+preads one tensor into its own buffer (memory bounded by the largest tensor),
+`read_into` fills the caller's buffers (a gather straight into place), `byte_ranges`
+names a tensor's bytes as file ranges (for a kernel copy), `view` maps the file (only
+when asked) and returns a zero-copy view when the tensor is one aligned chunk.
+
+Why not index over mmap, as before: every header touched maps its page and the pages
+around it (fault-around, whole large folios on recent kernels), which stay in the
+process's RSS; at 7B (32 rank files, 8 layers each) that was ~1.4 GB in every process
+that opened the checkpoint, the parent of `--workers` included.  `CkptWriter` streams Values one tensor at a time; its bytes equal
 `mindspore.save_checkpoint`'s (synchronous save, the default) for the same tensors.
 """
 from __future__ import annotations
@@ -144,6 +152,33 @@ def _value(buf, pos: int, end: int):
     return tag, tensor
 
 
+class _Window:
+    """The file as `buf[i]` / `buf[a:b]` for the wire parser, read by pread of a small window around
+    the position asked for: the parser skips each tensor's content by its length, so indexing
+    reads the Values' headers and never the tensors between them."""
+
+    SIZE = 16 << 10
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+        self.start, self.data = 0, b""
+
+    def _load(self, pos: int, n: int) -> None:
+        self.start, self.data = pos, os.pread(self.fd, max(n, min(self.SIZE, self.size - pos)), pos)
+        if len(self.data) < n:
+            raise _Corrupt("unexpected end of file")
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            a, b = key.start, key.stop
+            if not (self.start <= a and b <= self.start + len(self.data)):
+                self._load(a, b - a)
+            return self.data[a - self.start:b - self.start]
+        if not (self.start <= key < self.start + len(self.data)):
+            self._load(key, 1)
+        return self.data[key - self.start]
+
+
 def _numel(shape) -> int:
     n = 1
     for s in shape:
@@ -193,8 +228,13 @@ class CkptFile:
         self.entries: dict[str, Entry] = {}
         if end == 0:
             return
-        self._mm = mmap.mmap(self._fd, size, access=mmap.ACCESS_COPY)
-        self._index(self._mm, end)
+        if hasattr(os, "posix_fadvise"):  # scattered header reads: no readahead of the tensors between them
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        try:
+            self._index(_Window(self._fd, end), end)
+        finally:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_NORMAL)  # tensors are read whole: readahead again
 
     def _index(self, buf, end: int) -> None:
         pos, last = 0, None
@@ -252,13 +292,43 @@ class CkptFile:
         """The tensor in its own (aligned, writable) memory; a string for "str" values."""
         e = self.entry(tag)
         buf = torch.empty(e.nbytes, dtype=torch.uint8)
-        view, at = memoryview(buf.numpy()), 0
-        for offset, n in e.chunks:
-            _pread_into(self._fd, view[at:at + n], offset, self.path)
-            at += n
+        self.read_into(tag, [buf.numpy()])
         if e.type == STR_TYPE:
-            return bytes(view).decode("utf-32-le").rstrip("\0")
+            return buf.numpy().tobytes().decode("utf-32-le").rstrip("\0")
         return buf.view(e.dtype).reshape(e.shape)
+
+    def read_into(self, tag, targets) -> None:
+        """Fill `targets` (writable buffers whose byte lengths add up to the tensor's) with its bytes, in
+        order: a tensor gathered from several files is read straight into its place, with no copy."""
+        e = self.entry(tag)
+        views = [memoryview(t).cast("B") for t in targets]
+        if sum(len(v) for v in views) != e.nbytes:
+            raise ValueError(f"{self.path}: {tag} has {e.nbytes} bytes, the targets {sum(len(v) for v in views)}")
+        pieces = iter(self._pieces(e, 0, e.nbytes))
+        for view in views:
+            done = 0
+            while done < len(view):
+                offset, n = next(pieces)
+                if n > len(view) - done:  # the chunk runs on into the next target
+                    pieces = iter([(offset + len(view) - done, n - (len(view) - done)), *pieces])
+                    n = len(view) - done
+                _pread_into(self._fd, view[done:done + n], offset, self.path)
+                done += n
+
+    def byte_ranges(self, tag, start: int = 0, stop: int | None = None) -> list[tuple[int, int]]:
+        """Bytes [start, stop) of the tensor's content as (file offset, bytes) ranges."""
+        e = self.entry(tag)
+        return self._pieces(e, start, e.nbytes if stop is None else stop)
+
+    @staticmethod
+    def _pieces(e: Entry, start: int, stop: int) -> list[tuple[int, int]]:
+        out, at = [], 0
+        for offset, n in e.chunks:  # a tensor over 512 MiB is several chunks
+            a, b = max(start, at), min(stop, at + n)
+            if a < b:
+                out.append((offset + a - at, b - a))
+            at += n
+        return out
 
     def view(self, tag) -> torch.Tensor | str:
         """A zero-copy view of the mapping when possible (one chunk, aligned), else `read`.
@@ -266,6 +336,8 @@ class CkptFile:
         The view is copy-on-write: writing to it never changes the file.
         """
         e = self.entry(tag)
+        if self._mm is None:  # mapped only once a view is asked for (indexing and reads never map)
+            self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
         if e.type == STR_TYPE or len(e.chunks) != 1 or e.nbytes == 0:
             return self.read(tag)
         offset, n = e.chunks[0]

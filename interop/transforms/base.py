@@ -12,6 +12,10 @@ Name tables name the class; converters bind it per row and call its methods:
     to_rank / from_ranks         rank t's stored tensor from the parts, the parts from every rank's
     fuse / split                 the same at tp 1: the whole stored tensor
     native_axis                  the stored tensor's axis TP cuts (for MindSpore strategy files)
+    fused_rows(t, tp)            the whole stored tensor's row ranges that rank t stores, in its order
+    rank_from_fused / fused_from_ranks   rank t's stored tensor from the whole stored one and back,
+                                 without the canonical parts: how a fused row moves between two
+                                 formats that store it alike (`==`: same class, shapes, axis, groups...)
 
 The framework rule every subclass keeps: rank t stores the fusion of each part's rank-t shard
 (`shard_box` on the canonical split axis).  `tests/test_transforms.py` checks it for each.
@@ -19,6 +23,8 @@ Importing this package does not import torch (name tables import it; `interop in
 """
 from __future__ import annotations
 
+import copy
+import functools
 from typing import TYPE_CHECKING
 
 from ..shards import shard_box
@@ -31,6 +37,7 @@ class Transform:
     """Canonical parts (torch Linear orientation, [out, in] or 1-D) <-> one stored tensor."""
 
     reads_back = True  # False for a stored copy that is written but never read (a tied head's copy)
+    keeps_rows = True  # False when a rank's stored rows are not whole rows of the whole stored tensor (Transpose...)
     every_expert = False  # True when one stored tensor holds a tensor of every expert (Stack)
     unchanged = False  # True when the stored tensor IS the one canonical tensor at tp 1 (its bytes copy as they are)
 
@@ -45,6 +52,16 @@ class Transform:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.shapes}, axis={self.axis})"
+
+    def _key(self) -> tuple:
+        return (type(self),) + tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in vars(self).items()))
+
+    def __eq__(self, other) -> bool:
+        """Two formats store a row alike: same class and the same parameters (shapes, axis, groups, ...)."""
+        return isinstance(other, Transform) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     # -- what a rank holds -------------------------------------------------------------------------
     @property
@@ -122,6 +139,42 @@ class Transform:
         """The canonical parts from the whole stored tensor (tp 1)."""
         return self.from_ranks([stored])
 
+    # -- the whole stored tensor, re-sliced without the canonical parts ---------------------------------
+    def fused_rows(self, t: int = 0, tp: int = 1) -> tuple[tuple[int, int], ...] | None:
+        """The row ranges [start, stop) of the whole stored tensor (tp 1) that TP rank t stores, in the
+        order it stores them; None when a rank's tensor is not made of whole rows of it (transposed,
+        stacked, or cut on columns).  GroupedQKV: one range (a rank holds whole groups); GatedMLP: two
+        ([gate_t; up_t])."""
+        if not self.keeps_rows or self.axis not in (0, None):
+            return None
+        return _fused_rows(self, t, tp)
+
+    def rank_from_fused(self, fused, t: int = 0, tp: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rank t's stored tensor from the whole stored tensor: a view when it is one range of rows, else
+        its ranges copied into `out` (of the rank's shape) or a new tensor."""
+        ranges = self.fused_rows(t, tp)
+        if len(ranges) == 1:
+            return fused[ranges[0][0]:ranges[0][1]]
+        if out is None:
+            out = fused.new_empty(self.rank_shape(t, tp))
+        at = 0
+        for start, stop in ranges:
+            out[at:at + stop - start].copy_(fused[start:stop])
+            at += stop - start
+        return out
+
+    def fused_from_ranks(self, shards, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The whole stored tensor from every TP rank's stored tensor, each range copied into place."""
+        tp = len(shards)
+        if out is None:
+            out = shards[0].new_empty(self.rank_shape())
+        for t, shard in enumerate(shards):
+            at = 0
+            for start, stop in self.fused_rows(t, tp):
+                out[start:stop].copy_(shard[at:at + stop - start])
+                at += stop - start
+        return out
+
     def row_order(self) -> list[list[int]]:
         """For each part, the whole stored tensor's rows that hold its rows, in order: the layout as row
         indices, for another tensor library to apply by gathering rows (the trainer's MindSpore model does,
@@ -130,6 +183,24 @@ class Transform:
         shape = self.rank_shape()
         rows = torch.arange(shape[0]).view(-1, *[1] * (len(shape) - 1)).expand(shape).contiguous()
         return [part.reshape(part.shape[0], -1)[:, 0].tolist() for part in self.split(rows)]
+
+
+@functools.lru_cache(maxsize=512)
+def _fused_rows(transform: Transform, t: int, tp: int) -> tuple[tuple[int, int], ...]:
+    """`Transform.fused_rows`, found by running the transform on row numbers: the parts of the numbered
+    whole (1-D, one number per row) re-fused for rank t say which rows it stores.  Equal transforms share it."""
+    import torch
+    probe = copy.copy(transform)
+    probe.shapes = [s[:1] for s in transform.shapes]
+    numbers = torch.arange(probe.rank_shape()[0])
+    mine = probe.to_rank(probe.split(numbers), t, tp).tolist()
+    ranges: list[list[int]] = []
+    for row in mine:
+        if ranges and ranges[-1][1] == row:
+            ranges[-1][1] += 1
+        else:
+            ranges.append([row, row + 1])
+    return tuple((a, b) for a, b in ranges)
 
 
 def concat_pieces(shards, stored) -> list[tuple[torch.Tensor, torch.Tensor]]:

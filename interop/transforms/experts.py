@@ -20,6 +20,7 @@ class GroupedExperts(Transform):
     (`converters/megatron/rows.py`): experts r*E_l .. (r+1)*E_l - 1 on EP rank r.
     """
 
+    keeps_rows = False  # transposed: a stored row gathers a column of each part
     def __init__(self, shapes, axis, experts: int):
         if axis not in (0, 1) or len(shapes) % experts:
             raise ValueError(f"GroupedExperts: {len(shapes)} parts split on axis {axis} for {experts} experts")

@@ -15,6 +15,7 @@ class Stack(Transform):
         that axis + 1 (native_axis); with per 2 a rank's slice e is [gate_t; up_t].
     """
 
+    keeps_rows = False  # its first axis counts experts
     every_expert = True  # a name table's row lists its parts for every expert, expert by expert
 
     def __init__(self, shapes, axis, per: int = 1):

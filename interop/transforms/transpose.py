@@ -15,6 +15,7 @@ class Transpose(Transform):
         [ffn, h] is cut on stored axis 0).
     """
 
+    keeps_rows = False  # transposed: a stored row gathers a column of each part
     @property
     def native_axis(self):
         return None if self.axis is None else 1 - self.axis

@@ -19,7 +19,7 @@ from interop.store import is_store
 
 from ..trainer.config import TrainConfig
 
-FRAMEWORKS = ("torch", "hf", "mindspore", "megatron")
+FRAMEWORKS = ("torch", "hf", "mindspore", "megatron")  # and megatron:epN (megatron-core at expert parallelism N)
 
 
 @dataclass
@@ -82,6 +82,14 @@ def parse_layouts(text: str) -> list[tuple[int, ...]]:
     return out
 
 
+def _megatron_ep(framework: str) -> int:
+    """'megatron:ep2' -> 2: megatron-core with a mixture-of-experts model's experts over 2 processes (dp 2)."""
+    tail = framework.split(":", 1)[1]
+    if not (tail.startswith("ep") and tail[2:].isdigit() and int(tail[2:]) >= 1):
+        raise InteropError(f"framework {framework!r}: write megatron:epN (N expert-parallel processes)")
+    return int(tail[2:])
+
+
 def _unpack(layout) -> tuple[int, int, int, int]:
     """(tp, pp, dp) or (tp, pp, dp, ep) -> (tp, pp, dp, ep)."""
     return tuple(layout) + (1,) * (4 - len(layout))
@@ -139,11 +147,21 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
                                 f"compare with hf at moe_aux_loss_coeff 0")
     if "mindspore" in frameworks and importlib.util.find_spec("mindspore") is None:
         problems.append("framework mindspore: mindspore is not installed")
-    if "megatron" in frameworks:
+    if any(f == "megatron" or f.startswith("megatron:") for f in frameworks):
         from .megatron_framework import precondition
         why = precondition(spec)
         if why:
             problems.append(f"framework megatron: {why}")
+    for f in (f for f in frameworks if f.startswith("megatron:")):
+        try:
+            spec.check_ep(_megatron_ep(f))
+        except InteropError as exc:
+            problems.append(f"framework {f}: {exc}")
+        else:
+            ep = _megatron_ep(f)
+            if cfg.global_batch_size % (cfg.micro_batch_size * ep):
+                problems.append(f"framework {f}: the global batch {cfg.global_batch_size} is not a multiple of "
+                                f"micro batch {cfg.micro_batch_size} x dp {ep} (megatron-core runs dp = ep)")
     if problems:
         raise InteropError("; ".join(problems) + (" (drop it from --frameworks / --layouts)" if len(problems) == 1
                                                    else " (drop them from --frameworks / --layouts)"))
@@ -160,15 +178,17 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     from .megatron_framework import megatron_losses
     from ..trainer.launch import TrainingFailed, train
     log = log or (lambda message: None)
-    unknown = [f for f in frameworks if f not in FRAMEWORKS]
+    megatron_eps = {f: _megatron_ep(f) for f in frameworks if f.startswith("megatron:")}
+    unknown = [f for f in frameworks if f not in FRAMEWORKS and f not in megatron_eps]
     if unknown:
-        raise InteropError(f"unknown framework {unknown[0]!r} (known: {', '.join(FRAMEWORKS)})")
+        raise InteropError(f"unknown framework {unknown[0]!r} (known: {', '.join(FRAMEWORKS)}; megatron:epN)")
     if cfg.steps < 1:
         raise InteropError("parity needs --steps >= 1")
     if not frameworks:
         raise InteropError("nothing to compare: give at least one framework")
     # Default: two micro-batches per replica, so pipelined layouts really interleave them.
-    gbs = cfg.global_batch_size or 2 * cfg.micro_batch_size * max(_unpack(layout)[2] for layout in layouts)
+    replicas = max([_unpack(layout)[2] for layout in layouts] + list(megatron_eps.values()))
+    gbs = cfg.global_batch_size or 2 * cfg.micro_batch_size * replicas
     cfg = cfg.replace(global_batch_size=gbs, quiet=True)
     jobs = []
     if "torch" in frameworks:
@@ -179,6 +199,8 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     others = {"hf": hf_losses, "mindspore": mindspore_losses, "megatron": megatron_losses}
     jobs += [(name, lambda start, fn=others[name]: fn(start, cfg.replace(load=start)))
              for name in ("hf", "mindspore", "megatron") if name in frameworks]
+    jobs += [(f"megatron ep{ep}", lambda start, ep=ep: megatron_losses(start, cfg.replace(load=start), ep=ep))
+             for ep in megatron_eps.values()]
     result = ParityResult({}, tolerance)
     with tempfile.TemporaryDirectory(prefix="interop-parity-") as tmp:
         start = _as_store(ckpt, Path(tmp))

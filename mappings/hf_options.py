@@ -1,0 +1,13 @@
+"""The Hugging Face format's own options: keywords of `converters/hf.py`'s Writer, declared here
+(torch-free) so that `interop convert --help` lists them without importing the converter."""
+from __future__ import annotations
+
+from ..formats import FormatOption
+
+OPTIONS = (
+    FormatOption("tokenizer", {"convert": "HF output: a tokenizer directory, or one tokenizer file (Megatron's "
+                                          "--tokenizer-model sentencepiece model, or a tokenizer.json). An HF "
+                                          "source's own tokenizer is carried without it."}, kind="path"),
+    FormatOption("max_shard_size", {"convert": "HF output: largest weight file, e.g. 5GB or 500MB (transformers' "
+                                               "style); sharded output gets model.safetensors.index.json. [5GiB]"}),
+)

@@ -1,0 +1,24 @@
+"""The Megatron format's own options: keywords of `converters/megatron`'s Reader and Writer, declared
+here (torch-free) so that `interop convert --help` lists them without importing the converter."""
+from __future__ import annotations
+
+from ..formats import FormatOption
+
+# A model description for a checkpoint that carries none: the Megatron and MindSpore readers take it
+# (interop.model_config reads every format map-args reads).
+MODEL_CONFIG_HELP = ("Model description for a checkpoint that carries none (HF config.json, Megatron args file or "
+                     "MindSpeed / MindFormers YAML).")
+
+OPTIONS = (
+    FormatOption("format", {"convert": "Megatron on-disk format to write (default: torch)."},
+                 choices=("torch", "torch_dist")),
+    FormatOption("iteration", {"convert": "Megatron iteration to read (default: the tracker's).",
+                               "inspect": "Megatron iteration to describe (default: the tracker's)."}, kind="int"),
+    FormatOption("distributed_optimizer", {"convert": "Megatron output: write the optimizer in the distributed "
+                                                      "optimizer's layout: torch_dist fully_reshardable (default "
+                                                      "there: as the source was saved), or the torch format's "
+                                                      "distrib_optim.pt laid out for --dp N."}, kind="switch"),
+    FormatOption("model_config", {"convert": MODEL_CONFIG_HELP, "inspect": MODEL_CONFIG_HELP}, kind="path"),
+    FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
+                                   "laid out for."}, kind="int"),
+)
