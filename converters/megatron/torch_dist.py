@@ -387,6 +387,48 @@ class Reader:
         where = key if layer is None else f"{key} [layer {layer}]"
         return where if len(row.parts) == 1 else f"{where} [part {j + 1}/{len(row.parts)}]"
 
+    def byte_ranges(self, name: str) -> list[tuple[str, int, int]] | None:
+        """`name`'s bytes as ranges (path, offset, bytes) of the `.distcp` files, when its stored tensor (a layer of
+        a stacked key, a whole tensor, one expert) is one contiguous chunk and `name` is runs of whole rows of it
+        (the tensor itself; q, k, v of a grouped QKV; gate and up of fc1): the engine then copies them file to
+        file.  None for the optimizer's flattened layouts and whatever else must be read."""
+        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+            return None
+        row, key, layer, j = self.row_of[base_param_name(name)]
+        key = self._key_prefix(name) + key
+        if getattr(self, "fragments", {}).get(key) is not None:
+            return None
+        span = self.ckpt.span(key, *self._box(key, layer))
+        if span is None:
+            return None
+        path, pos, nbytes = span
+        if len(row.parts) == 1:
+            return [span]
+        dtype = self.ckpt.meta(key)[0]
+        full = [torch.empty(self.index[n].shape, dtype=dtype, device="meta") for n in row.parts]
+        runs = row.transform.runs(full, 0, 1)
+        if runs is None or sum(stop - start for _, start, stop in runs) * dtype.itemsize != nbytes:
+            return None
+        ranges, at = [], 0
+        for target, start, stop in runs:  # in stored order; those of part j are in its own order
+            if target is full[j]:
+                if start != at:
+                    return None
+                if ranges and ranges[-1][1] + ranges[-1][2] == pos:
+                    ranges[-1] = (path, ranges[-1][1], ranges[-1][2] + (stop - start) * dtype.itemsize)
+                else:
+                    ranges.append((path, pos, (stop - start) * dtype.itemsize))
+                at = stop
+            pos += (stop - start) * dtype.itemsize
+        return ranges if at == full[j].numel() else None
+
+    def _box(self, key: str, layer) -> tuple[list, list]:
+        """(offsets, sizes) of what `stacked_key` stores at leading index `layer` of `key`."""
+        shape = self.ckpt.meta(key)[1]
+        lead = () if layer is None else layer if isinstance(layer, tuple) else (layer,)
+        n = len(lead)
+        return [*lead] + [0] * (len(shape) - n), [1] * n + [*shape[n:]]
+
     def _key_prefix(self, name: str) -> str:
         """`optimizer.state.<kind>.` of an optimizer tensor's name as this checkpoint spells the kind; `` for a weight."""
         if not name.startswith(OPTIM_PREFIXES):
@@ -398,9 +440,8 @@ class Reader:
         """The Megatron tensor `key` (layer `layer`, or a (layer, expert) pair), reassembled when the distributed
         optimizer stored it flattened."""
         if isinstance(layer, tuple):  # (layer, expert) or (expert,)
-            shape, n = self.ckpt.meta(key)[1], len(layer)
-            stored = self.ckpt.read_box(key, [*layer] + [0] * (len(shape) - n), [1] * n + [*shape[n:]])
-            stored = stored.reshape(shape[n:])
+            stored = self.ckpt.read_box(key, *self._box(key, layer))
+            stored = stored.reshape(self.ckpt.meta(key)[1][len(layer):])
         else:
             stored = self.ckpt.read(key, layer)
         fragments = getattr(self, "fragments", {}).get(key)
