@@ -5,6 +5,9 @@
     .venv/bin/python benchmarks/bench_7b.py --layers 32 --workers 2   # the same, split over 2 processes
     .venv/bin/python benchmarks/bench_7b.py --shape 70b --layers 4 --extrapolate-to 80
                                                             # 70B-shaped: 4 and 8 layers, per layer -> 80
+                                                            # (8 layers: 14.8 GB; ~50 GB of disk at peak)
+    .venv/bin/python benchmarks/bench_7b.py --shape 70b --layers 4 --extrapolate-to 80 --dry-run
+                                                            # sizes and disk needed, nothing written
     .venv/bin/python benchmarks/bench_7b.py --shape tiny --workers 2 --min-mib-per-worker 1   # a smoke run
 
 The chain, each step in a fresh interpreter (`common.measured_convert`) and each compared with
@@ -16,7 +19,9 @@ The chain, each step in a fresh interpreter (`common.measured_convert`) and each
 Peak RSS is reported against the model size (with `--workers`, each worker's too: they are forked
 from a fork server, so the parent's figure does not include them).  `--extrapolate-to N` runs the
 chain at `--layers L` and at 2L layers and fits time and peak RSS per layer (a + b * layers) to N
-layers: RSS is bounded by a layer plus the largest tensor, so its per-layer slope should be ~0.
+layers: RSS is bounded by a layer plus the largest tensor, so its per-layer slope should be ~0 (the
+bound is printed beside it).  A folder is deleted once no later step reads it, so the disk holds at most
+about three copies of the model; the run refuses to start when the disk has less than that free.
 A peers section runs transformers' and Megatron-LM's own converters where their environments exist
 (`--megatron-lm DIR`: a Megatron-LM checkout), and says why it skips them otherwise.  Everything
 is written under a temporary directory deleted at the end.
@@ -48,6 +53,24 @@ STEPS = [  # (label, source, destination, convert options)
 ]
 
 
+def sizes(shape: dict) -> tuple[int, int, int]:
+    """(model bytes, one decoder layer's bytes, the largest stored tensor's bytes) of a bf16 Llama of `shape`:
+    the largest is the vocab matrix or a layer's fused gate+up (Megatron's fc1)."""
+    h, f, v, layers = shape["hidden"], shape["ffn"], shape["vocab"], shape["layers"]
+    kv = shape["kv"] * (h // shape["heads"])
+    layer = 2 * (2 * h * h + 2 * kv * h + 3 * f * h + 2 * h)
+    return 2 * (2 * v * h + h) + layers * layer, layer, 2 * max(v * h, 2 * f * h)
+
+
+def last_uses() -> dict[str, int]:
+    """{folder: index of the last step that reads it}: after that step the folder can go."""
+    out = {}
+    for i, (_, src, dst, _) in enumerate(STEPS):
+        out[src] = i
+        out.setdefault(dst, i)
+    return out
+
+
 def peers(work: Path, megatron_lm: str | None) -> None:
     """The tools users would otherwise run; each skipped with its reason where its environment is missing."""
     print("peers:")
@@ -71,8 +94,8 @@ def run_chain(work: Path, shape: dict, name: str, workers: int, min_bytes: int |
     size = tree_size(hf)
     print(f"{name}-shaped Llama, {shape['layers']} of {SHAPES[name]['layers']} layers: {size / 1e9:.2f} GB bf16, "
           f"--workers {workers}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-    out = {}
-    for label, src, dst, kwargs in STEPS:
+    out, last = {}, last_uses()
+    for i, (label, src, dst, kwargs) in enumerate(STEPS):
         source = work / src
         source_size = tree_size(source)
         warm = source_size * 5 // 4
@@ -82,24 +105,33 @@ def run_chain(work: Path, shape: dict, name: str, workers: int, min_bytes: int |
         settle()
         print(f"  {report(label, result, copy, source_size)}  (copy {copy:.2f} s)")
         out[label] = (result, copy, source_size)
-        if dst in ("hf-from-ms", "hf-from-dist"):
-            shutil.rmtree(work / dst)
+        for folder in (src, dst):  # nothing later reads it: free the disk for the next steps
+            if last[folder] == i and (work / folder).exists():
+                shutil.rmtree(work / folder)
     print(f"  load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return out
 
 
-def extrapolate(small: dict, large: dict, layers: int, target: int) -> None:
-    """Per step: time, copy and peak RSS as a + b * layers from the two depths, at `target` layers."""
-    print(f"extrapolated from {layers} and {2 * layers} layers to {target} layers (a + b * layers):")
+def extrapolate(small: dict, large: dict, layers: int, target: int, shape: dict) -> None:
+    """Per step: time, copy and peak RSS as a + b * layers from the two depths, at `target` layers; beside the RSS
+    the bound the design promises (one layer plus the largest tensor)."""
+    model, layer, largest = sizes(dict(shape, layers=target))
+    print(f"extrapolated from {layers} and {2 * layers} layers to {target} layers (a + b * layers): model "
+          f"{model / 1e9:.1f} GB; bound on the RSS a conversion adds: a layer {layer / 2**20:.0f} MiB + the largest "
+          f"tensor {largest / 2**20:.0f} MiB = {(layer + largest) / 2**20:.0f} MiB ({(layer + largest) / model:.3f} "
+          "of the model)")
     at = lambda y1, y2: y1 + (y2 - y1) / layers * (target - layers)  # noqa: E731
     for label, (r1, c1, s1) in small.items():
         r2, c2, s2 = large[label]
         seconds, copy, size = at(r1["seconds"], r2["seconds"]), at(c1, c2), at(s1, s2)
         peak = max(at(r1["peak_rss"], r2["peak_rss"]), r1["peak_rss"], r2["peak_rss"])
+        added1, added2 = r1["peak_rss"] - r1["base_rss"], r2["peak_rss"] - r2["base_rss"]
+        added = max(at(added1, added2), added1, added2)
         workers = [at(a, b) for a, b in zip(r1.get("worker_peak_rss") or [], r2.get("worker_peak_rss") or [])]
         slope = (r2["peak_rss"] - r1["peak_rss"]) / layers / 2**20
-        print(f"  {label:<32} {seconds:7.1f} s  time/copy {seconds / copy:4.2f}  model {size / 1e9:6.1f} GB  "
-              f"peak RSS {peak / 2**20:6.0f} MiB ({peak / size:5.3f} of size; {slope:+.1f} MiB per layer)"
+        print(f"  {label:<32} {seconds:7.1f} s  copy {copy:7.1f} s  time/copy {seconds / copy:4.2f}  model "
+              f"{size / 1e9:6.1f} GB  peak RSS {peak / 2**20:6.0f} MiB ({peak / size:5.3f} of size; {slope:+.1f} MiB "
+              f"per layer)  added {added / 2**20:6.0f} MiB ({added / (layer + largest):4.2f} of the bound)"
               + (f"  workers' peak {max(workers) / 2**20:.0f} MiB" if workers else ""))
 
 
@@ -113,13 +145,25 @@ def main():
     ap.add_argument("--extrapolate-to", type=int, help="also run at twice --layers and extrapolate to this many layers")
     ap.add_argument("--megatron-lm", help="a Megatron-LM checkout, for the peers section")
     ap.add_argument("--keep", help="work in this directory and keep it")
+    ap.add_argument("--dry-run", action="store_true", help="print the sizes and the disk needed; write nothing")
     opts = ap.parse_args()
     if opts.layers < 4 or opts.layers % 4:
         ap.error("--layers must be a multiple of 4 (the chain splits the layers over 2 and 4 pipeline stages)")
     min_bytes = opts.min_mib_per_worker << 20 if opts.min_mib_per_worker is not None else None
+    depths = [opts.layers] + ([2 * opts.layers] if opts.extrapolate_to else [])
+    largest = sizes(dict(SHAPES[opts.shape], layers=depths[-1]))[0]
+    need = largest * 16 // 5  # three copies at the peak (a step's source, its copy or output, HF), and slack
+    where = Path(opts.keep).parent if opts.keep else Path(tempfile.gettempdir())
+    free = shutil.disk_usage(where).free
+    print(f"{opts.shape}-shaped Llama at {' and '.join(map(str, depths))} layers: up to {largest / 1e9:.1f} GB bf16; "
+          f"disk needed ~{need / 1e9:.0f} GB, {free / 1e9:.0f} GB free under {where}")
+    if opts.dry_run:
+        return
+    if free < need:
+        sys.exit(f"error: not enough free disk under {where} ({free / 1e9:.0f} GB, ~{need / 1e9:.0f} GB needed): "
+                 "use fewer --layers or TMPDIR on a larger disk")
     work = Path(opts.keep) if opts.keep else Path(tempfile.mkdtemp(prefix="bench_7b-"))
     try:
-        depths = [opts.layers] + ([2 * opts.layers] if opts.extrapolate_to else [])
         runs = []
         for layers in depths:
             folder = work / f"layers-{layers}"
@@ -128,7 +172,7 @@ def main():
             if not opts.keep:
                 shutil.rmtree(folder)  # the disk holds one depth at a time
         if opts.extrapolate_to:
-            extrapolate(runs[0], runs[1], opts.layers, opts.extrapolate_to)
+            extrapolate(runs[0], runs[1], opts.layers, opts.extrapolate_to, SHAPES[opts.shape])
         peers(work, opts.megatron_lm)
     finally:
         if not opts.keep:

@@ -108,6 +108,12 @@ HF_FAMILIES = {
     "qwen2_moe": {"architecture": "Qwen2MoeForCausalLM", "biases": "qkv_key", "qk_norm": False, "sliding": "per_layer",
                   "defaults": {"vocab": 151936, "hidden": 2048, "ffn_hidden": 5632, "num_layers": 24, "heads": 16,
                                "max_positions": 32768, "kv_groups": 16}, "moe": "qwen2_moe"},
+    # transformers 5.23 models/qwen3_moe/configuration_qwen3_moe.py (Qwen3MoeConfig): Qwen3's q/k norms, routed
+    # experts only (no shared expert), dense layers by mlp_only_layers / decoder_sparse_step as Qwen2-MoE
+    "qwen3_moe": {"architecture": "Qwen3MoeForCausalLM", "biases": "attention_bias", "qk_norm": True,
+                  "sliding": "per_layer", "defaults": {"vocab": 151936, "hidden": 2048, "ffn_hidden": 6144,
+                                                       "num_layers": 24, "heads": 32, "max_positions": 32768,
+                                                       "kv_groups": 4}, "moe": "qwen3_moe"},
 }
 # Mixture-of-experts config keys: (spec field, config key, default) per family.  Mixtral's experts are
 # `intermediate_size` wide (its only MLP); Qwen2-MoE's are `moe_intermediate_size`, its dense layers
@@ -119,10 +125,13 @@ MOE_KEYS = {
                   ("moe_ffn_hidden", "moe_intermediate_size", 1408),
                   ("shared_expert_ffn_hidden", "shared_expert_intermediate_size", 5632),
                   ("moe_norm_topk", "norm_topk_prob", False), ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
+    "qwen3_moe": [("num_experts", "num_experts", 128), ("moe_topk", "num_experts_per_tok", 8),
+                  ("moe_ffn_hidden", "moe_intermediate_size", 768), ("moe_norm_topk", "norm_topk_prob", False),
+                  ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
 }
 # MoE config keys that describe training, not the model: kept for HF output (Reader.carried), named otherwise.
 MOE_TRAINING_KEYS = {"mixtral": {"output_router_logits": False, "router_jitter_noise": 0.0},
-                     "qwen2_moe": {"output_router_logits": False}}
+                     "qwen2_moe": {"output_router_logits": False}, "qwen3_moe": {"output_router_logits": False}}
 # HF rope_parameters keys of the llama3 rope type <-> ModelSpec.rope_scaling keys.
 LLAMA3_ROPE_KEYS = {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
                     "original_max_position_embeddings": "original_max_positions"}
@@ -238,6 +247,9 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
 def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
     """The ModelSpec MoE fields of a Mixtral or Qwen2-MoE config.json."""
     kind = family["moe"]
+    if kind == "qwen3_moe" and "num_experts" not in config and "num_local_experts" in config:
+        # transformers 5's Qwen3MoeConfig saves num_experts under its attribute_map target (and reads either)
+        config = {**config, "num_experts": config["num_local_experts"]}
     out = _read_table(config, MOE_KEYS[kind], where)
     if out["moe_aux_loss_coeff"] < 0:
         raise InteropError(f"{where}: router_aux_loss_coef must be >= 0, got {out['moe_aux_loss_coeff']!r}")
@@ -245,7 +257,8 @@ def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
     if kind == "mixtral":  # every layer is MoE; the router always renormalises its top-k
         out["moe_ffn_hidden"] = f["ffn_hidden"]
         return out
-    out["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock always has shared_expert_gate [1, hidden]
+    if kind == "qwen2_moe":
+        out["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock always has shared_expert_gate [1, hidden]
     step = config.get("decoder_sparse_step", 1)
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise InteropError(f"{where}: decoder_sparse_step must be a positive integer, got {step!r}")
@@ -264,7 +277,10 @@ def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
 def hf_family(spec: ModelSpec) -> str:
     """The HF model_type that holds this Llama-style model: the one whose facts match it."""
     if spec.is_moe:
-        return "qwen2_moe" if spec.shared_expert_ffn_hidden is not None else "mixtral"
+        if spec.shared_expert_ffn_hidden is not None:
+            return "qwen2_moe"
+        # q/k norms without Mixtral's every-layer sliding window: Qwen3-MoE; otherwise Mixtral says what it lacks
+        return "qwen3_moe" if spec.qk_norm and spec.sliding_window is None else "mixtral"
     if spec.qk_norm:
         return "qwen3"
     if spec.qkv_bias and not spec.linear_bias and not spec.has_mlp_bias:
@@ -354,18 +370,21 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
         cannot("moe_router_score", f"a {spec.moe_router_score} router (HF's is a softmax)")
     if spec.moe_router_bias:
         cannot("moe_router_bias", "a router expert bias")
-    if spec.qk_norm:
-        cannot("qk_norm", "q/k norms")
+    if spec.qk_norm != HF_FAMILIES[model_type]["qk_norm"]:
+        cannot("qk_norm", "q/k norms" if spec.qk_norm else "no q/k norms")
     if model_type == "mixtral":
         if not spec.moe_norm_topk:
             cannot("moe_norm_topk", "top-k probabilities left unnormalised (Mixtral always renormalises them)")
         if spec.moe_layers is not None:
             cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
+    elif model_type == "qwen3_moe":
+        if spec.shared_expert_ffn_hidden is not None:
+            cannot("shared_expert_ffn_hidden", "a shared expert")
     elif not spec.shared_expert_gate:
         cannot("shared_expert_gate", "a shared expert without its sigmoid gate")
     out = {key: getattr(spec, field) for field, key, _ in MOE_KEYS[model_type]}
     out.update(MOE_TRAINING_KEYS[model_type])
-    if model_type == "qwen2_moe":
+    if model_type in ("qwen2_moe", "qwen3_moe"):
         moe_layers = range(spec.num_layers) if spec.moe_layers is None else spec.moe_layers
         out.update(decoder_sparse_step=1, mlp_only_layers=[i for i in range(spec.num_layers) if i not in moe_layers])
     return out

@@ -80,7 +80,9 @@ QWEN2_MOE = [
     ("model.layers.{i}.mlp.shared_expert_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
 ]
 
-TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE}
+# Qwen3-MoE (transformers 5.23 models/qwen3_moe: Qwen3MoeSparseMoeBlock): Qwen2-MoE's router and experts, no shared one.
+TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
+          "qwen3_moe": LLAMA + QWEN2_MOE[:4]}
 
 # transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with
 # each expert's gate rows then its up rows, down_proj [E, hidden, ffn]; Mixtral's router renamed to mlp.gate),
@@ -91,7 +93,8 @@ STACKED_EXPERTS = [
      ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
     ("model.layers.{i}.mlp.experts.down_proj", Stack, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
-STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:]}
+STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:],
+                  "qwen3_moe": LLAMA + STACKED_EXPERTS}
 STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart
 
 # Buffers some HF checkpoints carry that are not parameters: dropped with this reason.

@@ -8,11 +8,14 @@ Transforms (`interop.transforms`):
   GatedMLP     Megatron-style fc1: each TP rank holds [gate_r; up_r]
   Interleave   MindFormers w_gate_hidden: gate and up rows interleaved g0, u0, g1, u1, ...
   PlainConcat  MindFormers r1.3's [q; k; v] / [gate; up] (PLAIN_LAYOUT below)
+  Stack        experts' tensors stacked on a new first axis (MindFormers Llama MoE)
+  ExpertRows   experts' transposed matrices stacked as rows (MindFormers mcore-style weight1 / weight2)
 `{i}` is the GLOBAL layer number.  A row whose canonical tensors are absent from the
 model is skipped, and the first row that claims a MindSpore name wins (so a gated
 `mapping` row comes before the plain one).
 """
 from ..transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Stack, Transpose
+from ..transforms.expert_rows import ExpertRows
 
 # MindSpeed-Core-MS: Megatron's legacy names, with its renames (dense_h_to_4h -> mapping, ...).
 MINDSPEED = [
@@ -132,6 +135,35 @@ MINDFORMERS_GPT2 = [
 QKV_LAYOUTS = ("grouped", "plain")
 PLAIN_LAYOUT = {GroupedQKV: PlainConcat, Interleave: PlainConcat}  # the "plain" layout's transforms
 
+# MindFormers' mcore-style models (mindformers/parallel_core/, the `use_legacy: False` models: qwen3, qwen3_moe,
+# deepseek3, ...; read off MindFormers 2.1.0's TrainingQwen3ForCausalLM / TrainingQwen3MoeForCausalLM built on CPU,
+# whose GPTModel is `self.model` with auto_prefix=False, so the saved names have no `model.` prefix).
+# Fused layouts are the TransformerConfig defaults: use_contiguous_weight_layout_attention=False -> linear_qkv
+# grouped per KV group (checkpoint/converter/convert_op.py QKVConvertOp); use_interleaved_weight_layout_mlp=True ->
+# linear_fc1 rows interleaved gate, up (transformer/mlp.py MLPInterleaved; ConcatConvertOp interleaved).
+MINDFORMERS_MCORE = [
+    ("embedding.word_embeddings.weight", Copy, ["embed.word.weight"]),
+    ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.weight", GroupedQKV,
+     ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_qkv.bias", GroupedQKV,
+     ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]),
+    ("decoder.layers.{i}.self_attention.q_layernorm.weight", Copy, ["layers.{i}.attn.q_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.k_layernorm.weight", Copy, ["layers.{i}.attn.k_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    ("decoder.layers.{i}.pre_mlp_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("decoder.layers.{i}.mlp.linear_fc1.weight", Interleave, ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
+    ("decoder.layers.{i}.mlp.linear_fc1.bias", Interleave, ["layers.{i}.mlp.gate.bias", "layers.{i}.mlp.up.bias"]),
+    ("decoder.layers.{i}.mlp.linear_fc2.weight", Copy, ["layers.{i}.mlp.down.weight"]),
+    ("decoder.layers.{i}.mlp.linear_fc2.bias", Copy, ["layers.{i}.mlp.down.bias"]),
+    ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
+    ("output_layer.weight", Copy, ["lm_head.weight"]),
+]
+# Multi-latent attention (deepseek3's default): parameter names that mark it; such a checkpoint is refused.
+MINDFORMERS_MCORE_MLA_MARKERS = (".self_attention.linear_q_down_proj.", ".self_attention.linear_kv_down_proj.",
+                                 ".self_attention.linear_q_proj.", ".self_attention.linear_kv_up_proj.")
+
 # (dialect, arch, qkv_concat) -> table
 TABLES = {
     ("mindspeed", "gpt2", False): MINDSPEED,
@@ -139,13 +171,16 @@ TABLES = {
     ("mindformers", "llama", False): MINDFORMERS_LLAMA,
     ("mindformers", "llama", True): MINDFORMERS_LLAMA_CONCAT,
     ("mindformers", "gpt2", False): MINDFORMERS_GPT2,
+    ("mindformers-mcore", "llama", False): MINDFORMERS_MCORE,
 }
-DIALECTS = ("mindspeed", "mindformers")
+DIALECTS = ("mindspeed", "mindformers", "mindformers-mcore")
 
 # Adam moments ride in the same files under these prefixes of the MindSpore name.
 OPTIM_PREFIXES = {
     "mindspeed": {"optim.exp_avg.": "exp_avg.", "optim.exp_avg_sq.": "exp_avg_sq."},
     "mindformers": {"optim.exp_avg.": "adam_m.", "optim.exp_avg_sq.": "adam_v."},
+    # the same optimizer (mindformers/core/optim/adamw.py clone_state(prefix="adam_m" / "adam_v"))
+    "mindformers-mcore": {"optim.exp_avg.": "adam_m.", "optim.exp_avg_sq.": "adam_v."},
 }
 
 # Training-state scalars MindSpeed-Core-MS writes beside the tensors (convert_pt2ckpt.py r0.1.0
@@ -177,6 +212,8 @@ DIALECT_MARKERS = {
     "language_model.": "mindspeed",
     "model.tok_embeddings.": "mindformers",
     "backbone.": "mindformers",
+    "embedding.word_embeddings.": "mindformers-mcore",
+    "decoder.layers.": "mindformers-mcore",
 }
 
 
@@ -184,6 +221,8 @@ DIALECT_MARKERS = {
 # attention mask buffers as attention.beta / masked_beta): dropped with this reason.
 IGNORED_SUFFIXES = {
     ".router.router.expert_load": "MindFormers MoE router's running expert-load counts, rebuilt in training",
+    ".mlp.router.expert_load": "MindFormers MoE router's running expert-load counts, rebuilt in training",
+    ".mlp.router.fi_accu": "MindFormers MoE router's accumulated load-balancing statistic, rebuilt in training",
     ".attention.beta": "GPT2 causal-mask buffer, rebuilt by the model",
     ".attention.masked_beta": "GPT2 mask-fill buffer, rebuilt by the model",
 }
@@ -246,10 +285,29 @@ MINDFORMERS_LLAMA_MOE_SHARED = [
     ("model.layers.{i}.feed_forward.shared_experts.w3.weight", Copy, ["layers.{i}.mlp.shared.up.weight"]),
     ("model.layers.{i}.feed_forward.shared_experts_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
 ]
+# MindFormers mcore-style MoE layer (parallel_core/training_graph/transformer/moe/: moe_layer.py `router`,
+# `experts`, `shared_experts`; router.py `weight` [E, h] and with moe_router_enable_expert_bias `expert_bias` [E];
+# ffn.py FFNGroupedGEMM `weight1` [E*h, 2f] / `weight2` [E*f, h]; shared_experts.py SharedExpertMLPInterleaved's
+# linear_fc1 / linear_fc2 and with use_shared_expert_gating `shared_experts_gate` [1, h]).  A layer left dense
+# (first_k_dense_replace, moe_layer_freq) takes MINDFORMERS_MCORE's mlp rows.  Checked against the real models
+# built on CPU in tests/test_mindformers_mcore.py.
+MINDFORMERS_MCORE_MOE = [
+    ("decoder.layers.{i}.mlp.router.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("decoder.layers.{i}.mlp.router.expert_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
+    ("decoder.layers.{i}.mlp.experts.weight1", ExpertRows,
+     ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.weight2", ExpertRows, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", Interleave,
+     ["layers.{i}.mlp.shared.gate.weight", "layers.{i}.mlp.shared.up.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.shared_experts_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
+]
 LOCAL_EXPERTS = ".local_experts."  # MindSpeed: the expert number after it is local to its expert-parallel rank
 # (dialect, has a shared expert) -> the MoE rows; a combination not here is refused
 MOE_TABLES = {
     ("mindspeed", False): MINDSPEED_MOE,
     ("mindformers", False): MINDFORMERS_LLAMA_MOE,
     ("mindformers", True): MINDFORMERS_LLAMA_MOE_SHARED,
+    ("mindformers-mcore", False): MINDFORMERS_MCORE_MOE,
+    ("mindformers-mcore", True): MINDFORMERS_MCORE_MOE,
 }

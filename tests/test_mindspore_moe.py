@@ -314,3 +314,21 @@ def test_hf_mixtral_through_mindspore_and_back(tmp_path, dialect, args):
                     tmp_path / "hf" / "config.json", "-q")
     assert code == 0, out
     assert_same_hf(tmp_path / "hf", tmp_path / "back")
+
+
+def test_inspect_native_shows_the_local_expert_names_of_each_ep_rank(tmp_path):
+    """`interop inspect --native` at ep 2: expert 3 is stored as local expert 1 in ep rank 1's file (rank_1 at
+    tp 1 / dp 2), as MindSpeed's moe_layer.py numbers them, each expert's name with its file; the router, in every
+    file, keeps its name."""
+    from interop.describe import describe
+    src, spec, tensors = moe_store(tmp_path / "common")
+    write_at(src, tmp_path / "ms", ep=2)
+    assert "language_model.encoder.layers.1.mlp.experts.local_experts.1.projection.weight" in load_ckpt(
+        tmp_path / "ms" / "rank_1" / "network.ckpt")
+    info = describe(tmp_path / "ms", native=True, model_config=str(tmp_path / "common-spec.json"))
+    native = {t.name: t.native for t in info.tensors}
+    assert native["layers.1.mlp.experts.3.down.weight"] == \
+        "language_model.encoder.layers.1.mlp.experts.local_experts.1.projection.weight (rank_1)"
+    assert native["layers.1.mlp.experts.1.up.weight"] == \
+        "language_model.encoder.layers.1.mlp.experts.local_experts.1.mapping.weight (rank_0) [part 2/2]"
+    assert native["layers.0.mlp.router.weight"] == "language_model.encoder.layers.0.mlp.router.gating.weight"

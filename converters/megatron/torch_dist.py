@@ -15,8 +15,9 @@ layout under `optimizer.state.<kind>.<weight key>` (`optimizer.py` has the commo
 becomes `optim.<kind>.<canonical name>` through the same unfusing as the weights, and back.
 The distributed optimizer's layouts are read too: `fully_sharded_model_space` (the same keys, each
 tensor flattened per fragment), `fully_reshardable` (the same keys, the master under `param`; also
-written, for a source that used the distributed optimizer) and `dp_reshardable` (flat buckets,
-mapped to parameters by `distrib.py`).
+written, for a source that used the distributed optimizer) and `dp_reshardable` (flat buckets per
+tp x pp rank and model chunk, at any tp/pp/vpp/dp, mapped to parameters by `distrib.py` in the local or the
+Transformer Engine layer spec's module order, and checked against the chunk boundaries stored with them).
 
 Reading goes one layer slice at a time; writing appends each finished Megatron tensor (one layer of a
 stacked key) to the DCP file as it comes (`megatron_dist.DistWriter`), so memory stays at one tensor.
@@ -54,7 +55,8 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 _EXPERT_TEMPLATE = "decoder.layers.{{i}}.mlp.experts.local_experts.{{j}}.{fc}.weight"
 # the distributed optimizer's `dp_reshardable` buckets (megatron-core 0.14+): one flat tensor per bucket and kind
-_BUCKET = re.compile(r"^optimizer\.distributed\.dp_group_idx_0\.gbuf_idx_(\d+)\.dtype_\((.+)\)\.bucket_idx_(\d+)\."
+# (keyed by the tp x pp rank, `dp_group_idx_<pp rank * tp + tp rank>`, and the model chunk's buffer, `gbuf_idx`)
+_BUCKET = re.compile(r"^optimizer\.distributed\.dp_group_idx_(\d+)\.gbuf_idx_(\d+)\.dtype_\((.+)\)\.bucket_idx_(\d+)\."
                      r"(param|exp_avg|exp_avg_sq)$")
 
 
@@ -214,7 +216,8 @@ class Reader:
                              f"{why}); weights converted")
                 return None
             notes.append(f"converted the optimizer state ({', '.join(self.kinds)}) from the distributed optimizer's "
-                         f"buckets (dp_reshardable), step {why['step']}")
+                         f"buckets (dp_reshardable, saved at {self.dist_at}), "
+                         f"step {why['step']}")
             return why
         # megatron-core 0.16's distributed optimizer (`fully_reshardable`) keeps the fp32 master under `param`
         self.native = {"fp32_param": "param"} if any(k.startswith(optim_key("param", "")) for k in optim) else {}
@@ -242,58 +245,115 @@ class Reader:
 
     def _distributed(self, optim: list[str]) -> dict | str:
         """Map the distributed optimizer's `dp_reshardable` buckets onto parameters (`distrib.py` has the
-        layout); the hyperparameters (param groups, step) are a byte object beside them."""
+        layout); the hyperparameters (param groups, step) are a byte object beside them.
+
+        megatron-core keys each model-parallel rank's buckets by its rank in the tp x pp group
+        (`dp_group_idx_<pp rank * tp + tp rank>`, optimizer/__init__.py `data_parallel_group_idx=model_parallel_rank`)
+        and each model chunk's buffer by `gbuf_idx`; a bucket holds that rank's tp shards of its stage's parameters."""
         args = self.stored_args
         found = {}
         for key in optim:
             m = _BUCKET.match(key)
-            found[(int(m.group(1)), m.group(2), int(m.group(3)), m.group(4))] = key
-        if {g for g, _, _, _ in found} != {0} or len({d for _, d, _, _ in found}) != 1:
-            return "more than one buffer (model chunks or dtypes): not understood"
-        saved_at = [args.get(k) or 1 for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                               "virtual_pipeline_model_parallel_size")]
-        if saved_at != [1, 1, 1]:
-            return f"saved at tp/pp/vpp {saved_at}; only tp 1, pp 1 buckets are understood"
-        if args.get("transformer_impl", "local") != "local":
-            return (f"transformer_impl={args.get('transformer_impl')!r}: its parameter order in the buckets is not "
-                    "known here (the local spec's is)")
+            found[(int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), m.group(5))] = key
+        if len({d for _, _, d, _, _ in found}) != 1:
+            return "buffers of more than one dtype: not understood"
+        if self.spec.is_moe:
+            return "mixture of experts: the expert parameters' buffers are not mapped"
+        try:
+            layout = ParallelLayout.build(
+                self.spec.num_layers, *[int(args.get(k) or 1) for k in ("tensor_model_parallel_size",
+                                                                          "pipeline_model_parallel_size",
+                                                                          "virtual_pipeline_model_parallel_size")],
+                args.get("decoder_first_pipeline_num_layers"), args.get("decoder_last_pipeline_num_layers"))
+        except (InteropError, TypeError, ValueError) as exc:
+            return f"the args' tp/pp/vpp do not lay out this model ({exc})"
+        if layout.pp > 1 and self.spec.tied_embeddings:
+            return "a tied embedding over several pipeline stages has a bucket of its own (not modelled)"
         dp = args.get("data_parallel_size")
         if not isinstance(dp, int) or dp < 1:
             return "the args do not say data_parallel_size, which lays out the buckets"
-        rows = {r.key: r for r in _rows(self.spec, "mcore") if r.transform.reads_back}
-        order = distrib.module_order(list(rows))
-        buffer = distrib.layout([(k, math.prod(rows[k].transform.rank_shape())) for k in order], dp,
-                                distrib.bucket_size(args, 0, 0))
-        for (_, _, b, kind), key in found.items():
-            size = self.ckpt.meta(key)[1]
-            if b >= len(buffer.unpadded) or size not in ((buffer.unpadded[b],), (buffer.padded[b],)):
-                return (f"{key} holds {list(size)} elements, megatron-core's layout of this model at dp {dp} "
-                        f"{buffer.unpadded[b] if b < len(buffer.unpadded) else 'no such bucket'}")
-        missing = [(b, k) for b in range(len(buffer.unpadded)) for k in distrib.KINDS
-                   if not any(f[2:] == (b, k) for f in found)]
-        if missing:
-            return f"no {missing[0][1]} for bucket {missing[0][0]}"
-        self.buckets = {(b, kind): key for (_, _, b, kind), key in found.items()}
-        self.slots = {rows[k].parts: (buffer.slots[k], rows[k]) for k in order}
+        want = {(m, v) for m in range(layout.tp * layout.pp) for v in range(layout.vpp)}
+        if {f[:2] for f in found} != want:
+            return (f"bucket tensors for {len({f[:2] for f in found})} (rank, model chunk) buffers, tp {layout.tp} x "
+                    f"pp {layout.pp} x vpp {layout.vpp} make {len(want)}")
+        # the parameter order in a bucket is the layer spec's module order: the args name the spec (Megatron-LM's
+        # --transformer-impl); when they don't, the one whose boundaries the checkpoint's chunks show
+        impl = args.get("transformer_impl")
+        schemes = {"local": ["mcore"], "transformer_engine": ["mcore_te"], None: ["mcore", "mcore_te"]}.get(impl)
+        if schemes is None:
+            return f"transformer_impl={impl!r}: its parameter order in the buckets is not known"
+        why = ""
+        for scheme in schemes:
+            got = self._bucket_slots(scheme, layout, dp, found, args)
+            if not isinstance(got, str):
+                self.dist_slots = got
+                break
+            why = got
+        else:
+            return why
+        self.dist_tp = layout.tp
+        self.dist_at = (f"tp {layout.tp}, pp {layout.pp}" + (f", vpp {layout.vpp}" if layout.vpp > 1 else "") +
+                        f", dp {dp}, {'local' if scheme == 'mcore' else 'Transformer Engine'} layer spec")
+        self.buckets = {(m, v, b, kind): key for (m, v, _, b, kind), key in found.items()}
         self.kinds = [distrib.KINDS[k] for k in distrib.KINDS]
         groups = next((k for k in self.ckpt.objects() if k.startswith("optimizer.distributed.dp_group_idx_0.optimizer/")),
                       None)
         return distrib_hyper({"optimizer": self.ckpt.read_object(groups)} if groups else None)
 
+    def _bucket_slots(self, scheme: str, layout: ParallelLayout, dp: int, found: dict, args: dict) -> dict | str:
+        """{canonical name: (rank row, part, [(rank, chunk, Slot) per tp rank])} when megatron-core's layout of
+        `scheme`'s parameters fits the stored buckets (sizes and every parameter's boundaries, which the DCP
+        chunks show: one chunk per parameter piece and padding); else why not."""
+        rows = [r for r in expand_rows(scheme, self.spec, layout) if r.transform.reads_back]
+        out = {}
+        for (p, v) in {(r.stage, r.chunk) for r in rows}:
+            mine = {r.key: r for r in rows if (r.stage, r.chunk) == (p, v)}
+            order = distrib.module_order(list(mine))
+            for t in range(layout.tp):
+                m = p * layout.tp + t
+                buffer = distrib.layout([(k, math.prod(mine[k].transform.rank_shape(t, layout.tp))) for k in order],
+                                        dp, distrib.bucket_size(args, p, v),
+                                        bool(args.get("ddp_pad_buckets_for_high_nccl_busbw")))
+                for b in range(max(len(buffer.unpadded), 1 + max(f[3] for f in found if f[:2] == (m, v)))):
+                    for kind in distrib.KINDS:
+                        key = next((k for f, k in found.items() if f[:2] == (m, v) and f[3:] == (b, kind)), None)
+                        where = f"rank {m} (tp {t}, pp {p}) chunk {v} bucket {b}"
+                        if key is None:
+                            return f"no {kind} for {where}"
+                        if b >= len(buffer.unpadded):
+                            return f"{where}: megatron-core's layout of this model at dp {dp} has no such bucket"
+                        size = self.ckpt.meta(key)[1]
+                        if size not in ((buffer.unpadded[b],), (buffer.padded[b],)):
+                            return (f"{key} holds {list(size)} elements, megatron-core's {scheme} layout of this model "
+                                    f"at dp {dp} {buffer.unpadded[b]}")
+                    starts = {c.offsets[0] for c in self.ckpt._entry(key).chunks}  # noqa: SLF001 (the chunk list)
+                    if starts != distrib.chunk_starts(buffer, b, dp):
+                        return (f"{where}: the stored parameter boundaries are not megatron-core's {scheme} layout of "
+                                "this model's parameters")
+                for k in order:
+                    for j, name in enumerate(mine[k].parts):
+                        out.setdefault(name, (mine[k], j, []))[2].append((m, v, buffer.slots[k]))
+        return out
+
     def _read_distributed(self, name: str) -> torch.Tensor:
-        row, _, layer, j = self.row_of[base_param_name(name)]
-        slot, local = self.slots[row.parts]
-        theirs = {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
-        flat = self.ckpt.read_box(self.buckets[(slot.bucket, theirs)], [slot.start], [slot.numel])
-        return local.transform.split(flat.view(local.transform.rank_shape()))[j]
+        """Every tp rank's run of the parameter's bucket, joined into the canonical tensor."""
+        base, theirs = base_param_name(name), {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
+        row, j, where = self.dist_slots[base]
+        if (theirs, row.parts) not in self._cache:
+            shards = [self.ckpt.read_box(self.buckets[(m, v, slot.bucket, theirs)], [slot.start], [slot.numel])
+                      .view(row.transform.rank_shape(t, self.dist_tp)) for t, (m, v, slot) in enumerate(where)]
+            self._cache[(theirs, row.parts)] = row.transform.from_ranks(shards)
+            while len(self._cache) > 2:
+                self._cache.popitem(last=False)
+        return self._cache[(theirs, row.parts)][j]
 
     def metas(self) -> list[TensorMeta]:
         out = []
         for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
             for p in param_table(self.spec):
                 if prefix and self.buckets is not None:
-                    theirs = {v: k for k, v in distrib.KINDS.items()}[prefix.split(".")[1]]
-                    out.append(TensorMeta(prefix + p.name, self.ckpt.meta(self.buckets[(0, theirs)])[0], p.shape))
+                    out.append(TensorMeta(prefix + p.name, self.ckpt.meta(next(iter(self.buckets.values())))[0],
+                                          p.shape))
                     continue
                 key = self._key_prefix(prefix + p.name) + self.row_of[p.name][1]
                 out.append(TensorMeta(prefix + p.name, self.ckpt.meta(key)[0], p.shape))
@@ -318,13 +378,56 @@ class Reader:
         part when fused; the distributed optimizer's flat bucket and element range for optimizer state."""
         row, key, layer, j = self.row_of[base_param_name(name)]
         if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
-            slot, _ = self.slots[row.parts]
             theirs = {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
-            where = f"{self.buckets[(slot.bucket, theirs)]} [{slot.start}:{slot.start + slot.numel}]"
-        else:
-            key = self._key_prefix(name) + key
-            where = key if layer is None else f"{key} [layer {layer}]"
+            rank_row, j, ranks = self.dist_slots[base_param_name(name)]
+            where = " + ".join(f"{self.buckets[(m, v, slot.bucket, theirs)]} [{slot.start}:{slot.start + slot.numel}]"
+                               for m, v, slot in ranks)
+            return where if len(rank_row.parts) == 1 else f"{where} [part {j + 1}/{len(rank_row.parts)}]"
+        key = self._key_prefix(name) + key
+        where = key if layer is None else f"{key} [layer {layer}]"
         return where if len(row.parts) == 1 else f"{where} [part {j + 1}/{len(row.parts)}]"
+
+    def byte_ranges(self, name: str) -> list[tuple[str, int, int]] | None:
+        """`name`'s bytes as ranges (path, offset, bytes) of the `.distcp` files, when its stored tensor (a layer of
+        a stacked key, a whole tensor, one expert) is one contiguous chunk and `name` is runs of whole rows of it
+        (the tensor itself; q, k, v of a grouped QKV; gate and up of fc1): the engine then copies them file to
+        file.  None for the optimizer's flattened layouts and whatever else must be read."""
+        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+            return None
+        row, key, layer, j = self.row_of[base_param_name(name)]
+        key = self._key_prefix(name) + key
+        if getattr(self, "fragments", {}).get(key) is not None:
+            return None
+        span = self.ckpt.span(key, *self._box(key, layer))
+        if span is None:
+            return None
+        path, pos, nbytes = span
+        if len(row.parts) == 1:
+            return [span]
+        dtype = self.ckpt.meta(key)[0]
+        full = [torch.empty(self.index[n].shape, dtype=dtype, device="meta") for n in row.parts]
+        runs = row.transform.runs(full, 0, 1)
+        if runs is None or sum(stop - start for _, start, stop in runs) * dtype.itemsize != nbytes:
+            return None
+        ranges, at = [], 0
+        for target, start, stop in runs:  # in stored order; those of part j are in its own order
+            if target is full[j]:
+                if start != at:
+                    return None
+                if ranges and ranges[-1][1] + ranges[-1][2] == pos:
+                    ranges[-1] = (path, ranges[-1][1], ranges[-1][2] + (stop - start) * dtype.itemsize)
+                else:
+                    ranges.append((path, pos, (stop - start) * dtype.itemsize))
+                at = stop
+            pos += (stop - start) * dtype.itemsize
+        return ranges if at == full[j].numel() else None
+
+    def _box(self, key: str, layer) -> tuple[list, list]:
+        """(offsets, sizes) of what `stacked_key` stores at leading index `layer` of `key`."""
+        shape = self.ckpt.meta(key)[1]
+        lead = () if layer is None else layer if isinstance(layer, tuple) else (layer,)
+        n = len(lead)
+        return [*lead] + [0] * (len(shape) - n), [1] * n + [*shape[n:]]
 
     def _key_prefix(self, name: str) -> str:
         """`optimizer.state.<kind>.` of an optimizer tensor's name as this checkpoint spells the kind; `` for a weight."""
@@ -337,9 +440,8 @@ class Reader:
         """The Megatron tensor `key` (layer `layer`, or a (layer, expert) pair), reassembled when the distributed
         optimizer stored it flattened."""
         if isinstance(layer, tuple):  # (layer, expert) or (expert,)
-            shape, n = self.ckpt.meta(key)[1], len(layer)
-            stored = self.ckpt.read_box(key, [*layer] + [0] * (len(shape) - n), [1] * n + [*shape[n:]])
-            stored = stored.reshape(shape[n:])
+            stored = self.ckpt.read_box(key, *self._box(key, layer))
+            stored = stored.reshape(self.ckpt.meta(key)[1][len(layer):])
         else:
             stored = self.ckpt.read(key, layer)
         fragments = getattr(self, "fragments", {}).get(key)

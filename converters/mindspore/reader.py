@@ -24,7 +24,7 @@ from ...spec import ModelSpec
 from ...tensors import Source, TensorMeta
 from . import pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
-from .rows import converter_names, ms_rows
+from .rows import MCORE_LAYOUT_NOTE, check_layout, converter_names, ms_rows, refuse_mla
 from .scalars import is_scalar_tag, scalars_to_state
 
 FORMAT = "mindspore"
@@ -117,6 +117,7 @@ class Reader:
                         if first.meta(k)[0] is not None and first.meta(k)[0].is_floating_point and first.meta(k)[1]]
         dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(float_dtypes[0] if float_dtypes else None,
                                                                            "float32")
+        refuse_mla(tags, first.path)
         if model_config is not None:
             spec = _spec_from_config(model_config, dtype)
         elif sidecar is not None:
@@ -141,6 +142,9 @@ class Reader:
             tp = max(t for t, _ in self.files) + 1
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
+        check_layout(spec, dialect, layout.tp, f"{path}: ")
+        if dialect == "mindformers-mcore":
+            notes.append(MCORE_LAYOUT_NOTE)
         if sidecar is not None and "layout" in sidecar:
             said = ParallelLayout.from_dict(sidecar["layout"])
             if (said.tp, said.pp, said.ep) != (layout.tp, layout.pp, layout.ep):
@@ -270,6 +274,19 @@ class Reader:
         tag = tag.replace(f"{LOCAL_EXPERTS}{param.expert}.", f"{LOCAL_EXPERTS}{local}.")
         return (self.files[(t, stage)] if d == 0 else self.ep_files[(t, stage, d)]), tag
 
+    def native_name(self, name: str) -> str | None:
+        """The tag a canonical tensor is stored under (`interop inspect --native`): at ep > 1 an expert's local
+        number in its expert-parallel rank's file, which the name then says; the part when the tensor is fused."""
+        row = self.row_of.get(name)
+        if row is None:
+            return None
+        ms_name, _, parts = row
+        param = self.index[name]
+        f, tag = self._home(0, param, self.tag_of[ms_name])
+        if param.expert is not None and self.layout.ep > 1:
+            tag = f"{tag} ({Path(f.path).parent.name})"
+        return tag if len(parts) == 1 else f"{tag} [part {parts.index(name) + 1}/{len(parts)}]"
+
     def _tp_from_shapes(self, spec: ModelSpec, f: CkptFile) -> int:
         index = param_index(spec)
         for name, transform, parts in self.rows:
@@ -323,7 +340,8 @@ class Reader:
                         optional[(t, stage, d)].add(plain)
         tied = []
         if self.spec.tied_embeddings:
-            head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight")}
+            head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight"),
+                    "mindformers-mcore": ("output_layer.weight",)}
             tied = list(head[self.dialect])
             for t in range(self.layout.tp):
                 for d in eps:

@@ -5,11 +5,16 @@ What a TP rank stores, and how the parts are fused, is the transform's (`interop
 from __future__ import annotations
 
 from ...errors import InteropError
-from ...mappings.mindspore_names import (MINDSPEED_LAYERNORM_NORMS, MINDSPEED_LAYERNORM_PARAMS,
-                                         MINDSPEED_MODEL_RENAMES, MOE_TABLES, PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
+from ...mappings.mindspore_names import (MINDFORMERS_MCORE_MLA_MARKERS, MINDSPEED_LAYERNORM_NORMS,
+                                         MINDSPEED_LAYERNORM_PARAMS, MINDSPEED_MODEL_RENAMES, MOE_TABLES,
+                                         PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
 from ...params import param_index
 from ...spec import ModelSpec
 from ...transforms import Transform
+
+# The fused layouts MindFormers' mcore-style models take by default (mappings/mindspore_names.py MINDFORMERS_MCORE)
+MCORE_LAYOUT_NOTE = ("linear_qkv grouped per KV group, linear_fc1 rows interleaved gate/up: MindFormers' defaults "
+                     "use_contiguous_weight_layout_attention=False, use_interleaved_weight_layout_mlp=True")
 
 
 def _model_name(name: str, spec: ModelSpec) -> str:
@@ -53,7 +58,7 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
                     taken.add(name)
     held = {name for _, _, names in rows for name in names}
     homeless = [name for name in present if name not in held]
-    if homeless:  # e.g. Qwen3's q/k norms: neither dialect's table names them (not confirmed in their sources)
+    if homeless:  # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
         raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}")
     return rows
 
@@ -63,9 +68,11 @@ def moe_table(spec: ModelSpec, dialect: str, qkv_concat: bool) -> list:
     if not spec.is_moe:
         return []
     shared = spec.shared_expert_ffn_hidden is not None
-    if (dialect, shared) not in MOE_TABLES or (dialect == "mindformers" and spec.arch != "llama"):
+    if (dialect, shared) not in MOE_TABLES or (dialect != "mindspeed" and spec.arch != "llama"):
         raise InteropError(f"MindSpore {dialect} names hold no {'shared expert' if shared else spec.arch + ' MoE'} "
                            "(MindSpeed-Core-MS r0.1.0 has routed experts only; MindFormers MoE is its Llama's)")
+    if dialect == "mindformers-mcore":  # dense layers (first_k_dense_replace), sigmoid scores: the same names
+        return MOE_TABLES[(dialect, shared)]
     if spec.moe_layers is not None and sorted(spec.moe_layers) != list(range(spec.num_layers)):
         raise InteropError(f"MindSpore {dialect} models make every layer MoE; this one has experts in layers "
                            f"{sorted(spec.moe_layers)} only")
@@ -78,6 +85,22 @@ def moe_table(spec: ModelSpec, dialect: str, qkv_concat: bool) -> list:
         raise InteropError(f"MindFormers' Llama builds shared experts of intermediate_size x shared_expert_num: "
                            f"{spec.shared_expert_ffn_hidden} is no multiple of the experts' {spec.moe_ffn_hidden}")
     return MOE_TABLES[(dialect, shared)]
+
+
+def check_layout(spec: ModelSpec, dialect: str, tp: int, where: str = "") -> None:
+    """One line for a tensor-parallel layout the dialect's MoE files cannot hold."""
+    if dialect == "mindformers-mcore" and spec.is_moe and tp > 1:
+        raise InteropError(f"{where}MindFormers' mcore-style experts (FFNGroupedGEMM weight1 / weight2) are placed by "
+                           f"expert parallelism, not cut by tensor parallelism: MoE is read and written at --tp 1 "
+                           f"(one model.ckpt), not tp={tp}")
+
+
+def refuse_mla(tags, where: str) -> None:
+    """Multi-latent attention (MindFormers deepseek3's default) has no place in the canonical tensors."""
+    for tag in tags:
+        if any(marker in tag for marker in MINDFORMERS_MCORE_MLA_MARKERS):
+            raise InteropError(f"{where}: {tag} is multi-latent attention (DeepSeek-V3 MLA), which interop does not "
+                               "convert")
 
 
 def converter_names(rows, spec: ModelSpec, dialect: str) -> dict[str, str]:

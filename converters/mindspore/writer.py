@@ -17,7 +17,7 @@ from ...spec import ModelSpec, padded_to_tp
 from ...tensors import TensorMeta
 from . import pt_meta
 from .files import SIDECAR, mindformers_file, mindspeed_file
-from .rows import converter_names, ms_rows
+from .rows import MCORE_LAYOUT_NOTE, check_layout, converter_names, ms_rows
 from .scalars import state_to_scalars
 from .strategy import stage_strategy
 
@@ -47,7 +47,7 @@ class Writer:
         dialect = dialect or "mindspeed"
         if dialect not in DIALECTS:
             raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
-        if dialect == "mindformers" and layout.vpp > 1:
+        if dialect != "mindspeed" and layout.vpp > 1:
             raise InteropError("MindFormers checkpoints are written without virtual pipeline chunks: use --vpp 1")
         if dialect != "mindformers" and qkv_concat:
             raise InteropError("--qkv-concat applies to --dialect mindformers only")
@@ -63,6 +63,7 @@ class Writer:
             raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
                                "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
         spec.check_tp(layout.tp)
+        check_layout(spec, dialect, layout.tp)
         if layout.ep > 1 and dialect != "mindspeed":
             raise InteropError(f"MindFormers MoE output is written at --ep 1 (all experts in each rank file; its "
                                f"strategy places them), not --ep {layout.ep}")
@@ -261,11 +262,13 @@ class Writer:
             else:
                 self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
         self._copy_for_other_dp_ranks()
-        if self.dialect == "mindformers" and self.layout.tp * self.layout.pp > 1:
+        if self.dialect != "mindspeed" and self.layout.tp * self.layout.pp > 1:
             (self.root / "strategy").mkdir()
             for p in range(self.layout.pp):
                 strategy = stage_strategy(self.spec, self.layout, self.rows, p)
                 (self.root / "strategy" / f"strategy_stage{p}.json").write_text(json.dumps(strategy, indent=1))
+        if self.dialect == "mindformers-mcore":
+            self.notes.append(MCORE_LAYOUT_NOTE)
         if self.qkv_concat:
             self.notes.append(f"w_qkv / w_gate_hidden written {self.qkv_layout} "
                               f"({'MindFormers r1.3' if self.qkv_layout == 'plain' else 'MindFormers r1.5 and later'}"

@@ -16,7 +16,9 @@ with fused layouts untouched (QKV grouped per query group, swiglu fc1 as
 `[gate; up]`).  Mapping mcore keys to canonical names is the converter's job.
 
 Reading plans one DCP read per call, so memory is the tensor asked for plus one stored
-chunk.  `.metadata` is itself a pickle: it is loaded with an unpickler that admits only
+chunk.  A chunk is a `torch.save` zip inside its `.distcp` file: its pickle and zip directory are read
+to place its tensor bytes, which are then read straight into the tensor (or copied file to file by the
+caller, `DistCheckpoint.span`), never through a Python file object.  `.metadata` is itself a pickle: it is loaded with an unpickler that admits only
 DCP's metadata classes.
 """
 from __future__ import annotations
@@ -32,13 +34,15 @@ import pathlib
 import pickle
 import re
 import tempfile
+import struct
 import uuid
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
-from . import dcp_metadata
+from . import background, dcp_metadata
 from .dcp_metadata import (
     CURRENT_DCP_VERSION,
     BytesStorageMetadata,
@@ -55,7 +59,7 @@ from ..shards import Box, tiling_error
 from .megatron_save import TRACKER, iteration_name, read_tracker
 from .paths import inside
 from .safe_pickle import safe_torch_load
-from .torch_file import append_tensor
+from .torch_file import _BATCH, _CRC_THREAD, _crc_views, append_tensor
 from .writeback import Writeback
 
 METADATA_JSON = "metadata.json"
@@ -176,6 +180,15 @@ class _FileView(io.RawIOBase):
         return len(data)
 
 
+class _Span(NamedTuple):
+    """Where a stored chunk's tensor bytes lie: `nbytes` from `offset` in `file`; `crc`: its zip record's CRC-32
+    when the record is exactly these bytes (0: none to check)."""
+    file: Path
+    offset: int
+    nbytes: int
+    crc: int
+
+
 class _Reader:
     """Parses `.metadata` once, safely, and checks it before anything is read: every tensor's chunks tile
     it exactly once, every chunk's file stays inside the checkpoint.  Chunks are read by their byte ranges
@@ -196,14 +209,20 @@ class _Reader:
             _check_metadata(Path(path), file, self._metadata)
         except (AttributeError, TypeError, ValueError) as exc:  # a damaged pickle builds objects missing fields
             raise InteropError(f"{file}: malformed DCP metadata ({_first_line(exc)})") from None
+        self._spans: dict[MetadataIndex, _Span | None] = {}
+        self._by_offsets: dict[str, dict] = {}
 
     def read_metadata(self, *args, **kwargs):
         return self._metadata
 
-    def load_chunk(self, file: Path, view, index: MetadataIndex) -> torch.Tensor:
-        """The stored chunk `index` from `view` (its byte range), checked to be a tensor of exactly the dtype
-        and shape `.metadata` records (DCP itself would cast whatever it finds into the target)."""
-        tensor = torch.load(view, map_location="cpu", weights_only=True)
+    def _chunk_file(self, index: MetadataIndex) -> tuple[Path, _StorageInfo]:
+        info = self._metadata.storage_data[index]
+        root = Path(self.path)
+        return inside(root, info.relative_path, root / DCP_METADATA), info
+
+    def _check_chunk(self, file: Path, index: MetadataIndex, tensor) -> None:
+        """`tensor` (read, or its meta stand-in) is exactly the dtype and shape `.metadata` records for the chunk
+        (DCP itself would cast whatever it finds into the target)."""
         key = index.fqn
         entry = self._metadata.state_dict_metadata[key]
         sizes = next((c.sizes for c in entry.chunks if c.offsets == index.offset), None)
@@ -213,29 +232,101 @@ class _Reader:
                 else type(tensor).__name__
             raise InteropError(f"{file}: the chunk of {key} at {list(index.offset)} holds {got}, .metadata says "
                                f"{entry.properties.dtype} {list(sizes or [])}")
+
+    def load_chunk(self, file: Path, view, index: MetadataIndex) -> torch.Tensor:
+        """The stored chunk `index` from `view` (its byte range), loaded by torch (the slow path: through a
+        Python file object, for a chunk `span` cannot place), checked against `.metadata`."""
+        tensor = torch.load(view, map_location="cpu", weights_only=True)
+        self._check_chunk(file, index, tensor)
         return tensor
+
+    def span(self, index: MetadataIndex) -> _Span | None:
+        """Where chunk `index`'s tensor bytes lie in its `.distcp` file, when they are one contiguous run of a
+        stored (uncompressed) zip record: its `torch.save` zip's pickle and directory are read (a few KB), the
+        bytes not.  None for anything else (read then through `load_chunk`).  Cached: a chunk is asked for
+        once to be read, or twice when its tensor is fused (q, k and v of one layer)."""
+        if index not in self._spans:
+            self._spans[index] = self._find_span(index)
+        return self._spans[index]
+
+    def _find_span(self, index: MetadataIndex) -> _Span | None:
+        file, info = self._chunk_file(index)
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            view = _FileView(fd, info.offset, info.length)
+            meta = torch.load(view, map_location="meta", weights_only=True)
+            self._check_chunk(file, index, meta)
+            start = getattr(meta.untyped_storage(), "_checkpoint_offset", None)
+            if start is None or not meta.is_contiguous():
+                return None
+            item = meta.element_size()
+            start += meta.storage_offset() * item
+            nbytes = meta.numel() * item
+            view.seek(0)
+            with zipfile.ZipFile(view) as z:
+                for record in z.infolist():
+                    head = os.pread(fd, 30, info.offset + record.header_offset)
+                    if len(head) != 30 or head[:4] != b"PK\x03\x04":
+                        raise InteropError(f"{file}: the chunk of {index.fqn} at {list(index.offset)} is not a "
+                                           "readable torch.save zip (bad local header)")
+                    name_len, extra_len = struct.unpack("<HH", head[26:30])
+                    data = record.header_offset + 30 + name_len + extra_len
+                    if data <= start < data + record.file_size:
+                        if record.compress_type != zipfile.ZIP_STORED or start + nbytes > data + record.file_size \
+                                or data + record.file_size > info.length:
+                            return None
+                        whole = start == data and nbytes == record.file_size
+                        return _Span(file, info.offset + start, nbytes, record.CRC if whole else 0)
+            return None
+        finally:
+            os.close(fd)
+
+    def read_span(self, span: _Span, out: torch.Tensor) -> torch.Tensor:
+        """`span`'s bytes straight into contiguous `out` (os.preadv, no staging copy), checked against the
+        record's CRC-32 on a second core while the next batch is read."""
+        flat = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if span.nbytes else memoryview(b"")
+        crc, pos = None, span.offset
+        fd = os.open(span.file, os.O_RDONLY)
+        try:
+            for lo in range(0, span.nbytes, _BATCH):
+                batch = [flat[lo:min(lo + _BATCH, span.nbytes)]]
+                got = os.preadv(fd, batch, pos)
+                if got != batch[0].nbytes:
+                    raise InteropError(f"{span.file}: truncated (a chunk needs {span.nbytes} bytes at offset "
+                                       f"{span.offset}, the file ends first)")
+                pos += got
+                if span.crc:
+                    crc = _CRC_THREAD.submit(_crc_views, batch, crc)
+        finally:
+            os.close(fd)
+        if span.crc and (crc.result() if crc is not None else 0) != span.crc:
+            raise InteropError(f"{span.file}: a chunk at offset {span.offset} fails its CRC-32 check; the file is "
+                               "damaged")
+        return out
+
+    def read_chunk(self, index: MetadataIndex, sizes, dtype: torch.dtype) -> torch.Tensor:
+        """Stored chunk `index` (of `sizes`), by its byte range when `span` places it, else through torch.load."""
+        span = self.span(index)
+        if span is not None:
+            return self.read_span(span, torch.empty(list(sizes), dtype=dtype))
+        file, info = self._chunk_file(index)
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            return self.load_chunk(file, _FileView(fd, info.offset, info.length), index)
+        finally:
+            os.close(fd)
 
     def read_box(self, key: str, offsets, sizes) -> torch.Tensor:
         """The box `offsets`/`sizes` of tensor `key`: each stored chunk it meets is read by its byte range
         (no DCP load planning); a box that is exactly one chunk (a layer, a whole tensor) is that chunk."""
         entry = self._metadata.state_dict_metadata[key]
-        root = Path(self.path)
         out = None
         if math.prod(sizes) == 0:
             return torch.empty(list(sizes), dtype=entry.properties.dtype)
-        for chunk in entry.chunks:
+        for chunk in self._chunks_in(key, entry, offsets, sizes):
             lo = [max(o, c) for o, c in zip(offsets, chunk.offsets)]
             hi = [min(o + n, c + m) for o, n, c, m in zip(offsets, sizes, chunk.offsets, chunk.sizes)]
-            if any(a >= b for a, b in zip(lo, hi)):
-                continue
-            index = MetadataIndex(key, chunk.offsets)
-            info = self._metadata.storage_data[index]
-            file = inside(root, info.relative_path, root / DCP_METADATA)
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                tensor = self.load_chunk(file, _FileView(fd, info.offset, info.length), index)
-            finally:
-                os.close(fd)
+            tensor = self.read_chunk(MetadataIndex(key, chunk.offsets), chunk.sizes, entry.properties.dtype)
             if list(chunk.offsets) == list(offsets) and list(chunk.sizes) == list(sizes):
                 return tensor
             if out is None:
@@ -243,6 +334,29 @@ class _Reader:
             src = tensor[tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, chunk.offsets))]
             out[tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, offsets))].copy_(src)
         return out
+
+    def box_span(self, key: str, offsets, sizes) -> _Span | None:
+        """The span of box `offsets`/`sizes` of `key` when it is exactly one stored chunk that `span` places."""
+        entry = self._metadata.state_dict_metadata[key]
+        chunk = self._chunk_at(key, entry).get(tuple(offsets))
+        if chunk is None or list(chunk.sizes) != list(sizes):
+            return None
+        return self.span(MetadataIndex(key, chunk.offsets))
+
+    def _chunk_at(self, key: str, entry: TensorStorageMetadata) -> dict:
+        """{offsets: chunk} of a tensor's chunks (built once per tensor: a stacked key has one per layer)."""
+        found = self._by_offsets.get(key)
+        if found is None:
+            found = self._by_offsets[key] = {tuple(c.offsets): c for c in entry.chunks}
+        return found
+
+    def _chunks_in(self, key: str, entry: TensorStorageMetadata, offsets, sizes) -> list:
+        """The chunks that meet the box: the one starting at `offsets` when it is the box (a layer), else a scan."""
+        chunk = self._chunk_at(key, entry).get(tuple(offsets))
+        if chunk is not None and list(chunk.sizes) == list(sizes):
+            return [chunk]
+        return [c for c in entry.chunks
+                if all(max(o, a) < min(o + n, a + m) for o, n, a, m in zip(offsets, sizes, c.offsets, c.sizes))]
 
     def read_bytes(self, key: str) -> bytes:
         """The raw bytes of byte object `key` (its storage entry's byte range)."""
@@ -289,9 +403,30 @@ def _check_metadata(root: Path, file: Path, md: Metadata) -> None:
                 raise InteropError(f"{file}: {key}: a chunk lies outside the tensor's shape {list(entry.size)}")
             if MetadataIndex(key, chunk.offsets) not in storage:
                 raise InteropError(f"{file}: {key}: chunk at {list(chunk.offsets)} has no storage entry")
+        if _regular_grid(entry.size, entry.chunks):
+            continue
         why = tiling_error(entry.size, [Box(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks])
         if why:
             raise InteropError(f"{file}: {key}: {why}")
+
+
+def _regular_grid(size, chunks) -> bool:
+    """Whether `chunks` (checked to lie inside `size`) are all one shape and sit at distinct multiples of it,
+    as many as the grid has cells: then they tile the tensor exactly, seen in one pass.  mcore's stacked keys
+    are such grids ([layers, experts, ...] in [1, 1, ...] chunks); `tiling_error`'s sweep compares a layer's
+    chunks pairwise (9 s for one key of 61 layers x 256 experts)."""
+    if not chunks:
+        return False
+    sizes = tuple(chunks[0].sizes)
+    if any(n <= 0 or d % n for n, d in zip(sizes, size)):
+        return False
+    seen = set()
+    for c in chunks:
+        offsets = tuple(c.offsets)
+        if tuple(c.sizes) != sizes or any(o % n for o, n in zip(offsets, sizes)) or offsets in seen:
+            return False
+        seen.add(offsets)
+    return len(seen) == math.prod(d // n for n, d in zip(sizes, size))
 
 
 class DistCheckpoint:
@@ -394,11 +529,21 @@ class DistCheckpoint:
 
     def read_box(self, key: str, offsets, sizes) -> torch.Tensor:
         """The box `offsets` / `sizes` of global tensor `key` (e.g. one parameter's run of a flat buffer)."""
+        return self._guarded(key, offsets, sizes, self._reader.read_box)
+
+    def span(self, key: str, offsets, sizes) -> tuple[str, int, int] | None:
+        """(file, offset, bytes) of the box `offsets` / `sizes` of `key` when it is exactly one stored chunk
+        whose tensor bytes are one contiguous run of its file (a layer of a stacked key, a whole tensor): a
+        copy can take them from there.  None otherwise."""
+        span = self._guarded(key, offsets, sizes, self._reader.box_span)
+        return None if span is None else (str(span.file), span.offset, span.nbytes)
+
+    def _guarded(self, key: str, offsets, sizes, job):
         dtype, shape = self.meta(key)
         if len(offsets) != len(shape) or any(o < 0 or n < 0 or o + n > d for o, n, d in zip(offsets, sizes, shape)):
             raise InteropError(f"{self.path}: {key} {list(shape)} has no box at {list(offsets)} of {list(sizes)}")
         try:
-            return self._reader.read_box(key, offsets, sizes)
+            return job(key, offsets, sizes)
         except InteropError:
             raise
         except Exception as exc:  # missing/damaged .distcp files surface as many types
@@ -433,7 +578,9 @@ class DistWriter:
     as mcore stores them); byte objects go to file 0 as their raw bytes.  `.metadata` (DCP's `Metadata`:
     per key its chunks, per chunk its file and byte range) is written last, by `finish`, after checking
     that every declared chunk arrived exactly once.  Chunks are written the moment they are given, in any
-    order: memory is the chunk in hand.
+    order: memory is the chunk in hand.  Within `background.background_writes` (the conversion engine) they
+    are written on the helper thread, in the order given, while the caller reads the next (up to
+    `background.LIMIT` bytes queued); each chunk's byte range is recorded there, once it is written.
 
     `only`: the files this writer writes, for a checkpoint written by several processes
     (`interop.workers`): each closes its files with `close_files()`, which returns their storage
@@ -454,7 +601,9 @@ class DistWriter:
         self.declared: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
         self.lead: dict[str, int] = {}  # leading axes written one index at a time (layer; layer, expert)
         self.objects: list[str] = []
-        self.storage: dict[MetadataIndex, _StorageInfo] = {}
+        self.storage: dict[MetadataIndex, _StorageInfo] = {}  # filled as chunks are written (maybe on the helper)
+        self.given: set[MetadataIndex] = set()  # chunks handed to `write`, written or queued
+        self._background = background.enabled()
 
     @staticmethod
     def file_name(unit: int) -> str:
@@ -492,19 +641,33 @@ class DistWriter:
             raise ValueError(f"{key}: planned {dtype} {list(want)}, got {data.dtype} {list(data.shape)}")
         offsets = torch.Size(list(at) + [0] * (len(shape) - lead))
         index = MetadataIndex(key, offsets)
-        if index in self.storage:
+        if index in self.given:
             raise ValueError(f"{key}: layer {layer} written twice")
         unit = self.file_of(key, layer)
         if self.only is not None and unit not in self.only:
             raise ValueError(f"{key} (layer {layer}) belongs to {self.file_name(unit)}, not this writer's")
-        fd = self._fd(unit)
-        length = append_tensor(fd, self.path / self.file_name(unit), data.reshape((1,) * lead + tuple(want)))
+        self.given.add(index)
+        self._fd(unit)
+        chunk = data.reshape((1,) * lead + tuple(want))
+        if self._background:
+            background.submit(chunk.numel() * chunk.element_size(), self._append, unit, index, chunk)
+        else:
+            self._append(unit, index, chunk)
+
+    def _append(self, unit: int, index: MetadataIndex, chunk: torch.Tensor) -> None:
+        length = append_tensor(self.open_files[unit][0], self.path / self.file_name(unit), chunk)
         self._stored(unit, index, length)
+
+    def _drain(self) -> None:
+        """Wait for the chunks queued on the helper thread (their byte ranges are known after)."""
+        if self._background:
+            background.wait()
 
     def write_object(self, key: str, value) -> None:
         """A ShardedObject as mcore stores it: `torch.save([value])`, raw bytes in file 0."""
         if key in self.objects or key in self.declared:
             raise ValueError(f"duplicate key {key!r}")
+        self._drain()  # file 0's end is where the queued chunks end
         buffer = io.BytesIO()
         torch.save([value], buffer)
         raw = buffer.getbuffer()
@@ -520,6 +683,7 @@ class DistWriter:
         names = {key: new_key(key) for key in self.declared}
         if len(set(names.values())) != len(names) or set(names.values()) & set(self.objects):
             raise ValueError("renaming makes two keys one")
+        self._drain()
         self.declared = {names[k]: v for k, v in self.declared.items()}
         self.lead = {names[k]: v for k, v in self.lead.items()}
         self.storage = {MetadataIndex(names.get(i.fqn, i.fqn), i.offset): info for i, info in self.storage.items()}
@@ -531,6 +695,7 @@ class DistWriter:
 
     def close_files(self) -> dict:
         """Close the files written so far; returns their storage entries ({MetadataIndex: _StorageInfo})."""
+        self._drain()
         while self.open_files:
             _, (fd, writeback) = self.open_files.popitem()
             writeback.wait()
@@ -539,6 +704,7 @@ class DistWriter:
 
     def add_storage(self, storage: dict) -> None:
         """Storage entries of chunks other writers wrote into this checkpoint's files."""
+        self._drain()
         twice = next((i for i in storage if i in self.storage), None)
         if twice is not None:
             raise InteropError(f"{self.path}: {twice.fqn} at {list(twice.offset)} was written twice")
@@ -546,6 +712,7 @@ class DistWriter:
 
     def finish(self, common: dict | None = None) -> None:
         """`.metadata`, common.pt and metadata.json; refuses if a declared chunk never came."""
+        self._drain()
         entries: dict[str, Any] = {}
         for key, (dtype, shape) in self.declared.items():
             size, lead = torch.Size(shape), self.lead[key]
@@ -570,6 +737,8 @@ class DistWriter:
         (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
 
     def abort(self) -> None:
+        if self._background:
+            background.abandon()
         for fd, writeback in self.open_files.values():
             writeback.wait()
             os.close(fd)
