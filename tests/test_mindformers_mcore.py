@@ -11,7 +11,6 @@ Oracles, MindFormers 2.1.0 installed `--no-deps` (its `use_legacy: False` models
   interleaved, ExpertsConvertOp; named in models/qwen3_moe/utils.py weight_converters): the fused tensors interop
   writes equal theirs byte for byte.
 """
-import json
 
 import numpy as np
 import pytest
@@ -21,10 +20,9 @@ from hostile import run
 from interop.convert import convert
 from interop.io.ms_ckpt import load_ckpt
 from interop.layout import ParallelLayout
-from interop.params import param_table
-from interop.spec import ModelSpec
 from interop.store import StoreReader, StoreWriter
 from interop.tensors import TensorMeta
+from test_mindspore_moe import moe_store
 
 ms = pytest.importorskip("mindspore")
 
@@ -42,17 +40,7 @@ COMMON_HF = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidde
 
 def store(path, **changes):
     """A canonical checkpoint with random weights: (path, spec, {name: tensor})."""
-    spec = ModelSpec(**{**BASE, **changes})
-    g = torch.Generator().manual_seed(7)
-    tensors = {p.name: torch.randn(p.shape, generator=g) for p in param_table(spec)}
-    path.mkdir()
-    writer = StoreWriter(path, spec, ParallelLayout.build(spec.num_layers),
-                         [TensorMeta(n, torch.float32, tuple(t.shape)) for n, t in tensors.items()])
-    for name, t in tensors.items():
-        writer.write(name, t)
-    writer.finish({})
-    (path.parent / f"{path.name}-spec.json").write_text(json.dumps({"spec": spec.to_dict()}))
-    return path, spec, tensors
+    return moe_store(path, base=BASE, seed=7, **changes)
 
 
 @pytest.fixture

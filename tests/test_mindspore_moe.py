@@ -33,10 +33,11 @@ BASE = dict(arch="llama", num_layers=2, hidden=64, ffn_hidden=96, heads=8, kv_gr
             tied_embeddings=False, num_experts=4, moe_topk=2, moe_ffn_hidden=96)
 
 
-def moe_store(path, **changes):
-    """A canonical checkpoint of a tiny MoE Llama with random weights: (path, spec, {name: tensor})."""
-    spec = ModelSpec(**{**BASE, **changes})
-    g = torch.Generator().manual_seed(5)
+def moe_store(path, base=BASE, seed=5, **changes):
+    """A canonical checkpoint of a tiny model (`base`: a tiny MoE Llama) with random weights, and its spec
+    beside it as `<name>-spec.json`: (path, spec, {name: tensor})."""
+    spec = ModelSpec(**{**base, **changes})
+    g = torch.Generator().manual_seed(seed)
     tensors = {p.name: torch.randn(p.shape, generator=g) for p in param_table(spec)}
     path.mkdir()
     writer = StoreWriter(path, spec, ParallelLayout.build(spec.num_layers),
