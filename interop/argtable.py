@@ -23,6 +23,7 @@ class Unmapped:
     value: object
     why: str
     lost: bool = True  # False: the target re-derives the same value, nothing is lost
+    group: str | None = None  # said with the others of its group as one count (the list is in --report)
 
 
 def short(raw: str) -> str:

@@ -56,7 +56,7 @@ class Result:
             "source": self.source.path,
             "source_format": self.source.format,
             "target": self.target,
-            "unmapped": [asdict(e) for e in self.entries],
+            "unmapped": [{k: v for k, v in asdict(e).items() if k != "group" or v} for e in self.entries],
             "warnings": self.warnings,
         }
 
@@ -181,8 +181,10 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unma
     entries = []
     for dest, value in explicit.items():
         if dest in launch:
+            kept = read_back.get(dest) == value  # beside the document (a YAML's `# launch:` comment, WORLD_SIZE=)
             entries.append(Unmapped(M.flag_of(dest), value, f"the launcher's rank count: no {target} field for it "
-                                                         f"(launch the job on {value} ranks; the batch split assumes it)"))
+                                    f"({'kept beside it, ' if kept else ''}launch the job on {value} ranks; the "
+                                    "batch split assumes it)", lost=not kept))
             continue
         lost = before.get(dest) != after.get(dest) and not writer.holds(dest, before, after) and not (
             dest in M.SAME_MEANING and M.SAME_MEANING[dest](before, after))
@@ -191,9 +193,11 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unma
         if dest in why or flag in why:
             entries.append(Unmapped(flag, value, why.get(dest) or why[flag]))
         elif not lost:
-            continue
+            note = writer.note(dest, value)
+            if note:
+                entries.append(Unmapped(flag, value, note, lost=False))
         elif dest not in held:
-            entries.append(Unmapped(flag, value, f"no {target} field for it"))
+            entries.append(Unmapped(flag, value, f"no {target} field for it", group=writer.unheld_group))
         else:
             entries.append(Unmapped(flag, value, f"{target} reads it back as {after.get(dest)!r}"))
     for dest, text in why.items():  # a value not given but lost all the same (a default the target cannot hold)

@@ -19,6 +19,17 @@ FA_LAYOUTS = ("BNSD", "SBH")
 PROFILE_FRAMEWORK = {True: "all", False: "None"}
 # MindSpore has no Transformer Engine: Megatron's local and transformer_engine both run as its 'local'.
 SAME_VALUES = {"transformer_impl": {"local", "transformer_engine"}}
+# Given values the YAML holds under another meaning: (completed source args, completed read-back) -> held.
+SAME_MEANING = {
+    # model_config.vocab_size is the embedding's rows (Megatron's padded size): a --vocab-size that needs no
+    # padding is that number exactly.
+    "vocab_size": lambda before, after: before["vocab_size"] == after["padded_vocab_size"],
+}
+# (dest, given value) -> the note a value written another way gets (nothing is lost, the user is told).
+NOTES = {
+    ("transformer_impl", "transformer_engine"): "MindSpore has no Transformer Engine: written as 'local', the "
+    "implementation MindSpeed-Core-MS runs (the same model and numerics class; not TE's fused kernels)",
+}
 
 
 def _betas(b1, b2):

@@ -72,6 +72,10 @@ class ArgsTarget:
         """Step 5: True where `dest` reads back differently yet the target runs the same (no loss)."""
         return False
 
+    def note(self, dest: str, value) -> str | None:
+        """Step 5: what to tell the user about a given value the target holds, but writes another way."""
+        return None
+
 
 class TableTarget(ArgsTarget):
     """A document written and read through rows (`mappings/*.ROWS`, see `interop.argtable`)."""
@@ -79,6 +83,8 @@ class TableTarget(ArgsTarget):
     rows: list = []
     nullable = None  # the paths whose loader accepts null (None: any path)
     same_values: dict = {}  # dest -> Megatron values the target runs the same way
+    same_meaning: dict = {}  # dest -> rule(before, after): held, though the read-back says it another way
+    notes: dict = {}  # (dest, given value) -> a note: held, written another way (the user is told)
     required: tuple = ()  # (path, Megatron dest): values the target's loader needs
     micro_batch_path: str | None = None  # where the micro-batch count goes (said when it cannot be derived)
 
@@ -131,7 +137,12 @@ class TableTarget(ArgsTarget):
 
     def holds(self, dest: str, before: dict, after: dict) -> bool:
         same = self.same_values.get(dest)
-        return same is not None and {before.get(dest), after.get(dest)} <= same
+        if same is not None and {before.get(dest), after.get(dest)} <= same:
+            return True
+        return dest in self.same_meaning and self.same_meaning[dest](before, after)
+
+    def note(self, dest: str, value) -> str | None:
+        return self.notes.get((dest, value)) if isinstance(value, (str, int, float, bool)) else None
 
     def warnings(self, full: dict, doc: dict) -> list[str]:
         warnings = []

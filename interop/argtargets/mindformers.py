@@ -13,6 +13,8 @@ class MindFormers(YamlTarget):
     rows = table.ROWS
     nullable = table.NULLABLE
     same_values = mindspeed.SAME_VALUES
+    same_meaning = mindspeed.SAME_MEANING
+    notes = mindspeed.NOTES
     required = (("model_config.vocab_size", "vocab_size"), ("model_config.seq_length", "seq_length"))
     micro_batch_path = "dataset_config.micro_batch_num"
 

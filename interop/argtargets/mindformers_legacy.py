@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..mappings import mindformers_legacy as table
+from ..mappings import mindspeed
 from . import YamlTarget, section, sections
 
 
@@ -11,6 +12,7 @@ class MindFormersLegacy(YamlTarget):
     positions_from_seq_length = True
     header = table.HEADER
     rows = table.ROWS
+    same_meaning = mindspeed.SAME_MEANING  # the same padded model.model_config.vocab_size
     required = (("model.model_config.vocab_size", "vocab_size"), ("model.model_config.seq_length", "seq_length"))
     micro_batch_path = "parallel_config.micro_batch_num"
 

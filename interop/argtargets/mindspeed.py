@@ -14,6 +14,8 @@ class MindSpeed(YamlTarget):
     rows = table.ROWS
     nullable = table.NULLABLE
     same_values = table.SAME_VALUES
+    same_meaning = table.SAME_MEANING
+    notes = table.NOTES
     required = (("model_config.vocab_size", "vocab_size"), ("model_config.seq_length", "seq_length"))
     micro_batch_path = "dataset_config.micro_batch_num"
 
