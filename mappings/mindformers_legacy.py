@@ -11,7 +11,7 @@ dropout_prob / hidden_dropout_prob / attention_probs_dropout_prob, initializer_r
 """
 from __future__ import annotations
 
-from .megatron_args import CONST, OMIT, R, Unmappable, rename
+from .megatron_args import CONST, OMIT, KeyMapping, R, Unmappable, rename
 from .mindspeed import moe_row, one_value
 
 RELEASE = "MindFormers r0.3"
@@ -43,6 +43,24 @@ def complete_read(values: dict, doc: dict) -> tuple[dict, list[str]]:
                         "read as the hidden size")
         values.setdefault("hidden_size", model["hidden_size"])
     return values, warnings
+
+
+# r0.3's `polynomial` is PolynomialWithWarmUpLR (registered under that alias; mindformers/core/lr/lr_schedule.py,
+# also in 2.1.0): after the warmup, lr_end + (lr - lr_end) * (1 - t / decay_steps) ** power, power 1.0 by
+# default.  With power 1 that is Megatron's `linear` decay from --lr to --min-lr, the same schedule; another
+# power has no Megatron style (nor a MindSpeed-Core-MS one): read as `linear`, with a note saying so.
+POLYNOMIAL = "polynomial"
+
+
+def _lr_style_back(value, doc):
+    if value != POLYNOMIAL:
+        return {"lr_decay_style": {v: k for k, v in LR_STYLE.items()}.get(value, value)}
+    power = (doc.get("lr_schedule") or {}).get("power", 1.0)
+    if isinstance(power, (int, float)) and not isinstance(power, bool) and float(power) == 1.0:
+        return {"lr_decay_style": "linear"}  # the same schedule: a polynomial of power 1 is linear decay
+    return {"lr_decay_style": "linear",
+            "_note": f"polynomial decay of power {power!r} has no Megatron (or MindSpeed-Core-MS) style: read as "
+                     "'linear' (power 1); the decay curve differs"}
 
 
 def _recompute(granularity):
@@ -152,11 +170,13 @@ ROWS = [
     R("adam_beta2", "optimizer.beta2"),
     R("adam_eps", "optimizer.eps"),
     R("weight_decay", "optimizer.weight_decay"),
-    rename("lr_decay_style", "lr_schedule.type", LR_STYLE),
+    R("lr_decay_style", "lr_schedule.type", to=rename("lr_decay_style", "", LR_STYLE).to, back=_lr_style_back),
+    KeyMapping((), "lr_schedule.power", None, lambda: OMIT, lambda v, doc: {}),  # read with lr_schedule.type
     R("lr", "lr_schedule.learning_rate"),
     R("min_lr", "lr_schedule.lr_end"),
     R("lr_warmup_iters", "lr_schedule.warmup_steps"),
-    R("lr_decay_iters", "lr_schedule.total_steps"),
+    # total_steps -1: "the whole run" (MindFormers fills in the dataset's steps), Megatron's unset --lr-decay-iters.
+    R("lr_decay_iters", "lr_schedule.total_steps", back=lambda v, doc: {} if v == -1 else {"lr_decay_iters": v}),
     CONST("runner_wrapper.type", "MFTrainOneStepCell"),
     CONST("runner_wrapper.scale_sense.type", "DynamicLossScaleUpdateCell"),
     R("initial_loss_scale", "runner_wrapper.scale_sense.loss_scale_value"),
