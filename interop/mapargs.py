@@ -67,8 +67,9 @@ def detect(path: Path) -> str:
 
 
 def _writer(target: str) -> argtargets.ArgsTarget:
-    if target not in TARGETS:
-        raise InteropError(f"--to must be one of {', '.join(TARGETS)}, got {target!r}")
+    offered = argtargets.writable()
+    if target not in offered:
+        raise InteropError(f"--to must be one of {', '.join(offered)}, got {target!r}")
     return argtargets.get(target)
 
 
@@ -79,7 +80,7 @@ def to_target(explicit: dict, target: str) -> tuple[str, dict, dict]:
 
 def read_target(text: str, target: str, where: str = "input") -> tuple[dict, list[Unmapped], list[str]]:
     """Megatron values from a file this module writes (or a hand-written one of that format)."""
-    if target not in SOURCES:
+    if target not in argtargets.names():
         raise InteropError(f"cannot read {target!r}")
     return argtargets.get(target).read(text, where)
 
@@ -139,8 +140,8 @@ def load(path: str | Path, env: dict | None = None, fmt: str = "auto", values: d
 
 def _load(path: Path, env: dict | None, fmt: str) -> ArgsSource:
     fmt = detect(path) if fmt == "auto" else fmt
-    if fmt not in SOURCES:
-        raise InteropError(f"--from must be auto or one of {', '.join(SOURCES)}, got {fmt!r}")
+    if fmt not in argtargets.names():
+        raise InteropError(f"--from must be auto or one of {', '.join(argtargets.names())}, got {fmt!r}")
     explicit, entries, warnings = argtargets.get(fmt).load(path, env)
     return ArgsSource(str(path), fmt, explicit, entries, warnings)
 
@@ -197,7 +198,8 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unma
             if note:
                 entries.append(Unmapped(flag, value, note, lost=False))
         elif dest not in held:
-            entries.append(Unmapped(flag, value, f"no {target} field for it", group=writer.unheld_group))
+            entries.append(Unmapped(flag, value, writer.unheld_why(dest) or f"no {target} field for it",
+                                    group=writer.unheld_group))
         else:
             entries.append(Unmapped(flag, value, f"{target} reads it back as {after.get(dest)!r}"))
     for dest, text in why.items():  # a value not given but lost all the same (a default the target cannot hold)

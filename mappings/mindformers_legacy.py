@@ -17,6 +17,11 @@ from .mindspeed import moe_row, one_value
 RELEASE = "MindFormers r0.3"
 HEADER = (f"# {RELEASE} run_gpt2*.yaml (GPT2Config keys of {RELEASE}), written by `interop map-args`.\n")
 
+# Given values this release has no key for, and why (map-args reports them as lost).
+_EVEN = (f"no {RELEASE} GPT2Config or parallel_config key gives a pipeline stage its own layer count: the run "
+         "would split the layers over pipeline_stage its own way, not as given")
+UNHELD = {"num_layer_list": _EVEN, "decoder_first_pipeline_num_layers": _EVEN, "decoder_last_pipeline_num_layers": _EVEN}
+
 ADAM = {"adam": "AdamWeightDecay"}
 LR_STYLE = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
 

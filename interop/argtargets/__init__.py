@@ -76,6 +76,10 @@ class ArgsTarget:
         """Step 5: what to tell the user about a given value the target holds, but writes another way."""
         return None
 
+    def unheld_why(self, dest: str) -> str | None:
+        """Step 5: why a given value the target has no field for is lost, where more can be said than that."""
+        return None
+
 
 class TableTarget(ArgsTarget):
     """A document written and read through rows (`mappings/*.ROWS`, see `interop.argtable`)."""
@@ -85,6 +89,7 @@ class TableTarget(ArgsTarget):
     same_values: dict = {}  # dest -> Megatron values the target runs the same way
     same_meaning: dict = {}  # dest -> rule(before, after): held, though the read-back says it another way
     notes: dict = {}  # (dest, given value) -> a note: held, written another way (the user is told)
+    unheld: dict = {}  # dest -> why the target has no field for it (beyond "no field")
     required: tuple = ()  # (path, Megatron dest): values the target's loader needs
     micro_batch_path: str | None = None  # where the micro-batch count goes (said when it cannot be derived)
 
@@ -143,6 +148,9 @@ class TableTarget(ArgsTarget):
 
     def note(self, dest: str, value) -> str | None:
         return self.notes.get((dest, value)) if isinstance(value, (str, int, float, bool)) else None
+
+    def unheld_why(self, dest: str) -> str | None:
+        return self.unheld.get(dest)
 
     def warnings(self, full: dict, doc: dict) -> list[str]:
         warnings = []

@@ -12,6 +12,7 @@ class MindFormersLegacy(YamlTarget):
     positions_from_seq_length = True
     header = table.HEADER
     rows = table.ROWS
+    unheld = table.UNHELD
     same_meaning = mindspeed.SAME_MEANING  # the same padded model.model_config.vocab_size
     required = (("model.model_config.vocab_size", "vocab_size"), ("model.model_config.seq_length", "seq_length"))
     micro_batch_path = "parallel_config.micro_batch_num"
