@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import argtargets
-from .argtable import Unmapped, short, typed
-from .argtargets.megatron import convert, format_args, parse_tokens  # noqa: F401  (the Megatron flag parser)
+from .argtable import Unmapped, short
+from .argtargets.megatron import convert, format_args, parse_tokens  # noqa: F401  (Megatron's flags, re-exported)
 from .errors import InteropError
 from .mappings import megatron_args as M
 

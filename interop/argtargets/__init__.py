@@ -19,6 +19,7 @@ The call order, for `interop map-args SOURCE --to TARGET`:
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import json
@@ -30,6 +31,7 @@ import yaml
 
 from ..errors import InteropError
 from ..argtable import MISSING, Unmapped, get_path, read_table, typed, write_table
+from ..mappings import megatron_args as M
 
 GROUP = "interop.mapargs_targets"
 MAX_TEXT = 16 * 1024 * 1024  # config files are small; anything bigger is not one
@@ -43,7 +45,7 @@ class ArgsTarget:
     name = ""
     syntax = "args"  # how detect parses a file before asking `recognises`: one of SYNTAXES
     precedence = 50  # among the targets of one syntax, the lower is asked first
-    writable = True  # False: read as a source, never written (`--to` does not offer it)
+    writable = False  # True: `--to` offers it (`write` is implemented); False: read as a source only
     positions_from_seq_length = False  # its model sizes the position table by seq_length (MindSpore's)
     markers: tuple = ()  # Python syntax: words without which detect does not parse the file as Python
     unheld_group: str | None = None  # a model config: the given values it has no field for, said as one count
@@ -84,6 +86,7 @@ class ArgsTarget:
 class TableTarget(ArgsTarget):
     """A document written and read through rows (`mappings/*.ROWS`, see `interop.argtable`)."""
 
+    writable = True
     rows: list = []
     nullable = None  # the paths whose loader accepts null (None: any path)
     same_values: dict = {}  # dest -> Megatron values the target runs the same way
@@ -94,7 +97,6 @@ class TableTarget(ArgsTarget):
     micro_batch_path: str | None = None  # where the micro-batch count goes (said when it cannot be derived)
 
     def write(self, explicit: dict) -> tuple[str, dict, dict, list[str]]:
-        from ..mappings import megatron_args as M
         full = M.complete(explicit)
         doc, why = write_table(full, self.rows, self.nullable)
         return self.render(doc, explicit), doc, why, self.warnings(full, doc)
@@ -106,7 +108,6 @@ class TableTarget(ArgsTarget):
         raise NotImplementedError
 
     def read(self, text: str, where: str) -> tuple[dict, list[Unmapped], list[str]]:
-        from ..mappings import megatron_args as M
         doc = self.document(text, where)
         try:
             values, entries = read_table(doc, self.rows, self.name)
@@ -264,7 +265,6 @@ def _first(syntax: str, doc) -> str | None:
 
 
 def _python(text: str) -> str | None:
-    import ast
     candidates = [t for t in _of_syntax("python") if any(m in text for m in t.markers)]
     if not candidates:
         return None

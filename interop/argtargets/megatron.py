@@ -202,6 +202,7 @@ class MegatronArgs(ArgsTarget):
 
     name = "megatron"
     syntax = "args"
+    writable = True
 
     def load(self, path: Path, env: dict | None) -> tuple[dict, list[Unmapped], list[str]]:
         launch = argsfile.parse_file(path, env)
