@@ -168,6 +168,17 @@ def _held(target: str, before: dict) -> set:
     return argtargets.get(target).held(before)
 
 
+def _position(dest: str, args: dict):
+    """A value as the run sees it: a switch Megatron leaves at None is in its default position (off for
+    store_true, on for store_false), so a target's explicit False reads back as the same run."""
+    kind, value = M.ARGS[dest].kind, args.get(dest)
+    if kind == M.TRUE:
+        return bool(value)
+    if kind == M.FALSE:
+        return value is not False
+    return value
+
+
 def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unmapped]:
     """What the given values lose on the way to `target` and back: the round trip decides.
 
@@ -187,7 +198,7 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unma
                                     f"({'kept beside it, ' if kept else ''}launch the job on {value} ranks; the "
                                     "batch split assumes it)", lost=not kept))
             continue
-        lost = before.get(dest) != after.get(dest) and not writer.holds(dest, before, after) and not (
+        lost = _position(dest, before) != _position(dest, after) and not writer.holds(dest, before, after) and not (
             dest in M.SAME_MEANING and M.SAME_MEANING[dest](before, after))
         value = True if M.ARGS[dest].kind == M.FALSE and value is False else value  # the switch was given
         flag = M.flag_of(dest)

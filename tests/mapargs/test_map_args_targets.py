@@ -34,6 +34,9 @@ def test_every_target_is_a_registered_module_declaring_itself():
     for name, module in registered.items():
         target = argtargets.get(name)
         assert type(target).__module__ == module and target.name == name and target.syntax in argtargets.SYNTAXES
+    modules = {f"interop.argtargets.{p.stem}" for p in (ROOT / "interop" / "argtargets").glob("*.py")
+               if p.stem != "__init__"}
+    assert modules == set(registered.values())  # no target module left unregistered
     assert mapargs.TARGETS == tuple(n for n in registered if argtargets.get(n).writable)
     assert {"mindspeed-nested", "atorch", "megatron-checkpoint"} == set(registered) - set(mapargs.TARGETS)
 
@@ -324,3 +327,16 @@ def test_seed_configs_load_in_mindformers_2_1(name, tmp_path):
     assert config.parallel_config.pipeline_stage == source["pipeline_model_parallel_size"]
     if "num_layer_list" in SEEDS[name]:  # r0.3 has no key for it: said, never dropped silently
         assert "unmapped: --num-layer-list='16,16,16,14': no MindFormers r0.3 GPT2Config" in err
+
+
+def test_a_yaml_read_back_reports_nothing_it_holds(tmp_path):
+    """The YAML's explicit `no_load_optim: false` is Megatron's unset --no-load-optim (off): the same run, no loss."""
+    out = tmp_path / "train.yaml"
+    run(script(tmp_path, BATCH.format(vocab=32000)), "--to", "mindspeed", "-o", out)
+    code, _, err = run(out, "--to", "megatron")
+    assert code == 0 and [line for line in err.splitlines() if line.startswith("unmapped:")] == []
+    doc = yaml.safe_load(out.read_text())
+    doc["training_config"]["no_load_optim"] = True  # a given switch is still carried, and checked
+    out.write_text(yaml.safe_dump(doc))
+    code, back, err = run(out, "--to", "megatron")
+    assert code == 0 and parse_megatron(back).no_load_optim is True and "unmapped:" not in err
