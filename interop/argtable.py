@@ -88,7 +88,10 @@ def write_table(full: dict, rows, nullable=None) -> tuple[dict, dict]:
 
 
 def read_table(doc: dict, rows, target: str) -> tuple[dict, list[Unmapped]]:
-    """Megatron values from a target document, and the document's keys no row reads."""
+    """Megatron values from a target document, and the document's keys no row reads.
+
+    A row's `back` may add "_note" (the value read is not what the file says: reported as lost) or
+    "_said" (read another way with the same meaning: the rule, reported as a note)."""
     values: dict = {}
     notes: list[Unmapped] = []
     for row in rows:
@@ -104,9 +107,11 @@ def read_table(doc: dict, rows, target: str) -> tuple[dict, list[Unmapped]]:
                 back = dict(row.back(value, doc))
             except (ValueError, TypeError, KeyError, IndexError, AttributeError, ZeroDivisionError):
                 raise InteropError(f"{target} file: {row.path}: cannot read {short(repr(value))}") from None
-            note = back.pop("_note", None)
-            if note:
+            note, said = back.pop("_note", None), back.pop("_said", None)
+            if note:  # the value read is not the file's: a loss
                 notes.append(Unmapped(row.path, value, note))
+            if said:  # read another way, the same run: the rule, for the user to see
+                notes.append(Unmapped(row.path, value, said, lost=False))
             values.update(back)
         elif row.source:
             values[row.source[0]] = value

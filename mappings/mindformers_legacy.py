@@ -62,7 +62,9 @@ def _lr_style_back(value, doc):
         return {"lr_decay_style": {v: k for k, v in LR_STYLE.items()}.get(value, value)}
     power = (doc.get("lr_schedule") or {}).get("power", 1.0)
     if isinstance(power, (int, float)) and not isinstance(power, bool) and float(power) == 1.0:
-        return {"lr_decay_style": "linear"}  # the same schedule: a polynomial of power 1 is linear decay
+        return {"lr_decay_style": "linear",  # the same schedule: a polynomial of power 1 is linear decay
+                "_said": "PolynomialWithWarmUpLR of power 1.0 decays linearly from learning_rate to lr_end after "
+                         "the warmup: Megatron's (and MindSpeed-Core-MS's) 'linear'"}
     return {"lr_decay_style": "linear",
             "_note": f"polynomial decay of power {power!r} has no Megatron (or MindSpeed-Core-MS) style: read as "
                      "'linear' (power 1); the decay curve differs"}

@@ -197,7 +197,8 @@ def test_polynomial_of_power_one_is_linear_decay(tmp_path, target):
     """PolynomialWithWarmUpLR (alias `polynomial`, power 1.0 by default) decays linearly from learning_rate to lr_end:
     Megatron's and MindSpeed-Core-MS's `linear`, the same schedule; total_steps -1 is "the whole run"."""
     result = mapargs.map_args(seed002_yaml(tmp_path), target, values=SEED002_MODEL)
-    assert not [e for e in result.entries if "lr_schedule" in e.flag or "lr-decay" in e.flag]
+    said = [(e.flag, e.lost) for e in result.entries if "lr_schedule" in e.flag or "lr-decay" in e.flag]
+    assert said == [("lr_schedule.type", False)]  # the rule, as a note: nothing lost
     if target == "mindspeed":
         doc = yaml.safe_load(result.text)
         assert ms_validate(doc) == []  # validate_lr_decay_style: constant, WSD, linear, cosine, inverse-square-root
