@@ -163,7 +163,7 @@ class Reader:
                                "shards: merge it with mindspore.transform_checkpoints first")
         first = self.files[(0, 0)]
         self.tag_of = self._resolve_names(spec, layout)
-        embed = self.tag_of[self.rows[0][0]]
+        embed = self.tag_of[self.rows[0].key]
         if embed not in first:
             raise InteropError(f"{first.path}: no {embed}: not a {dialect} {spec.arch} checkpoint "
                                f"(found e.g. {tags[0] if tags else 'nothing'})")
@@ -175,7 +175,7 @@ class Reader:
         self.spec, self.layout = spec, layout
         self.index = param_index(spec)
         self.prefixes = OPTIM_PREFIXES[dialect]
-        self.row_of = {p: row for row in self.rows for p in row[2]}
+        self.row_of = {p: row for row in self.rows for p in row.parts}
         scalars = self._check(notes)
         state, scalar_notes = scalars_to_state(scalars)
         notes += scalar_notes
@@ -209,7 +209,7 @@ class Reader:
         """Turn {("rank", N): file} into {(t, p): file} and the layout, from the files' contents."""
         by_rank = {key[1]: f for key, f in self.files.items()}
         index = param_index(spec)
-        layer_of = {name: index[parts[0]].layer for name, _, parts in self.rows}
+        layer_of = {row.key: index[row.parts[0]].layer for row in self.rows}
         layer_of.update({old: layer_of[new] for new, old in converter_names(self.rows, spec, self.dialect).items()})
         groups: dict[tuple[int, ...], list[int]] = {}
         for r, f in sorted(by_rank.items()):
@@ -280,7 +280,7 @@ class Reader:
         row = self.row_of.get(name)
         if row is None:
             return None
-        ms_name, _, parts = row
+        ms_name, parts = row.key, row.parts
         param = self.index[name]
         f, tag = self._home(0, param, self.tag_of[ms_name])
         if param.expert is not None and self.layout.ep > 1:
@@ -289,7 +289,8 @@ class Reader:
 
     def _tp_from_shapes(self, spec: ModelSpec, f: CkptFile) -> int:
         index = param_index(spec)
-        for name, transform, parts in self.rows:
+        for row in self.rows:
+            name, transform, parts = row.key, row.transform, row.parts
             param = index[parts[0]]
             if param.axis is None or param.layer is None or name not in f:
                 continue
@@ -306,8 +307,9 @@ class Reader:
         index = param_index(spec)
         alias = converter_names(self.rows, spec, self.dialect)
         out = {}
-        for name, _, parts in self.rows:
-            f = self.files[(0, layout.stage_of(index[parts[0]]))]
+        for row in self.rows:
+            name = row.key
+            f = self.files[(0, layout.stage_of(index[row.parts[0]]))]
             out[name] = alias[name] if name not in f and alias.get(name) in f else name
         return out
 
@@ -319,7 +321,8 @@ class Reader:
         eps = range(self.layout.ep)
         expected: dict[tuple[int, int, int], dict[str, tuple]] = {key: {} for key in files}
         optional: dict[tuple[int, int, int], set] = {key: set() for key in files}
-        for name, transform, parts in self.rows:
+        for row in self.rows:
+            name, transform, parts = row.key, row.transform, row.parts
             stage = self.layout.stage_of(self.index[parts[0]])
             shape = transform.rank_shape(0, self.layout.tp)
             for t in range(self.layout.tp):
@@ -334,7 +337,7 @@ class Reader:
         for model, plain in converter_names(self.rows, self.spec, self.dialect).items():
             if self.tag_of[model] == model:
                 copies[plain] = model
-                stage = self.layout.stage_of(self.index[self.row_of_name(model)[2][0]])
+                stage = self.layout.stage_of(self.index[self.row_of_name(model).parts[0]])
                 for t in range(self.layout.tp):
                     for d in eps:
                         optional[(t, stage, d)].add(plain)
@@ -395,7 +398,7 @@ class Reader:
 
     def _check_tied_copies(self, tied: list[str], notes: list[str]) -> None:
         """A tied head's stored copy must equal the embedding it is tied to: otherwise refuse, not drop it."""
-        embed = self.tag_of[self.rows[0][0]]
+        embed = self.tag_of[self.rows[0].key]
         last = self.layout.pp - 1
         for t in range(self.layout.tp):
             f = self.files[(t, last)]
@@ -409,7 +412,7 @@ class Reader:
                     notes.append(f"{tag}: the tied head's copy of the embedding, checked equal and not read again")
 
     def row_of_name(self, ms_name: str):
-        return next(row for row in self.rows if row[0] == ms_name)
+        return next(row for row in self.rows if row.key == ms_name)
 
     def _check_name_copies(self, copies: dict[str, str], moments: list[str]) -> None:
         """A tensor stored under both the model's and the converter's name must be the same tensor."""
@@ -424,12 +427,12 @@ class Reader:
     def metas(self) -> list[TensorMeta]:
         out = []
         for param in param_table(self.spec):
-            f, tag = self._home(0, param, self.tag_of[self.row_of[param.name][0]])
+            f, tag = self._home(0, param, self.tag_of[self.row_of[param.name].key])
             out.append(TensorMeta(param.name, f.meta(tag)[0], param.shape))
         if self.optim:
             for prefix, native in self.prefixes.items():
                 for param in param_table(self.spec):
-                    f, tag = self._home(0, param, native + self.tag_of[self.row_of[param.name][0]])
+                    f, tag = self._home(0, param, native + self.tag_of[self.row_of[param.name].key])
                     out.append(TensorMeta(prefix + param.name, f.meta(tag)[0], param.shape))
         return out
 
@@ -439,8 +442,8 @@ class Reader:
         for prefix, nat in self.prefixes.items():
             if name.startswith(prefix):
                 native, canonical = nat, name[len(prefix):]
-        ms_name, transform, parts = self.row_of[canonical]
-        return native + self.tag_of[ms_name], transform, parts, canonical
+        row = self.row_of[canonical]
+        return native + self.tag_of[row.key], row.transform, row.parts, canonical
 
     def read(self, name: str) -> torch.Tensor:
         tag, transform, parts, canonical = self._row(name)
@@ -531,13 +534,15 @@ class Reader:
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused MindSpore tensor holding `name`; None for a lone one."""
         prefix = next((p for p in self.prefixes if name.startswith(p)), "")
-        _, transform, parts = self.row_of[name[len(prefix):]]
+        row = self.row_of[name[len(prefix):]]
+        transform, parts = row.transform, row.parts
         return (transform, [prefix + p for p in parts]) if len(parts) > 1 else None
 
     def read_fused(self, name: str) -> torch.Tensor:
         """The whole fused tensor holding `name` (as at tp 1) from every TP rank's, never split into parts."""
         prefix = next((p for p in self.prefixes if name.startswith(p)), "")
-        ms_name, transform, parts = self.row_of[name[len(prefix):]]
+        row = self.row_of[name[len(prefix):]]
+        ms_name, transform, parts = row.key, row.transform, row.parts
         tag = (self.prefixes[prefix] if prefix else "") + self.tag_of[ms_name]
         homes, dtype = self._stored(tag, transform, parts)
         out = self.memory.empty(transform.rank_shape(), dtype)

@@ -8,9 +8,8 @@ from ...errors import InteropError
 from ...mappings.mindspore_names import (MINDFORMERS_MCORE_MLA_MARKERS, MINDSPEED_LAYERNORM_NORMS,
                                          MINDSPEED_LAYERNORM_PARAMS, MINDSPEED_MODEL_RENAMES, MOE_TABLES,
                                          PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
-from ...params import param_index
+from ...rows import Row, check_placed, expand
 from ...spec import ModelSpec
-from ...transforms import Transform
 
 # The fused layouts MindFormers' mcore-style models take by default (mappings/mindspore_names.py MINDFORMERS_MCORE)
 MCORE_LAYOUT_NOTE = ("linear_qkv grouped per KV group, linear_fc1 rows interleaved gate/up: MindFormers' defaults "
@@ -27,8 +26,8 @@ def _model_name(name: str, spec: ModelSpec) -> str:
 
 
 def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout: str = "grouped",
-            qkv_bias_layout: str | None = None) -> list[tuple[str, Transform, list[str]]]:
-    """The dialect's name table expanded for this model: (MindSpore name, bound transform, canonical parts).
+            qkv_bias_layout: str | None = None) -> list[Row]:
+    """The dialect's name table expanded for this model (`interop.rows.expand`; MindSpeed's model names).
 
     `qkv_layout` / `qkv_bias_layout` (MindFormers qkv_concat only): "plain" stores the fused tensor as
     [q; k; v] / [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights
@@ -41,25 +40,17 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
     for layout in (qkv_layout, qkv_bias_layout):
         if layout is not None and layout not in QKV_LAYOUTS:
             raise InteropError(f"--qkv-layout must be one of {', '.join(QKV_LAYOUTS)}, got {layout!r}")
-    present = param_index(spec)
-    rows, taken = [], set()
-    for ms_name, transform, parts in TABLES[key] + moe_table(spec, dialect, qkv_concat):
-        layout = (qkv_bias_layout or qkv_layout) if ms_name.endswith(".bias") else qkv_layout
-        if dialect == "mindformers" and layout == "plain":
-            transform = PLAIN_LAYOUT.get(transform, transform)
-        for i in (range(spec.num_layers) if "{i}" in ms_name else [None]):
-            for e in (range(spec.num_experts) if "{e}" in ms_name else [None]):
-                name = ms_name.format(i=i, e=e)
-                names = ([p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts] if transform.every_expert
-                         else [p.format(i=i, e=e) for p in parts])
-                if name not in taken and all(n in present for n in names):
-                    bound = transform.bind(spec, [present[n] for n in names])
-                    rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, bound, names))
-                    taken.add(name)
-    held = {name for _, _, names in rows for name in names}
-    homeless = [name for name in present if name not in held]
-    if homeless:  # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
-        raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}")
+    def layout_of(name: str) -> str:
+        return (qkv_bias_layout or qkv_layout) if name.endswith(".bias") else qkv_layout
+    table = [(name, PLAIN_LAYOUT.get(transform, transform)
+              if dialect == "mindformers" and layout_of(name) == "plain" else transform, parts)
+             for name, transform, parts in TABLES[key] + moe_table(spec, dialect, qkv_concat)]
+    rows = expand(table, spec)
+    if dialect == "mindspeed":
+        for row in rows:
+            row.key = _model_name(row.key, spec)
+    # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
+    check_placed(rows, spec, f"MindSpore {dialect}")
     return rows
 
 
@@ -107,7 +98,7 @@ def converter_names(rows, spec: ModelSpec, dialect: str) -> dict[str, str]:
     """{model name: the name convert_pt2ckpt.py writes} where they differ (read either)."""
     if dialect != "mindspeed":
         return {}
-    present = {name for name, _, _ in rows}
+    present = {row.key for row in rows}
     out = {}
     for name, _, _ in TABLES[(dialect, spec.arch, False)]:
         for i in (range(spec.num_layers) if "{i}" in name else [None]):

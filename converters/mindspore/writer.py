@@ -76,8 +76,8 @@ class Writer:
         self.qkv_bias_layout = qkv_bias_layout if qkv_concat else None
         self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout, qkv_bias_layout)
         self.index = param_index(spec)
-        self.row_of = {p: row for row in self.rows for p in row[2]}
-        self.first_part = {name: parts[0] for name, _, parts in self.rows}
+        self.row_of = {p: row for row in self.rows for p in row.parts}
+        self.first_part = {row.key: row.parts[0] for row in self.rows}
         # LayerNorm / position-embedding tensors also under convert_pt2ckpt.py's names, which its reverse
         # convert_ckpt2pt.py reads (MindSpeed's loader skips unknown names with a warning); a few KB.
         self.copies = converter_names(self.rows, spec, dialect)
@@ -148,7 +148,8 @@ class Writer:
         if name is None:
             return
         native_prefix, canonical = self._split(name)
-        ms_name, transform, parts = self.row_of[canonical]
+        row = self.row_of[canonical]
+        ms_name, transform, parts = row.key, row.transform, row.parts
         got = self.pending.setdefault(native_prefix + ms_name, {})
         got[canonical] = tensor
         if len(got) < len(parts):
@@ -179,13 +180,14 @@ class Writer:
         canonical = self._split(name)[1]
         row = self.row_of.get(canonical)
         prefix = name[:len(name) - len(canonical)]
-        return (row is not None and row[1] == transform and [prefix + p for p in row[2]] ==
+        return (row is not None and row.transform == transform and [prefix + p for p in row.parts] ==
                 [self._weight_name(n) for n in names])
 
     def write_fused(self, names: list[str], fused: torch.Tensor) -> None:
         """One row's whole stored tensor, re-sliced for each TP rank (`Transform.rank_from_fused`)."""
         native_prefix, canonical = self._split(self._weight_name(names[0]))
-        ms_name, transform, _ = self.row_of[canonical]
+        row = self.row_of[canonical]
+        ms_name, transform = row.key, row.transform
         self._emit(native_prefix + ms_name, transform, rank_of=lambda t, tp: transform.rank_from_fused(fused, t, tp))
 
     def _emit(self, ms_name: str, transform, parts: list[torch.Tensor] | None = None, stage: int | None = None,
