@@ -22,7 +22,7 @@ from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_table
-from ..rows import Row, check_placed, expand
+from ..rows import Row, RowCollector, check_placed, expand
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import Transform
@@ -260,7 +260,7 @@ class Writer:
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row.parts))
-        self.row_of, self.pending = {}, {}
+        self.row_of, self.pending = {}, RowCollector()
         self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
@@ -296,12 +296,9 @@ class Writer:
         if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
             return
         hf_key, transform, parts = self.row_of[name]
-        got = self.pending.setdefault(hf_key, {})
-        got[name] = tensor
-        if len(got) == len(parts):
-            del self.pending[hf_key]
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
-                                                                    self.memory.empty))
+        tensors = self.pending.add(hf_key, parts, name, tensor)
+        if tensors is not None:
+            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged

@@ -81,3 +81,26 @@ def check_placed(rows: list[Row], spec: ModelSpec, what: str, why: str = "") -> 
     homeless = [name for name in param_index(spec) if name not in held]
     if homeless:
         raise InteropError(f"{what} names have no place for {homeless[0]}{f' ({why})' if why else ''}")
+
+
+class RowCollector:
+    """A writer's canonical tensors gathered per row until the row is complete: a fused row's parts (q, k, v;
+    gate, up) arrive one at a time, and the row is stored once, when its last part comes."""
+
+    def __init__(self):
+        self.pending: dict = {}
+
+    def add(self, key, parts, name: str, tensor):
+        """`tensor` as part `name` of row `key` (its canonical `parts`, in stored order): the row's tensors
+        in that order when this was the last one missing, else None (held until then)."""
+        got = self.pending.setdefault(key, {})
+        got[name] = tensor
+        if len(got) < len(parts):
+            return None
+        del self.pending[key]
+        return [got[p] for p in parts]
+
+    def check_done(self, where: str = "") -> None:
+        """One line when a row never got all its parts (the input lacked a tensor)."""
+        if self.pending:
+            raise InteropError(f"{where}incomplete input: {sorted(self.pending)[0]} never got all its parts")

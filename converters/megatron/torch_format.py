@@ -36,6 +36,7 @@ from ...mappings import megatron_args as M
 from ...mappings.megatron_names import EXTRA_STATE_MODULES, TABLES, scheme_of
 from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
@@ -650,7 +651,7 @@ class Writer:
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = args_losses(spec)
-        self.pending: dict[tuple, dict] = {}
+        self.pending = RowCollector()
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
         # --distributed-optimizer: the moments (and fp32 masters) go to each rank's distrib_optim.pt
@@ -725,12 +726,9 @@ class Writer:
         if kind and kind not in self.optim_kinds:
             return
         row = self.row_of[base]
-        got = self.pending.setdefault((kind, row.parts), {})
-        got[base] = tensor
-        if len(got) < len(row.parts):
+        parts = self.pending.add((kind, row.parts), row.parts, base, tensor)
+        if parts is None:
             return
-        del self.pending[(kind, row.parts)]
-        parts = [got[n] for n in row.parts]
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
         fused = row.transform
@@ -831,8 +829,7 @@ class Writer:
 
     def finish_units(self, state: dict | None = None) -> dict:
         """Write this writer's rank files (their pickles, after the tensors already in them)."""
-        if self.pending:
-            raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
+        self.pending.check_done()
         state = state or {}
         meg = state.get("megatron") or {}
         args, iteration, scheduler, _ = self._final(state)

@@ -13,6 +13,7 @@ from ...layout import ParallelLayout
 from ...mappings.mindspore_names import (DIALECTS, LOCAL_EXPERTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD,
                                          OPTIM_PREFIXES)
 from ...params import param_index
+from ...rows import RowCollector
 from ...spec import ModelSpec, padded_to_tp
 from ...tensors import TensorMeta
 from . import pt_meta
@@ -95,7 +96,7 @@ class Writer:
                               "does (the low-precision model weights are their rounding)" if dialect == "mindspeed"
                               else "dropped the optimizer's fp32 master copies (MindFormers keeps none); "
                                    "the model weights are written")
-        self.pending: dict[str, dict] = {}
+        self.pending = RowCollector()
         # {(tp rank, stage, expert-parallel rank): its file}; ep ranks are the first data-parallel ranks
         self.files: dict[tuple[int, int, int], CkptWriter] = {}
         self.units = layout.ranks()
@@ -150,18 +151,16 @@ class Writer:
         native_prefix, canonical = self._split(name)
         row = self.row_of[canonical]
         ms_name, transform, parts = row.key, row.transform, row.parts
-        got = self.pending.setdefault(native_prefix + ms_name, {})
-        got[canonical] = tensor
-        if len(got) < len(parts):
+        tensors = self.pending.add(native_prefix + ms_name, parts, canonical, tensor)
+        if tensors is None:
             return
-        del self.pending[native_prefix + ms_name]
-        self._emit(native_prefix + ms_name, transform, [got[p] for p in parts])
+        self._emit(native_prefix + ms_name, transform, tensors)
         if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
                 and self.spec.tied_embeddings and self.layout.pp > 1):
             # the last stage's output_layer is the tied embedding's copy (its moments too); Megatron's name
             # for it as well, which convert_pt2ckpt.py passes through and convert_ckpt2pt.py reads back
             for head in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD):
-                self._emit(native_prefix + head, transform, [got[canonical]], stage=self.layout.pp - 1)
+                self._emit(native_prefix + head, transform, tensors, stage=self.layout.pp - 1)
 
     def _weight_name(self, name: str) -> str | None:
         """The name `write` files `name` under (a master copy under its weight's), or None when it drops it."""
@@ -236,8 +235,7 @@ class Writer:
     def finish_units(self, state: dict | None = None) -> dict:
         """Close this writer's rank files (MindSpeed's: after the step/epoch/optimizer scalars)."""
         state = dict(state or {})
-        if self.pending:
-            raise InteropError(f"{self.root}: fused tensors left incomplete: {sorted(self.pending)[:3]}")
+        self.pending.check_done(f"{self.root}: ")
         if self.dialect == "mindspeed":
             scalars, notes = state_to_scalars(state)
             self.notes += [n for n in notes if n not in self.notes]
