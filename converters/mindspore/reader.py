@@ -17,14 +17,13 @@ from ...io.ms_ckpt import CkptFile
 from ...io.small_files import read_json_object
 from ...layout import ParallelLayout
 from ...memory import BufferPool
-from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, LOCAL_EXPERTS,
-                                         MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
+from ...mappings.mindspore_names import DIALECT_MARKERS, IGNORED_SUFFIXES, LOCAL_EXPERTS
 from ...params import param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import Source, TensorMeta
 from . import pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
-from .rows import MCORE_LAYOUT_NOTE, check_layout, converter_names, ms_rows, refuse_mla
+from .dialects import dialect_named, refuse_mla
 from .scalars import is_scalar_tag, scalars_to_state
 
 FORMAT = "mindspore"
@@ -126,15 +125,13 @@ class Reader:
             raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
                                "pass --model-config (a HF config.json, Megatron args file or MindSpeed / "
                                "MindFormers YAML)")
-        dialect = (sidecar or {}).get("dialect") or _guess_dialect(tags, path)
-        if dialect not in DIALECTS:
-            raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
+        dialect = dialect_named((sidecar or {}).get("dialect") or _guess_dialect(tags, path))
         qkv_concat = bool((sidecar or {}).get("qkv_concat", any(".w_qkv." in t for t in tags)))
-        if qkv_concat and dialect == "mindformers":
+        if qkv_concat and dialect.fuses_qkv:
             qkv_layout, qkv_bias_layout = self._qkv_layouts(first, sidecar, qkv_layout, qkv_bias_layout, notes)
         else:  # nothing fused to read (the flags may be the writer's, in a MindSpore -> MindSpore conversion)
             qkv_layout = qkv_bias_layout = None
-        self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
+        self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
         self.dialect = dialect
         if any(key[0] == "rank" for key in self.files):
             layout = self._place(spec, notes)
@@ -142,9 +139,9 @@ class Reader:
             tp = max(t for t, _ in self.files) + 1
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
-        check_layout(spec, dialect, layout.tp, f"{path}: ")
-        if dialect == "mindformers-mcore":
-            notes.append(MCORE_LAYOUT_NOTE)
+        dialect.check_layout(spec, layout.tp, f"{path}: ")
+        if dialect.layout_note:
+            notes.append(dialect.layout_note)
         if sidecar is not None and "layout" in sidecar:
             said = ParallelLayout.from_dict(sidecar["layout"])
             if (said.tp, said.pp, said.ep) != (layout.tp, layout.pp, layout.ep):
@@ -165,7 +162,7 @@ class Reader:
         self.tag_of = self._resolve_names(spec, layout)
         embed = self.tag_of[self.rows[0].key]
         if embed not in first:
-            raise InteropError(f"{first.path}: no {embed}: not a {dialect} {spec.arch} checkpoint "
+            raise InteropError(f"{first.path}: no {embed}: not a {dialect.name} {spec.arch} checkpoint "
                                f"(found e.g. {tags[0] if tags else 'nothing'})")
         rows = first.meta(embed)[1][0] * layout.tp
         if rows != spec.padded_vocab:
@@ -174,7 +171,7 @@ class Reader:
             spec = spec.replace(padded_vocab=rows)
         self.spec, self.layout = spec, layout
         self.index = param_index(spec)
-        self.prefixes = OPTIM_PREFIXES[dialect]
+        self.prefixes = dialect.moments
         self.row_of = {p: row for row in self.rows for p in row.parts}
         scalars = self._check(notes)
         state, scalar_notes = scalars_to_state(scalars)
@@ -210,7 +207,7 @@ class Reader:
         by_rank = {key[1]: f for key, f in self.files.items()}
         index = param_index(spec)
         layer_of = {row.key: index[row.parts[0]].layer for row in self.rows}
-        layer_of.update({old: layer_of[new] for new, old in converter_names(self.rows, spec, self.dialect).items()})
+        layer_of.update({old: layer_of[new] for new, old in self.dialect.converter_names(self.rows, spec).items()})
         groups: dict[tuple[int, ...], list[int]] = {}
         for r, f in sorted(by_rank.items()):
             layers = tuple(sorted({layer_of[t] for t in f.keys() if layer_of.get(t) is not None}))
@@ -252,7 +249,7 @@ class Reader:
 
     def _ep_from_experts(self, spec: ModelSpec, f: CkptFile) -> int:
         """MindSpeed: how many experts one rank file numbers (local_experts 0 .. E/ep - 1) gives ep."""
-        if not spec.is_moe or self.dialect != "mindspeed":
+        if not spec.is_moe or not self.dialect.expert_parallel:
             return 1
         held = {}
         for tag in f.keys():
@@ -300,12 +297,12 @@ class Reader:
             if len(local) != len(full) or not local[axis] or full[axis] % local[axis]:
                 raise InteropError(f"{f.path}: {name} has shape {list(local)}, which no tp splits from {list(full)}")
             return full[axis] // local[axis]
-        raise InteropError(f"{f.path}: no layer tensor of a {self.dialect} {spec.arch} model to tell tp from")
+        raise InteropError(f"{f.path}: no layer tensor of a {self.dialect.name} {spec.arch} model to tell tp from")
 
     def _resolve_names(self, spec: ModelSpec, layout: ParallelLayout) -> dict[str, str]:
         """{row name: the tag the files use}: the model's name, or convert_pt2ckpt.py's where it differs."""
         index = param_index(spec)
-        alias = converter_names(self.rows, spec, self.dialect)
+        alias = self.dialect.converter_names(self.rows, spec)
         out = {}
         for row in self.rows:
             name = row.key
@@ -334,7 +331,7 @@ class Reader:
                     for d in eps:
                         expected[(t, stage, d)][self.tag_of[name]] = shape
         copies = {}  # convert_pt2ckpt.py's name -> the model's, where a file may hold both
-        for model, plain in converter_names(self.rows, self.spec, self.dialect).items():
+        for model, plain in self.dialect.converter_names(self.rows, self.spec).items():
             if self.tag_of[model] == model:
                 copies[plain] = model
                 stage = self.layout.stage_of(self.index[self.row_of_name(model).parts[0]])
@@ -343,9 +340,7 @@ class Reader:
                         optional[(t, stage, d)].add(plain)
         tied = []
         if self.spec.tied_embeddings:
-            head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight"),
-                    "mindformers-mcore": ("output_layer.weight",)}
-            tied = list(head[self.dialect])
+            tied = list(self.dialect.tied_heads)
             for t in range(self.layout.tp):
                 for d in eps:
                     optional[(t, self.layout.pp - 1, d)].update(tied)
@@ -356,7 +351,7 @@ class Reader:
             for name, shape in expected[key].items():
                 if name not in f:
                     _refuse_expert_parallel(f, name, self.spec)
-                    raise InteropError(f"{f.path}: tensor {name} is missing (a {self.dialect} {self.spec.arch} "
+                    raise InteropError(f"{f.path}: tensor {name} is missing (a {self.dialect.name} {self.spec.arch} "
                                        f"model with {self.spec.num_layers} layers at tp={self.layout.tp} "
                                        f"pp={self.layout.pp})")
                 if f.meta(name)[1] != shape:
@@ -384,7 +379,7 @@ class Reader:
                 if why:
                     buffers.add(why)
                     continue
-                raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect} {self.spec.arch} "
+                raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect.name} {self.spec.arch} "
                                    f"model at tp={self.layout.tp} pp={self.layout.pp} (unknown tag layout)")
         self.optim = have_moments
         if self.verify:
