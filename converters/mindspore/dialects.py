@@ -111,7 +111,7 @@ class Dialect:
                  "written"] if masters else [])
 
 
-class MindSpeed(Dialect):
+class MindSpeedDialect(Dialect):
     """What MindSpeed-Core-MS r0.1.0 training loads: `rank_{r}/network.ckpt` per global rank (its
     tools/converter/convert_pt2ckpt.py layout), the model's parameter names, Adam moments as `exp_avg.<name>`,
     step / epoch / optimizer / scheduler scalars beside the tensors, `pt_meta/` for convert_ckpt2pt.py."""
@@ -162,7 +162,7 @@ class MindSpeed(Dialect):
         return []
 
 
-class MindFormers(Dialect):
+class MindFormersDialect(Dialect):
     """MindFormers' legacy models (Llama, GPT2): one `model.ckpt`, or with tp/pp > 1
     `rank_N/checkpoint_N.ckpt` plus `strategy/` JSON files, as `mindspore.transform_checkpoints` reads them."""
 
@@ -184,7 +184,7 @@ class MindFormers(Dialect):
         return names.PLAIN_LAYOUT.get(transform, transform) if layout == "plain" else transform
 
 
-class MindFormersMcore(MindFormers):
+class MindFormersMcoreDialect(MindFormersDialect):
     """MindFormers' mcore-style models (`mindformers/parallel_core/`: qwen3, qwen3_moe, ...): Megatron-core's
     names without the `model.` prefix, linear_qkv grouped per KV group, linear_fc1 interleaved; the files as
     MindFormers' legacy models have them."""
@@ -207,7 +207,7 @@ class MindFormersMcore(MindFormers):
                                f"--tp 1 (one model.ckpt), not tp={tp}")
 
 
-DIALECTS = {d.name: d for d in (MindSpeed(), MindFormers(), MindFormersMcore())}
+DIALECTS = {d.name: d for d in (MindSpeedDialect(), MindFormersDialect(), MindFormersMcoreDialect())}
 assert tuple(DIALECTS) == names.DIALECTS, "mappings/mindspore_names.py DIALECTS lists the dialects' names"
 
 
