@@ -1,6 +1,6 @@
 """The map-args table engine: Megatron values <-> a target document through rows (`mappings/*.ROWS`).
 
-A row (`megatron_args.R`) names the Megatron dests it reads, the document path it writes, the
+A row (`key_mapping.R`) names the Megatron dests it reads, the document path it writes, the
 target's default and, where the spellings differ, the two conversions.  Every table target writes
 and reads through these two functions, so a new row is a new mapped key and nothing else.
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .errors import InteropError
 from .mappings import megatron_args as M
+from .mappings.key_mapping import OMIT, Unmappable
 
 MISSING = object()  # a path the document does not have
 
@@ -72,11 +73,11 @@ def write_table(full: dict, rows, nullable=None) -> tuple[dict, dict]:
         else:
             try:
                 value = row.to(*values)
-            except M.Unmappable as exc:
+            except Unmappable as exc:
                 for s in row.source:
                     why.setdefault(s, f"{row.path}: {exc}")
-                value = M.OMIT if row.default is None else row.default
-        if value is M.OMIT:
+                value = OMIT if row.default is None else row.default
+        if value is OMIT:
             continue
         if value is None and len(row.source) == 1 and M.ARGS[row.source[0]].kind in M.BOOLS:
             value = False  # a switch Megatron leaves at None is off, whatever the target's default

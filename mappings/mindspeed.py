@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ast
 
-from .megatron_args import OMIT, SPLIT_ARGS, R, Unmappable, layer_list, pipeline_split, rename
+from .key_mapping import OMIT, R, Unmappable, rename
+from .megatron_args import SPLIT_ARGS, layer_list, pipeline_split
 
 ADAM = {"adam": "AdamWeightDecay", "sgd": "SGD"}  # Megatron's "adam" is decoupled-decay AdamW
 POSITION = {"learned_absolute": "absolute", "rope": "rope", "relative": "relative", "none": "none"}

@@ -54,7 +54,7 @@ def test_the_engine_compares_no_target_name():
 
 NEW_TARGET = '''
 from interop.argtargets import JsonTarget
-from interop.mappings.megatron_args import R
+from interop.mappings.key_mapping import R
 
 
 class Toy(JsonTarget):
