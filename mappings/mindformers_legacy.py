@@ -23,7 +23,10 @@ _EVEN = (f"no {RELEASE} GPT2Config or parallel_config key gives a pipeline stage
 UNHELD = {"num_layer_list": _EVEN, "decoder_first_pipeline_num_layers": _EVEN, "decoder_last_pipeline_num_layers": _EVEN}
 
 ADAM = {"adam": "AdamWeightDecay"}
-LR_STYLE = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
+# The lr_schedule aliases MindFormers registers (mindformers/core/lr/build_lr.py register_mf_lr, r0.3 era and
+# 2.1.0): constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial -- no bare "constant".
+# ConstantWarmUpLR warms up, then holds learning_rate: Megatron's constant style.
+LR_STYLE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
 def _expand_ratio(ffn, hidden):
@@ -59,7 +62,7 @@ POLYNOMIAL = "polynomial"
 
 def _lr_style_back(value, doc):
     if value != POLYNOMIAL:
-        return {"lr_decay_style": {v: k for k, v in LR_STYLE.items()}.get(value, value)}
+        return {"lr_decay_style": {v: k for k, v in LR_STYLE.items()}.get(value, value)}  # "constant" reads as itself
     power = (doc.get("lr_schedule") or {}).get("power", 1.0)
     if isinstance(power, (int, float)) and not isinstance(power, bool) and float(power) == 1.0:
         return {"lr_decay_style": "linear",  # the same schedule: a polynomial of power 1 is linear decay

@@ -115,7 +115,8 @@ class TableTarget(ArgsTarget):
             raise InteropError(f"{where}: {exc}") from None
         values = {dest: typed(dest, value, where) for dest, value in values.items()}
         values, warnings = self.complete(values, doc)
-        values.update(self.launch(text))
+        for dest, value in self.launch(text).items():
+            values.setdefault(dest, value)  # the document's own rows win over the comment beside it
         return M.normalize(values), entries, warnings
 
     def complete(self, values: dict, doc: dict) -> tuple[dict, list[str]]:

@@ -341,3 +341,20 @@ def test_a_yaml_read_back_reports_nothing_it_holds(tmp_path):
     out.write_text(yaml.safe_dump(doc))
     code, back, err = run(out, "--to", "megatron")
     assert code == 0 and parse_megatron(back).no_load_optim is True and "unmapped:" not in err
+
+
+# The LR aliases MindFormers registers (mindformers/core/lr/build_lr.py register_mf_lr: the r0.3-era tree of
+# seed002_gpt2_runner_r03's provenance, and 2.1.0's); build_lr refuses any other lr_schedule.type.
+MINDFORMERS_LR_ALIASES = {"constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"}
+
+
+@pytest.mark.parametrize("style", ["constant", "linear", "cosine"])
+def test_mindformers_legacy_writes_a_registered_schedule(tmp_path, style):
+    src = script(tmp_path, "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 32 "
+                           f"--seq-length 32 --vocab-size 1000 --lr 0.001 --lr-warmup-iters 10 --lr-decay-style {style}\n")
+    result = mapargs.map_args(src, "mindformers-legacy")
+    written = yaml.safe_load(result.text.split("\n", 1)[1])["lr_schedule"]["type"]
+    assert written in MINDFORMERS_LR_ALIASES and not [e for e in result.entries if "lr" in e.flag]
+    back = tmp_path / "run.yaml"
+    back.write_text(result.text)
+    assert M.complete(mapargs.load(back).explicit)["lr_decay_style"] == style
