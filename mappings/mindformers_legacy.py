@@ -20,7 +20,9 @@ HEADER = (f"# {RELEASE} run_gpt2*.yaml (GPT2Config keys of {RELEASE}), written b
 # Given values this release has no key for, and why (map-args reports them as lost).
 _EVEN = (f"no {RELEASE} GPT2Config or parallel_config key gives a pipeline stage its own layer count: the run "
          "would split the layers over pipeline_stage its own way, not as given")
-UNHELD = {"num_layer_list": _EVEN, "decoder_first_pipeline_num_layers": _EVEN, "decoder_last_pipeline_num_layers": _EVEN}
+UNHELD = {"vocab_size": "model.model_config.vocab_size holds Megatron's padded size (the embedding's rows); the "
+                        "tokenizer's own vocabulary has no key",
+          "num_layer_list": _EVEN, "decoder_first_pipeline_num_layers": _EVEN, "decoder_last_pipeline_num_layers": _EVEN}
 
 ADAM = {"adam": "AdamWeightDecay"}
 # The lr_schedule aliases MindFormers registers (mindformers/core/lr/build_lr.py register_mf_lr, r0.3 era and

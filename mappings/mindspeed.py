@@ -28,6 +28,9 @@ SAME_MEANING = {
     # padding is that number exactly.
     "vocab_size": lambda before, after: before["vocab_size"] == after["padded_vocab_size"],
 }
+# Given values with no key, and why (beyond "no field").
+UNHELD = {"vocab_size": "model_config.vocab_size holds Megatron's padded size (the embedding's rows); the "
+                        "tokenizer's own vocabulary has no key"}
 # (dest, given value) -> the note a value written another way gets (nothing is lost, the user is told).
 NOTES = {
     ("transformer_impl", "transformer_engine"): "MindSpore has no Transformer Engine: written as 'local', the "

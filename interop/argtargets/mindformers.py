@@ -15,6 +15,7 @@ class MindFormers(YamlTarget):
     same_values = mindspeed.SAME_VALUES
     same_meaning = mindspeed.SAME_MEANING
     notes = mindspeed.NOTES
+    unheld = mindspeed.UNHELD
     required = (("model_config.vocab_size", "vocab_size"), ("model_config.seq_length", "seq_length"))
     micro_batch_path = "dataset_config.micro_batch_num"
 

@@ -16,6 +16,7 @@ class MindSpeed(YamlTarget):
     same_values = table.SAME_VALUES
     same_meaning = table.SAME_MEANING
     notes = table.NOTES
+    unheld = table.UNHELD
     required = (("model_config.vocab_size", "vocab_size"), ("model_config.seq_length", "seq_length"))
     micro_batch_path = "dataset_config.micro_batch_num"
 

@@ -266,6 +266,7 @@ def test_report_lists_the_vocabulary_only_when_the_yaml_cannot_hold_it(tmp_path)
     lost = {e["flag"]: e for e in json.loads(report.read_text())["unmapped"]}
     assert yaml.safe_load(out)["model_config"]["vocab_size"] == 32256  # padded to 128 * tp 2: the embedding's rows
     assert lost["--vocab-size"]["lost"] and lost["--vocab-size"]["value"] == 32001
+    assert "holds Megatron's padded size" in lost["--vocab-size"]["why"]
 
 
 @pytest.mark.parametrize("target", ["mindspeed", "mindformers"])
