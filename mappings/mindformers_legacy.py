@@ -62,6 +62,12 @@ def complete_read(values: dict, doc: dict) -> tuple[dict, list[str]]:
 POLYNOMIAL = "polynomial"
 
 
+def _lr_style(style):
+    if style not in LR_STYLE:
+        raise Unmappable(f"no MindFormers schedule for {style!r} (it knows {', '.join(LR_STYLE)})")
+    return LR_STYLE[style]
+
+
 def _lr_style_back(value, doc):
     if value != POLYNOMIAL:
         return {"lr_decay_style": {v: k for k, v in LR_STYLE.items()}.get(value, value)}  # "constant" reads as itself
@@ -182,7 +188,7 @@ ROWS = [
     R("adam_beta2", "optimizer.beta2"),
     R("adam_eps", "optimizer.eps"),
     R("weight_decay", "optimizer.weight_decay"),
-    R("lr_decay_style", "lr_schedule.type", to=rename("lr_decay_style", "", LR_STYLE).to, back=_lr_style_back),
+    R("lr_decay_style", "lr_schedule.type", to=_lr_style, back=_lr_style_back),
     KeyMapping((), "lr_schedule.power", None, lambda: OMIT, lambda v, doc: {}),  # read with lr_schedule.type
     R("lr", "lr_schedule.learning_rate"),
     R("min_lr", "lr_schedule.lr_end"),

@@ -34,7 +34,7 @@ UNHELD = {"vocab_size": "model_config.vocab_size holds Megatron's padded size (t
 # (dest, given value) -> the note a value written another way gets (nothing is lost, the user is told).
 NOTES = {
     ("transformer_impl", "transformer_engine"): "MindSpore has no Transformer Engine: written as 'local', the "
-    "implementation MindSpeed-Core-MS runs (the same model and numerics class; not TE's fused kernels)",
+    "implementation MindSpeed-Core-MS runs (the same model, without TE's fused kernels)",
 }
 
 
