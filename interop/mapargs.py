@@ -195,7 +195,7 @@ def losses(explicit: dict, target: str, read_back: dict, why: dict) -> list[Unma
         if dest in launch:
             kept = read_back.get(dest) == value  # beside the document (a YAML's `# launch:` comment, WORLD_SIZE=)
             entries.append(Unmapped(M.flag_of(dest), value, f"the launcher's rank count: no {target} field for it "
-                                    f"({'kept beside it, ' if kept else ''}launch the job on {value} ranks; the "
+                                    f"({'the file gives it back; ' if kept else ''}launch the job on {value} ranks; the "
                                     "batch split assumes it)", lost=not kept))
             continue
         lost = _position(dest, before) != _position(dest, after) and not writer.holds(dest, before, after) and not (

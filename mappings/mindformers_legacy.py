@@ -194,7 +194,7 @@ ROWS = [
     R("min_lr", "lr_schedule.lr_end"),
     R("lr_warmup_iters", "lr_schedule.warmup_steps"),
     # total_steps -1: "the whole run" (MindFormers fills in the dataset's steps), Megatron's unset --lr-decay-iters.
-    R("lr_decay_iters", "lr_schedule.total_steps", back=lambda v, doc: {} if v == -1 else {"lr_decay_iters": v}),
+    R("lr_decay_iters", "lr_schedule.total_steps", -1, unset=True),
     CONST("runner_wrapper.type", "MFTrainOneStepCell"),
     CONST("runner_wrapper.scale_sense.type", "DynamicLossScaleUpdateCell"),
     R("initial_loss_scale", "runner_wrapper.scale_sense.loss_scale_value"),

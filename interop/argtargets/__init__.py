@@ -171,6 +171,7 @@ class TableTarget(ArgsTarget):
 # The launcher's rank count, which no YAML section holds: a comment the loaders skip and map-args reads back.
 LAUNCH_COMMENT = "# launch: WORLD_SIZE={} (the launcher's rank count; no {} key holds it: launch the job on {} ranks)\n"
 LAUNCH_LINE = re.compile(r"^# launch: WORLD_SIZE=(\d+)\b", re.M)
+LAUNCH_KEYS = {"world_size", "data_parallel_size"}  # a document with a row for either says the launch itself
 
 
 class YamlTarget(TableTarget):
@@ -181,7 +182,7 @@ class YamlTarget(TableTarget):
 
     def render(self, doc: dict, explicit: dict) -> str:
         text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
-        launch = explicit.get("world_size")
+        launch = explicit.get("world_size") if not LAUNCH_KEYS & self.held({}) else None  # else a row says it
         return self.header + (LAUNCH_COMMENT.format(launch, self.name, launch) if launch else "") + text
 
     def parse(self, text: str, where: str) -> dict:
