@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import interop.convert as engine
+import interop.engine as engine
 import interop.workers as parallel
 from interop.convert import convert
 from interop.transforms import GatedMLP, GroupedQKV, Transform

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.safe_pickle import to_plain
 from ...io.torch_file import LazyTorchFile, TorchFileWriter
@@ -105,8 +106,10 @@ class FolderPlan:
 # ------------------------------------------------------------------------------------------------
 # Reading
 
-class Reader:
-    """A Megatron checkpoint (`torch` format, or `torch_dist` through `interop.io.megatron_dist`)."""
+class Reader(BaseReader):
+    """A Megatron checkpoint in the `torch` format (rank files)."""
+
+    options = ("iteration", "model_config")
 
     def __init__(self, path, iteration: int | None = None, model_config=None):
         self.root = Path(path)
@@ -150,6 +153,7 @@ class Reader:
         self._cache: OrderedDict = OrderedDict()
         self.memory = BufferPool()
         self.vocab_buffer = False
+        self._native: dict | None = None  # canonical name -> its key and stage, built on first ask
 
     # -- opening -------------------------------------------------------------------------------
     def _open_ranks(self) -> None:
@@ -620,6 +624,18 @@ class Reader:
             files[(t, row.stage)].read_into(stored[t], [(out, a * per_row, b * per_row) for a, b in ranges])
         return out
 
+    def native_name(self, name: str) -> str | None:
+        """The key holding `name` in its stage's rank files (a key is local to its pipeline stage and virtual
+        chunk), with the part when the stored tensor is fused."""
+        if self._native is None:
+            self._native = {}
+            for row in self.rows:
+                where = f"pp{row.stage}" + (f" chunk {row.chunk}" if self.layout.vpp > 1 else "")
+                key, parts = f"{row.key} ({where})", row.parts
+                for i, part in enumerate(parts):
+                    self._native.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
+        return self._native.get(name)
+
     def close(self) -> None:
         self._cache.clear()
 
@@ -627,9 +643,12 @@ class Reader:
 # ------------------------------------------------------------------------------------------------
 # Writing
 
-class Writer:
+class Writer(BaseWriter):
     """Writes a Megatron-LM `torch` checkpoint (megatron-core names) that Megatron can load."""
 
+    options = ("iteration", "distributed_optimizer", "dp")
+    splits = True
+    holds_moe = True  # routed experts, router and shared experts, at any --ep (EP rank folders)
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
@@ -913,15 +932,12 @@ class Writer:
             out.abort()
             raise
 
-    def finish_global(self, state: dict | None, results: dict | None = None) -> None:
+    def finish_global(self, state: dict | None, results: dict) -> None:
         """Name the iteration folder and write the tracker, once every rank file is written."""
         _, iteration, _, notes = self._final(state or {})
         self.notes += notes
         self.dir.rename(self.root / iteration_name(iteration))
         write_tracker(self.root, iteration)
-
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
 
     @property
     def weight_dtype(self) -> torch.dtype:
