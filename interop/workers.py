@@ -80,7 +80,7 @@ def _context():
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["interop.workers", "interop.convert"])
+        ctx.set_forkserver_preload(["interop.workers", "interop.engine"])
         return ctx
     return multiprocessing.get_context("spawn")
 

@@ -453,7 +453,7 @@ class Reader(BaseReader):
         fragments = getattr(self, "fragments", {}).get(key)
         return stored if fragments is None else _unflatten(stored, *fragments)
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused tensor holding `name`; None for a lone one, and for the
         distributed optimizer's buckets (flat, not laid out as the row)."""

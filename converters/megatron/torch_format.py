@@ -234,7 +234,7 @@ class Reader(BaseReader):
         self._read_row(dicts, files, row, [out])
         return True
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused Megatron tensor holding `name`; None for a lone one."""
         base = base_param_name(name)
@@ -418,7 +418,7 @@ class Writer(BaseWriter):
                     target, buffer = self._distrib_file(t, r)
                     target.add("param", buffer, r.key, piece)
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def accepts_fused(self, names: list[str], transform) -> bool:
         """Whether `names` are one of our rows, in its order, stored by an equal transform."""
         base = base_param_name(names[0])

@@ -535,7 +535,7 @@ class Reader(BaseReader):
             at = b
         return ranges if at == target.numel() else None
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused MindSpore tensor holding `name`; None for a lone one."""
         prefix = next((p for p in self.prefixes if name.startswith(p)), "")

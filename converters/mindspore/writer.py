@@ -164,7 +164,7 @@ class Writer(BaseWriter):
 
     def accepts_fused(self, names: list[str], transform) -> bool:
         """Whether `names` are one of our rows, in its order, stored by an equal transform
-        (`interop.convert.fused_plan`: then the whole stored tensor comes to `write_fused`)."""
+        (`interop.engine.fused_plan`: then the whole stored tensor comes to `write_fused`)."""
         name = self._weight_name(names[0])
         if name is None:
             return False
