@@ -20,8 +20,9 @@ from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
-from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
-from ..params import OPTIM_PREFIXES, param_index, param_table
+from ..hf_named import hf_rows, hf_table
+from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES
+from ..params import OPTIM_PREFIXES, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import Transform
@@ -56,35 +57,6 @@ def parse_size(size) -> int:
 def detect(path) -> bool:
     root = Path(path)
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
-
-
-def hf_table(spec: ModelSpec) -> str:
-    """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
-    return hf_family(spec) if spec.is_moe else spec.arch
-
-
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
-    """The architecture's name table expanded for this model, keeping rows whose tensors exist:
-    (HF name, its transform bound to the row's tensors, canonical names).
-    `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    present = param_index(spec)
-    rows = []
-    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
-        layers = range(spec.num_layers) if "{i}" in hf_name else [None]
-        experts = range(spec.num_experts) if "{e}" in hf_name else [None]
-        for i in layers:
-            for e in experts:
-                if transform.every_expert:  # every expert's parts in one tensor, expert by expert
-                    names = [p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts]
-                else:
-                    names = [p.format(i=i, e=e) for p in parts]
-                if all(n in present for n in names):
-                    rows.append((hf_name.format(i=i, e=e), transform.bind(spec, [present[n] for n in names]), names))
-    held = {n for _, _, names in rows for n in names}
-    homeless = [n for n in present if n not in held]
-    if homeless:
-        raise InteropError(f"HF {spec.arch} names have no place for {homeless[0]}")
-    return rows
 
 
 def _to_hf(transform: Transform, parts: list[torch.Tensor], empty) -> torch.Tensor:

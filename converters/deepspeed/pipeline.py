@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from ..errors import InteropError
-from ..io.safe_pickle import to_plain
-from ..io.torch_file import LazyTorchFile
-from ..layout import ParallelLayout
-from ..mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
-from ..params import base_param_name, param_index, param_table
-from ..spec import ModelSpec
-from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
+from ...errors import InteropError
+from ...io.safe_pickle import to_plain
+from ...io.torch_file import LazyTorchFile
+from ...layout import ParallelLayout
+from ...mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
+from ...params import base_param_name, param_index, param_table
+from ...spec import ModelSpec
+from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 
 LATEST = "latest"
 LAYER_FILE = re.compile(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt")
