@@ -1,0 +1,132 @@
+"""PyTorch DCP checkpoints of a Hugging Face model (accelerate's FSDP SHARDED_STATE_DICT) -> canonical tensors.
+
+On disk (accelerate utils/fsdp_utils.py `save_fsdp_model` / `save_fsdp_optimizer`, FSDP1 and FSDP2 alike):
+
+    out/config.json                                  the HF model description (the Trainer's save_model), or
+                                                     --model-config
+    out/pytorch_model_fsdp_0/.metadata + __R_0.distcp    `dist_cp.save({"model": state_dict})`: keys
+                                                     `model.<HF name>`, each tensor global in the metadata
+    out/optimizer_0/.metadata + __R_0.distcp         `{"optimizer": get_optimizer_state_dict(...)}`:
+                                                     `optimizer.state.<HF name>.exp_avg|exp_avg_sq|step`,
+                                                     `optimizer.param_groups.*` byte objects
+
+The DCP files are read without a process group (`interop.io.megatron_dist.DcpCheckpoint`).  A Megatron
+torch_dist folder (with metadata.json) is not this format.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import InteropError
+from ..hf_named import HFNamedState
+from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint
+from ..io.small_files import read_json_object
+from ..mappings.hf_config import spec_from_hf_config
+from ..model_config import spec_from_file
+from ..tensors import NAME_OF_DTYPE, Source
+
+MODEL_DIR, OPTIM_DIR = "pytorch_model_fsdp_0", "optimizer_0"
+MODEL_PREFIX = "model."  # accelerate: state_dict={"model": ...}
+OPTIM_PREFIX = "optimizer.state."
+
+
+def _model_dir(root: Path) -> Path | None:
+    for folder in (root / MODEL_DIR, root):
+        if (folder / DCP_METADATA).is_file() and not (folder / METADATA_JSON).is_file():
+            return folder
+    return None
+
+
+def detect(path) -> bool:
+    """A DCP folder (not Megatron's torch_dist) whose tensors are all `model.<name>`."""
+    root = Path(path)
+    folder = _model_dir(root) if root.is_dir() else None
+    if folder is None:
+        return False
+    try:
+        keys = DcpCheckpoint(folder).keys()
+    except InteropError:
+        return False
+    return bool(keys) and all(k.startswith(MODEL_PREFIX) for k in keys)
+
+
+class Reader:
+    """accelerate's FSDP DCP checkpoint: weights, and AdamW's moments when `optimizer_0/` is beside."""
+
+    def __init__(self, path, model_config=None):
+        root = Path(path)
+        folder = _model_dir(root) if root.is_dir() else None
+        if folder is None:
+            raise InteropError(f"{root}: not a PyTorch DCP checkpoint (no .metadata here or in {MODEL_DIR}/)")
+        self.model = DcpCheckpoint(folder)
+        stray = [k for k in self.model.keys() if not k.startswith(MODEL_PREFIX)]
+        if stray:
+            raise InteropError(f"{folder}: {stray[0]} is not under `model.` (accelerate's FSDP layout)")
+        keys = {k[len(MODEL_PREFIX):]: self.model.meta(k) for k in self.model.keys()}
+        floats = [d for d, _ in keys.values() if d.is_floating_point]
+        dtype = NAME_OF_DTYPE.get(floats[0]) if floats else None
+        if dtype is None:
+            raise InteropError(f"{folder}: weights stored as {floats[0] if floats else 'nothing'}")
+        notes = []
+        base = folder.parent if folder.name == MODEL_DIR else folder
+        if model_config is not None:
+            self.spec = spec_from_file(model_config, dtype)
+            notes.append(f"model description taken from {model_config}")
+        elif (base / "config.json").is_file():
+            self.spec = spec_from_hf_config(read_json_object(base / "config.json", "HF config"), dtype,
+                                            where=str(base / "config.json"))
+        else:
+            raise InteropError(f"{folder}: no config.json beside the DCP folder; pass --model-config (an HF "
+                               "config.json, a Megatron args file or a MindSpeed YAML)")
+        self.optim = None
+        optim_dir = base / OPTIM_DIR
+        moments: tuple[str, ...] = ()
+        state: dict = {}
+        if (optim_dir / DCP_METADATA).is_file():
+            self.optim = DcpCheckpoint(optim_dir)
+            held = set(self.optim.keys())
+            if dtype != "float32":
+                notes.append(f"optimizer state not converted (weights are {dtype}: the fp32 masters are not "
+                             "in the checkpoint); weights converted")
+            elif all(f"{OPTIM_PREFIX}{k}.{m}" in held for k in keys for m in ("exp_avg", "exp_avg_sq")):
+                moments = ("exp_avg", "exp_avg_sq", "fp32_param")
+                step = self.optim.read(f"{OPTIM_PREFIX}{next(iter(keys))}.step")
+                state["optimizer"] = {"type": "adamw", "step": int(step.item()), **self._hyper()}
+                notes.append(f"converted the optimizer state (exp_avg, exp_avg_sq; the fp32 weights are the "
+                             f"masters) from {OPTIM_DIR}/, step {state['optimizer']['step']}")
+            else:
+                notes.append(f"optimizer state not converted ({OPTIM_DIR}/ holds no Adam moments for every "
+                             "parameter); weights converted")
+        else:
+            notes.append(f"optimizer state not converted (no {OPTIM_DIR}/ beside the model); weights converted")
+        self.state_names = HFNamedState(self.spec, keys, self._fetch, str(folder), moments)
+        self.source = Source(self.spec, None, state, notes + self.state_names.notes)
+
+    def _hyper(self) -> dict:
+        """lr, betas, eps, weight_decay of the first param group (byte objects of the optimizer folder)."""
+        out = {}
+        for key, name in (("betas", "betas"), ("eps", "eps"), ("weight_decay", "weight_decay"), ("lr", "lr")):
+            full = f"optimizer.param_groups.0.{key}"
+            if full in self.optim.objects():
+                value = self.optim.read_object(full)
+                out[name] = list(value) if isinstance(value, (tuple, list)) else value
+        return out
+
+    def _fetch(self, kind: str, hf_key: str) -> torch.Tensor:
+        if kind in ("", "fp32_param"):
+            return self.model.read(MODEL_PREFIX + hf_key)
+        return self.optim.read(f"{OPTIM_PREFIX}{hf_key}.{kind}")
+
+    def metas(self):
+        return self.state_names.metas(lambda hf_key: self.model.meta(MODEL_PREFIX + hf_key)[0])
+
+    def read(self, name: str) -> torch.Tensor:
+        return self.state_names.read(name)
+
+    def native_name(self, name: str) -> str:
+        return MODEL_PREFIX + self.state_names.native_name(name)
+
+    def close(self) -> None:
+        self.state_names.close()

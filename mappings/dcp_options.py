@@ -1,0 +1,10 @@
+"""The DCP / plain-state-dict formats' own options: `--model-config` for tensors stored under HF names
+without a config.json beside them (declared alike with Megatron's, torch-free)."""
+from __future__ import annotations
+
+from ..formats import FormatOption
+from .megatron_options import MODEL_CONFIG_HELP
+
+OPTIONS = (
+    FormatOption("model_config", {"convert": MODEL_CONFIG_HELP, "inspect": MODEL_CONFIG_HELP}, kind="path"),
+)

@@ -1,0 +1,79 @@
+"""`--from dcp`: accelerate's FSDP SHARDED_STATE_DICT (PyTorch DCP, keys `model.<HF name>`), read exactly.
+
+The fixture (tests/fixtures/fsdp_dcp, see PROVENANCE and scripts/make_fsdp_dcp_fixtures.py) was written by
+torch 2.13's FSDP2 (`fully_shard`, 2 CPU processes over gloo) after two AdamW steps of a tiny HF Llama, with
+the calls accelerate's save_fsdp_model / save_fsdp_optimizer make.  The expected values are torch's own
+consolidation, `dcp_to_torch_save`, run here on the same folders.
+"""
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from interop.cli.main import main
+from interop.converters import dcp
+from interop.formats import detect_format
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "fsdp_dcp"
+
+
+def consolidated(folder: Path, tmp_path: Path) -> dict:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = tmp_path / f"{folder.name}.pt"
+    dcp_to_torch_save(str(folder), str(out))
+    return torch.load(out, weights_only=False)
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_detected_not_megatron():
+    assert sorted(p.name for p in (FIXTURE / "pytorch_model_fsdp_0").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert detect_format(FIXTURE) == "dcp"
+    assert detect_format(FIXTURE / "pytorch_model_fsdp_0") == "dcp"
+
+
+def test_bit_exact_against_dcp_to_torch_save(tmp_path):
+    model = consolidated(FIXTURE / "pytorch_model_fsdp_0", tmp_path)["model"]
+    optim = consolidated(FIXTURE / "optimizer_0", tmp_path)["optimizer"]
+    reader = dcp.Reader(FIXTURE)
+    spec = reader.source.spec
+    assert (spec.vocab, spec.heads, spec.kv_groups, spec.tied_embeddings) == (250, 4, 2, False)
+    names = [m.name for m in reader.metas()]
+    weights = [n for n in names if not n.startswith("optim.")]
+    assert len(weights) == len(model) and len(names) == 4 * len(model)
+    for name in weights:
+        hf = reader.native_name(name)[len("model."):]
+        assert torch.equal(reader.read(name), model[hf]), name
+        assert torch.equal(reader.read("optim.fp32_param." + name), model[hf])
+        for kind in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(reader.read(f"optim.{kind}.{name}"), optim["state"][hf][kind]), (kind, name)
+    assert reader.source.state["optimizer"] == {"type": "adamw", "step": 2, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                "weight_decay": 0.01, "lr": 0.01}
+
+
+def test_to_hf_loads_in_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+    code, out = run("convert", FIXTURE, tmp_path / "hf", "--to", "hf")
+    assert code == 0, out
+    expected = consolidated(FIXTURE / "pytorch_model_fsdp_0", tmp_path)["model"]
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    assert set(got) == set(expected)
+    assert all(torch.equal(got[k], expected[k]) for k in got)
+
+
+def test_model_config_instead_of_config_json(tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(FIXTURE / "pytorch_model_fsdp_0", folder / "pytorch_model_fsdp_0")
+    code, out = run("convert", folder, tmp_path / "a", "--from", "dcp", "--to", "hf")
+    assert code == 2 and "pass --model-config" in out.strip().splitlines()[-1], out
+    assert not (tmp_path / "a").exists()
+    code, out = run("convert", folder, tmp_path / "b", "--from", "dcp", "--to", "hf",
+                    "--model-config", FIXTURE / "config.json")
+    assert code == 0, out
+    assert "optimizer state not converted (no optimizer_0/" in out
