@@ -10,7 +10,11 @@ On disk (accelerate utils/fsdp_utils.py `save_fsdp_model` / `save_fsdp_optimizer
                                                      `optimizer.state.<HF name>.exp_avg|exp_avg_sq|step`,
                                                      `optimizer.param_groups.*` byte objects
 
-The DCP files are read without a process group (`interop.io.megatron_dist.DcpCheckpoint`).  A Megatron
+As a target: the same layout (`pytorch_model_fsdp_0/` of `model.<HF name>` global tensors and config.json),
+which `torch.distributed.checkpoint.load` reads into an FSDP / FSDP2 model at any data parallelism and
+accelerate's `load_fsdp_model` loads.
+
+The DCP files are read and written without a process group (`interop.io.megatron_dist.DcpCheckpoint`).  A Megatron
 torch_dist folder (with metadata.json) is not this format.
 """
 from __future__ import annotations
@@ -19,17 +23,24 @@ from pathlib import Path
 
 import torch
 
+import json
+
 from ..errors import InteropError
-from ..hf_named import HFNamedState
-from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint
+from ..hf_named import HFNamedState, hf_rows
+from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint, DistWriter
 from ..io.small_files import read_json_object
-from ..mappings.hf_config import spec_from_hf_config
+from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from ..model_config import spec_from_file
-from ..tensors import NAME_OF_DTYPE, Source
+from ..params import OPTIM_PREFIXES
+from ..spec import ModelSpec
+from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 
 MODEL_DIR, OPTIM_DIR = "pytorch_model_fsdp_0", "optimizer_0"
 MODEL_PREFIX = "model."  # accelerate: state_dict={"model": ...}
 OPTIM_PREFIX = "optimizer.state."
+# A tied model's state dict in torch (FSDP's get_model_state_dict, what accelerate saves and loads) names the
+# head too: the target stores the embedding under both names, as FSDP itself does.
+TIED_HEAD, EMBEDDING = "lm_head.weight", "embed.word.weight"
 
 
 def _model_dir(root: Path) -> Path | None:
@@ -130,3 +141,56 @@ class Reader:
 
     def close(self) -> None:
         self.state_names.close()
+
+
+class Writer:
+    """accelerate's FSDP SHARDED_STATE_DICT layout: global tensors under `model.<HF name>`, one file."""
+
+    @staticmethod
+    def padded_vocab(spec: ModelSpec, tp: int) -> int:
+        return spec.vocab  # HF names hold the true vocabulary
+
+    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta]):
+        if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
+            raise InteropError("a DCP checkpoint holds global tensors (FSDP shards them when it loads): use "
+                               "--tp 1 --pp 1 --ep 1")
+        self.root, self.spec = Path(root), spec
+        self.config = hf_config_from_spec(spec)  # a model HF cannot describe is refused before anything is written
+        meta_of = {m.name: m for m in metas}
+        self.dropped_optim = sorted({m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)})
+        self.files = DistWriter(self.root / MODEL_DIR)
+        self.row_of, self.pending = {}, {}
+        for hf_key, transform, parts in hf_rows(spec):
+            self.files.declare(MODEL_PREFIX + hf_key, meta_of[parts[0]].dtype, transform.rank_shape(), lead=0)
+            for p in parts:
+                self.row_of[p] = (hf_key, transform, parts)
+        self.tied = spec.tied_embeddings
+        if self.tied:
+            self.files.declare(MODEL_PREFIX + TIED_HEAD, meta_of[EMBEDDING].dtype, meta_of[EMBEDDING].shape, lead=0)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if name.startswith(OPTIM_PREFIXES):  # weights only (a note says so)
+            return
+        hf_key, transform, parts = self.row_of[name]
+        got = self.pending.setdefault(hf_key, {})
+        got[name] = tensor
+        if len(got) == len(parts):
+            del self.pending[hf_key]
+            fused = transform.fuse([got[p] for p in parts])
+            self.files.write(MODEL_PREFIX + hf_key, None, fused.contiguous())
+        if self.tied and name == EMBEDDING:
+            self.files.write(MODEL_PREFIX + TIED_HEAD, None, tensor.contiguous())
+
+    def finish(self, state: dict | None = None) -> None:
+        self.files.write_metadata()
+        (self.root / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+
+    @property
+    def notes(self) -> list[str]:
+        if not self.dropped_optim:
+            return []
+        return [f"optimizer state not written ({', '.join(self.dropped_optim)}): the DCP target holds the model "
+                f"({MODEL_DIR}/) only"]
+
+    def abort(self) -> None:
+        self.files.abort()

@@ -725,6 +725,12 @@ class DistWriter:
 
     def finish(self, common: dict | None = None) -> None:
         """`.metadata`, common.pt and metadata.json; refuses if a declared chunk never came."""
+        self.write_metadata()
+        torch.save(common or {}, self.path / COMMON_PT)
+        (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
+
+    def write_metadata(self) -> None:
+        """DCP's `.metadata` alone (a plain DCP checkpoint ends here); refuses if a declared chunk never came."""
         self._drain()
         entries: dict[str, Any] = {}
         for key, (dtype, shape) in self.declared.items():
@@ -746,8 +752,6 @@ class DistWriter:
                             version=CURRENT_DCP_VERSION)
         with open(self.path / DCP_METADATA, "wb") as f:
             dcp_metadata.dump(metadata, f)  # what DCP's pickle.dump writes, without importing DCP
-        torch.save(common or {}, self.path / COMMON_PT)
-        (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
 
     def abort(self) -> None:
         if self._background:

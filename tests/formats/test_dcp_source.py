@@ -77,3 +77,44 @@ def test_model_config_instead_of_config_json(tmp_path):
                     "--model-config", FIXTURE / "config.json")
     assert code == 0, out
     assert "optimizer state not converted (no optimizer_0/" in out
+
+
+# -- DCP as a target ---------------------------------------------------------------------------------
+
+def fsdp2_loads(folder: Path, out: Path) -> dict:
+    """What an FSDP2 model (2 ranks over gloo) holds after torch.distributed.checkpoint.load of `folder`."""
+    import os
+    import subprocess
+    import sys
+    helper = Path(__file__).parents[1] / "helpers" / "fsdp2_load.py"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29691",
+                    str(helper), str(folder), str(out)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                   capture_output=True, timeout=300)
+    return torch.load(out)
+
+
+def test_dcp_target_loads_into_fsdp2(tmp_path):
+    """GPT-2 from ColossalAI's model.pt (fused c_attn, Conv1D, tied) and a ZeRO 3 Llama (GQA) to DCP; FSDP2
+    loads each and holds exactly the source's tensors."""
+    from colossalai.checkpoint_io import GeneralCheckpointIO
+    from transformers import AutoConfig, AutoModelForCausalLM
+    state_dicts = Path(__file__).parents[1] / "fixtures" / "state_dict"
+    zero3 = Path(__file__).parents[1] / "fixtures" / "deepspeed_zero" / "z3_fp32" / "checkpoint-2"
+    code, out = run("convert", state_dicts / "colossalai" / "model.pt", tmp_path / "gpt2", "--to", "dcp")
+    assert code == 0, out
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(state_dicts / "colossalai"))
+    GeneralCheckpointIO().load_model(model, str(state_dicts / "colossalai" / "model.pt"))
+    got = fsdp2_loads(tmp_path / "gpt2", tmp_path / "gpt2.pt")
+    expected = model.state_dict()
+    assert set(got) <= set(expected) and len(got) >= 28
+    assert all(torch.equal(got[k], expected[k]) for k in got)
+
+    code, out = run("convert", zero3, tmp_path / "llama", "--to", "dcp")
+    assert code == 0, out
+    assert "optimizer state not written (exp_avg, exp_avg_sq, fp32_param)" in out
+    got = fsdp2_loads(tmp_path / "llama", tmp_path / "llama.pt")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    expected = get_fp32_state_dict_from_zero_checkpoint(str(zero3))
+    assert set(got) == set(expected)
+    assert all(torch.equal(got[k], expected[k]) for k in got)
+    assert detect_format(tmp_path / "llama") == "dcp"  # and it reads back
