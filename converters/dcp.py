@@ -1,4 +1,6 @@
-"""PyTorch DCP checkpoints of a Hugging Face model (accelerate's FSDP SHARDED_STATE_DICT) -> canonical tensors.
+"""PyTorch DCP checkpoints of a Llama-style model -> canonical tensors, and back: two layouts (`LAYOUTS`).
+
+accelerate (`--dcp-layout accelerate`, the default): HF names under `model.`.
 
 On disk (accelerate utils/fsdp_utils.py `save_fsdp_model` / `save_fsdp_optimizer`, FSDP1 and FSDP2 alike):
 
@@ -10,7 +12,12 @@ On disk (accelerate utils/fsdp_utils.py `save_fsdp_model` / `save_fsdp_optimizer
                                                      `optimizer.state.<HF name>.exp_avg|exp_avg_sq|step`,
                                                      `optimizer.param_groups.*` byte objects
 
-As a target: the same layout (`pytorch_model_fsdp_0/` of `model.<HF name>` global tensors and config.json),
+torchtitan (`--dcp-layout torchtitan`): its `step-N/` folder, the model's own names at the top level
+(`tok_embeddings`, `layers.N.attention.qkv_linear.wq`, ...: `mappings/torchtitan_names.py`) beside
+`optimizer.*`, `lr_scheduler`, `dataloader`, `train_state` (torchtitan components/checkpointer/dcp.py);
+q / k stored for interleaved rope.  No description is stored: config.json beside, or --model-config.
+
+As a target: the same layouts (`pytorch_model_fsdp_0/` of `model.<HF name>` global tensors and config.json),
 which `torch.distributed.checkpoint.load` reads into an FSDP / FSDP2 model at any data parallelism and
 accelerate's `load_fsdp_model` loads.
 
@@ -19,6 +26,7 @@ torch_dist folder (with metadata.json) is not this format.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,82 +34,132 @@ import torch
 import json
 
 from ..errors import InteropError
-from ..hf_named import HFNamedState, hf_rows
+from ..hf_named import HFNamedState, expand_rows, hf_rows
 from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint, DistWriter
 from ..io.small_files import read_json_object
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
+from ..mappings.torchtitan_names import TABLES as TORCHTITAN, WRITTEN as TORCHTITAN_WRITTEN
 from ..model_config import spec_from_file
 from ..params import OPTIM_PREFIXES
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 
-MODEL_DIR, OPTIM_DIR = "pytorch_model_fsdp_0", "optimizer_0"
-MODEL_PREFIX = "model."  # accelerate: state_dict={"model": ...}
+OPTIM_DIR = "optimizer_0"  # accelerate: beside the model folder
 OPTIM_PREFIX = "optimizer.state."
-# A tied model's state dict in torch (FSDP's get_model_state_dict, what accelerate saves and loads) names the
-# head too: the target stores the embedding under both names, as FSDP itself does.
-TIED_HEAD, EMBEDDING = "lm_head.weight", "embed.word.weight"
+EMBEDDING = "embed.word.weight"
 
 
-def _model_dir(root: Path) -> Path | None:
-    for folder in (root / MODEL_DIR, root):
+@dataclass(frozen=True)
+class Layout:
+    """Where a DCP layout keeps the model: the folder (None: the checkpoint folder itself), the key prefix,
+    what other top-level keys it holds, and its name table (a torchtitan version, or None for HF names)."""
+
+    model_dir: str | None
+    prefix: str
+    others: tuple[str, ...]
+    table: str | None
+
+    def rows(self, spec: ModelSpec) -> list:
+        return hf_rows(spec) if self.table is None else expand_rows(spec, TORCHTITAN[self.table][0], "torchtitan")
+
+    @property
+    def tied_head(self) -> str:
+        """The head's name, which a tied model's state dict in torch also holds (FSDP / DCP store it twice)."""
+        return "lm_head.weight" if self.table is None else TORCHTITAN[self.table][1]
+
+    def model_keys(self, keys) -> list[str]:
+        return [k for k in keys if k.startswith(self.prefix) and not k.startswith(self.others)]
+
+
+LAYOUTS = {
+    "accelerate": Layout("pytorch_model_fsdp_0", "model.", (), None),
+    **{f"torchtitan-{v}": Layout(None, "", ("optimizer.", "lr_scheduler", "dataloader", "train_state"), v)
+       for v in TORCHTITAN},
+}
+WRITTEN = {"accelerate": "accelerate", "torchtitan": f"torchtitan-{TORCHTITAN_WRITTEN}"}
+
+
+def _dcp_folder(root: Path) -> Path | None:
+    for folder in (root / LAYOUTS["accelerate"].model_dir, root):
         if (folder / DCP_METADATA).is_file() and not (folder / METADATA_JSON).is_file():
             return folder
     return None
 
 
+def _layout_of(checkpoint: DcpCheckpoint) -> str | None:
+    """The layout whose names the folder holds: HF names all under `model.`, or a torchtitan version's
+    embedding and first q."""
+    keys = checkpoint.keys()
+    if keys and all(k.startswith("model.") for k in keys):
+        return "accelerate"
+    for name, layout in LAYOUTS.items():
+        if layout.table is not None:
+            table = TORCHTITAN[layout.table][0]
+            if table[0][0] in keys and table[2][0].format(i=0) in keys:
+                return name
+    return None
+
+
 def detect(path) -> bool:
-    """A DCP folder (not Megatron's torch_dist) whose tensors are all `model.<name>`."""
+    """A DCP folder (not Megatron's torch_dist) in one of the layouts."""
     root = Path(path)
-    folder = _model_dir(root) if root.is_dir() else None
+    folder = _dcp_folder(root) if root.is_dir() else None
     if folder is None:
         return False
     try:
-        keys = DcpCheckpoint(folder).keys()
+        return _layout_of(DcpCheckpoint(folder)) is not None
     except InteropError:
         return False
-    return bool(keys) and all(k.startswith(MODEL_PREFIX) for k in keys)
 
 
 class Reader:
-    """accelerate's FSDP DCP checkpoint: weights, and AdamW's moments when `optimizer_0/` is beside."""
+    """A DCP checkpoint in either layout: weights, and AdamW's moments from accelerate's `optimizer_0/`."""
 
     def __init__(self, path, model_config=None):
         root = Path(path)
-        folder = _model_dir(root) if root.is_dir() else None
+        folder = _dcp_folder(root) if root.is_dir() else None
         if folder is None:
-            raise InteropError(f"{root}: not a PyTorch DCP checkpoint (no .metadata here or in {MODEL_DIR}/)")
+            raise InteropError(f"{root}: not a PyTorch DCP checkpoint (no .metadata here or in pytorch_model_fsdp_0/)")
         self.model = DcpCheckpoint(folder)
-        stray = [k for k in self.model.keys() if not k.startswith(MODEL_PREFIX)]
-        if stray:
-            raise InteropError(f"{folder}: {stray[0]} is not under `model.` (accelerate's FSDP layout)")
-        keys = {k[len(MODEL_PREFIX):]: self.model.meta(k) for k in self.model.keys()}
+        name = _layout_of(self.model)
+        if name is None:
+            raise InteropError(f"{folder}: neither accelerate's FSDP layout (keys model.<HF name>) nor torchtitan's "
+                               f"(tok_embeddings.weight, layers.0.attention.qkv_linear.wq.weight); keys e.g. "
+                               f"{sorted(self.model.keys())[:3]}")
+        self.layout = LAYOUTS[name]
+        prefix = self.layout.prefix
+        keys = {k[len(prefix):]: self.model.meta(k) for k in self.layout.model_keys(self.model.keys())}
         floats = [d for d, _ in keys.values() if d.is_floating_point]
         dtype = NAME_OF_DTYPE.get(floats[0]) if floats else None
         if dtype is None:
             raise InteropError(f"{folder}: weights stored as {floats[0] if floats else 'nothing'}")
-        notes = []
-        base = folder.parent if folder.name == MODEL_DIR else folder
+        notes = [f"{name} layout"]
+        base = folder.parent if folder.name == self.layout.model_dir else folder
+        config = next((c for c in (base / "config.json", folder / "config.json") if c.is_file()), None)
         if model_config is not None:
             self.spec = spec_from_file(model_config, dtype)
             notes.append(f"model description taken from {model_config}")
-        elif (base / "config.json").is_file():
-            self.spec = spec_from_hf_config(read_json_object(base / "config.json", "HF config"), dtype,
-                                            where=str(base / "config.json"))
+        elif config is not None:
+            self.spec = spec_from_hf_config(read_json_object(config, "HF config"), dtype, where=str(config))
         else:
             raise InteropError(f"{folder}: no config.json beside the DCP folder; pass --model-config (an HF "
                                "config.json, a Megatron args file or a MindSpeed YAML)")
         self.optim = None
-        optim_dir = base / OPTIM_DIR
         moments: tuple[str, ...] = ()
         state: dict = {}
-        if (optim_dir / DCP_METADATA).is_file():
+        optim_dir = base / OPTIM_DIR
+        if self.layout.table is not None:
+            if any(k.startswith("optimizer.") for k in self.model.keys()):
+                notes.append("optimizer state not converted (torchtitan's flattened optimizer state is not read); "
+                             "weights converted")
+        elif (optim_dir / DCP_METADATA).is_file():
             self.optim = DcpCheckpoint(optim_dir)
             held = set(self.optim.keys())
             if dtype != "float32":
                 notes.append(f"optimizer state not converted (weights are {dtype}: the fp32 masters are not "
                              "in the checkpoint); weights converted")
-            elif all(f"{OPTIM_PREFIX}{k}.{m}" in held for k in keys for m in ("exp_avg", "exp_avg_sq")):
+            elif all(f"{OPTIM_PREFIX}{k}.{m}" in held for k in keys for m in ("exp_avg", "exp_avg_sq")
+                     if not (self.spec.tied_embeddings and k == self.layout.tied_head)):
                 moments = ("exp_avg", "exp_avg_sq", "fp32_param")
                 step = self.optim.read(f"{OPTIM_PREFIX}{next(iter(keys))}.step")
                 state["optimizer"] = {"type": "adamw", "step": int(step.item()), **self._hyper()}
@@ -112,74 +170,79 @@ class Reader:
                              "parameter); weights converted")
         else:
             notes.append(f"optimizer state not converted (no {OPTIM_DIR}/ beside the model); weights converted")
-        self.state_names = HFNamedState(self.spec, keys, self._fetch, str(folder), moments)
+        self.state_names = HFNamedState(self.spec, keys, self._fetch, str(folder), moments,
+                                        rows=self.layout.rows(self.spec), tied_head=self.layout.tied_head)
         self.source = Source(self.spec, None, state, notes + self.state_names.notes)
 
     def _hyper(self) -> dict:
         """lr, betas, eps, weight_decay of the first param group (byte objects of the optimizer folder)."""
         out = {}
-        for key, name in (("betas", "betas"), ("eps", "eps"), ("weight_decay", "weight_decay"), ("lr", "lr")):
+        for key in ("betas", "eps", "weight_decay", "lr"):
             full = f"optimizer.param_groups.0.{key}"
             if full in self.optim.objects():
                 value = self.optim.read_object(full)
-                out[name] = list(value) if isinstance(value, (tuple, list)) else value
+                out[key] = list(value) if isinstance(value, (tuple, list)) else value
         return out
 
-    def _fetch(self, kind: str, hf_key: str) -> torch.Tensor:
+    def _fetch(self, kind: str, key: str) -> torch.Tensor:
         if kind in ("", "fp32_param"):
-            return self.model.read(MODEL_PREFIX + hf_key)
-        return self.optim.read(f"{OPTIM_PREFIX}{hf_key}.{kind}")
+            return self.model.read(self.layout.prefix + key)
+        return self.optim.read(f"{OPTIM_PREFIX}{key}.{kind}")
 
     def metas(self):
-        return self.state_names.metas(lambda hf_key: self.model.meta(MODEL_PREFIX + hf_key)[0])
+        return self.state_names.metas(lambda key: self.model.meta(self.layout.prefix + key)[0])
 
     def read(self, name: str) -> torch.Tensor:
         return self.state_names.read(name)
 
     def native_name(self, name: str) -> str:
-        return MODEL_PREFIX + self.state_names.native_name(name)
+        return self.layout.prefix + self.state_names.native_name(name)
 
     def close(self) -> None:
         self.state_names.close()
 
 
 class Writer:
-    """accelerate's FSDP SHARDED_STATE_DICT layout: global tensors under `model.<HF name>`, one file."""
+    """Global tensors in a DCP layout (`dcp_layout`: accelerate, the default, or torchtitan), one file, and
+    config.json; a tied model's head stored under its own name too, as torch's state dict has it."""
 
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
-        return spec.vocab  # HF names hold the true vocabulary
+        return spec.vocab  # HF and torchtitan hold the true vocabulary
 
-    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta]):
+    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], dcp_layout: str | None = None):
         if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
             raise InteropError("a DCP checkpoint holds global tensors (FSDP shards them when it loads): use "
                                "--tp 1 --pp 1 --ep 1")
+        if (dcp_layout or "accelerate") not in WRITTEN:
+            raise InteropError(f"--dcp-layout {dcp_layout}: not a DCP layout (known: {', '.join(WRITTEN)})")
+        self.layout = LAYOUTS[WRITTEN[dcp_layout or "accelerate"]]
         self.root, self.spec = Path(root), spec
         self.config = hf_config_from_spec(spec)  # a model HF cannot describe is refused before anything is written
         meta_of = {m.name: m for m in metas}
         self.dropped_optim = sorted({m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)})
-        self.files = DistWriter(self.root / MODEL_DIR)
+        self.files = DistWriter(self.root / self.layout.model_dir if self.layout.model_dir else self.root)
         self.row_of, self.pending = {}, {}
-        for hf_key, transform, parts in hf_rows(spec):
-            self.files.declare(MODEL_PREFIX + hf_key, meta_of[parts[0]].dtype, transform.rank_shape(), lead=0)
+        for key, transform, parts in self.layout.rows(spec):
+            self.files.declare(self.layout.prefix + key, meta_of[parts[0]].dtype, transform.rank_shape(), lead=0)
             for p in parts:
-                self.row_of[p] = (hf_key, transform, parts)
+                self.row_of[p] = (key, transform, parts)
         self.tied = spec.tied_embeddings
         if self.tied:
-            self.files.declare(MODEL_PREFIX + TIED_HEAD, meta_of[EMBEDDING].dtype, meta_of[EMBEDDING].shape, lead=0)
+            self.files.declare(self.layout.prefix + self.layout.tied_head, meta_of[EMBEDDING].dtype,
+                               meta_of[EMBEDDING].shape, lead=0)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if name.startswith(OPTIM_PREFIXES):  # weights only (a note says so)
             return
-        hf_key, transform, parts = self.row_of[name]
-        got = self.pending.setdefault(hf_key, {})
+        key, transform, parts = self.row_of[name]
+        got = self.pending.setdefault(key, {})
         got[name] = tensor
         if len(got) == len(parts):
-            del self.pending[hf_key]
-            fused = transform.fuse([got[p] for p in parts])
-            self.files.write(MODEL_PREFIX + hf_key, None, fused.contiguous())
+            del self.pending[key]
+            self.files.write(self.layout.prefix + key, None, transform.fuse([got[p] for p in parts]).contiguous())
         if self.tied and name == EMBEDDING:
-            self.files.write(MODEL_PREFIX + TIED_HEAD, None, tensor.contiguous())
+            self.files.write(self.layout.prefix + self.layout.tied_head, None, tensor.contiguous())
 
     def finish(self, state: dict | None = None) -> None:
         self.files.write_metadata()
@@ -189,8 +252,7 @@ class Writer:
     def notes(self) -> list[str]:
         if not self.dropped_optim:
             return []
-        return [f"optimizer state not written ({', '.join(self.dropped_optim)}): the DCP target holds the model "
-                f"({MODEL_DIR}/) only"]
+        return [f"optimizer state not written ({', '.join(self.dropped_optim)}): the DCP target holds the model only"]
 
     def abort(self) -> None:
         self.files.abort()

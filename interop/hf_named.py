@@ -29,12 +29,17 @@ def hf_table(spec: ModelSpec) -> str:
 
 
 def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
-    """The architecture's name table expanded for this model, keeping rows whose tensors exist:
-    (HF name, its transform bound to the row's tensors, canonical names).
+    """The architecture's HF name table expanded for this model (`expand_rows`).
     `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
+    return expand_rows(spec, (STACKED_TABLES if stacked else TABLES)[hf_table(spec)], f"HF {spec.arch}")
+
+
+def expand_rows(spec: ModelSpec, table: list, what: str) -> list[tuple[str, Transform, list[str]]]:
+    """A name table expanded for this model, keeping rows whose tensors exist:
+    (stored name, its transform bound to the row's tensors, canonical names)."""
     present = param_index(spec)
     rows = []
-    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
+    for hf_name, transform, parts in table:
         layers = range(spec.num_layers) if "{i}" in hf_name else [None]
         experts = range(spec.num_experts) if "{e}" in hf_name else [None]
         for i in layers:
@@ -48,19 +53,20 @@ def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform
     held = {n for _, _, names in rows for n in names}
     homeless = [n for n in present if n not in held]
     if homeless:
-        raise InteropError(f"HF {spec.arch} names have no place for {homeless[0]}")
+        raise InteropError(f"{what} names have no place for {homeless[0]}")
     return rows
 
 
 class HFNamedState:
-    """The canonical tensors of a model whose container keys are HF names.
+    """The canonical tensors of a model whose container keys are HF names (or another name table's:
+    `rows` from `expand_rows`, `tied_head` the name a tied model's head copy has there).
 
     keys: {HF name: (dtype, shape)} of what the container holds (weights).  fetch(kind, HF name)
     returns the whole tensor: kind "" the weight, else an optimizer moment (`exp_avg`, `exp_avg_sq`,
     `fp32_param`) of the same shape, fp32.  moments: the kinds the container holds (none, or all three)."""
 
     def __init__(self, spec: ModelSpec, keys: dict, fetch: Callable[[str, str], torch.Tensor], where: str,
-                 moments: tuple[str, ...] = ()):
+                 moments: tuple[str, ...] = (), rows: list | None = None, tied_head: str = "lm_head.weight"):
         self.spec, self.fetch, self.moments = spec, fetch, moments
         self.notes: list[str] = []
         keys = dict(keys)
@@ -71,20 +77,20 @@ class HFNamedState:
             self.notes.append(f"dropped {len(ignored)} buffers that are not parameters "
                               f"({'; '.join(sorted(set(ignored.values())))})")
         self.part_of: dict[str, tuple] = {}
-        for hf_key, transform, parts in hf_rows(spec):
+        for hf_key, transform, parts in (hf_rows(spec) if rows is None else rows):
             if hf_key not in keys:
-                raise InteropError(f"{where}: tensor {hf_key} is missing (the config describes a {hf_table(spec)} "
+                raise InteropError(f"{where}: tensor {hf_key} is missing (the config describes a {spec.arch} "
                                    f"model with {spec.num_layers} layers)")
             got, want = tuple(keys.pop(hf_key)[1]), transform.rank_shape()
             if got != want:
                 raise InteropError(f"{where}: {hf_key} has shape {list(got)}, the config implies {list(want)}")
             for i, p in enumerate(parts):
                 self.part_of[p] = (hf_key, transform, parts, i)
-        if spec.tied_embeddings and "lm_head.weight" in keys:
-            del keys["lm_head.weight"]
-            self.notes.append("dropped lm_head.weight: the model ties it to the input embedding")
+        if spec.tied_embeddings and tied_head in keys:
+            del keys[tied_head]
+            self.notes.append(f"dropped {tied_head}: the model ties it to the input embedding")
         if keys:
-            raise InteropError(f"{where}: {len(keys)} tensors do not belong to a {hf_table(spec)} model, "
+            raise InteropError(f"{where}: {len(keys)} tensors do not belong to a {spec.arch} model, "
                                f"e.g. {sorted(keys)[0]}")
         self._cached: dict[tuple[str, str], list[torch.Tensor]] = {}
 
