@@ -34,13 +34,14 @@ import torch
 import json
 
 from ..errors import InteropError
-from ..hf_named import HFNamedState, expand_rows, hf_rows
+from ..hf_named import HFNamedState, hf_rows, named_rows
 from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint, DistWriter
 from ..io.small_files import read_json_object
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from ..mappings.torchtitan_names import TABLES as TORCHTITAN, WRITTEN as TORCHTITAN_WRITTEN
 from ..model_config import spec_from_file
 from ..params import OPTIM_PREFIXES
+from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 
@@ -60,7 +61,7 @@ class Layout:
     table: str | None
 
     def rows(self, spec: ModelSpec) -> list:
-        return hf_rows(spec) if self.table is None else expand_rows(spec, TORCHTITAN[self.table][0], "torchtitan")
+        return hf_rows(spec) if self.table is None else named_rows(TORCHTITAN[self.table][0], spec, "torchtitan")
 
     @property
     def tied_head(self) -> str:
@@ -222,11 +223,12 @@ class Writer:
         meta_of = {m.name: m for m in metas}
         self.dropped_optim = sorted({m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)})
         self.files = DistWriter(self.root / self.layout.model_dir if self.layout.model_dir else self.root)
-        self.row_of, self.pending = {}, {}
-        for key, transform, parts in self.layout.rows(spec):
-            self.files.declare(self.layout.prefix + key, meta_of[parts[0]].dtype, transform.rank_shape(), lead=0)
-            for p in parts:
-                self.row_of[p] = (key, transform, parts)
+        self.row_of, self.collected = {}, RowCollector()
+        for row in self.layout.rows(spec):
+            self.files.declare(self.layout.prefix + row.key, meta_of[row.parts[0]].dtype, row.transform.rank_shape(),
+                               lead=0)
+            for p in row.parts:
+                self.row_of[p] = row
         self.tied = spec.tied_embeddings
         if self.tied:
             self.files.declare(self.layout.prefix + self.layout.tied_head, meta_of[EMBEDDING].dtype,
@@ -235,16 +237,15 @@ class Writer:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if name.startswith(OPTIM_PREFIXES):  # weights only (a note says so)
             return
-        key, transform, parts = self.row_of[name]
-        got = self.pending.setdefault(key, {})
-        got[name] = tensor
-        if len(got) == len(parts):
-            del self.pending[key]
-            self.files.write(self.layout.prefix + key, None, transform.fuse([got[p] for p in parts]).contiguous())
+        row = self.row_of[name]
+        parts = self.collected.add(row.key, row.parts, name, tensor)
+        if parts is not None:
+            self.files.write(self.layout.prefix + row.key, None, row.transform.fuse(parts).contiguous())
         if self.tied and name == EMBEDDING:
             self.files.write(self.layout.prefix + self.layout.tied_head, None, tensor.contiguous())
 
     def finish(self, state: dict | None = None) -> None:
+        self.collected.check_done()
         self.files.write_metadata()
         (self.root / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
 

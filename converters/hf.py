@@ -23,6 +23,7 @@ from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_fami
 from ..hf_named import hf_rows, hf_table
 from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES
 from ..params import OPTIM_PREFIXES, param_table
+from ..rows import Row, RowCollector, check_placed, expand
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import Transform
@@ -153,7 +154,8 @@ class Reader:
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
         self.rows = hf_rows(spec, stacked)
         self.part_of = {}
-        for hf_key, transform, parts in self.rows:
+        for row in self.rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             if hf_key not in keys:
                 raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
                                    f"model with {spec.num_layers} layers)")
@@ -245,12 +247,13 @@ class Writer:
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))
-        self.row_of, self.pending = {}, {}
+        rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row.parts))
+        self.row_of, self.pending = {}, RowCollector()
         self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
-        for hf_key, transform, parts in rows:
+        for row in rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             first = meta_of[parts[0]]
             shape = transform.rank_shape()
             nbytes = TensorMeta(hf_key, first.dtype, shape).nbytes
@@ -281,12 +284,9 @@ class Writer:
         if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
             return
         hf_key, transform, parts = self.row_of[name]
-        got = self.pending.setdefault(hf_key, {})
-        got[name] = tensor
-        if len(got) == len(parts):
-            del self.pending[hf_key]
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
-                                                                    self.memory.empty))
+        tensors = self.pending.add(hf_key, parts, name, tensor)
+        if tensors is not None:
+            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged

@@ -14,10 +14,10 @@ import torch
 from .errors import InteropError
 from .mappings.hf_config import hf_family
 from .mappings.hf_names import IGNORED_SUFFIXES, STACKED_TABLES, TABLES
-from .params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from .params import OPTIM_PREFIXES, base_param_name, param_table
+from .rows import Row, check_placed, expand
 from .spec import ModelSpec
 from .tensors import TensorMeta
-from .transforms import Transform
 
 # the canonical optimizer prefix of each moment ("optim.exp_avg." -> "exp_avg")
 MOMENT_KINDS = tuple(p.split(".")[1] for p in OPTIM_PREFIXES)
@@ -28,32 +28,16 @@ def hf_table(spec: ModelSpec) -> str:
     return hf_family(spec) if spec.is_moe else spec.arch
 
 
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
-    """The architecture's HF name table expanded for this model (`expand_rows`).
+def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[Row]:
+    """The architecture's HF name table expanded for this model (`interop.rows.expand`).
     `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    return expand_rows(spec, (STACKED_TABLES if stacked else TABLES)[hf_table(spec)], f"HF {spec.arch}")
+    return named_rows((STACKED_TABLES if stacked else TABLES)[hf_table(spec)], spec, f"HF {spec.arch}")
 
 
-def expand_rows(spec: ModelSpec, table: list, what: str) -> list[tuple[str, Transform, list[str]]]:
-    """A name table expanded for this model, keeping rows whose tensors exist:
-    (stored name, its transform bound to the row's tensors, canonical names)."""
-    present = param_index(spec)
-    rows = []
-    for hf_name, transform, parts in table:
-        layers = range(spec.num_layers) if "{i}" in hf_name else [None]
-        experts = range(spec.num_experts) if "{e}" in hf_name else [None]
-        for i in layers:
-            for e in experts:
-                if transform.every_expert:  # every expert's parts in one tensor, expert by expert
-                    names = [p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts]
-                else:
-                    names = [p.format(i=i, e=e) for p in parts]
-                if all(n in present for n in names):
-                    rows.append((hf_name.format(i=i, e=e), transform.bind(spec, [present[n] for n in names]), names))
-    held = {n for _, _, names in rows for n in names}
-    homeless = [n for n in present if n not in held]
-    if homeless:
-        raise InteropError(f"{what} names have no place for {homeless[0]}")
+def named_rows(table: list, spec: ModelSpec, what: str) -> list[Row]:
+    """Any name table's rows for this model, every canonical tensor placed (else one line)."""
+    rows = expand(table, spec)
+    check_placed(rows, spec, what)
     return rows
 
 
@@ -77,7 +61,8 @@ class HFNamedState:
             self.notes.append(f"dropped {len(ignored)} buffers that are not parameters "
                               f"({'; '.join(sorted(set(ignored.values())))})")
         self.part_of: dict[str, tuple] = {}
-        for hf_key, transform, parts in (hf_rows(spec) if rows is None else rows):
+        for row in (hf_rows(spec) if rows is None else rows):
+            hf_key, transform, parts = row.key, row.transform, list(row.parts)
             if hf_key not in keys:
                 raise InteropError(f"{where}: tensor {hf_key} is missing (the config describes a {spec.arch} "
                                    f"model with {spec.num_layers} layers)")
