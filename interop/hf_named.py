@@ -43,7 +43,7 @@ def named_rows(table: list, spec: ModelSpec, what: str) -> list[Row]:
 
 class HFNamedState:
     """The canonical tensors of a model whose container keys are HF names (or another name table's:
-    `rows` from `expand_rows`, `tied_head` the name a tied model's head copy has there).
+    `rows` from `named_rows`, `tied_head` the name a tied model's head copy has there).
 
     keys: {HF name: (dtype, shape)} of what the container holds (weights).  fetch(kind, HF name)
     returns the whole tensor: kind "" the weight, else an optimizer moment (`exp_avg`, `exp_avg_sq`,
