@@ -31,6 +31,25 @@ def detect(path) -> bool:
     return path.is_file() and path.suffix in SUFFIXES and zipfile.is_zipfile(path)
 
 
+# colossalai/legacy/utils/checkpointing.py `save_checkpoint`: {"epoch", "model", "optimizer", "lr_scheduler"}, the
+# model of ColossalAI's legacy model_zoo GPT (`embedding.`, `blocks.N.`, `norm.`, `head.`).
+LEGACY_COLOSSALAI_KEYS = {"epoch", "model"}
+LEGACY_GPT_PREFIXES = ("embedding.", "blocks.", "norm.", "head.")
+
+
+def _refuse_legacy_colossalai(sd: dict, path: Path) -> None:
+    """One line for ColossalAI's legacy pipeline checkpoint (the seed's hybrid-parallel GPT): it cannot be read
+    whole, because its stages overwrite each other in the file."""
+    model = sd.get("model")
+    if LEGACY_COLOSSALAI_KEYS <= set(sd) and isinstance(model, dict) and model and \
+            all(str(k).startswith(LEGACY_GPT_PREFIXES) for k in model):
+        raise InteropError(
+            f"{path}: a ColossalAI legacy save_checkpoint of its model_zoo GPT, not read: each pipeline stage numbers "
+            "its blocks from 0 (PipelineGPTHybrid's blocks ModuleList) and gather_pipeline_parallel_state_dict merges "
+            "the stages' dicts, so a later stage's blocks.N overwrote the earlier ones' and the file does not hold "
+            "the whole model (at pp 1 it would, but its model_zoo names are not mapped either)")
+
+
 class Reader:
     """A flat {HF name: tensor} torch.save file."""
 
@@ -42,6 +61,7 @@ class Reader:
         sd = self.file.obj
         if not isinstance(sd, dict) or not sd:
             raise InteropError(f"{path}: holds {type(sd).__name__}, not a state dict of tensors")
+        _refuse_legacy_colossalai(sd, path)
         others = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
         if others:
             raise InteropError(f"{path}: {others[0]!r} is not a tensor (a training-state file, not a model's "

@@ -61,3 +61,16 @@ def test_without_a_description_is_one_line_and_model_config_fixes_it(tmp_path):
     code, out = run("convert", lone, tmp_path / "b", "--to", "megatron", "--tp", "2",
                     "--model-config", COLOSSAL.parent / "config.json")
     assert code == 0, out
+
+
+def test_legacy_colossalai_pipeline_checkpoint_is_refused_with_why(tmp_path):
+    """The seeds' hybrid-parallel GPT saved by colossalai.legacy's save_checkpoint (colossalai 0.5.0
+    legacy/utils/checkpointing.py: {"epoch", "model", "optimizer", "lr_scheduler"}; the model merged from every
+    stage's state dict, whose blocks each stage numbers from 0): refused in one line saying why."""
+    model = {"embedding.word_embeddings.weight": torch.zeros(8, 4), "blocks.0.attn.query_key_value.weight":
+             torch.zeros(12, 4), "norm.weight": torch.ones(4), "head.weight": torch.zeros(8, 4)}
+    torch.save({"epoch": 3, "model": model, "optimizer": {}, "lr_scheduler": {}}, tmp_path / "gpt.pt")
+    code, out = run("convert", tmp_path / "gpt.pt", tmp_path / "out", "--to", "hf")
+    assert code == 2 and out.strip().splitlines()[-1].startswith("error:"), out
+    assert "later stage's blocks.N overwrote the earlier ones'" in out
+    assert not (tmp_path / "out").exists()
