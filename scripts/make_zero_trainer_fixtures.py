@@ -10,7 +10,7 @@ DeepSpeed's own engine at data parallelism 2, saved as the HF Trainer saves a De
 `save_model`: config.json and, at ZeRO 1/2, the module's `model.safetensors`; at ZeRO 3 with the default
 `stage3_gather_16bit_weights_on_model_save=false`, no weights file).  The Trainer itself does not start on a
 CPU-only machine with DeepSpeed (accelerate counts one process), so this script drives the engine the way
-the Trainer does; the files are the engine's own.  Variants: stage 1/2/3 x fp32/bf16, tied and untied.
+the Trainer does (its two parameter groups: weight decay on matrices only); the files are the engine's own.  Variants: stage 1/2/3 x fp32/bf16, tied and untied.
 
 Each variant's `expected.pt` holds DeepSpeed's own consolidation (`get_fp32_state_dict_from_zero_checkpoint`,
 what `zero_to_fp32.py` writes), and the ZeRO-2 fp32 variant records the losses of DeepSpeed's own resumed run
@@ -51,7 +51,10 @@ def engine_for(stage: int, dtype: str, tied: bool):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       tie_word_embeddings=tied, torch_dtype="bfloat16" if dtype == "bf16" else "float32")
     model = LlamaForCausalLM(cfg)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(stage, dtype))
+    # the HF Trainer's two groups (trainer.py get_decay_parameter_names: no decay for biases and norm weights)
+    groups = [{"params": [p for p in model.parameters() if p.dim() > 1]},
+              {"params": [p for p in model.parameters() if p.dim() <= 1], "weight_decay": 0.0}]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config(stage, dtype))
     return cfg, engine
 
 

@@ -29,6 +29,7 @@ from ...io.small_files import read_json_object
 from ...io.torch_file import LazyTorchFile
 from ...mappings.hf_config import spec_from_hf_config
 from ...tensors import NAME_OF_DTYPE, Source
+from .zero import GRADIENT_CLIPPING_DEFAULT, ZeroPartitions
 
 LATEST = "latest"
 MODEL_FILE = "mp_rank_00_model_states.pt"
@@ -114,7 +115,7 @@ class Reader:
         self.engine_file = LazyTorchFile(engine_path)
         self.zero = None
         if ranks:
-            from .zero import ZeroPartitions
+
             self.zero = ZeroPartitions([LazyTorchFile(optim_files[d]) for d in ranks], engine["param_shapes"], folder)
         if self.zero is not None and self.zero.stage3:
             if sorted(stage3_files) != ranks:
@@ -159,7 +160,7 @@ class Reader:
             state["optimizer"] = {"type": str(opt.get("type", "adam")).lower(), "step": self.zero.step,
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
-                                  "clip_grad": ds_config.get("gradient_clipping")}
+                                  "clip_grad": ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT)}
         if engine.get("lr_scheduler") is not None:
             notes.append("DeepSpeed's lr_scheduler state is not converted")
         self.source = Source(self.spec, None, state, notes)

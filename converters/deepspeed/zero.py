@@ -23,6 +23,9 @@ from ...errors import InteropError
 from ...io.torch_file import LazyTorchFile
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+# The global gradient norm DeepSpeed clips to when ds_config names none (deepspeed/runtime/constants.py
+# GRADIENT_CLIPPING_DEFAULT, 0.19.8): a resumed run must clip alike.
+GRADIENT_CLIPPING_DEFAULT = 1.0
 
 
 class ZeroPartitions:

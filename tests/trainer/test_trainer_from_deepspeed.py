@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from interop.convert import convert
+from interop.store import StoreReader
 from interop.trainer.config import TrainConfig
 from interop.trainer.launch import train
 
@@ -38,9 +39,13 @@ def test_deepspeed_zero2_to_megatron_resumes_with_deepspeeds_losses(tmp_path):
             options={"dp": 2, "distributed_optimizer": True})
     convert(tmp_path / "megatron", tmp_path / "ckpt", src_format="megatron", dst_format="interop")
     np.save(tmp_path / "rows.npy", deepspeed_rows())
+    # the update rule as the checkpoint states it (DeepSpeed clips at 1.0 when ds_config names no clipping)
+    opt = StoreReader(tmp_path / "ckpt").source.state["optimizer"]
+    assert (opt["step"], opt["betas"], opt["eps"], opt["weight_decay"], opt["clip_grad"]) == (2, [0.9, 0.95], 1e-8, 0.01, 1.0)
     cfg = TrainConfig(load=str(tmp_path / "ckpt"), resume=True, steps=4, dp=2, micro_batch_size=2, global_batch_size=4,
                       seq_length=15, data=str(tmp_path / "rows.npy"), lr=1e-2, decay_style="constant",
-                      weight_decay=0.01, beta1=0.9, beta2=0.95, eps=1e-8, clip_grad=0.0, quiet=True)
+                      weight_decay=opt["weight_decay"], beta1=opt["betas"][0], beta2=opt["betas"][1], eps=opt["eps"],
+                      clip_grad=opt["clip_grad"], quiet=True)
     results = train(cfg)
     assert [r["step"] for r in results] == [3, 4]
     losses = [r["loss"] for r in results]
