@@ -33,6 +33,7 @@ import torch
 
 import json
 
+from ..contract import BaseReader, BaseWriter
 from ..errors import InteropError
 from ..hf_named import HFNamedState, hf_rows, named_rows
 from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint, DistWriter
@@ -40,7 +41,7 @@ from ..io.small_files import read_json_object
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from ..mappings.torchtitan_names import TABLES as TORCHTITAN, WRITTEN as TORCHTITAN_WRITTEN
 from ..model_config import spec_from_file
-from ..params import OPTIM_PREFIXES
+from ..params import TensorKey
 from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -113,8 +114,10 @@ def detect(path) -> bool:
         return False
 
 
-class Reader:
+class Reader(BaseReader):
     """A DCP checkpoint in either layout: weights, and AdamW's moments from accelerate's `optimizer_0/`."""
+
+    options = ("model_config",)
 
     def __init__(self, path, model_config=None):
         root = Path(path)
@@ -203,9 +206,11 @@ class Reader:
         self.state_names.close()
 
 
-class Writer:
+class Writer(BaseWriter):
     """Global tensors in a DCP layout (`dcp_layout`: accelerate, the default, or torchtitan), one file, and
     config.json; a tied model's head stored under its own name too, as torch's state dict has it."""
+
+    options = ("dcp_layout",)
 
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
@@ -221,7 +226,7 @@ class Writer:
         self.root, self.spec = Path(root), spec
         self.config = hf_config_from_spec(spec)  # a model HF cannot describe is refused before anything is written
         meta_of = {m.name: m for m in metas}
-        self.dropped_optim = sorted({m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)})
+        self.dropped_optim = sorted({key.kind for key in map(TensorKey.parse, (m.name for m in metas)) if key.is_optim})
         self.files = DistWriter(self.root / self.layout.model_dir if self.layout.model_dir else self.root)
         self.row_of, self.collected = {}, RowCollector()
         for row in self.layout.rows(spec):
@@ -235,7 +240,7 @@ class Writer:
                                meta_of[EMBEDDING].shape, lead=0)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(OPTIM_PREFIXES):  # weights only (a note says so)
+        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
             return
         row = self.row_of[name]
         parts = self.collected.add(row.key, row.parts, name, tensor)
@@ -244,8 +249,11 @@ class Writer:
         if self.tied and name == EMBEDDING:
             self.files.write(self.layout.prefix + self.layout.tied_head, None, tensor.contiguous())
 
-    def finish(self, state: dict | None = None) -> None:
+    def finish_units(self, state: dict | None = None) -> dict:
         self.collected.check_done()
+        return {}
+
+    def finish_global(self, state: dict | None, results: dict) -> None:
         self.files.write_metadata()
         (self.root / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
 

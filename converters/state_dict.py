@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..contract import BaseReader
 from ..errors import InteropError
 from ..hf_named import HFNamedState
 from ..io.small_files import read_json_object
@@ -50,8 +51,10 @@ def _refuse_legacy_colossalai(sd: dict, path: Path) -> None:
             "the whole model (at pp 1 it would, but its model_zoo names are not mapped either)")
 
 
-class Reader:
+class Reader(BaseReader):
     """A flat {HF name: tensor} torch.save file."""
+
+    options = ("model_config",)
 
     def __init__(self, path, model_config=None):
         path = Path(path)

@@ -14,14 +14,10 @@ import torch
 from .errors import InteropError
 from .mappings.hf_config import hf_family
 from .mappings.hf_names import IGNORED_SUFFIXES, STACKED_TABLES, TABLES
-from .params import OPTIM_PREFIXES, base_param_name, param_table
+from .params import TensorKey, param_table
 from .rows import Row, check_placed, expand
 from .spec import ModelSpec
 from .tensors import TensorMeta
-
-# the canonical optimizer prefix of each moment ("optim.exp_avg." -> "exp_avg")
-MOMENT_KINDS = tuple(p.split(".")[1] for p in OPTIM_PREFIXES)
-
 
 def hf_table(spec: ModelSpec) -> str:
     """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
@@ -88,9 +84,9 @@ class HFNamedState:
         return out
 
     def read(self, name: str) -> torch.Tensor:
-        base = base_param_name(name)
-        kind = name.split(".")[1] if base != name else ""
-        hf_key, transform, parts, i = self.part_of[base]
+        key = TensorKey.parse(name)
+        kind = key.kind or ""
+        hf_key, transform, parts, i = self.part_of[key.param]
         if len(parts) == 1:
             return transform.split(self.fetch(kind, hf_key))[0].contiguous()
         if (kind, hf_key) not in self._cached:  # q, k and v from one fused tensor: read it once
@@ -100,7 +96,7 @@ class HFNamedState:
         return self._cached[(kind, hf_key)][i].contiguous()
 
     def native_name(self, name: str) -> str:
-        hf_key, _, parts, i = self.part_of[base_param_name(name)]
+        hf_key, _, parts, i = self.part_of[TensorKey.parse(name).param]
         return hf_key if len(parts) == 1 else f"{hf_key} [part {i + 1}/{len(parts)}]"
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ The Reader picks by what is on disk.
 """
 from __future__ import annotations
 
+from ...contract import BaseReader
 from . import engine, pipeline
 
 
@@ -16,12 +17,10 @@ def detect(path) -> bool:
     return pipeline.detect(path) or engine.detect(path)
 
 
-class Reader:
-    """The engine reader for an HF module's engine files, the pipeline reader otherwise (its errors say
-    what a DeepSpeed checkpoint needs)."""
+class Reader(BaseReader):
+    """The format's reader: opening one gives the reader of the layout on disk, an `engine.Reader` for an HF
+    module's engine files, a `pipeline.Reader` otherwise (its errors say what a DeepSpeed checkpoint needs;
+    each subclasses `BaseReader` itself)."""
 
-    def __init__(self, path):
-        self.impl = engine.Reader(path) if engine.detect(path) else pipeline.Reader(path)
-
-    def __getattr__(self, name):  # source, spec, metas, read, native_name, close: the chosen reader's
-        return getattr(self.impl, name)
+    def __new__(cls, path):
+        return engine.Reader(path) if engine.detect(path) else pipeline.Reader(path)

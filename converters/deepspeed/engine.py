@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ...contract import BaseReader
 from ...errors import InteropError
 from ...hf_named import HFNamedState
 from ...io.safe_pickle import to_plain
@@ -76,7 +77,7 @@ def detect(path) -> bool:
             and config_file(folder) is not None)
 
 
-class Reader:
+class Reader(BaseReader):
     """DeepSpeed's engine files of an HF model, ZeRO stage 0 to 3, fp32 / bf16 / fp16."""
 
     def __init__(self, path):
