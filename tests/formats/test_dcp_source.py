@@ -17,6 +17,8 @@ from interop.converters import dcp
 from interop.formats import detect_format
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "fsdp_dcp"
+# the same model and steps under FSDP1 (use_orig_params, SHARDED_STATE_DICT: ShardedTensor chunks)
+FSDP1 = Path(__file__).parents[1] / "fixtures" / "fsdp1_dcp"
 
 
 def consolidated(folder: Path, tmp_path: Path) -> dict:
@@ -31,17 +33,19 @@ def run(*args):
     return result.exit_code, result.output
 
 
-def test_detected_not_megatron():
-    assert sorted(p.name for p in (FIXTURE / "pytorch_model_fsdp_0").iterdir()) == [
+@pytest.mark.parametrize("fixture", [FIXTURE, FSDP1], ids=["fsdp2", "fsdp1"])
+def test_detected_not_megatron(fixture):
+    assert sorted(p.name for p in (fixture / "pytorch_model_fsdp_0").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert detect_format(FIXTURE) == "dcp"
-    assert detect_format(FIXTURE / "pytorch_model_fsdp_0") == "dcp"
+    assert detect_format(fixture) == "dcp"
+    assert detect_format(fixture / "pytorch_model_fsdp_0") == "dcp"
 
 
-def test_bit_exact_against_dcp_to_torch_save(tmp_path):
-    model = consolidated(FIXTURE / "pytorch_model_fsdp_0", tmp_path)["model"]
-    optim = consolidated(FIXTURE / "optimizer_0", tmp_path)["optimizer"]
-    reader = dcp.Reader(FIXTURE)
+@pytest.mark.parametrize("fixture", [FIXTURE, FSDP1], ids=["fsdp2", "fsdp1"])
+def test_bit_exact_against_dcp_to_torch_save(fixture, tmp_path):
+    model = consolidated(fixture / "pytorch_model_fsdp_0", tmp_path)["model"]
+    optim = consolidated(fixture / "optimizer_0", tmp_path)["optimizer"]
+    reader = dcp.Reader(fixture)
     spec = reader.source.spec
     assert (spec.vocab, spec.heads, spec.kv_groups, spec.tied_embeddings) == (250, 4, 2, False)
     names = [m.name for m in reader.metas()]
