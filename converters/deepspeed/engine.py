@@ -111,7 +111,13 @@ class Reader(BaseReader):
             raise InteropError(f"{engine_path}: frozen parameters (frozen_param_shapes) are not read")
         ranks = sorted(optim_files)
         if ranks != list(range(len(ranks))):
-            raise InteropError(f"{folder}: ZeRO optimizer files of dp ranks {ranks}: some are missing")
+            missing = min(set(range(max(ranks) + 1)) - set(ranks))
+            if stage3_files:  # ZeRO 3: the optimizer files hold the only copy of the weights
+                raise InteropError(f"{folder}: zero_pp_rank_{missing}_mp_rank_00_optim_states.pt is missing (ZeRO 3 "
+                                   "keeps the weights only in the optimizer files)")
+            notes.append(f"optimizer state not converted (the ZeRO file of dp rank {missing} is missing); "
+                         "weights converted")
+            ranks = []
         config = read_json_object(config_path, "HF config")
         self.engine_file = LazyTorchFile(engine_path)
         self.zero = None
@@ -144,7 +150,7 @@ class Reader(BaseReader):
         moments = self.zero.kinds if self.zero is not None and len(self.zero.kinds) == 3 else ()
         self.state_names = HFNamedState(self.spec, keys, self._fetch, str(folder), moments)
         notes += self.state_names.notes
-        if self.zero is None:
+        if self.zero is None and not optim_files:
             notes.append("optimizer state not converted (no zero_pp_rank_*_optim_states.pt files); weights converted")
         elif moments:
             notes.append(f"converted the ZeRO {'3' if self.zero.stage3 else '1/2'} optimizer state (exp_avg, "

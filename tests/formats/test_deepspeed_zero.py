@@ -159,3 +159,15 @@ def test_optimizer_state_reaches_mindspeed(tmp_path):
     assert moments and set(moments) <= names
     for name in moments:
         assert torch.equal(back.read(name), reader.read(name)), name
+
+
+def test_zero1_with_a_missing_optimizer_file_converts_the_weights_and_says_so(tmp_path):
+    folder = tmp_path / "checkpoint-2"
+    shutil.copytree(checkpoint("z1_fp32"), folder)
+    (folder / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    code, out = run("convert", folder, tmp_path / "hf", "--to", "hf")
+    assert code == 0, out
+    assert "optimizer state not converted (the ZeRO file of dp rank 0 is missing); weights converted" in out
+    saved = load_file(checkpoint("z1_fp32") / "model.safetensors")
+    got = load_file(tmp_path / "hf" / "model.safetensors")
+    assert all(torch.equal(got[k], saved[k]) for k in got)
