@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InteropError
-from ..io.paths import inside
+from ..io.paths import inside, within
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
@@ -26,7 +26,6 @@ from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES
 from ..params import TensorKey, param_table
 from ..rows import RowCollector
 from ..spec import ModelSpec
-from ..state import TrainingState
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import Transform
 
@@ -177,7 +176,12 @@ class Reader(BaseReader):
         self.source = Source(spec, None, notes=notes)
         self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
-        self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
+        files = {name: root / name for name in MODEL_FILES if (root / name).is_file()}
+        escaping = sorted(name for name, path in files.items() if not within(root, path))
+        if escaping:  # a symlink out of the checkpoint: never copy a file of this machine into the output
+            notes.append(f"not carried: {', '.join(escaping)} (a symlink out of the checkpoint; give --tokenizer "
+                         "to name a tokenizer)")
+        self.carried = {"files": {name: path for name, path in files.items() if name not in escaping},
                         "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
         if spec.is_moe:  # router training settings: not part of the model, kept for HF output and named
             training = {k: config[k] for k, default in MOE_TRAINING_KEYS[hf_family(spec)].items()
@@ -335,17 +339,6 @@ class Writer(BaseWriter):
                                       "(LlamaTokenizer, <s> </s> <unk>): check its special tokens")
         (self.root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    def _tokenizer_from_args(self, state: dict | None) -> None:
-        """No --tokenizer and none carried: the source's own tokenizer file (`TrainingState.tokenizer_model`, a
-        Megatron `--tokenizer-model`), when that file exists here, is what it was trained with; taken, and said so."""
-        if self.tokenizer is not None or set(self.carried.get("files", {})) & set(TOKENIZER_FILES):
-            return
-        named = TrainingState.of(state).tokenizer_model
-        if named is not None and Path(named).is_file():
-            self.tokenizer = Path(named)
-            self.written_notes.append(f"tokenizer: {named}, the checkpoint's --tokenizer-model "
-                                      "(--tokenizer overrides)")
-
     def finish_units(self, state: dict | None = None) -> dict:
         """Close this writer's shard files: {file: bytes}."""
         return {name: writer.close()[0] for name, writer in self.writers.items()}
@@ -354,7 +347,6 @@ class Writer(BaseWriter):
         """config.json, the shard index, tokenizer and generation config: the files beside the weights
         (`results`: {shard file: bytes})."""
         total = sum(results[name] for name in self.units)
-        self._tokenizer_from_args(state)
         files = self._model_files()
         for name, path in files.items():
             shutil.copyfile(path, self.root / name)

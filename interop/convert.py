@@ -20,6 +20,7 @@ from .formats import detect_format, reader_of, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
+from .named_tokenizer import with_named_tokenizer
 from .params import TensorKey, base_param_name, param_index
 from .progress import Progress
 from .tensors import DTYPE_NAMES, TensorMeta
@@ -161,7 +162,9 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                                               (tmp, out_spec, layout, metas_out), writer_options)
             task = Task(src, reader_cls, writer_cls, reader_options, writer_options, tmp, out_spec, layout,
                         tuple(metas_in), tuple(metas_out), spec.vocab)
-            carried = reader.carried  # e.g. an HF source's tokenizer and generation config
+            carried, named_note = with_named_tokenizer(reader.carried, reader.source.state, src,
+                                                       writer_options.get("tokenizer") is not None)
+            summary.notes += [named_note] if named_note else []
             if not writer.carry(carried) and carried.get("files"):
                 summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (a {dst_format} checkpoint "
                                      f"holds weights and the model's shape only; give --tokenizer {src} when "

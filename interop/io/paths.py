@@ -23,8 +23,25 @@ def inside(root, name, where) -> Path:
                            "(absolute or climbing out with '..'); refused")
     root = Path(root)
     path = root / name
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
-    if os.path.commonpath([real_root, real]) != real_root:
-        raise InteropError(f"{where}: file name {name!r} resolves to {real}, outside the checkpoint; refused")
+    if not within(root, path):
+        raise InteropError(f"{where}: file name {name!r} resolves to {os.path.realpath(path)}, outside the "
+                           "checkpoint; refused")
     return path
+
+
+def bound(root) -> str:
+    """Where symlinks under the checkpoint `root` may resolve to: `root` itself, or, for a snapshot of the
+    Hugging Face hub cache (`models--ORG--NAME/snapshots/REV/`, every file a symlink to `../../blobs/HASH`),
+    that model's cache repository `models--ORG--NAME/`: its layout, not an escape."""
+    real = os.path.realpath(root)
+    snapshots = os.path.dirname(real)
+    repo = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) == "snapshots" and os.path.basename(repo).startswith("models--"):
+        return repo
+    return real
+
+
+def within(root, path) -> bool:
+    """Whether `path`, symlinks resolved, lies under the checkpoint `root` (see `bound`)."""
+    limit = bound(root)
+    return os.path.commonpath([limit, os.path.realpath(path)]) == limit

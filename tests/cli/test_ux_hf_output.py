@@ -113,7 +113,8 @@ def test_max_shard_size(complete_hf, tmp_path):
 
 
 def test_megatron_tokenizer_model_from_its_args(tmp_path):
-    """A Megatron checkpoint whose args name a --tokenizer-model that exists: HF output gets it, with a note."""
+    """A Megatron checkpoint whose args name a --tokenizer-model inside the checkpoint: HF output gets it, with
+    a note.  One named outside the checkpoint is not copied (the checkpoint picks the name), said so."""
     spm = pytest.importorskip("sentencepiece")
     from helpers.megatron_built import hand_built, megatron_args
     (tmp_path / "corpus.txt").write_text("\n".join(f"a b c d e f g h {i}" for i in range(100)))
@@ -121,16 +122,22 @@ def test_megatron_tokenizer_model_from_its_args(tmp_path):
                                    vocab_size=30, model_type="bpe", minloglevel=2)
     model = build("llama")
     args = megatron_args(model, "llama", 1, 1)
-    args["tokenizer_model"] = str(tmp_path / "sp.model")
+    args["tokenizer_model"] = str(tmp_path / "meg" / "sp.model")
     hand_built(tmp_path / "meg", model, "llama", tp=1, pp=1, args=args)
+    shutil.copyfile(tmp_path / "sp.model", tmp_path / "meg" / "sp.model")
     summary = convert(tmp_path / "meg", tmp_path / "hf", dst_format="hf")
     assert any("the checkpoint's --tokenizer-model" in n for n in summary.notes), summary.notes
     assert not any("no tokenizer" in n for n in summary.notes)
     assert (tmp_path / "hf" / "tokenizer.model").read_bytes() == (tmp_path / "sp.model").read_bytes()
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("a b").input_ids[0] == 1  # <s> first
-    (tmp_path / "sp.model").unlink()  # named but gone: no tokenizer, said so
+    (tmp_path / "meg" / "sp.model").unlink()  # named but gone: no tokenizer, said so
     summary = convert(tmp_path / "meg", tmp_path / "hf2", dst_format="hf")
     assert any("output has no tokenizer" in n for n in summary.notes)
+    args["tokenizer_model"] = str(tmp_path / "sp.model")  # exists, but outside the checkpoint
+    hand_built(tmp_path / "meg2", model, "llama", tp=1, pp=1, args=args)
+    summary = convert(tmp_path / "meg2", tmp_path / "hf3", dst_format="hf")
+    assert any("tokenizer not copied" in n and "--tokenizer" in n for n in summary.notes), summary.notes
+    assert not (tmp_path / "hf3" / "tokenizer.model").exists()
 
 
 def test_common_format_keeps_what_an_hf_source_carries(complete_hf, tmp_path):
