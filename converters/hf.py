@@ -16,6 +16,7 @@ import torch
 
 from ..errors import InteropError
 from ..io.paths import inside, within
+from ..io.torch_file import LazyTorchFile
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
@@ -90,6 +91,9 @@ class _WeightFiles:
         for name in files:
             handle = self._open(root / name)
             for key in handle.keys():
+                if key in self.where:  # which copy is the model's would be a guess
+                    raise InteropError(f"{root}: tensor {key!r} is in two weight files ({name} and another); "
+                                       "refused")
                 self.where[key] = handle
 
     @staticmethod
@@ -111,19 +115,21 @@ class _WeightFiles:
         if isinstance(handle, SafetensorsFile):
             handle.read(key, out=out)  # straight from the file, no mapping
         else:
-            out.copy_(handle.tensors[key])
+            out.copy_(handle.read(key))
 
 
 class _BinFile:
-    """A `pytorch_model.bin`, memory-mapped and loaded without running code (weights_only)."""
+    """A `pytorch_model.bin` through the one torch.save reader (`LazyTorchFile`): no code runs, reads stay
+    inside their zip record, DEFLATE records are decompressed and CRC-32s checked, as for every `.pt`."""
 
     def __init__(self, path: Path):
-        try:
-            self.tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # torch raises many types for a bad pickle/zip
-            raise InteropError(f"{path}: cannot load ({str(exc).splitlines()[0]})") from None
+        self.file = LazyTorchFile(path)
+        self.tensors = self.file.obj
         if not isinstance(self.tensors, dict):
             raise InteropError(f"{path}: expected a state dict, found {type(self.tensors).__name__}")
+        others = [k for k, v in self.tensors.items() if not isinstance(v, torch.Tensor)]
+        if others:
+            raise InteropError(f"{path}: {others[0]!r} is not a tensor; a pytorch_model.bin holds tensors only")
 
     def keys(self):
         return list(self.tensors)
@@ -133,7 +139,7 @@ class _BinFile:
         return t.dtype, tuple(t.shape)
 
     def read(self, key):
-        return self.tensors[key].clone()
+        return self.file.read(self.tensors[key])
 
 
 class Reader(BaseReader):

@@ -22,6 +22,7 @@ import torch
 
 from .. import memory
 from ..errors import InteropError
+from .small_files import DuplicateKey, loads_unique
 from ..shards import Box
 from . import background
 from .writeback import Writeback
@@ -66,7 +67,10 @@ class SafetensorsFile:
             self.close()
             raise InteropError(f"{self.path}: corrupt or truncated safetensors header")
         try:
-            header = json.loads(os.pread(self._fd, n, 8))
+            header = loads_unique(os.pread(self._fd, n, 8))
+        except DuplicateKey as exc:
+            self.close()
+            raise InteropError(f"{self.path}: corrupt safetensors header ({exc})") from None
         except (ValueError, RecursionError):
             self.close()
             raise InteropError(f"{self.path}: corrupt safetensors header (not JSON)") from None

@@ -81,14 +81,36 @@ def json_kind(value) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: `json` would keep the last silently."""
+
+
+def unique_keys(pairs: list) -> dict:
+    """`json.loads(..., object_pairs_hook=unique_keys)`: an object whose keys repeat is refused, since which
+    copy a reader keeps (the first, the last) is a guess a damaged or crafted file must not decide."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def loads_unique(text):
+    """`json.loads` with repeated keys refused (`DuplicateKey`, a ValueError)."""
+    return json.loads(text, object_pairs_hook=unique_keys)
+
+
 def read_json(path, what: str, limit: int = LIMIT):
     """A JSON document from a small regular file; any syntax error, over-long number or nesting too
     deep for the parser is one InteropError naming the file."""
     text = read_small_text(path, what, limit)
     try:
-        return json.loads(text)
+        return loads_unique(text)
     except RecursionError:
         raise InteropError(f"{path}: the {what} is nested too deeply") from None
+    except DuplicateKey as exc:
+        raise InteropError(f"{path}: the {what} is ambiguous: {exc}") from None
     except ValueError as exc:
         if "integer string conversion" in str(exc):  # Python refuses numbers past 4,300 digits
             raise InteropError(f"{path}: the {what} holds a number with more than 4,300 digits") from None
