@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InteropError
+from .io.small_files import read_small_text
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ASSIGN = re.compile(rf"^({_NAME})(\+?)=(.*)$", re.S)
@@ -229,7 +230,7 @@ class _Shell:
         if isinstance(value, list):
             if index in ("@", "*"):
                 return list(value)
-            return value[int(index)] if index and index.isdigit() and int(index) < len(value) else (value[0] if value else "")
+            return value[int(index)] if index and (index.isascii() and index.isdigit()) and int(index) < len(value) else (value[0] if value else "")
         return value
 
     def expand_text(self, text: str) -> list[tuple[str, bool]]:
@@ -395,14 +396,14 @@ def _world_size(launcher: list[str], variables: dict) -> int | None:
         if not value and i + 1 < len(launcher):
             value = launcher[i + 1]
         value = value.split(":")[-1]  # elastic "--nnodes 1:4": the upper bound
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             found[what] = int(value)
     if "world" in found:
         return found["world"]
     if "per_node" in found:
         return found["per_node"] * found.get("nodes", 1)
     env = variables.get("WORLD_SIZE")
-    return int(env) if isinstance(env, str) and env.isdigit() else None
+    return int(env) if isinstance(env, str) and (env.isascii() and env.isdigit()) else None
 
 
 def parse_text(text: str, env: dict[str, str] | None = None) -> LaunchArgs:
@@ -424,11 +425,14 @@ def parse_text(text: str, env: dict[str, str] | None = None) -> LaunchArgs:
     return LaunchArgs(tokens, launcher, variables, list(shell.unresolved), _world_size(launcher, variables))
 
 
+MAX_ARGS_FILE = 16 << 20  # bytes: a launch script is a few KB
+
+
 def parse_file(path: str | Path, env: dict[str, str] | None = None) -> LaunchArgs:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_small_text(path, "args file", MAX_ARGS_FILE)  # bounded; FIFOs and devices refused
+    except OSError as exc:
         raise InteropError(f"{path}: cannot read args file ({exc.__class__.__name__}: {exc})") from None
     try:
         return parse_text(text, env)

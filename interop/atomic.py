@@ -122,7 +122,7 @@ def _owner_pid(dst: Path, sibling: str) -> int | None:
     """The PID in a temporary sibling's name when this host made it; None when it is not ours to judge."""
     rest = sibling[len(_temp_prefix(dst)):]
     parts = rest.rsplit("-", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not (parts[1].isascii() and parts[1].isdigit()):
         return None
     return int(parts[1])
 

@@ -7,16 +7,16 @@
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .formats import detect_format, reader_of
-from .errors import InteropError
+from .io.small_files import read_json
 from .params import TensorKey
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1}
 MANIFEST = "interop.json"  # the common store's manifest (interop.store.MANIFEST; not imported: it pulls torch)
+MANIFEST_LIMIT = 64 << 20  # interop.store.MANIFEST_LIMIT (not imported: it pulls torch)
 
 
 @dataclass
@@ -122,10 +122,7 @@ def _describe_store(root: Path) -> Description:
     reader checks it (`interop.manifest`), which needs no torch."""
     from .manifest import check_files_exist, check_manifest
     manifest_path = root / MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InteropError(f"{manifest_path}: unreadable manifest ({str(exc)[:200]})") from None
+    manifest = read_json(manifest_path, "manifest", MANIFEST_LIMIT)
     spec, layout = check_manifest(root, manifest, manifest_path)
     check_files_exist(root, manifest["files"], manifest_path)
     tensors = [TensorInfo(name, list(t["shape"]), t["dtype"], _numel(t["shape"]) * ITEMSIZE[t["dtype"]])

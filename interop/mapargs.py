@@ -96,7 +96,7 @@ def _set_values(pairs: dict, where: str = "--set") -> dict:
         if arg is None:
             raise InteropError(f"{where} {name}: not a Megatron argument interop knows")
         if dest == "world_size":
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit()):
                 raise InteropError(f"{where} world_size: expects an integer, got {short(raw)}")
             explicit[dest] = int(raw)
             continue

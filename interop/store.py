@@ -26,6 +26,7 @@ import torch
 
 from .contract import BaseReader, BaseWriter
 from .errors import InteropError
+from .io.small_files import read_json
 from .io.safetensors import SafetensorsFile, SafetensorsWriter, file_crc32
 from .io.paths import inside
 from .layout import ParallelLayout
@@ -37,6 +38,7 @@ from .spec import ModelSpec, padded_to_tp
 from .tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
 
 MANIFEST = "interop.json"
+MANIFEST_LIMIT = 64 << 20  # bytes of interop.json: ~200 bytes a file, far above any checkpoint
 CARRIED = "carried"  # the folder of files carried as they are (`StoreWriter.carry`)
 
 
@@ -64,10 +66,7 @@ class StoreReader(BaseReader):
         manifest_path = self.root / MANIFEST
         if not manifest_path.is_file():
             raise InteropError(f"{self.root}: not an interop checkpoint (no {MANIFEST})")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError, RecursionError) as exc:
-            raise InteropError(f"{manifest_path}: unreadable manifest ({str(exc)[:200]})") from None
+        manifest = read_json(manifest_path, "manifest", MANIFEST_LIMIT)  # bounded, nesting and duplicates refused
         spec, layout = check_manifest(self.root, manifest, manifest_path)
         self.manifest = manifest
         self.source = Source(spec, layout, state=manifest.get("state") or {})

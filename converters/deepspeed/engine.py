@@ -24,6 +24,7 @@ import torch
 
 from ...contract import BaseReader
 from ...errors import InteropError
+from ...io.small_files import read_small_text
 from ...hf_named import HFNamedState
 from ...io.safe_pickle import to_plain
 from ...io.small_files import read_json_object
@@ -49,11 +50,8 @@ def tag_dir(root: Path) -> Path | None:
     if _holds_engine(root):
         return root
     latest = root / LATEST
-    if latest.is_file() and latest.stat().st_size < 4096:
-        try:
-            tag = latest.read_text().strip()
-        except UnicodeDecodeError:
-            return None
+    if latest.is_file():
+        tag = read_small_text(latest, "DeepSpeed 'latest' file", 4096).strip()  # a tag name: bounded
         if tag and "/" not in tag and tag not in (".", "..") and (root / tag).is_dir() and _holds_engine(root / tag):
             return root / tag
     return None

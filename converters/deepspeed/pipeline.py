@@ -26,6 +26,7 @@ import torch
 
 from ...contract import BaseReader
 from ...errors import InteropError
+from ...io.small_files import read_small_text
 from ...io.safe_pickle import to_plain
 from ...io.torch_file import LazyTorchFile
 from ...layout import ParallelLayout
@@ -49,10 +50,7 @@ def _tag_dir(root: Path) -> Path | None:
         return root
     latest = root / LATEST
     if latest.is_file():
-        try:
-            tag = latest.read_bytes()[:4096].decode().strip()
-        except UnicodeDecodeError:
-            return None
+        tag = read_small_text(latest, "DeepSpeed 'latest' file", 4096).strip()  # a tag name: bounded
         if tag and "/" not in tag and tag not in (".", ".."):
             return root / tag
     return None
@@ -272,7 +270,8 @@ class Reader(BaseReader):
             shapes = engine.get("param_shapes") if isinstance(engine, dict) else None
             if not isinstance(shapes, list):
                 raise InteropError(f"{mp_files[p * self.tp]}: no param_shapes (which layers stage {p} holds)")
-            indices = {int(k.split(".", 1)[0]) for group in shapes for k in group if k.split(".", 1)[0].isdigit()}
+            heads = [k.split(".", 1)[0] for group in shapes for k in group]
+            indices = {int(h) for h in heads if h.isascii() and h.isdigit()}
             count = len(indices & set(self.layer_indices))
             stages.append(((start, start + count),))
             start += count

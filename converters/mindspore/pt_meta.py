@@ -143,7 +143,7 @@ def read(root: Path) -> tuple[dict[tuple[int, int], dict], int, int, int] | None
     for path in folder.glob("args_tp*_pp*.pt"):
         stem = path.stem[len("args_tp"):]
         t, _, p = stem.partition("_pp")
-        if not (t.isdigit() and p.isdigit()):
+        if not ((t.isascii() and t.isdigit()) and (p.isascii() and p.isdigit())):
             continue
         obj = safe_torch_load(path, mmap=False)
         if not isinstance(obj, dict):

@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import InteropError
+from ..io.small_files import read_small_text
 from ..argtable import MISSING, Unmapped, get_path, read_table, typed, write_table
 from ..mappings import megatron_args as M
 
@@ -244,14 +245,7 @@ def _of_syntax(syntax: str) -> list[ArgsTarget]:
 # ---------------------------------------------------------------- detection by content
 
 def read_text(path: Path, what: str = "file") -> str:
-    try:
-        if not path.is_file():
-            raise InteropError(f"{path}: not a regular file")
-        if path.stat().st_size > MAX_TEXT:
-            raise InteropError(f"{path}: {path.stat().st_size} bytes is too big for a config {what}")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InteropError(f"{path}: cannot read {what} ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+    return read_small_text(path, what, MAX_TEXT)  # a regular file of bounded size: FIFOs, /dev/zero refused
 
 
 def _looks_like_yaml(text: str) -> bool:

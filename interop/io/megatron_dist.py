@@ -54,6 +54,7 @@ from .dcp_metadata import (
     _StorageInfo,
 )
 from ..errors import InteropError
+from .small_files import read_json
 from ..shards import Box, tiling_error
 from .megatron_save import TRACKER, iteration_name, read_tracker
 from .paths import inside
@@ -525,10 +526,7 @@ class DistCheckpoint(DcpCheckpoint):
         config_file = path / METADATA_JSON
         if not config_file.is_file() or not (path / DCP_METADATA).is_file():
             raise InteropError(f"{path}: not a torch_dist checkpoint (needs metadata.json and .metadata)")
-        try:
-            self.config = json.loads(config_file.read_text())
-        except ValueError as exc:
-            raise InteropError(f"{config_file}: not valid JSON ({exc})") from None
+        self.config = read_json(config_file, "torch_dist metadata.json", 1 << 20)  # bounded; nesting refused
         backend = self.config.get("sharded_backend") if isinstance(self.config, dict) else None
         if backend != "torch_dist":
             raise InteropError(f"{config_file}: sharded_backend is {backend!r}; only 'torch_dist' is supported")

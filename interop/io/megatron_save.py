@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InteropError
+from .small_files import read_small_text
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -22,16 +23,19 @@ def iteration_of(name: str) -> int | str | None:
     """The iteration a folder name stands for (`iter_0000010` -> 10, `release`), or None."""
     if name == "release":
         return "release"
-    return int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else None
+    return int(name[5:]) if name.startswith("iter_") and (name[5:].isascii() and name[5:].isdigit()) else None
+
+
+TRACKER_LIMIT = 4096  # bytes: an iteration number or 'release'
 
 
 def read_tracker(root) -> int | str:
     """The iteration `root`'s tracker file names; one line for a damaged one."""
     tracker = Path(root) / TRACKER
-    text = tracker.read_text(errors="replace").strip()  # damaged bytes: the error below, not a traceback
+    text = read_small_text(tracker, "tracker file", TRACKER_LIMIT).strip()  # a number: bounded, FIFOs refused
     if text == "release":
         return "release"
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise InteropError(f"{tracker}: expected an iteration number or 'release', got {text!r}")
     return int(text)
 

@@ -10,7 +10,6 @@ next-token cross entropy over the true vocabulary, as HF computes it.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from ..errors import InteropError
 from ..params import param_index
 from ..spec import ModelSpec
 from ..transforms import GatedMLP, GroupedQKV, Interleave
+from ..io.small_files import read_json_object
 
 
 @dataclass
@@ -37,8 +37,9 @@ def load(path) -> MsModel:
     import mindspore as ms
     path = Path(path)
     root = path.parent if path.is_file() else path
-    desc = json.loads((root / "mindspore_model.json").read_text())
-    if desc["layout"]["tp"] != 1 or desc["layout"]["pp"] != 1:
+    desc = read_json_object(root / "mindspore_model.json", "MindSpore model description")
+    layout = desc.get("layout")
+    if not isinstance(layout, dict) or layout.get("tp") != 1 or layout.get("pp") != 1:
         raise InteropError(f"{root}: the MindSpore model runs tp=1 pp=1 checkpoints; convert with --tp 1 --pp 1")
     if path.is_file():
         ckpt = path

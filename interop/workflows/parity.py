@@ -18,6 +18,7 @@ from interop.errors import InteropError
 from interop.store import is_store
 
 from ..trainer.config import TrainConfig
+from .tolerance import check_tolerance
 
 FRAMEWORKS = ("torch", "hf", "mindspore", "megatron")  # and megatron:epN (megatron-core at expert parallelism N)
 
@@ -85,7 +86,7 @@ def parse_layouts(text: str) -> list[tuple[int, ...]]:
 def _megatron_ep(framework: str) -> int:
     """'megatron:ep2' -> 2: megatron-core with a mixture-of-experts model's experts over 2 processes (dp 2)."""
     tail = framework.split(":", 1)[1]
-    if not (tail.startswith("ep") and tail[2:].isdigit() and int(tail[2:]) >= 1):
+    if not (tail.startswith("ep") and (tail[2:].isascii() and tail[2:].isdigit()) and int(tail[2:]) >= 1):
         raise InteropError(f"framework {framework!r}: write megatron:epN (N expert-parallel processes)")
     return int(tail[2:])
 
@@ -174,6 +175,7 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     Every layout and framework is checked before the first run (`preflight`).  A run that still fails
     midway is reported in `result.failed` with its reason; the others are compared and plotted.
     `log` gets one progress line per run (stderr by default; None for silence)."""
+    check_tolerance(tolerance)
     from .frameworks import hf_losses, mindspore_losses
     from .megatron_framework import megatron_losses
     from ..trainer.launch import TrainingFailed, train

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from ..formats import detect_format
 from ..errors import InteropError
+from ..io.small_files import read_json_object
+from .tolerance import check_tolerance
 
 # Largest allowed |logit difference| by the lowest precision among the two checkpoints.  fp32 runs
 # differ only by summation order (~1e-7); bf16/fp16 weights rounded from fp32 move tiny models'
@@ -67,6 +69,7 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
     """Run the fixed batch through `src` and `dst`; see the module docstring.  Reader options for the
     source (`model_config=`, `iteration=`) as keywords or in `options`; `dst_model_config` describes a
     destination that carries no model description."""
+    check_tolerance(tolerance)
     import torch
     from ..convert import convert
     from ..store import StoreReader, is_store
@@ -185,7 +188,6 @@ def _hf_logits(path, tokens):
 def _mindspore_logits(path, store, tokens, tmp: Path):
     """MindSpore reads the checkpoint itself (`mindspore.load_checkpoint`); its forward pass runs tp 1 / pp 1,
     so a sharded checkpoint is first resharded to tp 1 / pp 1 by interop (same dialect)."""
-    import json
     import torch
     try:
         import mindspore  # noqa: F401
@@ -193,8 +195,9 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
     except ImportError as exc:
         raise FrameworkUnavailable(f"mindspore is not installed ({exc}); ran in the reference model only") from None
     sidecar = Path(path) / "mindspore_model.json"  # interop's optional description; real MindSpeed files lack it
-    desc = json.loads(sidecar.read_text()) if sidecar.is_file() else None
-    if desc is None or desc["layout"]["tp"] != 1 or desc["layout"]["pp"] != 1:
+    desc = read_json_object(sidecar, "MindSpore model description") if sidecar.is_file() else None
+    layout = (desc or {}).get("layout")  # a MindFormers output of another tool may have none: converted below
+    if not isinstance(layout, dict) or layout.get("tp") != 1 or layout.get("pp") != 1:
         from ..convert import convert
         dialect = (desc or {}).get("dialect")
         qkv = (desc or {}).get("qkv_concat") or None
