@@ -19,7 +19,7 @@ from ..io.paths import inside, within
 from ..io.torch_file import LazyTorchFile
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..contract import BaseReader, BaseWriter
-from ..io.small_files import read_json_object
+from ..io.small_files import read_json_object, require_small_file
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..hf_named import hf_rows, hf_table
@@ -37,6 +37,7 @@ DEFAULT_SHARD_BYTES = 5 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja",
                    "chat_template.json")
+TOKENIZER_LIMIT = 1 << 30  # bytes of a --tokenizer file: a 256k-vocabulary tokenizer.json is ~30 MB
 MODEL_FILES = TOKENIZER_FILES + ("generation_config.json",)
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 1 << 10, "MIB": 1 << 20,
@@ -248,6 +249,8 @@ class Writer(BaseWriter):
         max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
                                      max_shard_bytes if max_shard_bytes is not None else DEFAULT_SHARD_BYTES)
         self.tokenizer = Path(tokenizer) if tokenizer else None
+        if self.tokenizer is not None and not self.tokenizer.is_dir():  # /dev/zero, a FIFO: refused, not read
+            require_small_file(self.tokenizer, "--tokenizer file", TOKENIZER_LIMIT)
         if self.tokenizer and not self.tokenizer.exists():
             raise InteropError(f"--tokenizer {tokenizer}: no such file or directory")
         if self.tokenizer and self.tokenizer.is_dir() and not any((self.tokenizer / f).is_file() for f in TOKENIZER_FILES):

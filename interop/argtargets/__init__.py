@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import InteropError
-from ..io.small_files import read_small_text
+from ..io.small_files import read_small_text, require_small_file
 from ..argtable import MISSING, Unmapped, get_path, read_table, typed, write_table
 from ..mappings import megatron_args as M
 
@@ -275,6 +275,7 @@ def detect(path: Path) -> str:
     """The source format, from the file's content (never its name); a file that fits none says --from."""
     if path.is_dir():
         return _of_syntax("checkpoint")[0].name
+    require_small_file(path, "args file", limit=1 << 62)  # a regular file (FIFOs, devices refused); any size yet
     try:
         with open(path, "rb") as f:
             head = f.read(4)
