@@ -59,8 +59,10 @@ def detect(path) -> bool:
 
 
 def hf_table(spec: ModelSpec) -> str:
-    """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
-    return hf_family(spec) if spec.is_moe else spec.arch
+    """Which name table holds the model: its HF family's where the family has its own names, else its
+    architecture's (every Llama-style family without a table of its own has Llama's names)."""
+    family = "gpt2" if spec.arch == "gpt2" else hf_family(spec)
+    return family if family in TABLES else spec.arch
 
 
 def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:

@@ -29,7 +29,10 @@ MAX_LAYERS = 10_000
 MAX_SIZE = 2**31 - 1
 INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
               "max_positions")
-BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm")
+BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm", "pre_norm", "post_norm")
+# What one q/k norm weight covers: each head's head_dim values, shared by the heads (Qwen3, Gemma 3), or the
+# whole projection, heads * head_dim values with a weight each (OLMo 2: RMS over all of a token's q or k).
+QK_NORM_SCOPES = ("head", "projection")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,12 @@ class ModelSpec:
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight, Switch/Megatron style
     shared_expert_ffn_hidden: int | None = None  # intermediate size of the shared expert(s), summed
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared expert's output
+    # Where a layer's norms sit.  pre_norm: before attention and before the MLP (`attn_norm`, `mlp_norm`: GPT2,
+    # Llama); post_norm: on the attention's and the MLP's output, before the residual add (`attn_post_norm`,
+    # `mlp_post_norm`).  OLMo 2 has only post norms; Gemma 2/3 and the MindSpeed sandwich norm have both.
+    pre_norm: bool = True
+    post_norm: bool = False
+    qk_norm_scope: str = "head"  # QK_NORM_SCOPES: what one q/k norm covers (with qk_norm)
 
     def __post_init__(self):
         for message in _problems(self):
@@ -185,6 +194,12 @@ def _problems(spec: ModelSpec):
         yield f"sliding_window must be a positive integer or None, got {spec.sliding_window!r}"
     if spec.qk_norm and spec.norm != "rmsnorm":
         yield "qk_norm is an RMSNorm: it needs norm=rmsnorm"
+    if spec.qk_norm_scope not in QK_NORM_SCOPES:
+        yield f"qk_norm_scope must be one of {QK_NORM_SCOPES}, got {spec.qk_norm_scope!r}"
+    elif spec.qk_norm_scope != "head" and not spec.qk_norm:
+        yield "qk_norm_scope needs qk_norm"
+    if spec.pre_norm is False and spec.post_norm is False:
+        yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
     yield from moe_problems(spec)
     if spec.rope_scaling is not None:
         if spec.position != "rope":
@@ -196,7 +211,8 @@ def _problems(spec: ModelSpec):
 OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None,
                    "num_experts": None, "moe_topk": None, "moe_ffn_hidden": None, "moe_layers": None,
                    "moe_router_score": "softmax", "moe_norm_topk": True, "moe_router_bias": False,
-                   "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False}
+                   "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False,
+                   "pre_norm": True, "post_norm": False, "qk_norm_scope": "head"}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 
 

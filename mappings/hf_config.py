@@ -91,6 +91,8 @@ def _spec(where: str, **fields) -> ModelSpec:
 #   defaults    the config class's defaults where they differ from LLAMA_KEYS'
 #   moe         the family's mixture-of-experts keys (MOE_KEYS), absent for a dense family
 #   rope_theta  the config class's rope_theta when config.json names none (LLAMA's 10000 otherwise)
+#   norms       where the layer norms sit (absent: "pre", Llama's): "post" (OLMo 2: after attention and MLP only)
+#   qk_norm_scope  what one q/k norm covers when qk_norm (absent: "head", Qwen3's): "projection" (OLMo 2)
 HF_FAMILIES = {
     "llama": {"architecture": "LlamaForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": None,
               "defaults": {}},
@@ -114,7 +116,13 @@ HF_FAMILIES = {
                   "sliding": "per_layer", "defaults": {"vocab": 151936, "hidden": 2048, "ffn_hidden": 6144,
                                                        "num_layers": 24, "heads": 32, "max_positions": 32768,
                                                        "kv_groups": 4}, "moe": "qwen3_moe"},
+    # transformers 5.24 models/olmo2 (Olmo2Config, Olmo2Attention, Olmo2DecoderLayer): no pre-norms, RMSNorm on the
+    # attention's and the MLP's output, q/k RMSNorm over the whole q / k projection, attention_bias on q, k, v, o
+    "olmo2": {"architecture": "Olmo2ForCausalLM", "biases": "attention_bias", "qk_norm": True, "sliding": None,
+              "defaults": {"vocab": 50304, "norm_eps": 1e-5}, "norms": "post", "qk_norm_scope": "projection"},
 }
+# Where the norms sit, per HF_FAMILIES "norms": ModelSpec (pre_norm, post_norm).
+NORM_PLACES = {"pre": (True, False), "post": (False, True)}
 # Mixture-of-experts config keys: (spec field, config key, default) per family.  Mixtral's experts are
 # `intermediate_size` wide (its only MLP); Qwen2-MoE's are `moe_intermediate_size`, its dense layers
 # (`mlp_only_layers`, `decoder_sparse_step`) `intermediate_size`, its shared expert always gated.
@@ -240,6 +248,8 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
         activation="swiglu", position="rope", rope_base=float(rope_base),
         qkv_bias=qkv_bias, linear_bias=linear_bias, mlp_bias=mlp_bias, qk_norm=family["qk_norm"],
+        qk_norm_scope=family.get("qk_norm_scope", "head"),
+        **dict(zip(("pre_norm", "post_norm"), NORM_PLACES[family.get("norms", "pre")])),
         rope_scaling=_rope_scaling(config, rope, where), sliding_window=_sliding_window(config, family, where),
         dtype=dtype, **f, **moe)
 
@@ -281,6 +291,8 @@ def hf_family(spec: ModelSpec) -> str:
             return "qwen2_moe"
         # q/k norms without Mixtral's every-layer sliding window: Qwen3-MoE; otherwise Mixtral says what it lacks
         return "qwen3_moe" if spec.qk_norm and spec.sliding_window is None else "mixtral"
+    if spec.post_norm and not spec.pre_norm:
+        return "olmo2"
     if spec.qk_norm:
         return "qwen3"
     if spec.qkv_bias and not spec.linear_bias and not spec.has_mlp_bias:
@@ -311,6 +323,7 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
         if getattr(spec, field) not in allowed:
             refuse(field, f"HF {spec.arch} cannot hold a model with {field}={getattr(spec, field)} "
                           f"(it has {' or '.join(allowed)})")
+    _check_family_norms(spec, "gpt2" if spec.arch == "gpt2" else hf_family(spec), refuse)
     if spec.arch == "gpt2":
         if spec.kv_groups != spec.heads or spec.head_dim * spec.heads != spec.hidden:
             refuse("kv_groups" if spec.kv_groups != spec.heads else "head_dim",
@@ -359,6 +372,24 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
         config["intermediate_size"] = spec.moe_ffn_hidden
     config["torch_dtype"] = spec.dtype
     return config
+
+
+def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
+    """Refuse a model whose norms sit elsewhere than the HF family's (it would load as another model)."""
+    family = HF_FAMILIES.get(model_type, {})
+    holders = [t for t, f in HF_FAMILIES.items()
+               if NORM_PLACES[f.get("norms", "pre")] == (spec.pre_norm, spec.post_norm)]
+    if NORM_PLACES[family.get("norms", "pre")] != (spec.pre_norm, spec.post_norm):
+        where = {(True, False): "before", (False, True): "after", (True, True): "before and after"}
+        refuse("post_norm", f"HF {model_type} cannot hold norms {where[(spec.pre_norm, spec.post_norm)]} attention "
+                            f"and MLP ({', '.join(holders) or 'no HF family here'} can)")
+    scope = family.get("qk_norm_scope", "head")
+    if spec.qk_norm and spec.qk_norm_scope != scope:
+        holders = [t for t, f in HF_FAMILIES.items() if f["qk_norm"] and f.get("qk_norm_scope", "head") == spec.qk_norm_scope]
+        refuse("qk_norm_scope", f"HF {model_type} cannot hold q/k norms over each {spec.qk_norm_scope} "
+                                f"({', '.join(holders)} can)")
+    if family.get("qk_norm") and not spec.qk_norm:
+        refuse("qk_norm", f"HF {model_type} always has q/k norms; this model has none")
 
 
 def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:

@@ -58,6 +58,19 @@ LLAMA = [
     ("lm_head.weight", Copy, ["lm_head.weight"]),
 ]
 
+# The families whose layers have norms after attention and MLP (OLMo 2: only those; Gemma 2/3: both): HF names
+# the norm on the attention's output `post_attention_layernorm` (Llama's name for the pre-MLP norm), the pre-MLP one
+# `pre_feedforward_layernorm` and the MLP's output one `post_feedforward_layernorm` (transformers 5.24
+# models/olmo2/modeling_olmo2.py Olmo2DecoderLayer, models/gemma2/modeling_gemma2.py Gemma2DecoderLayer).
+POST_NORMS = [row for row in LLAMA if row[0] != "model.layers.{i}.post_attention_layernorm.weight"]
+POST_NORMS[POST_NORMS.index(("model.layers.{i}.self_attn.o_proj.bias", Copy, ["layers.{i}.attn.o.bias"])) + 1:0] = [
+    ("model.layers.{i}.post_attention_layernorm.weight", Copy, ["layers.{i}.attn_post_norm.weight"]),
+    ("model.layers.{i}.pre_feedforward_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+]
+POST_NORMS[POST_NORMS.index(("model.layers.{i}.mlp.down_proj.bias", Copy, ["layers.{i}.mlp.down.bias"])) + 1:0] = [
+    ("model.layers.{i}.post_feedforward_layernorm.weight", Copy, ["layers.{i}.mlp_post_norm.weight"]),
+]
+
 # Mixtral as its hub checkpoints hold it (and transformers 5.23's save_pretrained writes it back: its
 # conversion_mapping.py "mixtral" entry renames block_sparse_moe -> mlp and stacks w1/w3 -> experts.gate_up_proj,
 # w2 -> experts.down_proj on load only).  w1 = gate, w3 = up, w2 = down; `gate` is the router.
@@ -81,7 +94,7 @@ QWEN2_MOE = [
 ]
 
 # Qwen3-MoE (transformers 5.23 models/qwen3_moe: Qwen3MoeSparseMoeBlock): Qwen2-MoE's router and experts, no shared one.
-TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
+TABLES = {"gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
           "qwen3_moe": LLAMA + QWEN2_MOE[:4]}
 
 # transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with

@@ -818,6 +818,13 @@ COMPUTED_ARGS = [
     COMPUTED("data_parallel_size", INT),
     COMPUTED("params_dtype", STR),
     COMPUTED("activation", STR),  # interop's name for the MLP activation Megatron picks
+    # Layer-spec facts megatron-core has no argument for: Megatron-Bridge builds them with a layer spec of its own
+    # (models/olmo2/olmo2_provider.py olmo2_layer_spec: IdentityOp pre-norms, `linear_proj.post_layernorm` and
+    # `linear_fc2.post_layernorm`).  interop keeps them in its checkpoints' args so that the args say the model;
+    # no Megatron-LM flag states them (map-args reports them).
+    COMPUTED("pre_norm", TRUE, True, origin="bridge"),  # input_layernorm / pre_mlp_layernorm hold weights
+    COMPUTED("post_norm", TRUE, False, origin="bridge"),  # linear_proj / linear_fc2 .post_layernorm
+    COMPUTED("qk_layernorm_scope", STR, "head", origin="bridge"),  # head | projection (ModelSpec.qk_norm_scope)
 ]
 
 ALL = MEGATRON + OLDER + MINDSPEED + COMPUTED_ARGS

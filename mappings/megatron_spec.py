@@ -67,6 +67,9 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         raise InteropError(f"{where}: qk_layernorm with normalization={full.get('normalization')!r} is not supported "
                            "(RMSNorm is)")
     sliding_window = sliding_window_of(full, where)
+    pre_norm, post_norm = bool(full.get("pre_norm", True)), bool(full.get("post_norm"))
+    if full.get("use_sandwich_norm"):  # MindSpeed's: a norm before and after attention and MLP
+        pre_norm, post_norm = True, True
     rope_scaling = None
     if full.get("use_rope_scaling") and position == "rope":
         rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
@@ -80,6 +83,7 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
+        pre_norm=pre_norm, post_norm=post_norm, qk_norm_scope=full.get("qk_layernorm_scope") or "head",
         dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
 
 
@@ -191,7 +195,14 @@ def model_args(spec: ModelSpec) -> dict:
         "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
     }
+    if not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head":  # no Megatron-LM flag: said only when so
+        model |= layer_spec_args(spec)
     return model
+
+
+def layer_spec_args(spec: ModelSpec) -> dict:
+    """The facts megatron-core states by a layer spec, not an argument (megatron_args' origin "bridge" rows)."""
+    return {"pre_norm": spec.pre_norm, "post_norm": spec.post_norm, "qk_layernorm_scope": spec.qk_norm_scope}
 
 
 def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
@@ -213,6 +224,8 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     }
     args = M.complete({}) if base is None else dict(base)
     args.update(model)
+    args.update(layer_spec_args(spec))  # a checkpoint's args always say them (a base may hold another model's)
+    args.pop("use_sandwich_norm", None)  # MindSpeed's spelling of pre + post norms: post_norm says it here
     args.pop("activation", None)  # derived by interop's table, not a Megatron argument
     args.pop("hidden_act", None)
     args.pop("compute_dtype", None)
