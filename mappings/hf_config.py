@@ -93,6 +93,8 @@ def _spec(where: str, **fields) -> ModelSpec:
 #   rope_theta  the config class's rope_theta when config.json names none (LLAMA's 10000 otherwise)
 #   norms       where the layer norms sit (absent: "pre", Llama's): "post" (OLMo 2: after attention and MLP only)
 #   qk_norm_scope  what one q/k norm covers when qk_norm (absent: "head", Qwen3's): "projection" (OLMo 2)
+#   unset       keys written as null unless the source says them: the config class's default would change the model
+#               (Olmo2Config's pad_token_id 1 makes embedding row 1 a padding row, whose gradient is zero)
 HF_FAMILIES = {
     "llama": {"architecture": "LlamaForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": None,
               "defaults": {}},
@@ -119,7 +121,8 @@ HF_FAMILIES = {
     # transformers 5.24 models/olmo2 (Olmo2Config, Olmo2Attention, Olmo2DecoderLayer): no pre-norms, RMSNorm on the
     # attention's and the MLP's output, q/k RMSNorm over the whole q / k projection, attention_bias on q, k, v, o
     "olmo2": {"architecture": "Olmo2ForCausalLM", "biases": "attention_bias", "qk_norm": True, "sliding": None,
-              "defaults": {"vocab": 50304, "norm_eps": 1e-5}, "norms": "post", "qk_norm_scope": "projection"},
+              "defaults": {"vocab": 50304, "norm_eps": 1e-5}, "norms": "post", "qk_norm_scope": "projection",
+              "unset": {"pad_token_id": None}},
 }
 # Where the norms sit, per HF_FAMILIES "norms": ModelSpec (pre_norm, post_norm).
 NORM_PLACES = {"pre": (True, False), "post": (False, True)}
@@ -337,7 +340,8 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
     else:
         model_type = hf_family(spec)
         family = HF_FAMILIES[model_type]
-        config = {"architectures": [family["architecture"]], "model_type": model_type, "hidden_act": "silu",
+        config = {**family.get("unset", {}), "architectures": [family["architecture"]], "model_type": model_type,
+                  "hidden_act": "silu",
                   "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
                   "rope_theta": spec.rope_base, "rope_parameters": _rope_parameters(spec), "attention_dropout": 0.0}
         if family["biases"] == "attention_bias":

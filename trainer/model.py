@@ -26,7 +26,8 @@ from interop.spec import ModelSpec
 
 from .grid import Grid
 from .moe import MoE
-from .tp import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, vocab_parallel_cross_entropy
+from .tp import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, reduce_from_tp,
+                 vocab_parallel_cross_entropy)
 
 
 class RMSNorm(nn.Module):
@@ -46,6 +47,23 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return copy_to_tp(self.weight, self.tp_group) * x.to(dtype)
+
+
+class ProjectionRMSNorm(nn.Module):
+    """RMSNorm over a whole q or k projection that tensor parallelism splits by heads (OLMo 2's q/k norms,
+    `qk_norm_scope` "projection"): this rank holds its heads' values and their weights; the mean of squares
+    is over all `size` values, so the ranks' sums of squares are added (forward and backward)."""
+
+    def __init__(self, size: int, eps: float, tp: int, tp_group=None):
+        super().__init__()
+        self.size, self.eps, self.tp_group = size, eps, tp_group
+        self.weight = nn.Parameter(torch.ones(size // tp))
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        squares = copy_to_tp(reduce_from_tp(x.pow(2).sum(-1, keepdim=True), self.tp_group), self.tp_group)
+        return self.weight * (x * torch.rsqrt(squares / self.size + self.eps)).to(dtype)
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
@@ -111,15 +129,23 @@ class Attention(nn.Module):
         self.v = ColumnParallelLinear(h, spec.kv_groups * d, spec.qkv_bias, tp, g)
         self.o = RowParallelLinear(spec.heads * d, h, spec.linear_bias, tp, g)
         self.window = spec.sliding_window
-        if spec.qk_norm:  # Qwen3: RMSNorm over each head's d values, before the rotation
+        # q/k norms, before the rotation: over each head's d values (Qwen3), applied to [.., heads, d]; or over
+        # the whole projection (OLMo 2), applied to [.., heads * d] before it is cut into heads
+        self.qk_norm_scope = spec.qk_norm_scope if spec.qk_norm else None
+        if self.qk_norm_scope == "head":
             self.q_norm = RMSNorm(d, spec.norm_eps, g)
             self.k_norm = RMSNorm(d, spec.norm_eps, g)
+        elif self.qk_norm_scope == "projection":
+            self.q_norm = ProjectionRMSNorm(spec.heads * d, spec.norm_eps, tp, g)
+            self.k_norm = ProjectionRMSNorm(spec.kv_groups * d, spec.norm_eps, tp, g)
 
     def forward(self, x, rope, mask=None):
         b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.heads, self.d)
-        k = self.k(x).view(b, s, self.groups, self.d)
-        if hasattr(self, "q_norm"):
+        q, k = self.q(x), self.k(x)
+        if self.qk_norm_scope == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.view(b, s, self.heads, self.d), k.view(b, s, self.groups, self.d)
+        if self.qk_norm_scope == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(b, s, self.groups, self.d).transpose(1, 2)
@@ -158,11 +184,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """x + post(attn(pre(x))), then the same around the MLP; each of pre and post is a norm where the spec has
+    it (`pre_norm`: GPT2, Llama; `post_norm`: OLMo 2 alone, Gemma's sandwich with both), else the identity."""
+
     def __init__(self, spec: ModelSpec, grid: Grid, moe: bool = False):
         super().__init__()
-        self.attn_norm = make_norm(spec)
+        identity = nn.Identity()
+        self.attn_norm = make_norm(spec) if spec.pre_norm else identity
         self.attn = Attention(spec, grid)
-        self.mlp_norm = make_norm(spec)
+        self.attn_post_norm = make_norm(spec) if spec.post_norm else identity
+        self.mlp_norm = make_norm(spec) if spec.pre_norm else identity
+        self.mlp_post_norm = make_norm(spec) if spec.post_norm else identity
         if moe:
             shared = spec.shared_expert_ffn_hidden
             self.mlp = MoE(spec, grid, MLP(spec, grid, shared, bias=False) if shared is not None else None)
@@ -170,8 +202,8 @@ class Block(nn.Module):
             self.mlp = MLP(spec, grid)
 
     def forward(self, x, rope, mask=None):
-        x = x + self.attn(self.attn_norm(x), rope, mask)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.attn_post_norm(self.attn(self.attn_norm(x), rope, mask))
+        return x + self.mlp_post_norm(self.mlp(self.mlp_norm(x)))
 
 
 class Embeddings(nn.Module):
