@@ -19,6 +19,7 @@ from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
+from ..mappings.facts import no_place
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
@@ -85,7 +86,7 @@ def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform
     held = {n for _, _, names in rows for n in names}
     homeless = [n for n in present if n not in held]
     if homeless:
-        raise InteropError(f"HF {spec.arch} names have no place for {homeless[0]}")
+        raise InteropError(no_place(f"HF {hf_table(spec)} names", homeless[0]))
     return rows
 
 

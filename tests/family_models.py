@@ -1,4 +1,4 @@
-"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral models built with transformers' own classes (nothing downloaded)."""
+"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 models built with transformers' own classes (nothing downloaded)."""
 from __future__ import annotations
 
 import torch
@@ -35,6 +35,10 @@ def build(kind: str, seed: int = 0):
         config = transformers.MistralConfig(**COMMON, sliding_window=SLIDING_WINDOW, tie_word_embeddings=False,
                                             rope_theta=7000.0)
         model = transformers.MistralForCausalLM(config)
+    elif kind == "olmo2":  # post norms only, q/k norms over the whole projection; pad_token_id None: Olmo2Config's
+        # default 1 would make embedding row 1 a padding row (zero gradient), which no other trainer has
+        config = transformers.Olmo2Config(**COMMON, tie_word_embeddings=False, rope_theta=7000.0, pad_token_id=None)
+        model = transformers.Olmo2ForCausalLM(config)
     else:
         raise ValueError(kind)
     # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.

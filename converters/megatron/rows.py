@@ -17,6 +17,7 @@ import torch
 from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...memory import BufferPool
+from ...mappings.facts import no_place
 from ...mappings.megatron_names import (EXPERT_LAYOUTS, IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TE_FUSED_MLP_NORM,
                                         TE_MOE_NORM, TIED_HEAD)
 from ...params import param_index
@@ -110,8 +111,7 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
     held = {name for row in rows for name in row.parts}
     homeless = [name for name in present if name not in held]
     if homeless:
-        raise InteropError(f"Megatron's {scheme} names have no place for {homeless[0]} "
-                           f"(e.g. q/k norms need megatron-core, not the legacy model)")
+        raise InteropError(no_place(f"Megatron's {scheme} names", homeless[0]))
     return rows
 
 

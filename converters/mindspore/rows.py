@@ -5,6 +5,7 @@ What a TP rank stores, and how the parts are fused, is the transform's (`interop
 from __future__ import annotations
 
 from ...errors import InteropError
+from ...mappings.facts import no_place
 from ...mappings.mindspore_names import (MINDFORMERS_MCORE_MLA_MARKERS, MINDSPEED_LAYERNORM_NORMS,
                                          MINDSPEED_LAYERNORM_PARAMS, MINDSPEED_MODEL_RENAMES, MOE_TABLES,
                                          PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
@@ -59,7 +60,7 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
     held = {name for _, _, names in rows for name in names}
     homeless = [name for name in present if name not in held]
     if homeless:  # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
-        raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}")
+        raise InteropError(no_place(f"MindSpore {dialect} names", homeless[0]))
     return rows
 
 
