@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import family_models as F
+import helpers.family_models as F
 from interop.convert import convert
 from interop.errors import InteropError
 from interop.mappings.hf_config import hf_config_from_spec, spec_from_hf_config
