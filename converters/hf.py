@@ -59,20 +59,20 @@ def detect(path) -> bool:
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
 
 
-def hf_table(spec: ModelSpec) -> str:
-    """Which name table holds the model: its HF family's where the family has its own names, else its
-    architecture's (every Llama-style family without a table of its own has Llama's names)."""
-    family = "gpt2" if spec.arch == "gpt2" else hf_family(spec)
+def hf_table(spec: ModelSpec, model_type: str | None = None) -> str:
+    """Which name table holds the model: its HF family's (`model_type`, else the one its facts pick) where the
+    family has its own names, else its architecture's (a Llama-style family without a table has Llama's names)."""
+    family = "gpt2" if spec.arch == "gpt2" else model_type or hf_family(spec)
     return family if family in TABLES else spec.arch
 
 
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
+def hf_rows(spec: ModelSpec, stacked: bool = False, model_type: str | None = None) -> list[tuple[str, Transform, list[str]]]:
     """The architecture's name table expanded for this model, keeping rows whose tensors exist:
     (HF name, its transform bound to the row's tensors, canonical names).
     `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
     present = param_index(spec)
     rows = []
-    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
+    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec, model_type)]:
         layers = range(spec.num_layers) if "{i}" in hf_name else [None]
         experts = range(spec.num_experts) if "{e}" in hf_name else [None]
         for i in layers:
@@ -86,7 +86,7 @@ def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform
     held = {n for _, _, names in rows for n in names}
     homeless = [n for n in present if n not in held]
     if homeless:
-        raise InteropError(no_place(f"HF {hf_table(spec)} names", homeless[0]))
+        raise InteropError(no_place(f"HF {hf_table(spec, model_type)} names", homeless[0]))
     return rows
 
 
@@ -182,11 +182,12 @@ class Reader:
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
-        self.rows = hf_rows(spec, stacked)
+        self.model_type = config.get("model_type")  # its family's names (phi3's fused qkv_proj, ...)
+        self.rows = hf_rows(spec, stacked, self.model_type)
         self.part_of = {}
         for hf_key, transform, parts in self.rows:
             if hf_key not in keys:
-                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
+                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {self.model_type} "
                                    f"model with {spec.num_layers} layers)")
             want = transform.rank_shape()
             got = self.files.meta(hf_key)[1]
@@ -199,7 +200,7 @@ class Reader:
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
         if keys:
-            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {hf_table(spec)} model, e.g. {sorted(keys)[0]}")
+            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {self.model_type} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
         self.source = Source(spec, None, notes=notes)
         self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
@@ -254,7 +255,7 @@ class Writer:
         return spec.vocab  # HF holds the true vocabulary only
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
-                 max_shard_bytes: int | None = None, tokenizer=None, only=None):
+                 max_shard_bytes: int | None = None, tokenizer=None, only=None, family: str | None = None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
         (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
@@ -270,13 +271,14 @@ class Writer:
         self.carried = {"files": {}, "config": {}}
         self.written_notes: list[str] = []
         self.root, self.spec = Path(root), spec
-        config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
+        self.family = family  # `--family`: the HF model_type to write (None: the one the facts pick)
+        config = hf_config_from_spec(spec, model_type=family)  # a model HF cannot hold is refused before writing
         if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:
             self.written_notes.append(f"ffn_hidden {spec.ffn_hidden} not written (no layer is dense): HF Mixtral's "
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))
+        rows = sorted(hf_rows(spec, model_type=family), key=lambda row: max(position[p] for p in row[2]))
         self.row_of, self.pending = {}, {}
         self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
@@ -391,7 +393,7 @@ class Writer:
         if not ({"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt"} & set(files)):
             self.written_notes.append("output has no tokenizer: pass --tokenizer DIR_OR_FILE (an HF tokenizer "
                                       "directory, or the tokenizer.model Megatron's --tokenizer-model names)")
-        config = {**hf_config_from_spec(self.spec), **self.carried.get("config", {})}
+        config = {**hf_config_from_spec(self.spec, model_type=self.family), **self.carried.get("config", {})}
         (self.root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if len(self.shard_files) > 1:
             index = {"metadata": {"total_size": total},

@@ -204,7 +204,7 @@ def _problems(spec: ModelSpec):
     if spec.rope_scaling is not None:
         if spec.position != "rope":
             yield "rope_scaling needs position=rope"
-        yield from rope_scaling_problems(spec.rope_scaling)
+        yield from rope_scaling_problems(spec.rope_scaling, spec.head_dim if _is_int(spec.head_dim) else None)
 
 
 # Fields left out of `to_dict` when they hold their "absent" value, so older descriptions stay unchanged.
@@ -247,12 +247,17 @@ def moe_problems(spec: ModelSpec):
     for name in ("moe_norm_topk", "moe_router_bias", "shared_expert_gate"):
         if not isinstance(getattr(spec, name), bool):
             yield f"{name} must be true or false, got {getattr(spec, name)!r}"
-ROPE_SCALING_TYPES = ("llama3",)
+ROPE_SCALING_TYPES = ("llama3", "longrope")
 ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions")
+# LongRoPE (Phi-3): per-frequency divisors of the base frequencies, `short_factor` for sequences up to
+# `original_max_positions`, `long_factor` beyond, and cos / sin multiplied by `attention_factor`.
+LONGROPE_KEYS = ("type", "short_factor", "long_factor", "original_max_positions", "attention_factor")
 
 
-def rope_scaling_problems(scaling):
-    if not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
+def rope_scaling_problems(scaling, head_dim: int | None = None):
+    if isinstance(scaling, dict) and scaling.get("type") == "longrope":
+        yield from _longrope_problems(scaling, head_dim)
+    elif not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
         yield f"rope_scaling must have exactly the keys {list(ROPE_SCALING_KEYS)}, got {scaling!r}"
     elif scaling["type"] not in ROPE_SCALING_TYPES:
         yield f"rope_scaling type must be one of {ROPE_SCALING_TYPES}, got {scaling['type']!r}"
@@ -260,6 +265,28 @@ def rope_scaling_problems(scaling):
         yield f"rope_scaling values must be positive numbers, got {scaling!r}"
     elif scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         yield "rope_scaling high_freq_factor must exceed low_freq_factor"
+
+
+def _longrope_problems(scaling: dict, head_dim: int | None):
+    if sorted(scaling) != sorted(LONGROPE_KEYS):
+        yield f"longrope rope_scaling must have exactly the keys {list(LONGROPE_KEYS)}, got {sorted(scaling)}"
+        return
+    for key in ("short_factor", "long_factor"):
+        factors = scaling[key]
+        if not isinstance(factors, list) or not all(_is_number(f) and f > 0 for f in factors):
+            yield f"longrope {key} must be a list of positive numbers"
+        elif head_dim is not None and len(factors) != head_dim // 2:
+            yield f"longrope {key} must have head_dim / 2 = {head_dim // 2} values, got {len(factors)}"
+    if not (_is_int(scaling["original_max_positions"]) and scaling["original_max_positions"] > 0):
+        yield f"longrope original_max_positions must be a positive integer, got {scaling['original_max_positions']!r}"
+    if not (_is_number(scaling["attention_factor"]) and scaling["attention_factor"] > 0):
+        yield f"longrope attention_factor must be a positive number, got {scaling['attention_factor']!r}"
+
+
+def longrope_scaling(short_factor, long_factor, original_max_positions: int, attention_factor: float) -> dict:
+    return {"type": "longrope", "short_factor": [float(f) for f in short_factor],
+            "long_factor": [float(f) for f in long_factor], "original_max_positions": int(original_max_positions),
+            "attention_factor": float(attention_factor)}
 
 
 def llama3_rope_scaling(factor: float, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,

@@ -7,8 +7,10 @@ small functions beside it.
 """
 from __future__ import annotations
 
+import math
+
 from ..errors import InteropError
-from ..spec import ModelSpec, llama3_rope_scaling
+from ..spec import ModelSpec, llama3_rope_scaling, longrope_scaling
 
 # (spec field, config key, default)
 GPT2_KEYS = [
@@ -123,6 +125,13 @@ HF_FAMILIES = {
     "olmo2": {"architecture": "Olmo2ForCausalLM", "biases": "attention_bias", "qk_norm": True, "sliding": None,
               "defaults": {"vocab": 50304, "norm_eps": 1e-5}, "norms": "post", "qk_norm_scope": "projection",
               "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/phi3 (Phi3Config): Llama's facts without biases, a window on every layer when
+    # sliding_window is set (Phi3Model: create_sliding_window_causal_mask); q/k/v and gate/up fused in the files
+    # only (hf_names.PHI3).  It holds no fact Llama / Mistral lack, so it is written when asked (`--family phi3`,
+    # or an HF phi3 source) and read always.  pad_token_id's default 32000 would make a padding row: unset.
+    "phi3": {"architecture": "Phi3ForCausalLM", "biases": "none", "qk_norm": False, "sliding": "model",
+             "defaults": {"vocab": 32064, "hidden": 3072, "ffn_hidden": 8192, "max_positions": 4096, "norm_eps": 1e-5},
+             "unset": {"pad_token_id": None}},
 }
 # Where the norms sit, per HF_FAMILIES "norms": ModelSpec (pre_norm, post_norm).
 NORM_PLACES = {"pre": (True, False), "post": (False, True)}
@@ -195,8 +204,10 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
+    if kind in ("longrope", "su"):  # "su": older Phi-3 configs' name for it (Phi3Config renames it)
+        return _longrope(config, scaling, where)
     if kind != "llama3":
-        raise InteropError(f"{where}: rope type {kind!r} is not supported (default and llama3 are)")
+        raise InteropError(f"{where}: rope type {kind!r} is not supported (default, llama3 and longrope are)")
     missing = [k for k in LLAMA3_ROPE_KEYS if scaling.get(k) is None]
     if missing:
         raise InteropError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
@@ -204,6 +215,23 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     if bad:
         raise InteropError(f"{where}: llama3 rope scaling {bad[0]} must be a number, got {scaling[bad[0]]!r}")
     return llama3_rope_scaling(**{ours: scaling[hf] for hf, ours in LLAMA3_ROPE_KEYS.items()})
+
+
+def _longrope(config: dict, scaling: dict, where: str) -> dict:
+    """LongRoPE as transformers 5.24 computes it (modeling_rope_utils.py _compute_longrope_parameters): the
+    attention factor given, else sqrt(1 + ln(f) / ln(original)) for f = `factor` or max_position_embeddings /
+    original_max_position_embeddings when f > 1, else 1."""
+    original = scaling.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        raise InteropError(f"{where}: longrope needs original_max_position_embeddings, got {original!r}")
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(scaling.get(key), list):
+            raise InteropError(f"{where}: longrope {key} must be a list of numbers, got {scaling.get(key)!r}")
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        factor = scaling.get("factor") or config.get("max_position_embeddings", 4096) / original
+        attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+    return longrope_scaling(scaling["short_factor"], scaling["long_factor"], original, attention)
 
 
 def _sliding_window(config: dict, family: dict, where: str):
@@ -241,6 +269,9 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         mlp = bool(config.get("mlp_bias", False))
         qkv_bias, linear_bias = attention_bias, attention_bias  # attention_bias is q, k, v and o
         mlp_bias = None if mlp == attention_bias else mlp
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise InteropError(f"{where}: partial_rotary_factor={partial!r} is not supported (rotary on the whole head is)")
     heads = f["heads"]
     rope_base = rope.get("rope_theta", config.get("rope_theta", family.get("rope_theta", 10000.0)))
     if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool):
@@ -296,6 +327,8 @@ def hf_family(spec: ModelSpec) -> str:
         return "qwen3_moe" if spec.qk_norm and spec.sliding_window is None else "mixtral"
     if spec.post_norm and not spec.pre_norm:
         return "olmo2"
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
+        return "phi3"
     if spec.qk_norm:
         return "qwen3"
     if spec.qkv_bias and not spec.linear_bias and not spec.has_mlp_bias:
@@ -312,7 +345,7 @@ HF_SHAPES = {
 }
 
 
-def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
+def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type: str | None = None) -> dict:
     """A config.json that `AutoModelForCausalLM.from_pretrained` builds the same model from.
 
     What the HF class cannot hold is refused; with `cannot` (a list) it is appended there instead as
@@ -326,7 +359,13 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
         if getattr(spec, field) not in allowed:
             refuse(field, f"HF {spec.arch} cannot hold a model with {field}={getattr(spec, field)} "
                           f"(it has {' or '.join(allowed)})")
-    _check_family_norms(spec, "gpt2" if spec.arch == "gpt2" else hf_family(spec), refuse)
+    if model_type is not None and model_type not in HF_FAMILIES:
+        raise InteropError(f"HF family {model_type!r} is not one interop writes ({', '.join(HF_FAMILIES)} are)")
+    if model_type is not None and spec.arch == "gpt2":
+        raise InteropError(f"HF {model_type} cannot hold a GPT2 model (learned positions, LayerNorm)")
+    if model_type is not None and spec.is_moe != bool(HF_FAMILIES[model_type].get("moe")):
+        refuse("num_experts", f"HF {model_type} cannot hold a {'mixture-of-experts' if spec.is_moe else 'dense'} model")
+    _check_family_norms(spec, "gpt2" if spec.arch == "gpt2" else model_type or hf_family(spec), refuse)
     if spec.arch == "gpt2":
         if spec.kv_groups != spec.heads or spec.head_dim * spec.heads != spec.hidden:
             refuse("kv_groups" if spec.kv_groups != spec.heads else "head_dim",
@@ -338,7 +377,7 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         table = GPT2_KEYS
     else:
-        model_type = hf_family(spec)
+        model_type = model_type or hf_family(spec)
         family = HF_FAMILIES[model_type]
         config = {**family.get("unset", {}), "architectures": [family["architecture"]], "model_type": model_type,
                   "hidden_act": "silu",
@@ -372,6 +411,10 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
         table = LLAMA_KEYS
     for field, key, _ in table:
         config[key] = getattr(spec, field)
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
+        if config.get("model_type") != "phi3":
+            refuse("rope_scaling", f"HF {config.get('model_type')} cannot hold longrope scaling (phi3 can: --family phi3)")
+        config["original_max_position_embeddings"] = spec.rope_scaling["original_max_positions"]
     if config.get("model_type") == "mixtral":  # its experts are its MLP: intermediate_size is their width
         config["intermediate_size"] = spec.moe_ffn_hidden
     config["torch_dtype"] = spec.dtype
@@ -428,6 +471,11 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
 def _rope_parameters(spec: ModelSpec) -> dict:
     if spec.rope_scaling is None:
         return {"rope_theta": spec.rope_base, "rope_type": "default"}
+    if spec.rope_scaling["type"] == "longrope":
+        r = spec.rope_scaling
+        return {"rope_theta": spec.rope_base, "rope_type": "longrope", "short_factor": r["short_factor"],
+                "long_factor": r["long_factor"], "original_max_position_embeddings": r["original_max_positions"],
+                "attention_factor": r["attention_factor"]}
     out = {"rope_theta": spec.rope_base, "rope_type": "llama3"}
     out.update({hf: spec.rope_scaling[ours] for hf, ours in LLAMA3_ROPE_KEYS.items()})
     return out

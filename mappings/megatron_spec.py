@@ -177,6 +177,7 @@ def model_args(spec: ModelSpec) -> dict:
     if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
         raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
     model = {dest: getattr(spec, field) for field, dest in SPEC_NUMBERS.items()}
+    llama3 = spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3"  # the only one Megatron has
     model |= {
         "group_query_attention": spec.kv_groups != spec.heads, "normalization": NORMS_OUT[spec.norm],
         "swiglu": spec.activation == "swiglu",
@@ -190,8 +191,8 @@ def model_args(spec: ModelSpec) -> dict:
         "rotary_percent": 1.0, "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not spec.tied_embeddings,
         "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm,
-        "use_rope_scaling": spec.rope_scaling is not None,
-        "rope_scaling_factor": spec.rope_scaling["factor"] if spec.rope_scaling else 8.0,
+        "use_rope_scaling": llama3,
+        "rope_scaling_factor": spec.rope_scaling["factor"] if llama3 else 8.0,
         "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
     }
@@ -237,7 +238,10 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
 def args_losses(spec: ModelSpec) -> list[str]:
     """What Megatron args cannot say about `spec`: summary notes, so the loss is never silent."""
     notes = []
-    if spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
+        notes.append("Megatron's args have no longrope scaling (llama3's --use-rope-scaling only): this model's "
+                     "short / long factors and attention factor are not in the args (the interop format keeps them)")
+    elif spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
         notes.append(f"Megatron's --use-rope-scaling fixes low_freq_factor 1, high_freq_factor 4 and "
                      f"original_max_position_embeddings 8192; this model's {spec.rope_scaling} is not in the args")
     return notes

@@ -75,12 +75,27 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 def rope_tables(spec: ModelSpec, seq: int, device=None):
     """cos/sin [seq, head_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default)."""
     d = spec.head_dim
+    scaling = spec.rope_scaling
+    if scaling is not None and scaling["type"] == "longrope":
+        return longrope_tables(spec, seq, device)
     inv_freq = 1.0 / (spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
-    if spec.rope_scaling is not None:
-        inv_freq = llama3_inv_freq(inv_freq, spec.rope_scaling)
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
+
+
+def longrope_tables(spec: ModelSpec, seq: int, device=None):
+    """LongRoPE (Phi-3): each base frequency divided by its short factor (sequences up to the original context)
+    or long factor (longer ones), cos and sin multiplied by the attention factor (transformers' longrope)."""
+    d, scaling = spec.head_dim, spec.rope_scaling
+    factors = scaling["long_factor"] if seq > scaling["original_max_positions"] else scaling["short_factor"]
+    ext = torch.tensor(factors, dtype=torch.float32, device=device)
+    inv_freq = 1.0 / (ext * spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos() * scaling["attention_factor"], angles.sin() * scaling["attention_factor"]
 
 
 def llama3_inv_freq(inv_freq, scaling: dict):

@@ -187,7 +187,10 @@ def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: 
         persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
         qk_layernorm=spec.qk_norm, expert_model_parallel_size=ep, **moe_config(spec, router_bias_update_rate))
     scaling = spec.rope_scaling
-    if scaling is not None and scaling != llama3_rope_scaling(scaling["factor"]):
+    if not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head":
+        raise InteropError("megatron-core's GPT layer specs have norms before attention and MLP and q/k norms per "
+                           "head only; this model's post_norm / qk_norm_scope need Megatron-Bridge's layer spec")
+    if scaling is not None and scaling != llama3_rope_scaling(scaling.get("factor", 0)):
         raise InteropError(f"megatron-core's rope scaling fixes low_freq_factor 1, high_freq_factor 4 and "
                            f"original_max_position_embeddings 8192; this model has {scaling}")
     if spec.is_moe:

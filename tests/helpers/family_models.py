@@ -1,4 +1,4 @@
-"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 models built with transformers' own classes (nothing downloaded)."""
+"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 models built with transformers' own classes (nothing downloaded)."""
 from __future__ import annotations
 
 import torch
@@ -39,6 +39,14 @@ def build(kind: str, seed: int = 0):
         # default 1 would make embedding row 1 a padding row (zero gradient), which no other trainer has
         config = transformers.Olmo2Config(**COMMON, tie_word_embeddings=False, rope_theta=7000.0, pad_token_id=None)
         model = transformers.Olmo2ForCausalLM(config)
+    elif kind in ("phi3", "phi3-longrope"):  # fused qkv_proj / gate_up_proj; a window on every layer, or longrope
+        # whose original context (8) is shorter than the test sequences, so both factor lists are used
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.2, 1.3],
+                "long_factor": [2.0, 2.5, 3.0, 3.5], "original_max_position_embeddings": 8}
+        extra = {"rope_parameters": rope} if kind == "phi3-longrope" else {"sliding_window": SLIDING_WINDOW}
+        config = transformers.Phi3Config(**{**COMMON, "head_dim": 8}, tie_word_embeddings=False, pad_token_id=None,
+                                         original_max_position_embeddings=8, **extra)
+        model = transformers.Phi3ForCausalLM(config)
     else:
         raise ValueError(kind)
     # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.
