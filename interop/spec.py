@@ -20,7 +20,8 @@ ARCHS = ("gpt2", "llama")
 NORMS = ("layernorm", "rmsnorm")
 # gelu = exact erf GeLU (HF "gelu", Megatron default); gelu_tanh = tanh approximation
 # (HF "gelu_new", Megatron --openai-gelu / bias-gelu fusion); swiglu = SiLU(gate) * up.
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+# geglu_tanh = gelu_tanh(gate) * up (Gemma's GeGLU, HF hidden_activation "gelu_pytorch_tanh").
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh")
 POSITIONS = ("learned", "rope")
 DTYPES = ("float32", "bfloat16", "float16")
 # Sane bounds, so that a hostile or mistyped description fails here, before anything is sized by it:
@@ -29,7 +30,8 @@ MAX_LAYERS = 10_000
 MAX_SIZE = 2**31 - 1
 INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
               "max_positions")
-BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm", "pre_norm", "post_norm")
+BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm", "pre_norm", "post_norm", "norm_zero_centered",
+               "embed_scale")
 # What one q/k norm weight covers: each head's head_dim values, shared by the heads (Qwen3, Gemma 3), or the
 # whole projection, heads * head_dim values with a weight each (OLMo 2: RMS over all of a token's q or k).
 QK_NORM_SCOPES = ("head", "projection")
@@ -80,6 +82,17 @@ class ModelSpec:
     pre_norm: bool = True
     post_norm: bool = False
     qk_norm_scope: str = "head"  # QK_NORM_SCOPES: what one q/k norm covers (with qk_norm)
+    # Gemma's facts.  norm_zero_centered: every RMSNorm multiplies by (1 + w), w stored (Megatron's
+    # --apply-layernorm-1p); embed_scale: the embedding output times sqrt(hidden), rounded to the model's dtype;
+    # softmax_scale: the attention scores' factor (None: 1 / sqrt(head_dim); Gemma query_pre_attn_scalar ** -0.5);
+    # attn_softcap / logit_softcap: cap * tanh(x / cap) on the attention scores / the output logits;
+    # sliding_layers: the layers sliding_window applies to (None: every layer; Gemma 2 every other one).
+    norm_zero_centered: bool = False
+    embed_scale: bool = False
+    softmax_scale: float | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    sliding_layers: list | None = None
 
     def __post_init__(self):
         for message in _problems(self):
@@ -87,7 +100,11 @@ class ModelSpec:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.activation == "swiglu"
+        return self.activation in ("swiglu", "geglu_tanh")
+
+    def is_sliding_layer(self, i: int) -> bool:
+        """Whether global layer `i` attends within sliding_window."""
+        return self.sliding_window is not None and (self.sliding_layers is None or i in self.sliding_layers)
 
     @property
     def is_moe(self) -> bool:
@@ -198,6 +215,16 @@ def _problems(spec: ModelSpec):
         yield f"qk_norm_scope must be one of {QK_NORM_SCOPES}, got {spec.qk_norm_scope!r}"
     elif spec.qk_norm_scope != "head" and not spec.qk_norm:
         yield "qk_norm_scope needs qk_norm"
+    for name in ("softmax_scale", "attn_softcap", "logit_softcap"):
+        value = getattr(spec, name)
+        if value is not None and not (_is_number(value) and value > 0):
+            yield f"{name} must be a positive number or None, got {value!r}"
+    if spec.sliding_layers is not None:
+        if spec.sliding_window is None:
+            yield "sliding_layers needs sliding_window"
+        elif not isinstance(spec.sliding_layers, (list, tuple)) or not all(
+                _is_int(i) and 0 <= i < spec.num_layers for i in spec.sliding_layers):
+            yield f"sliding_layers must be a list of layer numbers below {spec.num_layers}, got {spec.sliding_layers!r}"
     if spec.pre_norm is False and spec.post_norm is False:
         yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
     yield from moe_problems(spec)
@@ -212,7 +239,9 @@ OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sl
                    "num_experts": None, "moe_topk": None, "moe_ffn_hidden": None, "moe_layers": None,
                    "moe_router_score": "softmax", "moe_norm_topk": True, "moe_router_bias": False,
                    "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False,
-                   "pre_norm": True, "post_norm": False, "qk_norm_scope": "head"}
+                   "pre_norm": True, "post_norm": False, "qk_norm_scope": "head", "norm_zero_centered": False,
+                   "embed_scale": False, "softmax_scale": None, "attn_softcap": None, "logit_softcap": None,
+                   "sliding_layers": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 
 

@@ -132,9 +132,19 @@ HF_FAMILIES = {
     "phi3": {"architecture": "Phi3ForCausalLM", "biases": "none", "qk_norm": False, "sliding": "model",
              "defaults": {"vocab": 32064, "hidden": 3072, "ffn_hidden": 8192, "max_positions": 4096, "norm_eps": 1e-5},
              "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/gemma2 (Gemma2Config, Gemma2RMSNorm (1 + w), Gemma2Model's sqrt(hidden) normalizer,
+    # Gemma2Attention query_pre_attn_scalar ** -0.5 and attn_logit_softcapping, final_logit_softcapping,
+    # layer_types): the sandwich of four norms per layer, GeGLU with tanh GeLU (hidden_activation)
+    "gemma2": {"architecture": "Gemma2ForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": "layer_types",
+               "defaults": {"vocab": 256000, "hidden": 2304, "ffn_hidden": 9216, "num_layers": 26, "heads": 8,
+                            "kv_groups": 4, "max_positions": 8192, "norm_eps": 1e-6, "tied_embeddings": True},
+               "norms": "sandwich", "gemma": True, "unset": {"pad_token_id": None}},
 }
 # Where the norms sit, per HF_FAMILIES "norms": ModelSpec (pre_norm, post_norm).
-NORM_PLACES = {"pre": (True, False), "post": (False, True)}
+NORM_PLACES = {"pre": (True, False), "post": (False, True), "sandwich": (True, True)}
+# Gemma's config keys (families with "gemma"): ModelSpec field <- config key.  query_pre_attn_scalar s is
+# softmax_scale s ** -0.5; the activation is hidden_activation's tanh GeLU gating.
+GEMMA_ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_tanh": "geglu_tanh"}
 # Mixture-of-experts config keys: (spec field, config key, default) per family.  Mixtral's experts are
 # `intermediate_size` wide (its only MLP); Qwen2-MoE's are `moe_intermediate_size`, its dense layers
 # (`mlp_only_layers`, `decoder_sparse_step`) `intermediate_size`, its shared expert always gated.
@@ -217,6 +227,48 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     return llama3_rope_scaling(**{ours: scaling[hf] for hf, ours in LLAMA3_ROPE_KEYS.items()})
 
 
+def _gemma_fields(config: dict, f: dict, where: str) -> dict:
+    """Gemma 2's facts from its config: (1 + w) norms, the embedding scale, the GeGLU, the attention scale and
+    soft-capping, the window on the layers `layer_types` names "sliding_attention"."""
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in GEMMA_ACTIVATIONS:
+        raise InteropError(f"{where}: hidden_activation {act!r} is not supported (gelu_pytorch_tanh is)")
+    scalar = config.get("query_pre_attn_scalar", 256)
+    caps = {}
+    for field, key, default in (("attn_softcap", "attn_logit_softcapping", 50.0),
+                                ("logit_softcap", "final_logit_softcapping", 30.0)):
+        value = config.get(key, default)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
+            raise InteropError(f"{where}: {key} must be a positive number or null, got {value!r}")
+        caps[field] = None if value is None else float(value)
+    if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or scalar <= 0:
+        raise InteropError(f"{where}: query_pre_attn_scalar must be a positive number, got {scalar!r}")
+    window = _optional_int(config, "sliding_window", where) if "sliding_window" in config else 4096
+    types = config.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                          for i in range(f["num_layers"])]  # Gemma2Config's default
+    if not isinstance(types, list) or len(types) != f["num_layers"] or not set(types) <= {"sliding_attention",
+                                                                                          "full_attention"}:
+        raise InteropError(f"{where}: layer_types must list sliding_attention / full_attention per layer, got {types!r}")
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if window is None or not sliding:
+        window, sliding = None, None
+    elif len(sliding) == len(types):
+        sliding = None
+    return dict(activation=GEMMA_ACTIVATIONS[act], norm_zero_centered=True, embed_scale=True,
+                softmax_scale=float(scalar) ** -0.5, sliding_window=window, sliding_layers=sliding, **caps)
+
+
+def _gemma_config(spec: ModelSpec) -> dict:
+    """The Gemma 2 keys of a config.json (the inverse of `_gemma_fields`)."""
+    scale = spec.softmax_scale if spec.softmax_scale is not None else spec.head_dim ** -0.5
+    scalar = 1.0 / (scale * scale)
+    return {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": int(round(scalar))
+            if abs(scalar - round(scalar)) < 1e-9 else scalar, "attn_logit_softcapping": spec.attn_softcap,
+            "final_logit_softcapping": spec.logit_softcap, "sliding_window": spec.sliding_window,
+            "layer_types": ["sliding_attention" if spec.is_sliding_layer(i) else "full_attention"
+                            for i in range(spec.num_layers)]}
+
+
 def _longrope(config: dict, scaling: dict, where: str) -> dict:
     """LongRoPE as transformers 5.24 computes it (modeling_rope_utils.py _compute_longrope_parameters): the
     attention factor given, else sqrt(1 + ln(f) / ln(original)) for f = `factor` or max_position_embeddings /
@@ -249,8 +301,12 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
     family = HF_FAMILIES[model_type]
     table = [(field, key, family["defaults"].get(field, default)) for field, key, default in LLAMA_KEYS]
     f = _read_table(config, table, where)
-    if config.get("hidden_act", "silu") != "silu":
+    if family.get("gemma"):
+        gemma = _gemma_fields(config, f, where)
+    elif config.get("hidden_act", "silu") != "silu":
         raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
+    else:
+        gemma = {}
     moe = _moe_fields(config, family, f, where) if family.get("moe") else {}
     rope = config.get("rope_parameters") or {}
     if not isinstance(rope, dict):
@@ -280,12 +336,13 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         where, arch="llama",
         kv_groups=_optional_int(config, "num_key_value_heads", where) or family["defaults"].get("kv_groups", heads),
         head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
-        activation="swiglu", position="rope", rope_base=float(rope_base),
+        activation=gemma.pop("activation", "swiglu"), position="rope", rope_base=float(rope_base),
         qkv_bias=qkv_bias, linear_bias=linear_bias, mlp_bias=mlp_bias, qk_norm=family["qk_norm"],
         qk_norm_scope=family.get("qk_norm_scope", "head"),
         **dict(zip(("pre_norm", "post_norm"), NORM_PLACES[family.get("norms", "pre")])),
-        rope_scaling=_rope_scaling(config, rope, where), sliding_window=_sliding_window(config, family, where),
-        dtype=dtype, **f, **moe)
+        rope_scaling=_rope_scaling(config, rope, where),
+        **({} if family.get("gemma") else {"sliding_window": _sliding_window(config, family, where)}),
+        dtype=dtype, **f, **moe, **gemma)
 
 
 def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
@@ -327,6 +384,8 @@ def hf_family(spec: ModelSpec) -> str:
         return "qwen3_moe" if spec.qk_norm and spec.sliding_window is None else "mixtral"
     if spec.post_norm and not spec.pre_norm:
         return "olmo2"
+    if spec.norm_zero_centered or spec.embed_scale or spec.post_norm:
+        return "gemma2"
     if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
         return "phi3"
     if spec.qk_norm:
@@ -341,7 +400,7 @@ def hf_family(spec: ModelSpec) -> str:
 # What each HF architecture can express; a spec outside it would load as a different model.
 HF_SHAPES = {
     "gpt2": {"norm": ("layernorm",), "position": ("learned",), "activation": ("gelu", "gelu_tanh")},
-    "llama": {"norm": ("rmsnorm",), "position": ("rope",), "activation": ("swiglu",)},
+    "llama": {"norm": ("rmsnorm",), "position": ("rope",), "activation": ("swiglu", "geglu_tanh")},
 }
 
 
@@ -400,12 +459,15 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
             config["qkv_bias"] = spec.qkv_bias
         if family.get("moe"):
             config.update(_moe_config(spec, model_type, refuse))
+        if family.get("gemma"):
+            del config["hidden_act"]
+            config.update(_gemma_config(spec))
         if family["sliding"] == "model":
             config["sliding_window"] = spec.sliding_window
         elif family["sliding"] == "per_layer":
             config["use_sliding_window"] = False
             config["sliding_window"] = None
-        if spec.sliding_window is not None and family["sliding"] != "model":
+        if spec.sliding_window is not None and family["sliding"] not in ("model", "layer_types"):
             refuse("sliding_window", f"HF {model_type} cannot hold a sliding window on every layer "
                                      f"(sliding_window={spec.sliding_window})")
         table = LLAMA_KEYS
@@ -430,6 +492,17 @@ def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
         where = {(True, False): "before", (False, True): "after", (True, True): "before and after"}
         refuse("post_norm", f"HF {model_type} cannot hold norms {where[(spec.pre_norm, spec.post_norm)]} attention "
                             f"and MLP ({', '.join(holders) or 'no HF family here'} can)")
+    gemma = bool(family.get("gemma"))
+    gemma_facts = {"norm_zero_centered": spec.norm_zero_centered, "embed_scale": spec.embed_scale,
+                   "activation": spec.activation == "geglu_tanh"}
+    for fact, has in gemma_facts.items():
+        if has != gemma:
+            refuse(fact, f"HF {model_type} cannot hold a model {'without' if gemma else 'with'} {fact}"
+                         f"{'=geglu_tanh' if fact == 'activation' else ''} (gemma2 {'can' if not gemma else 'has it'})")
+    if not gemma:
+        for fact in ("softmax_scale", "attn_softcap", "logit_softcap", "sliding_layers"):
+            if getattr(spec, fact) is not None:
+                refuse(fact, f"HF {model_type} cannot hold {fact}={getattr(spec, fact)} (gemma2 can)")
     scope = family.get("qk_norm_scope", "head")
     if spec.qk_norm and spec.qk_norm_scope != scope:
         holders = [t for t, f in HF_FAMILIES.items() if f["qk_norm"] and f.get("qk_norm_scope", "head") == spec.qk_norm_scope]

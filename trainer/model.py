@@ -37,16 +37,19 @@ class RMSNorm(nn.Module):
     gradient is partial; copy_to_tp sums them in the backward pass, keeping the copies identical.
     """
 
-    def __init__(self, hidden: int, eps: float, tp_group=None):
+    def __init__(self, hidden: int, eps: float, tp_group=None, zero_centered: bool = False):
         super().__init__()
-        self.eps, self.tp_group = eps, tp_group
+        self.eps, self.tp_group, self.zero_centered = eps, tp_group, zero_centered
         self.weight = nn.Parameter(torch.ones(hidden))
 
     def forward(self, x):
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return copy_to_tp(self.weight, self.tp_group) * x.to(dtype)
+        weight = copy_to_tp(self.weight, self.tp_group)
+        if self.zero_centered:  # Gemma: (1 + w) in fp32, then the model's dtype (Gemma2RMSNorm)
+            return (x * (1.0 + weight.float())).to(dtype)
+        return weight * x.to(dtype)
 
 
 class ProjectionRMSNorm(nn.Module):
@@ -68,7 +71,7 @@ class ProjectionRMSNorm(nn.Module):
 
 def make_norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
-        return RMSNorm(spec.hidden, spec.norm_eps)
+        return RMSNorm(spec.hidden, spec.norm_eps, zero_centered=spec.norm_zero_centered)
     return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
 
 
@@ -144,12 +147,13 @@ class Attention(nn.Module):
         self.v = ColumnParallelLinear(h, spec.kv_groups * d, spec.qkv_bias, tp, g)
         self.o = RowParallelLinear(spec.heads * d, h, spec.linear_bias, tp, g)
         self.window = spec.sliding_window
+        self.scale, self.softcap = spec.softmax_scale, spec.attn_softcap
         # q/k norms, before the rotation: over each head's d values (Qwen3), applied to [.., heads, d]; or over
         # the whole projection (OLMo 2), applied to [.., heads * d] before it is cut into heads
         self.qk_norm_scope = spec.qk_norm_scope if spec.qk_norm else None
         if self.qk_norm_scope == "head":
-            self.q_norm = RMSNorm(d, spec.norm_eps, g)
-            self.k_norm = RMSNorm(d, spec.norm_eps, g)
+            self.q_norm = RMSNorm(d, spec.norm_eps, g, spec.norm_zero_centered)
+            self.k_norm = RMSNorm(d, spec.norm_eps, g, spec.norm_zero_centered)
         elif self.qk_norm_scope == "projection":
             self.q_norm = ProjectionRMSNorm(spec.heads * d, spec.norm_eps, tp, g)
             self.k_norm = ProjectionRMSNorm(spec.kv_groups * d, spec.norm_eps, tp, g)
@@ -166,10 +170,25 @@ class Attention(nn.Module):
         v = self.v(x).view(b, s, self.groups, self.d).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        # GQA: each kv head serves heads/groups query heads (enable_gqa repeats them without a copy)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           enable_gqa=self.groups != self.heads)
+        if self.softcap is not None:
+            y = softcapped_attention(q, k, v, mask, self.scale, self.softcap)
+        else:  # GQA: each kv head serves heads/groups query heads (enable_gqa repeats them without a copy)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                               enable_gqa=self.groups != self.heads)
         return self.o(y.transpose(1, 2).reshape(b, s, self.heads * self.d))
+
+
+def softcapped_attention(q, k, v, mask, scale, cap):
+    """Attention whose scores are capped (Gemma 2's attn_logit_softcapping): cap * tanh(q k^T * scale / cap),
+    then the causal (or window) mask and a softmax in fp32, as transformers' eager Gemma 2 attention."""
+    repeat = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = torch.tanh(scores / cap) * cap
+    seq = q.shape[2]
+    allowed = mask if mask is not None else torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 class MLP(nn.Module):
@@ -191,6 +210,8 @@ class MLP(nn.Module):
     def forward(self, x):
         if self.activation == "swiglu":
             y = F.silu(self.gate(x)) * self.up(x)
+        elif self.activation == "geglu_tanh":
+            y = F.gelu(self.gate(x), approximate="tanh") * self.up(x)
         elif self.activation == "gelu_tanh":
             y = F.gelu(self.up(x), approximate="tanh")
         else:
@@ -225,11 +246,14 @@ class Embeddings(nn.Module):
     def __init__(self, spec: ModelSpec, grid: Grid, with_position: bool):
         super().__init__()
         self.word = VocabParallelEmbedding(spec.padded_vocab, spec.hidden, grid.tp, grid.tp_rank, grid.tp_group)
+        self.scale = spec.hidden ** 0.5 if spec.embed_scale else None
         if with_position:
             self.position = nn.Embedding(spec.max_positions, spec.hidden)
 
     def forward(self, tokens):
         x = self.word(tokens)
+        if self.scale is not None:  # Gemma: sqrt(hidden) rounded to the model's dtype first
+            x = x * torch.tensor(self.scale, dtype=x.dtype)
         if hasattr(self, "position"):
             x = x + self.position.weight[: tokens.shape[1]]
         return x
@@ -262,18 +286,30 @@ class Stage(nn.Module):
         """x: token ids [b, s] on the first stage, else hidden states [b, s, h] from the previous stage."""
         if self.first:
             x = self.embed(x)
-        rope = rope_tables(self.spec, x.shape[1], x.device) if self.spec.position == "rope" else None
-        mask = attention_mask(self.spec, x.shape[1], x.device)
-        for block in self.layers.values():
-            x = block(x, rope, mask)
+        x = self.blocks(x)
         if not self.last:
             return x
         return self.loss(self.final_norm(x), targets)
 
-    def loss(self, x, targets):
+    def blocks(self, x):
+        """This stage's layers on hidden states [b, s, h], each with its mask (a window on sliding layers)."""
+        rope = rope_tables(self.spec, x.shape[1], x.device) if self.spec.position == "rope" else None
+        mask = attention_mask(self.spec, x.shape[1], x.device)
+        for i, block in self.layers.items():
+            x = block(x, rope, mask if self.spec.is_sliding_layer(int(i)) else None)
+        return x
+
+    def logits(self, x):
+        """This rank's vocabulary shard of the logits of final-normed hidden states (soft-capped where the model is)."""
         weight = self.embed.word.weight if self.spec.tied_embeddings else self.lm_head.weight
         logits = F.linear(copy_to_tp(x, self.grid.tp_group), weight)
-        part = weight.shape[0]
+        if self.spec.logit_softcap is not None:  # Gemma 2's final_logit_softcapping (element-wise: any vocab shard)
+            logits = torch.tanh(logits / self.spec.logit_softcap) * self.spec.logit_softcap
+        return logits
+
+    def loss(self, x, targets):
+        logits = self.logits(x)
+        part = logits.shape[-1]
         return vocab_parallel_cross_entropy(logits.reshape(-1, part), targets.reshape(-1),
                                             self.grid.tp_rank * part, self.spec.vocab, self.grid.tp_group)
 
