@@ -84,7 +84,34 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
         pre_norm=pre_norm, post_norm=post_norm, qk_norm_scope=full.get("qk_layernorm_scope") or "head",
+        norm_zero_centered=bool(full.get("layernorm_zero_centered_gamma")), embed_scale=bool(full.get("embedding_scale")),
+        softmax_scale=_optional_float(full, "softmax_scale", where),
+        attn_softcap=_optional_float(full, "attn_logit_softcapping", where),
+        logit_softcap=_optional_float(full, "final_logit_softcapping", where),
+        sliding_layers=_sliding_layers(full, sliding_window, where),
         dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
+
+
+def _optional_float(full: dict, key: str, where: str) -> float | None:
+    value = full.get(key)
+    if value in (None, "", "None"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InteropError(f"{where}: {key}={value!r} is not a number") from None
+
+
+def _sliding_layers(full: dict, window, where: str) -> list | None:
+    """`sliding_window_layers` ("0,2,4" or a list): the layers --window-size applies to (None: all)."""
+    value = full.get("sliding_window_layers")
+    if value in (None, "", "None") or window is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        return [int(i) for i in items]
+    except (TypeError, ValueError):
+        raise InteropError(f"{where}: sliding_window_layers={value!r} is not a list of layer numbers") from None
 
 
 def moe_from_args(full: dict, where: str) -> dict:
@@ -181,7 +208,8 @@ def model_args(spec: ModelSpec) -> dict:
     model |= {
         "group_query_attention": spec.kv_groups != spec.heads, "normalization": NORMS_OUT[spec.norm],
         "swiglu": spec.activation == "swiglu",
-        "openai_gelu": spec.activation == "gelu_tanh",
+        "openai_gelu": spec.activation in ("gelu_tanh", "geglu_tanh"),
+        "layernorm_zero_centered_gamma": spec.norm_zero_centered,
         # the fused bias-GeLU is the tanh form: on only when that is the model's GeLU
         "bias_gelu_fusion": spec.activation == "gelu_tanh" and spec.linear_bias,
         "bias_swiglu_fusion": spec.activation == "swiglu",
@@ -196,14 +224,26 @@ def model_args(spec: ModelSpec) -> dict:
         "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
     }
-    if not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head":  # no Megatron-LM flag: said only when so
+    if _bridge_facts(spec):  # no Megatron-LM flag: said only when so
         model |= layer_spec_args(spec)
     return model
 
 
 def layer_spec_args(spec: ModelSpec) -> dict:
-    """The facts megatron-core states by a layer spec, not an argument (megatron_args' origin "bridge" rows)."""
-    return {"pre_norm": spec.pre_norm, "post_norm": spec.post_norm, "qk_layernorm_scope": spec.qk_norm_scope}
+    """The facts megatron-core states by a layer spec or a Megatron-Bridge provider field, not an argument
+    (megatron_args' origin "bridge" rows)."""
+    return {"pre_norm": spec.pre_norm, "post_norm": spec.post_norm, "qk_layernorm_scope": spec.qk_norm_scope,
+            "gated_linear_unit": spec.activation == "geglu_tanh", "embedding_scale": spec.embed_scale,
+            "softmax_scale": spec.softmax_scale, "attn_logit_softcapping": spec.attn_softcap,
+            "final_logit_softcapping": spec.logit_softcap,
+            "sliding_window_layers": None if spec.sliding_layers is None else ",".join(map(str, spec.sliding_layers))}
+
+
+def _bridge_facts(spec: ModelSpec) -> bool:
+    """Whether the model has a fact only `layer_spec_args` can say (map-args then says them too)."""
+    return (not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head" or spec.activation == "geglu_tanh"
+            or spec.embed_scale or spec.softmax_scale is not None or spec.attn_softcap is not None
+            or spec.logit_softcap is not None or spec.sliding_layers is not None)
 
 
 def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,

@@ -200,6 +200,11 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
 def _megatron_logits(store, tokens, tmp: Path):
     from . import megatron_framework
     why = megatron_framework.available()
+    if not why:
+        from ..store import StoreReader
+        reader = StoreReader(store)
+        why = megatron_framework.cannot_build(reader.spec)
+        reader.close()
     if why:
         raise FrameworkUnavailable(f"{why}; the Megatron checkpoint ran in the reference model only")
     return megatron_framework.forward_logits(store, tokens)

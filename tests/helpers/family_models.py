@@ -1,4 +1,4 @@
-"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 models built with transformers' own classes (nothing downloaded)."""
+"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 / Gemma 2 models built with transformers' own classes (nothing downloaded)."""
 from __future__ import annotations
 
 import torch
@@ -47,6 +47,12 @@ def build(kind: str, seed: int = 0):
         config = transformers.Phi3Config(**{**COMMON, "head_dim": 8}, tie_word_embeddings=False, pad_token_id=None,
                                          original_max_position_embeddings=8, **extra)
         model = transformers.Phi3ForCausalLM(config)
+    elif kind == "gemma2":  # sandwich norms, (1 + w), sqrt(hidden) embedding scale, GeGLU, soft-capping, a window on
+        # every other layer, query_pre_attn_scalar unlike head_dim; caps small enough to bite on these logits
+        config = transformers.Gemma2Config(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=16, sliding_window=SLIDING_WINDOW,
+                                           query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
+                                           final_logit_softcapping=5.0, pad_token_id=None)
+        model = transformers.Gemma2ForCausalLM(config)
     else:
         raise ValueError(kind)
     # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.
