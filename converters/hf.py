@@ -17,13 +17,15 @@ import torch
 from ..errors import InteropError
 from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
+from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
-from ..mappings.facts import no_place
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
-from ..params import OPTIM_PREFIXES, param_index, param_table
+from ..params import TensorKey, param_table
+from ..rows import Row, RowCollector, check_placed, expand
 from ..spec import ModelSpec
+from ..state import TrainingState
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import Transform
 
@@ -66,27 +68,11 @@ def hf_table(spec: ModelSpec, model_type: str | None = None) -> str:
     return family if family in TABLES else spec.arch
 
 
-def hf_rows(spec: ModelSpec, stacked: bool = False, model_type: str | None = None) -> list[tuple[str, Transform, list[str]]]:
-    """The architecture's name table expanded for this model, keeping rows whose tensors exist:
-    (HF name, its transform bound to the row's tensors, canonical names).
+def hf_rows(spec: ModelSpec, stacked: bool = False, model_type: str | None = None) -> list[Row]:
+    """The architecture's name table expanded for this model (`interop.rows.expand`).
     `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    present = param_index(spec)
-    rows = []
-    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec, model_type)]:
-        layers = range(spec.num_layers) if "{i}" in hf_name else [None]
-        experts = range(spec.num_experts) if "{e}" in hf_name else [None]
-        for i in layers:
-            for e in experts:
-                if transform.every_expert:  # every expert's parts in one tensor, expert by expert
-                    names = [p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts]
-                else:
-                    names = [p.format(i=i, e=e) for p in parts]
-                if all(n in present for n in names):
-                    rows.append((hf_name.format(i=i, e=e), transform.bind(spec, [present[n] for n in names]), names))
-    held = {n for _, _, names in rows for n in names}
-    homeless = [n for n in present if n not in held]
-    if homeless:
-        raise InteropError(no_place(f"HF {hf_table(spec, model_type)} names", homeless[0]))
+    rows = expand((STACKED_TABLES if stacked else TABLES)[hf_table(spec, model_type)], spec)
+    check_placed(rows, spec, f"HF {hf_table(spec, model_type)}")
     return rows
 
 
@@ -165,7 +151,7 @@ class _BinFile:
         return self.tensors[key].clone()
 
 
-class Reader:
+class Reader(BaseReader):
     def __init__(self, path):
         root = Path(path)
         if not detect(root):
@@ -185,7 +171,8 @@ class Reader:
         self.model_type = config.get("model_type")  # its family's names (phi3's fused qkv_proj, ...)
         self.rows = hf_rows(spec, stacked, self.model_type)
         self.part_of = {}
-        for hf_key, transform, parts in self.rows:
+        for row in self.rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             if hf_key not in keys:
                 raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {self.model_type} "
                                    f"model with {spec.num_layers} layers)")
@@ -246,8 +233,10 @@ class Reader:
         self._cached.clear()
 
 
-class Writer:
+class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "family")
+    splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
     @staticmethod
@@ -278,12 +267,13 @@ class Writer:
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = sorted(hf_rows(spec, model_type=family), key=lambda row: max(position[p] for p in row[2]))
-        self.row_of, self.pending = {}, {}
-        self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
+        rows = sorted(hf_rows(spec, model_type=family), key=lambda row: max(position[p] for p in row.parts))
+        self.row_of, self.pending = {}, RowCollector()
+        self.dropped_optim = {key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
-        for hf_key, transform, parts in rows:
+        for row in rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             first = meta_of[parts[0]]
             shape = transform.rank_shape()
             nbytes = TensorMeta(hf_key, first.dtype, shape).nbytes
@@ -308,23 +298,20 @@ class Writer:
                 self.file_of[key] = name
 
     def wants(self, name: str) -> bool:
-        return not name.startswith(OPTIM_PREFIXES) and self.file_of[self.row_of[name][0]] in self.writers
+        return not TensorKey.parse(name).is_optim and self.file_of[self.row_of[name][0]] in self.writers
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
+        if TensorKey.parse(name).is_optim:  # HF checkpoints hold weights only (a note says so)
             return
         hf_key, transform, parts = self.row_of[name]
-        got = self.pending.setdefault(hf_key, {})
-        got[name] = tensor
-        if len(got) == len(parts):
-            del self.pending[hf_key]
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
-                                                                    self.memory.empty))
+        tensors = self.pending.add(hf_key, parts, name, tensor)
+        if tensors is not None:
+            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
         (a single-tensor row, not transposed); False when it must come through `write`."""
-        if name.startswith(OPTIM_PREFIXES):
+        if TensorKey.parse(name).is_optim:
             return True  # not kept: no need to read it
         hf_key, transform, _ = self.row_of[name]
         if not transform.unchanged:
@@ -332,9 +319,10 @@ class Writer:
         self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
         return True
 
-    def carry(self, carried: dict) -> None:
+    def carry(self, carried) -> bool:
         """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids."""
         self.carried = carried
+        return True
 
     def _model_files(self) -> dict:
         """{name in the output: file to copy} for the tokenizer and generation config."""
@@ -364,13 +352,12 @@ class Writer:
         (self.root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def _tokenizer_from_args(self, state: dict | None) -> None:
-        """No --tokenizer and none carried: a Megatron source's own `--tokenizer-model`, when that file
-        exists here, is what it was trained with; taken, and said so."""
+        """No --tokenizer and none carried: the source's own tokenizer file (`TrainingState.tokenizer_model`, a
+        Megatron `--tokenizer-model`), when that file exists here, is what it was trained with; taken, and said so."""
         if self.tokenizer is not None or set(self.carried.get("files", {})) & set(TOKENIZER_FILES):
             return
-        args = ((state or {}).get("megatron") or {}).get("args") or {}
-        named = args.get("tokenizer_model") if isinstance(args, dict) else None
-        if isinstance(named, str) and named and Path(named).is_file():
+        named = TrainingState.of(state).tokenizer_model
+        if named is not None and Path(named).is_file():
             self.tokenizer = Path(named)
             self.written_notes.append(f"tokenizer: {named}, the checkpoint's --tokenizer-model "
                                       "(--tokenizer overrides)")
@@ -379,12 +366,10 @@ class Writer:
         """Close this writer's shard files: {file: bytes}."""
         return {name: writer.close()[0] for name, writer in self.writers.items()}
 
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
-
-    def finish_global(self, state: dict | None, sizes: dict) -> None:
-        """config.json, the shard index, tokenizer and generation config: the files beside the weights."""
-        total = sum(sizes[name] for name in self.units)
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        """config.json, the shard index, tokenizer and generation config: the files beside the weights
+        (`results`: {shard file: bytes})."""
+        total = sum(results[name] for name in self.units)
         self._tokenizer_from_args(state)
         files = self._model_files()
         for name, path in files.items():

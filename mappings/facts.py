@@ -19,9 +19,10 @@ FACT_OF_TENSOR = {
 }
 
 
-def no_place(where: str, name: str) -> str:
-    """`where` (e.g. "MindSpore mindspeed names") has no row for canonical tensor `name`: say the fact and its holders."""
+def no_place(where: str, name: str) -> str | None:
+    """`where` (e.g. "MindSpore mindspeed names") has no row for canonical tensor `name`: the line that says the
+    fact and its holders, or None for a tensor no fact here brings."""
     for suffix, (fact, holders) in FACT_OF_TENSOR.items():
         if name.endswith(suffix):
             return f"{where} have no place for {name}: the model's {fact} is held by {holders}"
-    return f"{where} have no place for {name}"
+    return None

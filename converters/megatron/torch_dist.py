@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io import megatron_dist as dist
 from ...io.safe_pickle import to_plain
@@ -39,6 +40,7 @@ from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import DIST_EXPERT_KEYS, EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
@@ -131,7 +133,11 @@ def _rows(spec: ModelSpec, scheme: str, moe_norm_apart: bool = False):
     return expand_rows(scheme, spec, ParallelLayout.build(spec.num_layers), moe_norm_apart=moe_norm_apart)
 
 
-class Reader:
+class Reader(BaseReader):
+    """A Megatron checkpoint in the `torch_dist` format (PyTorch DCP, through `interop.io.megatron_dist`)."""
+
+    options = ("iteration", "model_config")
+
     def __init__(self, path, iteration: int | None = None, model_config=None):
         self.dir = dist.checkpoint_dir(path, iteration)
         self.ckpt = dist.DistCheckpoint(self.dir)
@@ -447,7 +453,7 @@ class Reader:
         fragments = getattr(self, "fragments", {}).get(key)
         return stored if fragments is None else _unflatten(stored, *fragments)
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused tensor holding `name`; None for a lone one, and for the
         distributed optimizer's buckets (flat, not laid out as the row)."""
@@ -500,9 +506,12 @@ def _extra_template(module: str) -> str:
     return ""
 
 
-class Writer:
+class Writer(BaseWriter):
     """Writes `save/iter_XXXXXXX/` in torch_dist, loadable by Megatron-LM at any tp/pp."""
 
+    options = ("iteration", "distributed_optimizer")
+    splits = True
+    holds_moe = True  # routed experts, router and shared experts, at any --ep
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
@@ -533,7 +542,7 @@ class Writer:
                 shape = tuple(row.transform.rank_shape())
                 self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]], global_shape(spec, layer, shape))
                 lead[_prefix(prefix) + key] = 0 if layer is None else len(layer) if isinstance(layer, tuple) else 1
-        self.pending: dict[tuple, dict] = {}
+        self.pending = RowCollector()
         # Finished Megatron tensors go straight into the DCP file of a folder renamed `iter_*` at the end
         # (the iteration is known only from the final state).
         self.root.mkdir(parents=True, exist_ok=True)
@@ -551,12 +560,10 @@ class Writer:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
         row = self.row_of[base]
-        got = self.pending.setdefault((prefix, row.parts), {})
-        got[base] = tensor
-        if len(got) < len(row.parts):
+        parts = self.pending.add((prefix, row.parts), row.parts, base, tensor)
+        if parts is None:
             return
-        del self.pending[(prefix, row.parts)]
-        fused = row.transform.fuse([got[n] for n in row.parts])
+        fused = row.transform.fuse(parts)
         key, layer = stacked_key(row.key, self.homogeneous)
         self.out.write(prefix + key, layer, fused)
 
@@ -573,16 +580,13 @@ class Writer:
 
     def finish_units(self, state: dict | None = None) -> dict:
         """Close this writer's `.distcp` files; returns their DCP storage entries."""
-        if self.pending:
-            raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
+        self.pending.check_done()
         return self.out.close_files()
 
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
-
-    def finish_global(self, state: dict | None, storage: dict) -> None:
-        """`.metadata` (every file's chunks), the byte objects, common.pt, metadata.json; then the folder's name."""
-        self.out.add_storage({i: info for i, info in storage.items() if i not in self.out.storage})
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        """`.metadata` (every file's chunks, `results`: their DCP storage entries), the byte objects, common.pt,
+        metadata.json; then the folder's name."""
+        self.out.add_storage({i: info for i, info in results.items() if i not in self.out.storage})
         state = state or {}
         meg = state.get("megatron") or {}
         base = base_args(meg)
