@@ -8,9 +8,9 @@ from __future__ import annotations
 
 # canonical name suffix -> (ModelSpec fact, the formats whose tables hold its tensors)
 FACT_OF_TENSOR = {
-    ".attn_post_norm.weight": ("post_norm", "hf (olmo2), megatron (megatron-core names), interop"),
+    ".attn_post_norm.weight": ("post_norm", "hf (olmo2, gemma2), megatron (megatron-core names), interop"),
     ".attn_post_norm.bias": ("post_norm", "megatron (megatron-core names), interop"),
-    ".mlp_post_norm.weight": ("post_norm", "hf (olmo2), megatron (megatron-core names), interop"),
+    ".mlp_post_norm.weight": ("post_norm", "hf (olmo2, gemma2), megatron (megatron-core names), interop"),
     ".mlp_post_norm.bias": ("post_norm", "megatron (megatron-core names), interop"),
     ".attn.q_norm.weight": ("qk_norm", "hf (qwen3, qwen3_moe, olmo2), megatron (megatron-core names), "
                                        "mindspore --dialect mindformers-mcore, interop"),

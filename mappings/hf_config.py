@@ -496,9 +496,11 @@ def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
     gemma_facts = {"norm_zero_centered": spec.norm_zero_centered, "embed_scale": spec.embed_scale,
                    "activation": spec.activation == "geglu_tanh"}
     for fact, has in gemma_facts.items():
-        if has != gemma:
-            refuse(fact, f"HF {model_type} cannot hold a model {'without' if gemma else 'with'} {fact}"
-                         f"{'=geglu_tanh' if fact == 'activation' else ''} (gemma2 {'can' if not gemma else 'has it'})")
+        what = f"{fact}=geglu_tanh" if fact == "activation" else fact
+        if has and not gemma:
+            refuse(fact, f"HF {model_type} cannot hold {what} (gemma2 can)")
+        elif gemma and not has:
+            refuse(fact, f"HF {model_type} always has {what}; this model has not")
     if not gemma:
         for fact in ("softmax_scale", "attn_softcap", "logit_softcap", "sliding_layers"):
             if getattr(spec, fact) is not None:

@@ -108,8 +108,10 @@ def test_formats_without_the_facts_refuse_in_one_line(olmo2, tmp_path):
             convert(src, tmp_path / dialect, dst_format="mindspore", options={"dialect": dialect})
         assert not (tmp_path / dialect).exists()
     spec = spec_from_hf_config(json.loads((src / "config.json").read_text()))
-    with pytest.raises(InteropError, match="HF qwen3 cannot hold norms before and after attention and MLP"):
-        hf_config_from_spec(spec.replace(pre_norm=True, post_norm=True))  # (no HF family has both here yet)
+    with pytest.raises(InteropError, match="HF gemma2 always has norm_zero_centered; this model has not"):
+        hf_config_from_spec(spec.replace(pre_norm=True, post_norm=True))  # sandwich norms: Gemma 2's, with its facts
+    with pytest.raises(InteropError, match=r"HF llama cannot hold norms after attention and MLP \(olmo2 can\)"):
+        hf_config_from_spec(spec, model_type="llama")
 
 
 def test_trainer_parity_with_transformers(olmo2, tmp_path):
