@@ -93,6 +93,8 @@ class ModelSpec:
     attn_softcap: float | None = None
     logit_softcap: float | None = None
     sliding_layers: list | None = None
+    # Gemma 3: the sliding layers' own rope base, without rope_scaling (which then applies to the other layers)
+    rope_local_base: float | None = None
 
     def __post_init__(self):
         for message in _problems(self):
@@ -225,6 +227,8 @@ def _problems(spec: ModelSpec):
         elif not isinstance(spec.sliding_layers, (list, tuple)) or not all(
                 _is_int(i) and 0 <= i < spec.num_layers for i in spec.sliding_layers):
             yield f"sliding_layers must be a list of layer numbers below {spec.num_layers}, got {spec.sliding_layers!r}"
+    if spec.rope_local_base is not None and not (_is_number(spec.rope_local_base) and spec.rope_local_base > 0):
+        yield f"rope_local_base must be a positive number or None, got {spec.rope_local_base!r}"
     if spec.pre_norm is False and spec.post_norm is False:
         yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
     yield from moe_problems(spec)
@@ -241,7 +245,7 @@ OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sl
                    "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False,
                    "pre_norm": True, "post_norm": False, "qk_norm_scope": "head", "norm_zero_centered": False,
                    "embed_scale": False, "softmax_scale": None, "attn_softcap": None, "logit_softcap": None,
-                   "sliding_layers": None}
+                   "sliding_layers": None, "rope_local_base": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 
 
@@ -276,7 +280,7 @@ def moe_problems(spec: ModelSpec):
     for name in ("moe_norm_topk", "moe_router_bias", "shared_expert_gate"):
         if not isinstance(getattr(spec, name), bool):
             yield f"{name} must be true or false, got {getattr(spec, name)!r}"
-ROPE_SCALING_TYPES = ("llama3", "longrope")
+ROPE_SCALING_TYPES = ("llama3", "longrope", "linear")
 ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions")
 # LongRoPE (Phi-3): per-frequency divisors of the base frequencies, `short_factor` for sequences up to
 # `original_max_positions`, `long_factor` beyond, and cos / sin multiplied by `attention_factor`.
@@ -286,6 +290,9 @@ LONGROPE_KEYS = ("type", "short_factor", "long_factor", "original_max_positions"
 def rope_scaling_problems(scaling, head_dim: int | None = None):
     if isinstance(scaling, dict) and scaling.get("type") == "longrope":
         yield from _longrope_problems(scaling, head_dim)
+    elif isinstance(scaling, dict) and scaling.get("type") == "linear":  # positions divided by factor (Gemma 3)
+        if sorted(scaling) != ["factor", "type"] or not (_is_number(scaling["factor"]) and scaling["factor"] > 0):
+            yield f"linear rope_scaling must be {{type, factor > 0}}, got {scaling!r}"
     elif not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
         yield f"rope_scaling must have exactly the keys {list(ROPE_SCALING_KEYS)}, got {scaling!r}"
     elif scaling["type"] not in ROPE_SCALING_TYPES:

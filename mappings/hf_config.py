@@ -138,7 +138,18 @@ HF_FAMILIES = {
     "gemma2": {"architecture": "Gemma2ForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": "layer_types",
                "defaults": {"vocab": 256000, "hidden": 2304, "ffn_hidden": 9216, "num_layers": 26, "heads": 8,
                             "kv_groups": 4, "max_positions": 8192, "norm_eps": 1e-6, "tied_embeddings": True},
-               "norms": "sandwich", "gemma": True, "unset": {"pad_token_id": None}},
+               "norms": "sandwich", "gemma": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+               "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/gemma3 (Gemma3TextConfig, Gemma3ForCausalLM): Gemma 2's facts without soft-capping
+    # by default, q/k RMSNorm per head as (1 + w), five sliding layers to one full, rope_parameters per layer type
+    # (full_attention: rope_theta with its scaling, linear on the larger models; sliding_attention: the local base)
+    "gemma3_text": {"architecture": "Gemma3ForCausalLM", "biases": "attention_bias", "qk_norm": True,
+                    "sliding": "layer_types", "defaults": {"vocab": 262208, "hidden": 2304, "ffn_hidden": 9216,
+                                                           "num_layers": 26, "heads": 8, "kv_groups": 4,
+                                                           "max_positions": 131072, "norm_eps": 1e-6,
+                                                           "tied_embeddings": True},
+                    "norms": "sandwich", "gemma": {"attn_logit_softcapping": None, "final_logit_softcapping": None},
+                    "rope_per_layer_type": True, "unset": {"pad_token_id": None}},
 }
 # Where the norms sit, per HF_FAMILIES "norms": ModelSpec (pre_norm, post_norm).
 NORM_PLACES = {"pre": (True, False), "post": (False, True), "sandwich": (True, True)}
@@ -208,16 +219,22 @@ def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
 
 def _rope_scaling(config: dict, rope: dict, where: str):
     """ModelSpec.rope_scaling from rope_parameters (transformers 5) or rope_scaling (older configs)."""
-    scaling = config.get("rope_scaling") or rope
+    scaling = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) and \
+        "full_attention" not in config["rope_scaling"] else rope
     if not isinstance(scaling, dict):
         raise InteropError(f"{where}: rope_scaling must be an object, got {scaling!r}")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
+    if kind == "linear":
+        factor = scaling.get("factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+            raise InteropError(f"{where}: linear rope scaling factor must be a positive number, got {factor!r}")
+        return {"type": "linear", "factor": float(factor)}
     if kind in ("longrope", "su"):  # "su": older Phi-3 configs' name for it (Phi3Config renames it)
         return _longrope(config, scaling, where)
     if kind != "llama3":
-        raise InteropError(f"{where}: rope type {kind!r} is not supported (default, llama3 and longrope are)")
+        raise InteropError(f"{where}: rope type {kind!r} is not supported (default, linear, llama3 and longrope are)")
     missing = [k for k in LLAMA3_ROPE_KEYS if scaling.get(k) is None]
     if missing:
         raise InteropError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
@@ -227,7 +244,7 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     return llama3_rope_scaling(**{ours: scaling[hf] for hf, ours in LLAMA3_ROPE_KEYS.items()})
 
 
-def _gemma_fields(config: dict, f: dict, where: str) -> dict:
+def _gemma_fields(config: dict, f: dict, where: str, defaults: dict) -> dict:
     """Gemma 2's facts from its config: (1 + w) norms, the embedding scale, the GeGLU, the attention scale and
     soft-capping, the window on the layers `layer_types` names "sliding_attention"."""
     act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
@@ -235,9 +252,8 @@ def _gemma_fields(config: dict, f: dict, where: str) -> dict:
         raise InteropError(f"{where}: hidden_activation {act!r} is not supported (gelu_pytorch_tanh is)")
     scalar = config.get("query_pre_attn_scalar", 256)
     caps = {}
-    for field, key, default in (("attn_softcap", "attn_logit_softcapping", 50.0),
-                                ("logit_softcap", "final_logit_softcapping", 30.0)):
-        value = config.get(key, default)
+    for field, key in (("attn_softcap", "attn_logit_softcapping"), ("logit_softcap", "final_logit_softcapping")):
+        value = config.get(key, defaults[key])
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
             raise InteropError(f"{where}: {key} must be a positive number or null, got {value!r}")
         caps[field] = None if value is None else float(value)
@@ -302,7 +318,7 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
     table = [(field, key, family["defaults"].get(field, default)) for field, key, default in LLAMA_KEYS]
     f = _read_table(config, table, where)
     if family.get("gemma"):
-        gemma = _gemma_fields(config, f, where)
+        gemma = _gemma_fields(config, f, where, family["gemma"])
     elif config.get("hidden_act", "silu") != "silu":
         raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
     else:
@@ -311,6 +327,16 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
     rope = config.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise InteropError(f"{where}: rope_parameters must be an object, got {rope!r}")
+    local_base = None
+    if family.get("rope_per_layer_type") and "full_attention" in rope:  # Gemma 3: one rope per layer type
+        local = rope.get("sliding_attention") or {}
+        if local.get("rope_type", "default") != "default":
+            raise InteropError(f"{where}: sliding_attention rope type {local.get('rope_type')!r} is not supported "
+                               "(default is)")
+        local_base = local.get("rope_theta", config.get("rope_local_base_freq", 10000.0))
+        rope = rope["full_attention"]
+        if not isinstance(rope, dict) or not isinstance(local_base, (int, float)) or isinstance(local_base, bool):
+            raise InteropError(f"{where}: rope_parameters per layer type must be objects with numeric rope_theta")
     if family["biases"] == "qkv":
         qkv_bias, linear_bias, mlp_bias = True, False, None
     elif family["biases"] == "qkv_key":
@@ -341,6 +367,7 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         qk_norm_scope=family.get("qk_norm_scope", "head"),
         **dict(zip(("pre_norm", "post_norm"), NORM_PLACES[family.get("norms", "pre")])),
         rope_scaling=_rope_scaling(config, rope, where),
+        rope_local_base=None if local_base is None else float(local_base),
         **({} if family.get("gemma") else {"sliding_window": _sliding_window(config, family, where)}),
         dtype=dtype, **f, **moe, **gemma)
 
@@ -385,7 +412,7 @@ def hf_family(spec: ModelSpec) -> str:
     if spec.post_norm and not spec.pre_norm:
         return "olmo2"
     if spec.norm_zero_centered or spec.embed_scale or spec.post_norm:
-        return "gemma2"
+        return "gemma3_text" if spec.qk_norm or spec.rope_local_base is not None else "gemma2"
     if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
         return "phi3"
     if spec.qk_norm:
@@ -462,6 +489,16 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
         if family.get("gemma"):
             del config["hidden_act"]
             config.update(_gemma_config(spec))
+        if family.get("rope_per_layer_type"):
+            config["rope_parameters"] = {"full_attention": config["rope_parameters"], "sliding_attention": {
+                "rope_type": "default", "rope_theta": spec.rope_local_base if spec.rope_local_base is not None
+                else spec.rope_base}}
+        elif spec.rope_local_base is not None:
+            refuse("rope_local_base", f"HF {model_type} cannot hold a rope base of its own for sliding layers "
+                                      "(gemma3_text can)")
+        if spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear" and \
+                not family.get("rope_per_layer_type"):
+            refuse("rope_scaling", f"HF {model_type}: interop writes linear rope scaling for gemma3_text only")
         if family["sliding"] == "model":
             config["sliding_window"] = spec.sliding_window
         elif family["sliding"] == "per_layer":
@@ -498,13 +535,13 @@ def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
     for fact, has in gemma_facts.items():
         what = f"{fact}=geglu_tanh" if fact == "activation" else fact
         if has and not gemma:
-            refuse(fact, f"HF {model_type} cannot hold {what} (gemma2 can)")
+            refuse(fact, f"HF {model_type} cannot hold {what} (gemma2, gemma3_text can)")
         elif gemma and not has:
             refuse(fact, f"HF {model_type} always has {what}; this model has not")
     if not gemma:
         for fact in ("softmax_scale", "attn_softcap", "logit_softcap", "sliding_layers"):
             if getattr(spec, fact) is not None:
-                refuse(fact, f"HF {model_type} cannot hold {fact}={getattr(spec, fact)} (gemma2 can)")
+                refuse(fact, f"HF {model_type} cannot hold {fact}={getattr(spec, fact)} (gemma2, gemma3_text can)")
     scope = family.get("qk_norm_scope", "head")
     if spec.qk_norm and spec.qk_norm_scope != scope:
         holders = [t for t, f in HF_FAMILIES.items() if f["qk_norm"] and f.get("qk_norm_scope", "head") == spec.qk_norm_scope]
@@ -546,6 +583,8 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
 def _rope_parameters(spec: ModelSpec) -> dict:
     if spec.rope_scaling is None:
         return {"rope_theta": spec.rope_base, "rope_type": "default"}
+    if spec.rope_scaling["type"] == "linear":
+        return {"rope_theta": spec.rope_base, "rope_type": "linear", "factor": spec.rope_scaling["factor"]}
     if spec.rope_scaling["type"] == "longrope":
         r = spec.rope_scaling
         return {"rope_theta": spec.rope_base, "rope_type": "longrope", "short_factor": r["short_factor"],

@@ -107,7 +107,7 @@ QWEN2_MOE = [
 ]
 
 # Qwen3-MoE (transformers 5.23 models/qwen3_moe: Qwen3MoeSparseMoeBlock): Qwen2-MoE's router and experts, no shared one.
-TABLES = {"gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "gemma2": POST_NORMS, "phi3": PHI3, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
+TABLES = {"gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "gemma2": POST_NORMS, "gemma3_text": POST_NORMS, "phi3": PHI3, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
           "qwen3_moe": LLAMA + QWEN2_MOE[:4]}
 
 # transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with

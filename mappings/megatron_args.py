@@ -837,6 +837,10 @@ COMPUTED_ARGS = [
     COMPUTED("attn_logit_softcapping", FLOAT, None, origin="bridge"),
     COMPUTED("final_logit_softcapping", FLOAT, None, origin="bridge"),
     COMPUTED("sliding_window_layers", STR, None, origin="bridge"),  # the layers --window-size applies to
+    # Gemma 3 (models/gemma/gemma3_bridge.py: rotary_base = (rope_local_base_freq, rope_theta) and its
+    # rope_scaling_factor for the global layers' linear scaling)
+    COMPUTED("rotary_base_local", FLOAT, None, origin="bridge"),  # the sliding layers' rope base
+    COMPUTED("rope_linear_factor", FLOAT, None, origin="bridge"),  # linear rope scaling (positions / factor)
 ]
 
 ALL = MEGATRON + OLDER + MINDSPEED + COMPUTED_ARGS

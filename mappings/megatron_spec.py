@@ -71,7 +71,10 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     if full.get("use_sandwich_norm"):  # MindSpeed's: a norm before and after attention and MLP
         pre_norm, post_norm = True, True
     rope_scaling = None
-    if full.get("use_rope_scaling") and position == "rope":
+    linear = _optional_float(full, "rope_linear_factor", where)
+    if linear is not None and position == "rope":
+        rope_scaling = {"type": "linear", "factor": linear}
+    elif full.get("use_rope_scaling") and position == "rope":
         rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
     arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
     return ModelSpec(
@@ -89,6 +92,7 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         attn_softcap=_optional_float(full, "attn_logit_softcapping", where),
         logit_softcap=_optional_float(full, "final_logit_softcapping", where),
         sliding_layers=_sliding_layers(full, sliding_window, where),
+        rope_local_base=_optional_float(full, "rotary_base_local", where),
         dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
 
 
@@ -236,14 +240,18 @@ def layer_spec_args(spec: ModelSpec) -> dict:
             "gated_linear_unit": spec.activation == "geglu_tanh", "embedding_scale": spec.embed_scale,
             "softmax_scale": spec.softmax_scale, "attn_logit_softcapping": spec.attn_softcap,
             "final_logit_softcapping": spec.logit_softcap,
-            "sliding_window_layers": None if spec.sliding_layers is None else ",".join(map(str, spec.sliding_layers))}
+            "sliding_window_layers": None if spec.sliding_layers is None else ",".join(map(str, spec.sliding_layers)),
+            "rotary_base_local": spec.rope_local_base,
+            "rope_linear_factor": spec.rope_scaling["factor"] if spec.rope_scaling is not None
+            and spec.rope_scaling["type"] == "linear" else None}
 
 
 def _bridge_facts(spec: ModelSpec) -> bool:
     """Whether the model has a fact only `layer_spec_args` can say (map-args then says them too)."""
     return (not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head" or spec.activation == "geglu_tanh"
             or spec.embed_scale or spec.softmax_scale is not None or spec.attn_softcap is not None
-            or spec.logit_softcap is not None or spec.sliding_layers is not None)
+            or spec.logit_softcap is not None or spec.sliding_layers is not None or spec.rope_local_base is not None
+            or (spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear"))
 
 
 def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
@@ -278,7 +286,9 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
 def args_losses(spec: ModelSpec) -> list[str]:
     """What Megatron args cannot say about `spec`: summary notes, so the loss is never silent."""
     notes = []
-    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear":
+        pass  # rope_linear_factor (Megatron-Bridge's Gemma 3) carries it
+    elif spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
         notes.append("Megatron's args have no longrope scaling (llama3's --use-rope-scaling only): this model's "
                      "short / long factors and attention factor are not in the args (the interop format keeps them)")
     elif spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):

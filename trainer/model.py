@@ -82,7 +82,9 @@ def rope_tables(spec: ModelSpec, seq: int, device=None):
     if scaling is not None and scaling["type"] == "longrope":
         return longrope_tables(spec, seq, device)
     inv_freq = 1.0 / (spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
-    if scaling is not None:
+    if scaling is not None and scaling["type"] == "linear":  # Gemma 3's global layers: positions / factor
+        inv_freq = inv_freq / scaling["factor"]
+    elif scaling is not None:
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
@@ -293,10 +295,15 @@ class Stage(nn.Module):
 
     def blocks(self, x):
         """This stage's layers on hidden states [b, s, h], each with its mask (a window on sliding layers)."""
-        rope = rope_tables(self.spec, x.shape[1], x.device) if self.spec.position == "rope" else None
-        mask = attention_mask(self.spec, x.shape[1], x.device)
+        spec = self.spec
+        rope = rope_tables(spec, x.shape[1], x.device) if spec.position == "rope" else None
+        local = rope  # Gemma 3: the sliding layers' rope has its own base and no scaling
+        if spec.rope_local_base is not None:
+            local = rope_tables(spec.replace(rope_base=spec.rope_local_base, rope_scaling=None), x.shape[1], x.device)
+        mask = attention_mask(spec, x.shape[1], x.device)
         for i, block in self.layers.items():
-            x = block(x, rope, mask if self.spec.is_sliding_layer(int(i)) else None)
+            sliding = spec.is_sliding_layer(int(i))
+            x = block(x, local if sliding else rope, mask if sliding else None)
         return x
 
     def logits(self, x):

@@ -178,7 +178,10 @@ def cannot_build(spec: ModelSpec) -> str | None:
                               ("attn_softcap", spec.attn_softcap is not None),
                               ("logit_softcap", spec.logit_softcap is not None),
                               ("softmax_scale", spec.softmax_scale is not None),
-                              ("sliding_layers", spec.sliding_layers is not None)) if has]
+                              ("sliding_layers", spec.sliding_layers is not None),
+                              ("rope_local_base", spec.rope_local_base is not None),
+                              ("rope_scaling", spec.rope_scaling is not None
+                               and spec.rope_scaling["type"] != "llama3")) if has]
     if facts:
         return (f"megatron-core's own GPT model (local layer spec) cannot compute this model's {', '.join(facts)} "
                 "(Megatron-Bridge's layer specs and providers do)")

@@ -1,4 +1,4 @@
-"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 / Gemma 2 models built with transformers' own classes (nothing downloaded)."""
+"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 / Gemma 2 / Gemma 3 models built with transformers' own classes (nothing downloaded)."""
 from __future__ import annotations
 
 import torch
@@ -53,6 +53,14 @@ def build(kind: str, seed: int = 0):
                                            query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
                                            final_logit_softcapping=5.0, pad_token_id=None)
         model = transformers.Gemma2ForCausalLM(config)
+    elif kind == "gemma3":  # Gemma 2's facts with q/k norms, 5 sliding layers to 1 full, the sliding layers' own rope
+        # base and linear scaling on the full ones (rope_parameters per layer type), no soft-capping
+        rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 7000.0}}
+        config = transformers.Gemma3TextConfig(**{**COMMON, "rms_norm_eps": 1e-6, "num_hidden_layers": 6}, head_dim=16,
+                                               sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=24,
+                                               rope_parameters=rope, pad_token_id=None)
+        model = transformers.Gemma3ForCausalLM(config)
     else:
         raise ValueError(kind)
     # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.
