@@ -64,10 +64,13 @@ def build(kind: str, seed: int = 0):
     else:
         raise ValueError(kind)
     # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.
+    # Gemma's norms store w of (1 + w): centred on 0 like theirs (1 + (1 + noise) would double every norm, and
+    # 4 norms per layer make the training curve sensitive enough for rounding to show by step 10).
+    one = 0.0 if kind.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+                p.copy_(torch.randn_like(p) * 0.1 + (one if name.endswith("weight") else 0.0))
     return model.eval()
 
 
