@@ -46,9 +46,9 @@ def _is_torch_dist(path, iteration: int | None) -> bool:
 class Reader:
     """The torch_dist reader for a DCP iteration directory, the torch (rank files) reader otherwise."""
 
-    def __init__(self, path, iteration: int | None = None, model_config=None):
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
         cls = _torch_dist().Reader if _is_torch_dist(path, iteration) else torch_format.Reader
-        self.impl = cls(path, iteration=iteration, model_config=model_config)
+        self.impl = cls(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
 
     def __getattr__(self, name):  # source, spec, metas, read, close: the chosen reader's
         return getattr(self.impl, name)

@@ -36,7 +36,7 @@ from ...mappings import megatron_args as M
 from ...mappings.megatron_names import EXTRA_STATE_MODULES, TABLES, scheme_of
 from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
-from ...spec import ModelSpec
+from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
 from ...mappings.megatron_spec import args_from_spec, args_losses, spec_from_args
@@ -108,7 +108,7 @@ class FolderPlan:
 class Reader:
     """A Megatron checkpoint (`torch` format, or `torch_dist` through `interop.io.megatron_dist`)."""
 
-    def __init__(self, path, iteration: int | None = None, model_config=None):
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
         self._open_ranks()
@@ -119,9 +119,13 @@ class Reader:
         stored = args_dict(first.get("args"))
         check_args(stored, self.files[(0, 0)].path)
         full = self._model_args(stored, model_config, notes)
+        # the padded size the checkpoint's own args state (a --model-config or --vocab-size gives the true one)
+        stated = None if model_config is not None or vocab_size else (stored or {}).get("padded_vocab_size")
+        if vocab_size:
+            full = dict(full, vocab_size=vocab_size)
         self.chunks = self._model_chunks()
         self.scheme = self._scheme()
-        spec = self._spec(full, stored, notes)
+        spec = self._spec(full, stated, notes)
         self.layout = self._layout(spec, full)
         self.spec = spec
         self.index = param_index(spec)
@@ -218,10 +222,7 @@ class Reader:
             notes.append(f"model description taken from {model_config}")
             full = megatron_args_from_file(model_config)
             # the layout and the padded vocab are facts of the files, not of the model description
-            # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
-            full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),
-                        tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
-                        padded_vocab_size=(stored or {}).get("padded_vocab_size"))
+            full.update(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
             return full
         where = self.files[(0, 0)].path
         if not stored or not stored.get("num_layers"):
@@ -277,7 +278,7 @@ class Reader:
         self.moe_norm_apart = scheme == "mcore_te" and any(k.endswith(".pre_mlp_layernorm.weight") for k in keys)
         return scheme
 
-    def _spec(self, full: dict, stored: dict | None, notes: list[str]) -> ModelSpec:
+    def _spec(self, full: dict, stated: int | None, notes: list[str]) -> ModelSpec:
         emb_key = TABLES[self.scheme][0][0]
         rows = 0
         for t in range(self.tp):
@@ -285,14 +286,10 @@ class Reader:
             if not isinstance(emb, torch.Tensor):
                 raise InteropError(f"{self.files[(t, 0)].path}: {emb_key} is missing")
             rows += emb.shape[0]
-        padded = full.get("padded_vocab_size")
-        if padded and int(padded) != rows:
-            raise InteropError(f"{self.files[(0, 0)].path}: {emb_key} holds {rows} vocab rows over tp={self.tp}, "
-                               f"args say padded_vocab_size={padded}")
-        full = dict(full, padded_vocab_size=rows)
-        if not full.get("vocab_size"):
-            full["vocab_size"] = rows
-            notes.append(f"the true vocabulary size is not recorded (no vocab_size in args): keeping all {rows} rows")
+        vocab, rows, vocab_notes = vocab_from_rows(rows, full.get("vocab_size"), stated,
+                                                   f"{self.files[(0, 0)].path}: {emb_key} over tp={self.tp}")
+        notes += vocab_notes
+        full = dict(full, padded_vocab_size=rows, vocab_size=vocab)
         dtype = NAME_OF_DTYPE.get(emb.dtype, "float32")
         if full.get("untie_embeddings_and_output_weights") is None:
             full["untie_embeddings_and_output_weights"] = False
