@@ -117,6 +117,12 @@ class ModelSpec:
         except InteropError as exc:
             raise InteropError(f"{prefix}{exc}") from None
 
+    def differences(self, other: "ModelSpec", ignore=("dtype", "padded_vocab")) -> list[tuple[str, object, object]]:
+        """(field, this value, other's) where two descriptions of one model disagree; the dtype and the
+        padded rows are the files' facts, not a description's."""
+        mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
+        return [(k, v, theirs[k]) for k, v in mine.items() if k not in ignore and theirs[k] != v]
+
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
 

@@ -22,6 +22,7 @@ from ...errors import InteropError
 from ...io.safe_pickle import safe_torch_load, to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
+from ...mappings.megatron_spec import check_args, explicit_args, spec_from_args
 from ...mappings.mindspore_names import MEGATRON_TIED_HEAD, MINDSPEED_PARAM_KEY_MAP, PT_META, PT_META_ARGS
 from ...params import param_index
 from ...spec import ModelSpec
@@ -171,3 +172,20 @@ def state_from(found: dict[tuple[int, int], dict]) -> dict:
         if first.get(key) is not None:
             meg[key] = to_plain(first[key])
     return {"megatron": meg} if meg else {}
+
+
+def spec_from(found: dict[tuple[int, int], dict], dtype: str, where: str) -> tuple[ModelSpec, int | None] | None:
+    """The model the Megatron run's args describe (convert_pt2ckpt.py saves them whole) and the padded
+    vocabulary they state; None when the args name no model (interop's own pt_meta always does)."""
+    args = to_plain(found[(0, 0)].get("args"))
+    if not isinstance(args, dict) or not args.get("num_layers"):
+        return None
+    check_args(args, where)
+    explicit = explicit_args(args)
+    if not args.get("swiglu") and "bias_gelu_fusion" not in args:
+        explicit["bias_gelu_fusion"] = False  # as the Megatron reader: Megatron's exact (erf) GeLU
+    full = M.complete(explicit)
+    if full.get("untie_embeddings_and_output_weights") is None:
+        full["untie_embeddings_and_output_weights"] = False
+    stated = args.get("padded_vocab_size")
+    return spec_from_args(full, where, dtype), stated

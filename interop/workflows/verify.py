@@ -111,8 +111,7 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
 
 
 def _spec_difference(a, b) -> str:
-    fields = [k for k, v in a.to_dict().items() if k not in ("dtype", "padded_vocab") and b.to_dict()[k] != v]
-    return ", ".join(f"{k} {getattr(a, k)} vs {getattr(b, k)}" for k in fields)
+    return ", ".join(f"{k} {x} vs {y}" for k, x, y in a.differences(b))
 
 
 def lm_loss(logits, tokens) -> float:
