@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 ITERATION = 2
+UNPADDED_VOCAB = 1000
 # name: (family, true vocab, tp, tied); each a few hundred KB
 CASES = {
     "llama_v250_tp1": ("llama", 250, 1, False),
@@ -120,6 +121,19 @@ def make_megatron(out: Path, megatron_lm: str) -> None:
         mp.start_processes(_megatron_worker, args=(tp, _free_port(), megatron_lm, argv), nprocs=tp,
                            start_method="spawn", join=True)
         (out / name / "megatron_argv.json").write_text(json.dumps(argv) + "\n")
+        _hf_config(family, vocab, tied).save_pretrained(out / name)  # the description a user passes
+
+
+def _hf_config(family: str, vocab: int, tied: bool):
+    """The model's HF config (transformers' own classes), as a user converting it has one."""
+    import transformers
+
+    if family == "llama":
+        return transformers.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                        rms_norm_eps=1e-5, tie_word_embeddings=tied)
+    return transformers.GPT2Config(vocab_size=vocab, n_embd=16, n_layer=2, n_head=4, n_positions=16, n_inner=64,
+                                   bos_token_id=vocab - 1, eos_token_id=vocab - 1)
 
 
 def make_mindspeed(out: Path, checkout: str) -> None:
@@ -133,13 +147,49 @@ def make_mindspeed(out: Path, checkout: str) -> None:
         (out / name / "mindspeed_command.json").write_text(json.dumps(command[1:]) + "\n")
 
 
-def make_mbridge(out: Path) -> None:
-    raise SystemExit("mbridge: not yet")
+def _unpadded_worker(rank: int, world: int, port: int, out: str) -> None:
+    """megatron-core's GPTModel with HF's vocabulary as it is (mbridge passes no make_vocab_size_divisible_by),
+    saved by dist_checkpointing as Megatron-LM's torch_dist save does; no args (a bridge's user stores none)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, str(Path(__file__).parent))
+    from make_megatron_fixtures import _patch_cpu
+
+    _patch_cpu()
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=4, num_query_groups=2,
+                               ffn_hidden_size=32, normalization="RMSNorm", gated_linear_unit=True,
+                               activation_func=torch.nn.functional.silu, add_bias_linear=False, layernorm_epsilon=1e-5,
+                               use_cpu_initialization=True, bias_dropout_fusion=False, masked_softmax_fusion=False,
+                               gradient_accumulation_fusion=False, persist_layer_norm=False, apply_rope_fusion=False)
+    torch.manual_seed(0)
+    model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=UNPADDED_VOCAB,
+                     max_sequence_length=16, position_embedding_type="rope",
+                     share_embeddings_and_output_weights=False)
+    folder = Path(out) / "torch_dist" / "iter_0000001"
+    folder.mkdir(parents=True)
+    dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 1, "checkpoint_version": 3.0},
+                            str(folder))
+    (Path(out) / "torch_dist" / "latest_checkpointed_iteration.txt").write_text("1")
+    torch.distributed.destroy_process_group()
+
+
+def make_unpadded(out: Path) -> None:
+    import torch.multiprocessing as mp
+
+    case = out / "llama_v1000_unpadded"
+    mp.start_processes(_unpadded_worker, args=(1, _free_port(), str(case)), nprocs=1, start_method="spawn", join=True)
+    _hf_config("llama", UNPADDED_VOCAB, False).save_pretrained(case)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("tool", choices=("megatron", "mindspeed", "mbridge"))
+    parser.add_argument("tool", choices=("megatron", "mindspeed", "unpadded"))
     parser.add_argument("out", type=Path)
     parser.add_argument("--megatron-lm", help="a Megatron-LM checkout (its megatron/training and megatron/legacy)")
     parser.add_argument("--mindspeed-core-ms", help="a MindSpeed-Core-MS r0.1.0 checkout")
@@ -150,7 +200,7 @@ def main() -> None:
     elif args.tool == "mindspeed":
         make_mindspeed(args.out, args.mindspeed_core_ms)
     else:
-        make_mbridge(args.out)
+        make_unpadded(args.out)
 
 
 if __name__ == "__main__":
