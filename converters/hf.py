@@ -259,7 +259,7 @@ class Writer:
             self.written_notes.append(
                 "--renormalize-topk: the HF router renormalises each token's top-k expert probabilities to sum to "
                 "1, the source's did not (moe_router_pre_softmax): the same weights compute other outputs "
-                "(interop verify shows the logit difference)")
+                "(interop verify runs both and shows the logit difference)")
         self.root, self.spec = Path(root), spec
         config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
         if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:
