@@ -194,6 +194,11 @@ class Reader:
             spec, stated = _spec_from_config(model_config, dtype), None
             if from_meta is not None:
                 diff = spec.differences(from_meta[0])
+                if spec.position == "rope" and any(k == "max_positions" for k, _, _ in diff):
+                    # no tensor or computation depends on it under rope (a YAML may leave it to its default)
+                    notes.append(f"max_positions: --model-config says {spec.max_positions}, {PT_META}/ "
+                                 f"{from_meta[0].max_positions}; kept --model-config's")
+                    diff = [d for d in diff if d[0] != "max_positions"]
                 if diff:
                     raise InteropError(f"--model-config {model_config} and {where} describe different models: "
                                        + ", ".join(f"{k} {a} vs {b}" for k, a, b in diff[:4])
