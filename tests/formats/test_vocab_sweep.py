@@ -1,8 +1,8 @@
 """Every reader x every writer with a vocabulary that every tensor-parallel layout pads.
 
-The source's vocabulary (1001 tokens) is padded at the source's tp 2 (Megatron: 1024 rows, a multiple of
-128 x tp; MindSpore and the common format: 1002, a multiple of tp) and again, differently, at the target's
-tp 4 (Megatron 1024, MindSpore 1004); HF holds the 1001 true rows.  Each source goes to each writer and
+The source's vocabulary (1001 tokens; and 32001) is padded at the source's tp 2 (Megatron: 1024 rows, a
+multiple of 128 x tp; MindSpore and the common format: 1002, a multiple of tp) and again, differently, at the
+target's tp 4 (Megatron 1024, MindSpore 1004); HF holds the 1001 true rows.  Each source goes to each writer and
 back to its own format and layout, and must equal the original: the true rows exactly, the padding zero
 as the HF-built original has it (a format that pads more, say Megatron's 1024 for MindSpore's 1002, leaves
 its extra zero rows: writers keep a source's padding where their tp divides it, so that Megatron's own
@@ -18,7 +18,7 @@ import transformers
 from interop.convert import convert
 from interop.formats import converter
 
-VOCAB = 1001
+VOCABS = (1001, 32001)  # 32001: Llama-2's 32000 plus one added token
 
 # name: (format, options to write it, tp)
 FORMATS = {
@@ -33,10 +33,10 @@ TARGET_TP = 4
 VOCAB_TENSORS = ("embed.word.weight", "lm_head.weight")  # canonical names: their rows are the vocabulary
 
 
-def _hf_llama(path):
+def _hf_llama(path, vocab: int):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
-                                      intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=32,
+                                      intermediate_size=64, vocab_size=vocab, max_position_embeddings=32,
                                       rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():
@@ -46,14 +46,14 @@ def _hf_llama(path):
     model.save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep")
-    _hf_llama(root / "hf")
+@pytest.fixture(scope="module", params=VOCABS)
+def sources(tmp_path_factory, request):
+    root = tmp_path_factory.mktemp(f"sweep{request.param}")
+    _hf_llama(root / "hf", request.param)
     for name, (fmt, options, tp) in FORMATS.items():
         if name != "hf":
             convert(root / "hf", root / name, dst_format=fmt, tp=tp, options=options)
-    return root
+    return root, request.param
 
 
 def _tensors(fmt: str, path) -> tuple[dict, int]:
@@ -66,9 +66,10 @@ def _tensors(fmt: str, path) -> tuple[dict, int]:
 
 @pytest.mark.parametrize("src", list(FORMATS))
 def test_every_writer_and_back_equals_the_original(sources, tmp_path, src):
+    sources, vocab = sources
     fmt, options, tp = FORMATS[src]
     original, rows = _tensors(fmt, sources / src)
-    assert rows > VOCAB or src == "hf"  # the source itself holds padding rows (HF: the true vocabulary)
+    assert rows > vocab or src == "hf"  # the source itself holds padding rows (HF: the true vocabulary)
     for dst, (dst_fmt, dst_options, dst_tp) in FORMATS.items():
         target_tp = 1 if dst == "hf" else TARGET_TP
         out, back = tmp_path / f"{dst}", tmp_path / f"{dst}-back"
@@ -77,7 +78,7 @@ def test_every_writer_and_back_equals_the_original(sources, tmp_path, src):
         # HF: the true vocabulary; Megatron: a multiple of 128 x tp; MindSpore, the common format: of tp (the
         # source's rows where tp divides them)
         step = 1 if dst == "hf" else 128 * target_tp if dst_fmt == "megatron" else target_tp
-        assert out_rows % step == 0 and VOCAB <= out_rows < max(rows + 1, VOCAB + step), (src, dst, out_rows)
+        assert out_rows % step == 0 and vocab <= out_rows < max(rows + 1, vocab + step), (src, dst, out_rows)
         convert(out, back, dst_format=fmt, tp=tp, options=options)
         again, again_rows = _tensors(fmt, back)
         assert sorted(again) == sorted(original), (src, dst)
@@ -86,7 +87,7 @@ def test_every_writer_and_back_equals_the_original(sources, tmp_path, src):
         assert again_rows == rows or again_rows == out_rows, (src, dst, again_rows)
         for name, tensor in original.items():
             if name in VOCAB_TENSORS:
-                assert torch.equal(again[name][:VOCAB], tensor[:VOCAB]), (src, dst, name)
-                assert not tensor[VOCAB:].any() and not again[name][VOCAB:].any(), (src, dst, name)
+                assert torch.equal(again[name][:vocab], tensor[:vocab]), (src, dst, name)
+                assert not tensor[vocab:].any() and not again[name][vocab:].any(), (src, dst, name)
             else:
                 assert torch.equal(again[name], tensor), (src, dst, name)
