@@ -25,3 +25,17 @@ def megatron_args_from_file(path) -> dict:
     stated = explicit.get("padded_vocab_size") if explicit.get("vocab_size") else None
     return {**full, "vocab_size": explicit.get("vocab_size") or explicit.get("padded_vocab_size"),
             "padded_vocab_size": stated}
+
+
+def spec_from_file(path, dtype: str):
+    """The ModelSpec of a --model-config file for a checkpoint whose tensors carry HF names: an HF
+    config.json is read as transformers reads it (its vocab_size is the true vocabulary); any other
+    description through completed Megatron args."""
+    from .mappings.hf_config import spec_from_hf_config
+    from .mappings.megatron_spec import spec_from_args
+    path = require_small_file(path, "model config")
+    if path.suffix.lower() == ".json":
+        config = read_json_object(path, "model config")
+        if "model_type" in config or "architectures" in config:
+            return spec_from_hf_config(config, dtype, where=str(path))
+    return spec_from_args(megatron_args_from_file(path), str(path), dtype)
