@@ -163,3 +163,17 @@ def test_megatron_to_mindspeed_holds_what_convert_pt2ckpt_wrote(tmp_path, case):
             assert name in ours, (case, r, name)
             assert tool[name].shape == ours[name].shape, (case, r, name)
             assert (tool[name].asnumpy() == ours[name].asnumpy()).all(), (case, r, name)
+
+
+def test_pt_meta_stating_another_padded_size_names_both_and_the_flag(tmp_path):
+    shutil.copytree(ROOT / "llama_v250_tp1" / "mindspeed", tmp_path / "ms")
+    path = tmp_path / "ms" / "pt_meta" / "args_tp00_pp000.pt"
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved["args"].padded_vocab_size = 384
+    torch.save(saved, path)
+    code, out = run("convert", tmp_path / "ms", tmp_path / "out", "--to", "hf")
+    assert_one_error(code, out, "holds 256 vocab rows", "pt_meta/'s Megatron args say padded_vocab_size=384",
+                     "--vocab-size")
+    code, out = run("convert", tmp_path / "ms", tmp_path / "out", "--to", "hf", "--vocab-size", "250")
+    assert code == 0, out
+    assert torch.equal(hf_rows(tmp_path / "out")["embed"], megatron_rows("llama_v250_tp1")["embed"][:250])
