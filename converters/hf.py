@@ -21,9 +21,10 @@ from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
-from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
+from ..hf_named import hf_rows, hf_table
+from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES
 from ..params import TensorKey, param_table
-from ..rows import Row, RowCollector, check_placed, expand
+from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..state import TrainingState
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -59,21 +60,6 @@ def parse_size(size) -> int:
 def detect(path) -> bool:
     root = Path(path)
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
-
-
-def hf_table(spec: ModelSpec, model_type: str | None = None) -> str:
-    """Which name table holds the model: its HF family's (`model_type`, else the one its facts pick) where the
-    family has its own names, else its architecture's (a Llama-style family without a table has Llama's names)."""
-    family = "gpt2" if spec.arch == "gpt2" else model_type or hf_family(spec)
-    return family if family in TABLES else spec.arch
-
-
-def hf_rows(spec: ModelSpec, stacked: bool = False, model_type: str | None = None) -> list[Row]:
-    """The architecture's name table expanded for this model (`interop.rows.expand`).
-    `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    rows = expand((STACKED_TABLES if stacked else TABLES)[hf_table(spec, model_type)], spec)
-    check_placed(rows, spec, f"HF {hf_table(spec, model_type)}")
-    return rows
 
 
 def _to_hf(transform: Transform, parts: list[torch.Tensor], empty) -> torch.Tensor:
@@ -235,7 +221,7 @@ class Reader(BaseReader):
 
 class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
-    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "family")
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk", "family")
     splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
@@ -244,10 +230,13 @@ class Writer(BaseWriter):
         return spec.vocab  # HF holds the true vocabulary only
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
-                 max_shard_bytes: int | None = None, tokenizer=None, only=None, family: str | None = None):
+                 max_shard_bytes: int | None = None, tokenizer=None, renormalize_topk: bool = False, only=None,
+                 family: str | None = None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
-        (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
+        (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`).
+        `renormalize_topk`: write a MoE model whose top-k probabilities are not renormalised (megatron-core's
+        moe_router_pre_softmax, as mbridge builds Mixtral) as HF Mixtral anyway, whose router renormalises them."""
         if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
             raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1 --ep 1")
         max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
@@ -259,6 +248,12 @@ class Writer(BaseWriter):
             raise InteropError(f"--tokenizer {tokenizer}: no tokenizer files in it (looked for {', '.join(TOKENIZER_FILES[:4])}, ...)")
         self.carried = {"files": {}, "config": {}}
         self.written_notes: list[str] = []
+        if renormalize_topk and spec.is_moe and not spec.moe_norm_topk:
+            spec = spec.replace(moe_norm_topk=True)
+            self.written_notes.append(
+                "--renormalize-topk: the HF router renormalises each token's top-k expert probabilities to sum to "
+                "1, the source's did not (moe_router_pre_softmax): the same weights compute other outputs "
+                "(interop verify runs both and shows the logit difference)")
         self.root, self.spec = Path(root), spec
         self.family = family  # `--family`: the HF model_type to write (None: the one the facts pick)
         config = hf_config_from_spec(spec, model_type=family)  # a model HF cannot hold is refused before writing
