@@ -96,9 +96,10 @@ def test_targets_without_the_facts_refuse(gemma2, tmp_path):
         convert(src, tmp_path / "ms", dst_format="mindspore")
     assert not (tmp_path / "ms").exists()
     spec = spec_from_hf_config(json.loads((src / "config.json").read_text()))
-    with pytest.raises(InteropError, match=r"HF llama cannot hold norms before and after attention and MLP \(gemma2 can\)"):
+    with pytest.raises(InteropError,
+                       match=r"HF llama cannot hold norms before and after attention and MLP \(gemma2, gemma3_text can\)"):
         hf_config_from_spec(spec, model_type="llama")
-    with pytest.raises(InteropError, match=r"HF llama cannot hold attn_softcap=3.0 \(gemma2 can\)"):
+    with pytest.raises(InteropError, match=r"HF llama cannot hold attn_softcap=3.0 \(gemma2, gemma3_text can\)"):
         hf_config_from_spec(spec.replace(pre_norm=True, post_norm=False, norm_zero_centered=False, embed_scale=False,
                                          activation="swiglu", softmax_scale=None, logit_softcap=None,
                                          sliding_layers=None, sliding_window=None))

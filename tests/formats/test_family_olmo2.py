@@ -104,12 +104,12 @@ def test_formats_without_the_facts_refuse_in_one_line(olmo2, tmp_path):
     src, _ = olmo2
     for dialect in ("mindspeed", "mindformers", "mindformers-mcore"):
         with pytest.raises(InteropError, match=r"no place for layers\.0\.(attn\.q_norm|attn_post_norm)\.weight: the "
-                                               r"model's (qk_norm|post_norm) is held by hf \(.*olmo2\)"):
+                                               r"model's (qk_norm|post_norm) is held by hf \(.*olmo2.*\)"):
             convert(src, tmp_path / dialect, dst_format="mindspore", options={"dialect": dialect})
         assert not (tmp_path / dialect).exists()
     spec = spec_from_hf_config(json.loads((src / "config.json").read_text()))
-    with pytest.raises(InteropError, match="HF gemma2 always has norm_zero_centered; this model has not"):
-        hf_config_from_spec(spec.replace(pre_norm=True, post_norm=True))  # sandwich norms: Gemma 2's, with its facts
+    with pytest.raises(InteropError, match="HF gemma3_text always has norm_zero_centered; this model has not"):
+        hf_config_from_spec(spec.replace(pre_norm=True, post_norm=True))  # sandwich norms with q/k norms: Gemma 3
     with pytest.raises(InteropError, match=r"HF llama cannot hold norms after attention and MLP \(olmo2 can\)"):
         hf_config_from_spec(spec, model_type="llama")
 
