@@ -80,7 +80,7 @@ class HFNamedState:
         table = param_table(self.spec)
         out = [TensorMeta(p.name, dtype_of(self.part_of[p.name][0]), p.shape) for p in table]
         for kind in self.moments:
-            out += [TensorMeta(f"optim.{kind}.{p.name}", torch.float32, p.shape) for p in table]
+            out += [TensorMeta(str(TensorKey(p.name, kind)), torch.float32, p.shape) for p in table]
         return out
 
     def read(self, name: str) -> torch.Tensor:
