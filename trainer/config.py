@@ -178,7 +178,7 @@ MAX_SEQ_LENGTH = 16384  # the reference trainer materialises attention: seq_leng
 COUNTS = {"steps": (1, None), "micro_batch_size": (1, None), "global_batch_size": (1, None),
           "seq_length": (1, MAX_SEQ_LENGTH), "stop_at": (1, None), "tp": (1, None), "pp": (1, None), "dp": (1, None),
           "ep": (1, None), "save_interval": (1, None), "log_interval": (1, None), "warmup": (0, None),
-          "decay_steps": (0, None), "first_stage_layers": (1, None), "last_stage_layers": (1, None)}
+          "decay_steps": (0, None)}  # uneven-pipeline layer counts: checked with the layout
 # field -> (smallest allowed, below this) for the optimizer's numbers: finite, and where they make sense
 REALS = {"lr": (0.0, math.inf), "min_lr": (0.0, math.inf), "weight_decay": (0.0, math.inf), "clip_grad": (0.0, math.inf),
          "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, math.inf), "router_bias_update_rate": (0.0, math.inf)}
@@ -188,16 +188,17 @@ def check(cfg: TrainConfig) -> None:
     """Checked at the door, before any work: a count below its least (`--steps 0`, `--stop-at -1`), a length
     past what the trainer can hold, or a NaN / Inf / negative rate is one line naming the value."""
     for name, (least, most) in COUNTS.items():
-        value = getattr(cfg, name)
+        value, flag = getattr(cfg, name), "--" + name.replace("_", "-")
         if value is None:
             continue
         if value < least:
-            raise InteropError(f"{name.replace('_', '-')} {value}: must be at least {least}")
+            kind = "a positive integer" if least == 1 else "an integer >= 0"
+            raise InteropError(f"{flag} must be {kind}, got {value}")
         if most is not None and value > most:
-            raise InteropError(f"{name.replace('_', '-')} {value}: more than {most:,}, the most the reference "
-                               "trainer runs (attention is materialised, seq_length^2 per head)")
+            raise InteropError(f"{flag} {value}: more than {most:,}, the most the reference trainer runs "
+                               "(attention is materialised, seq_length^2 per head)")
     for name, (least, below) in REALS.items():
-        value = getattr(cfg, name)
+        value, flag = getattr(cfg, name), "--" + name.replace("_", "-")
         if not (math.isfinite(value) and least <= value < below):
             bound = f"in [{least}, {below})" if math.isfinite(below) else f"a finite number >= {least}"
-            raise InteropError(f"{name.replace('_', '-')} {value}: must be {bound}")
+            raise InteropError(f"{flag} must be {bound}, got {value}")

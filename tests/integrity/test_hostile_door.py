@@ -29,14 +29,14 @@ def timed(*args):
 
 
 @pytest.mark.parametrize("flag,value,words", [
-    ("--steps", "0", ["steps 0", "at least 1"]),
-    ("--global-batch-size", "0", ["global-batch-size 0", "at least 1"]),
-    ("--micro-batch-size", "0", ["micro-batch-size 0"]),
-    ("--stop-at", "-1", ["stop-at -1", "at least 1"]),
-    ("--clip-grad", "-1", ["clip-grad -1.0"]),
-    ("--lr", "nan", ["lr nan", "finite"]),
-    ("--lr", "inf", ["lr inf", "finite"]),
-    ("--weight-decay", "-0.5", ["weight-decay"]),
+    ("--steps", "0", ["--steps must be a positive integer, got 0"]),
+    ("--global-batch-size", "0", ["--global-batch-size must be a positive integer, got 0"]),
+    ("--micro-batch-size", "0", ["--micro-batch-size must be a positive integer"]),
+    ("--stop-at", "-1", ["--stop-at must be a positive integer, got -1"]),
+    ("--clip-grad", "-1", ["--clip-grad must be a finite number >= 0.0, got -1.0"]),
+    ("--lr", "nan", ["--lr must be a finite number", "got nan"]),
+    ("--lr", "inf", ["--lr must be a finite number", "got inf"]),
+    ("--weight-decay", "-0.5", ["--weight-decay must be"]),
     ("--seq-length", "100000", ["seq-length 100000", "16,384"]),
 ])
 def test_train_values_checked_at_the_door(spec_file, tmp_path, flag, value, words):

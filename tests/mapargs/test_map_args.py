@@ -284,7 +284,7 @@ def test_unreadable_files_exit_2(tmp_path):
     binary = tmp_path / "bin.sh"
     binary.write_bytes(b"\xff\xfe\x00--num-layers")
     code, _, err = run(binary, "--to", "hf")
-    assert code == 2 and "cannot read args file" in err
+    assert code == 2 and "the args file is not UTF-8 text" in err
     bad = tmp_path / "c.yaml"
     bad.write_text("model_config: [unclosed\n")
     code, _, err = run(bad, "--to", "megatron")
