@@ -253,7 +253,7 @@ class Writer(BaseWriter):
         max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
                                      max_shard_bytes if max_shard_bytes is not None else DEFAULT_SHARD_BYTES)
         self.tokenizer = Path(tokenizer) if tokenizer else None
-        if self.tokenizer is not None and not self.tokenizer.is_dir():  # /dev/zero, a FIFO: refused, not read
+        if self.tokenizer is not None and self.tokenizer.exists() and not self.tokenizer.is_dir():  # /dev/zero, a FIFO
             require_small_file(self.tokenizer, "--tokenizer file", TOKENIZER_LIMIT)
         if self.tokenizer and not self.tokenizer.exists():
             raise InteropError(f"--tokenizer {tokenizer}: no such file or directory")

@@ -83,7 +83,7 @@ def test_checksum_mismatch(interop_ckpt, tmp_path):
 
 def test_corrupt_manifest(interop_ckpt, tmp_path):
     (interop_ckpt / "interop.json").write_text("{not json")
-    assert_clean_failure(*run("inspect", interop_ckpt), tmp_path / "nothing", "interop.json", "unreadable")
+    assert_clean_failure(*run("inspect", interop_ckpt), tmp_path / "nothing", "interop.json", "not valid JSON")
 
 
 def test_existing_destination_needs_force(hf_checkpoints, tmp_path):
