@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,10 @@ def map_args(args_file, to, fmt, env, values, output, report, strict):
         if to is None:
             to = DEFAULT_TARGET
             click.echo(f"target: {to} (default; --to to choose)", err=True)
+        for flag, path in (("-o", output), ("--report", report)):  # never overwrite what is being read
+            if path is not None and os.path.realpath(path) == os.path.realpath(args_file):
+                raise InteropError(f"{flag} {path} is the input {args_file}: it would be overwritten; "
+                                   "choose another file")
         result = _map_args(args_file, to, env=_env(env), fmt=fmt, strict=strict, values=_env(values, "--set"))
         groups: dict = {}
         for entry in result.entries:

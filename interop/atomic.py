@@ -58,15 +58,15 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def check_destination(dst, force: bool, inputs=()) -> Path:
-    """Refuse a destination that exists (without `force`), is not a directory, or whose removal by
-    `--force` would delete any of `inputs` (the source, a model config)."""
+    """Refuse a destination that exists (without `force`), is not a directory, lies inside an input folder,
+    or whose removal by `--force` would delete any of `inputs` (the source, a model config)."""
     dst = Path(dst)
+    real_dst = Path(os.path.realpath(dst))
     if (dst.exists() or dst.is_symlink()) and not force:
         raise InteropError(f"{dst} already exists (use --force to replace it)")
     if dst.exists() and not dst.is_dir():
         raise InteropError(f"{dst} exists and is not a directory")
     if force and (dst.exists() or dst.is_symlink()):
-        real_dst = Path(os.path.realpath(dst))
         for given in inputs:
             if given is None:
                 continue
@@ -77,6 +77,12 @@ def check_destination(dst, force: bool, inputs=()) -> Path:
             if _inside(real_dst, real):
                 raise InteropError(f"{dst} is inside the input {given}: --force would delete part of it; "
                                    "choose another destination")
+    # (after --force's own refusals, which say more)
+    for given in inputs:  # a new destination inside a source folder would be written into the source
+        if given is not None and Path(given).is_dir() and _inside(real_dst, Path(os.path.realpath(given))) \
+                and real_dst != Path(os.path.realpath(given)):
+            raise InteropError(f"{dst} is inside the input {given}: the output would be written into the source; "
+                               "choose another destination")
     return dst
 
 

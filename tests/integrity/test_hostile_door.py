@@ -125,3 +125,22 @@ def test_map_args_input_is_bounded(tmp_path, kind):
 def test_tokenizer_dev_zero_is_refused(hf_checkpoints, tmp_path):
     result = timed("convert", hf_checkpoints["llama"], tmp_path / "out", "--to", "hf", "--tokenizer", "/dev/zero")
     assert_refused(result, tmp_path / "out", "/dev/zero")
+
+
+def test_map_args_output_onto_its_own_input_is_refused(tmp_path):
+    args = tmp_path / "a.sh"
+    text = "--num-layers 2 --hidden-size 64 --num-attention-heads 4\n"
+    args.write_text(text)
+    for flag in ("-o", "--report"):
+        result = timed("map-args", args, "--to", "megatron", flag, args)
+        assert_one_line_error(result[0], result[1], 2, "is the input", "overwritten")
+        assert args.read_text() == text
+
+
+def test_destination_inside_the_source_is_refused(hf_checkpoints, tmp_path):
+    src = tmp_path / "src"
+    assert run("convert", hf_checkpoints["llama"], src, "--to", "hf")[0] == 0
+    before = sorted(p.name for p in src.iterdir())
+    result = timed("convert", src, src / "out", "--to", "interop")
+    assert_refused(result, src / "out", "inside the input", "written into the source")
+    assert sorted(p.name for p in src.iterdir()) == before
