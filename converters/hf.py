@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 import shutil
 from pathlib import Path
 
@@ -156,8 +157,11 @@ class Reader(BaseReader):
         if ignored:
             notes.append(f"dropped {len(ignored)} buffers that are not parameters "
                          f"({'; '.join(sorted(set(ignored.values())))})")
-        float_dtypes = [self.files.meta(k)[0] for k in keys if self.files.meta(k)[0].is_floating_point]
-        dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
+        counts = Counter(self.files.meta(k)[0] for k in sorted(keys) if self.files.meta(k)[0].is_floating_point)
+        dtype = NAME_OF_DTYPE.get(counts.most_common(1)[0][0], "float32") if counts else "float32"
+        if len(counts) > 1:  # e.g. an f16 embedding among f32 weights: kept as stored, said so
+            held = ", ".join(f"{n} {NAME_OF_DTYPE.get(d, d)}" for d, n in counts.most_common())
+            notes.append(f"weights in {len(counts)} dtypes ({held}): each kept as stored (--dtype casts them all)")
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
         self.model_type = config.get("model_type")  # its family's names (phi3's fused qkv_proj, ...)

@@ -117,3 +117,19 @@ def test_tensor_in_two_weight_files_is_refused(hf_checkpoints, tmp_path):
     save_file(second, shards[1], metadata={"format": "pt"})
     result = cli("convert", src, tmp_path / "out", "--to", "hf")
     assert_refused(result, tmp_path / "out", "two weight files", key)
+
+
+def test_safetensors_tensor_of_another_dtype_is_kept_with_a_note(hf_checkpoints, tmp_path):
+    """An f16 embedding among f32 weights: kept as stored (--dtype keep, the default), and said so."""
+    from safetensors.torch import save_file
+    src = tmp_path / "src"
+    shutil.copytree(hf_checkpoints["llama"], src)
+    sd = load_file(src / "model.safetensors")
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"].half()
+    save_file(sd, src / "model.safetensors", metadata={"format": "pt"})
+    code, output = run("convert", src, tmp_path / "out", "--to", "hf")
+    assert code == 0 and "weights in 2 dtypes" in output and "kept as stored" in output, output
+    out = load_file(tmp_path / "out" / "model.safetensors")
+    assert out["model.embed_tokens.weight"].dtype == torch.float16
+    assert torch.equal(out["model.embed_tokens.weight"], sd["model.embed_tokens.weight"])
+    assert out["model.norm.weight"].dtype == torch.float32
