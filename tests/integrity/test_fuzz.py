@@ -88,8 +88,33 @@ def checkpoints(hf_checkpoints, tmp_path_factory):
     return made, reference
 
 
+# the small JSON files a reader parses (never a carried file such as tokenizer.json, which is copied)
+DESCRIBING = ("config.json", "interop.json", "metadata.json", "mindspore_model.json", "model.safetensors.index.json")
+
+
+def _json_damage(rng: random.Random, dst: Path) -> str | None:
+    """A describing JSON file made 3 GiB sparse (read whole, it would take 3 GiB), or its first key doubled
+    (json keeps the last copy): each must be refused in one line, never read or guessed."""
+    files = [p for p in sorted(dst.rglob("*.json")) if p.name in DESCRIBING]
+    if not files:
+        return None
+    victim = rng.choice(files)
+    if rng.random() < 0.5:
+        with open(victim, "r+b") as f:
+            f.truncate(3 << 30)
+        return f"sparse {victim.relative_to(dst)} of 3 GiB"
+    text = victim.read_text()
+    key, value = next(iter(json.loads(text).items()))
+    victim.write_text(text.replace("{", "{" + json.dumps(key) + ": " + json.dumps(value) + ", ", 1))
+    return f"key {key!r} twice in {victim.relative_to(dst)}"
+
+
 def _damage(rng: random.Random, fmt: str, src: Path, dst: Path) -> str:
     shutil.copytree(src, dst)
+    if rng.random() < 0.2:
+        what = _json_damage(rng, dst)
+        if what is not None:
+            return what
     flippable = _flippable(fmt, dst)
     if rng.random() < 0.25:
         files = [p for p in sorted(dst.rglob("*")) if p.is_file() and p.stat().st_size]
