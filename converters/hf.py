@@ -20,7 +20,8 @@ from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
-from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
+from ..mappings.hf_deepseek import ARCHITECTURES as DEEPSEEK_TYPES
+from ..mappings.hf_names import IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -60,7 +61,7 @@ def detect(path) -> bool:
 
 def hf_table(spec: ModelSpec) -> str:
     """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
-    return hf_family(spec) if spec.is_moe else spec.arch
+    return hf_family(spec) if spec.is_moe or spec.is_mla else spec.arch
 
 
 def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
@@ -72,19 +73,28 @@ def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform
     for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
         layers = range(spec.num_layers) if "{i}" in hf_name else [None]
         experts = range(spec.num_experts) if "{e}" in hf_name else [None]
-        for i in layers:
-            for e in experts:
-                if transform.every_expert:  # every expert's parts in one tensor, expert by expert
-                    names = [p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts]
-                else:
-                    names = [p.format(i=i, e=e) for p in parts]
-                if all(n in present for n in names):
-                    rows.append((hf_name.format(i=i, e=e), transform.bind(spec, [present[n] for n in names]), names))
+        modules = range(spec.mtp_layers) if "{m}" in hf_name else [None]  # MTP module k is HF layer m = L + k
+        for i, e, k in ((i, e, k) for k in modules for i in layers for e in experts):
+            at = dict(i=i, e=e, k=k, m=None if k is None else spec.num_layers + k)
+            if transform.every_expert:  # every expert's parts in one tensor, expert by expert
+                names = [p.format(**dict(at, e=x)) for x in range(spec.num_experts) for p in parts]
+            else:
+                names = [p.format(**at) for p in parts]
+            if all(n in present for n in names):
+                rows.append((hf_name.format(**at), transform.bind(spec, [present[n] for n in names]), names))
     held = {n for _, _, names in rows for n in names}
     homeless = [n for n in present if n not in held]
     if homeless:
         raise InteropError(f"HF {spec.arch} names have no place for {homeless[0]}")
     return rows
+
+
+def hf_mirrors(spec: ModelSpec) -> list[tuple[str, str]]:
+    """(HF name, canonical name) of the tensors HF stores twice: DeepSeek-V3's MTP modules' copies of the
+    embedding and head (`hf_names.MIRRORS`)."""
+    present = param_index(spec)
+    return [(hf.format(m=spec.num_layers + k), name) for hf, name in MIRRORS.get(hf_table(spec), [])
+            for k in range(spec.mtp_layers) if name in present]
 
 
 def _to_hf(transform: Transform, parts: list[torch.Tensor], empty) -> torch.Tensor:
@@ -178,6 +188,17 @@ class Reader:
         float_dtypes = [self.files.meta(k)[0] for k in keys if self.files.meta(k)[0].is_floating_point]
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
+        carried_config = {}
+        if spec.mtp_layers and not any(k.startswith(f"model.layers.{spec.num_layers + j}.")
+                                       for k in keys for j in range(spec.mtp_layers)):
+            # transformers' DeepseekV3ForCausalLM has no MTP module: a checkpoint it saved states
+            # num_nextn_predict_layers and holds no MTP weights.  Kept for HF output, said so.
+            key = "num_nextn_predict_layers"
+            carried_config[key] = spec.mtp_layers
+            notes.append(f"config.json's {key}={spec.mtp_layers} but the checkpoint holds no MTP module weights "
+                         f"(model.layers.{spec.num_layers}.*, as transformers saves it): read as a model without "
+                         f"MTP; {key} kept for HF output")
+            spec = spec.replace(mtp_layers=0)
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
         self.rows = hf_rows(spec, stacked)
         self.part_of = {}
@@ -192,6 +213,19 @@ class Reader:
             keys.discard(hf_key)
             for i, p in enumerate(parts):
                 self.part_of[p] = (hf_key, transform, parts, i)
+        self.mirrors: dict[str, list[str]] = {}  # canonical -> HF copies checked equal to it on read
+        for hf_key, name in hf_mirrors(spec):
+            if hf_key not in keys:
+                raise InteropError(f"{root}: tensor {hf_key} is missing (the MTP module's copy of {name})")
+            if self.files.meta(hf_key)[1] != param_index(spec)[name].shape:
+                raise InteropError(f"{root}: {hf_key} has shape {list(self.files.meta(hf_key)[1])}, "
+                                   f"config.json implies {list(param_index(spec)[name].shape)}")
+            keys.discard(hf_key)
+            self.mirrors.setdefault(name, []).append(hf_key)
+        if self.mirrors:
+            notes.append(f"{sum(map(len, self.mirrors.values()))} MTP copies of the embedding / head "
+                         f"({', '.join(sorted(k for v in self.mirrors.values() for k in v))}) checked equal to "
+                         "the model's on read and written from them")
         if spec.tied_embeddings and "lm_head.weight" in keys:
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
@@ -203,6 +237,7 @@ class Reader:
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
                         "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
+        self.carried["config"].update(carried_config)
         if spec.is_moe:  # router training settings: not part of the model, kept for HF output and named
             training = {k: config[k] for k, default in MOE_TRAINING_KEYS[hf_family(spec)].items()
                         if config.get(k, default) != default}
@@ -216,6 +251,14 @@ class Reader:
 
     def read(self, name: str) -> torch.Tensor:
         hf_key, transform, parts, i = self.part_of[name]
+        if name in self.mirrors:
+            value = transform.split(self.files.read(hf_key))[0]
+            for copy in self.mirrors[name]:
+                if not torch.equal(self.files.read(copy), value):
+                    raise InteropError(f"{self.files.root}: {copy} differs from {hf_key}: the MTP module has its own "
+                                       f"{'embedding' if 'embed' in copy else 'head'}, which interop holds once "
+                                       "(as DeepSeek-V3 and megatron-core share it); refused")
+            return value
         if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
             return transform.split(self.files.read(hf_key))[0]
         if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
@@ -233,7 +276,7 @@ class Reader:
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
         hf_key, transform, _, _ = self.part_of[name]
-        if not transform.unchanged:
+        if not transform.unchanged or name in self.mirrors:  # a mirrored tensor is checked in read()
             return False
         self.files.read_into(hf_key, out)
         return True
@@ -273,7 +316,10 @@ class Writer:
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))
+        rows = hf_rows(spec)
+        bound = {names[0]: transform for _, transform, names in rows if len(names) == 1}
+        rows += [(hf_key, bound[name], [name]) for hf_key, name in hf_mirrors(spec)]  # right after their source
+        rows = sorted(rows, key=lambda row: max(position[p] for p in row[2]))
         self.row_of, self.pending = {}, {}
         self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
@@ -288,7 +334,7 @@ class Writer:
             shards[-1].append((hf_key, first.dtype, shape))
             size += nbytes
             for p in parts:
-                self.row_of[p] = (hf_key, transform, parts)
+                self.row_of.setdefault(p, []).append((hf_key, transform, parts))
         if len(shards) == 1:
             names = ["model.safetensors"]
         else:
@@ -303,28 +349,33 @@ class Writer:
                 self.file_of[key] = name
 
     def wants(self, name: str) -> bool:
-        return not name.startswith(OPTIM_PREFIXES) and self.file_of[self.row_of[name][0]] in self.writers
+        return not name.startswith(OPTIM_PREFIXES) and any(self.file_of[row[0]] in self.writers
+                                                           for row in self.row_of[name])
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
             return
-        hf_key, transform, parts = self.row_of[name]
-        got = self.pending.setdefault(hf_key, {})
-        got[name] = tensor
-        if len(got) == len(parts):
-            del self.pending[hf_key]
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
-                                                                    self.memory.empty))
+        for hf_key, transform, parts in self.row_of[name]:  # more than one: DeepSeek-V3's MTP copies
+            if self.file_of[hf_key] not in self.writers:
+                continue
+            got = self.pending.setdefault(hf_key, {})
+            got[name] = tensor
+            if len(got) == len(parts):
+                del self.pending[hf_key]
+                self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
+                                                                        self.memory.empty))
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
         (a single-tensor row, not transposed); False when it must come through `write`."""
         if name.startswith(OPTIM_PREFIXES):
             return True  # not kept: no need to read it
-        hf_key, transform, _ = self.row_of[name]
-        if not transform.unchanged:
+        rows = self.row_of[name]
+        if not all(transform.unchanged for _, transform, _ in rows):
             return False
-        self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
+        for hf_key, _, _ in rows:
+            if self.file_of[hf_key] in self.writers:
+                self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
         return True
 
     def carry(self, carried: dict) -> None:
