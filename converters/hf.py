@@ -24,8 +24,9 @@ from ..mappings.hf_deepseek import ARCHITECTURES as DEEPSEEK_TYPES
 from ..mappings.hf_names import IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
+from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ..transforms import Transform
+from ..transforms import BlockScaledFP8, Transform
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DEFAULT_SHARD_BYTES = 5 << 30
@@ -172,8 +173,33 @@ class _BinFile:
         return self.tensors[key].clone()
 
 
+SCALE_SUFFIX = "_scale_inv"  # `X.weight_scale_inv` scales block-scaled FP8 `X.weight`
+FP8_FORMATS = {"e4m3": "float8_e4m3fn"}
+
+
+def fp8_layout(config: dict, where: str) -> BlockScaledFP8 | None:
+    """The block-scaled FP8 layout config.json's quantization_config states (None: not quantised)."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return None
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise InteropError(f"{where}: quantization_config quant_method {method!r} is not supported (fp8, block-scaled "
+                           "as DeepSeek-V3 and transformers' fine-grained FP8, is)")
+    if quant.get("fmt", "e4m3") not in FP8_FORMATS:
+        raise InteropError(f"{where}: fp8 fmt {quant['fmt']!r} is not supported (e4m3 is)")
+    if quant.get("scale_fmt") not in (None, "float32"):
+        raise InteropError(f"{where}: fp8 scale_fmt {quant['scale_fmt']!r} is not supported (float32 scales are)")
+    try:
+        return BlockScaledFP8(quant.get("weight_block_size", [128, 128]))  # FineGrainedFP8Config's default
+    except InteropError as exc:
+        raise InteropError(f"{where}: {exc}") from None
+
+
 class Reader:
-    def __init__(self, path):
+    def __init__(self, path, dequantize_to: str | None = None):
+        """`dequantize_to`: the dtype block-scaled FP8 weights are dequantised to (bfloat16 by default; convert's
+        --dtype)."""
         root = Path(path)
         if not detect(root):
             raise InteropError(f"{root}: not a Hugging Face checkpoint (needs config.json and model weights)")
@@ -185,8 +211,11 @@ class Reader:
         if ignored:
             notes.append(f"dropped {len(ignored)} buffers that are not parameters "
                          f"({'; '.join(sorted(set(ignored.values())))})")
+        self.fp8 = self._fp8_scales(root, config, keys, notes, dequantize_to or "bfloat16")
         float_dtypes = [self.files.meta(k)[0] for k in keys if self.files.meta(k)[0].is_floating_point]
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
+        if self.fp8:
+            dtype = self.fp8_dtype
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
         carried_config = {}
         if spec.mtp_layers and not any(k.startswith(f"model.layers.{spec.num_layers + j}.")
@@ -246,26 +275,66 @@ class Reader:
                 notes.append(f"{', '.join(f'{k}={v}' for k, v in training.items())}: router training settings "
                              "outside the model description, kept for HF output only")
 
+    def _fp8_scales(self, root: Path, config: dict, keys: set, notes: list, dequantize_to: str) -> dict:
+        """{fp8 weight key: its scale key}; the scales leave `keys`.  Every float8 weight has its scale of the
+        right grid and every scale its float8 weight, or the checkpoint is refused (never read unscaled)."""
+        layout = fp8_layout(config, str(root / "config.json"))
+        fp8_keys = sorted(k for k in keys if self.files.meta(k)[0] == torch.float8_e4m3fn)
+        scales = {k for k in keys if k.endswith(SCALE_SUFFIX)}
+        if layout is None:
+            if fp8_keys or scales:
+                raise InteropError(f"{root}: {(fp8_keys or sorted(scales))[0]} is block-scaled FP8 but config.json has "
+                                   "no quantization_config (quant_method fp8, weight_block_size)")
+            return {}
+        out = {}
+        for key in fp8_keys:
+            scale = key + SCALE_SUFFIX
+            layout.check(key, self.files.meta(key)[1], scale, self.files.meta(scale)[1] if scale in scales else None)
+            out[key] = scale
+        stray = sorted(scales - set(out.values()))
+        if stray:
+            raise InteropError(f"{root}: {stray[0]} scales no float8_e4m3fn weight "
+                               f"({stray[0][:-len(SCALE_SUFFIX)]} is missing or not FP8)")
+        if dequantize_to not in DTYPE_OF_NAME:
+            raise InteropError(f"dequantize_to must be one of {', '.join(DTYPE_OF_NAME)}, got {dequantize_to!r}")
+        keys -= scales
+        self.fp8_layout, self.fp8_dtype = layout, dequantize_to
+        if out:
+            notes.append(f"dequantised {len(out)} block-scaled FP8 weights (float8_e4m3fn x weight_scale_inv per "
+                         f"{layout.block[0]}x{layout.block[1]} block, in float32) to {dequantize_to}, as transformers' "
+                         "fine-grained FP8 and DeepSeek's weight_dequant do"
+                         + ("" if dequantize_to == "float32" else "; --dtype fp32 keeps more of each product"))
+        return out
+
+    def _read_hf(self, hf_key: str) -> torch.Tensor:
+        """An HF tensor as the model uses it: a block-scaled FP8 weight dequantised."""
+        if hf_key in self.fp8:
+            return self.fp8_layout.dequantize(self.files.read(hf_key), self.files.read(self.fp8[hf_key]),
+                                              DTYPE_OF_NAME[self.fp8_dtype])
+        return self.files.read(hf_key)
+
     def metas(self) -> list[TensorMeta]:
-        return [TensorMeta(p.name, self.files.meta(self.part_of[p.name][0])[0], p.shape) for p in param_table(self.spec)]
+        def dtype(hf_key):
+            return DTYPE_OF_NAME[self.fp8_dtype] if hf_key in self.fp8 else self.files.meta(hf_key)[0]
+        return [TensorMeta(p.name, dtype(self.part_of[p.name][0]), p.shape) for p in param_table(self.spec)]
 
     def read(self, name: str) -> torch.Tensor:
         hf_key, transform, parts, i = self.part_of[name]
         if name in self.mirrors:
-            value = transform.split(self.files.read(hf_key))[0]
+            value = transform.split(self._read_hf(hf_key))[0]
             for copy in self.mirrors[name]:
-                if not torch.equal(self.files.read(copy), value):
+                if not torch.equal(self._read_hf(copy), value):
                     raise InteropError(f"{self.files.root}: {copy} differs from {hf_key}: the MTP module has its own "
                                        f"{'embedding' if 'embed' in copy else 'head'}, which interop holds once "
                                        "(as DeepSeek-V3 and megatron-core share it); refused")
             return value
         if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
-            return transform.split(self.files.read(hf_key))[0]
+            return transform.split(self._read_hf(hf_key))[0]
         if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
             # two held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order
             while len(self._cached) >= 2:
                 del self._cached[next(iter(self._cached))]
-            self._cached[hf_key] = transform.split(self.files.read(hf_key))
+            self._cached[hf_key] = transform.split(self._read_hf(hf_key))
         return self._cached[hf_key][i]
 
     def native_name(self, name: str) -> str:
@@ -276,7 +345,7 @@ class Reader:
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
         hf_key, transform, _, _ = self.part_of[name]
-        if not transform.unchanged or name in self.mirrors:  # a mirrored tensor is checked in read()
+        if not transform.unchanged or name in self.mirrors or hf_key in self.fp8:  # checked / decoded in read()
             return False
         self.files.read_into(hf_key, out)
         return True

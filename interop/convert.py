@@ -284,6 +284,8 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     reader_cls, writer_cls = reader_of(src_format), writer_of(dst_format)
     reader_options, writer_options = split_options(reader_cls, writer_cls, options, src_format, dst_format)
+    if dtype != "keep":  # a reader that decodes stored values (block-scaled FP8) decodes straight to --dtype
+        reader_options.update(_accepted(reader_cls, {"dequantize_to": DTYPE_CHOICES[dtype]}))
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
