@@ -21,7 +21,7 @@ from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..mappings.hf_deepseek import ARCHITECTURES as DEEPSEEK_TYPES
-from ..mappings.hf_names import IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
+from ..mappings.hf_names import FP8_KEEP, IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
@@ -174,6 +174,12 @@ class _BinFile:
 
 
 SCALE_SUFFIX = "_scale_inv"  # `X.weight_scale_inv` scales block-scaled FP8 `X.weight`
+
+
+def fp8_stored(hf_key: str, shape) -> bool:
+    """Which tensors --dtype fp8 stores block-scaled: the projections, as DeepSeek-V3's release (`hf_names.FP8_KEEP`
+    stay bf16: embeddings, heads, the router)."""
+    return len(shape) == 2 and hf_key.endswith(".weight") and not any(k in hf_key for k in FP8_KEEP)
 FP8_FORMATS = {"e4m3": "float8_e4m3fn"}
 
 
@@ -267,6 +273,8 @@ class Reader:
         self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
                         "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
         self.carried["config"].update(carried_config)
+        if self.fp8:
+            self.carried["raw_fp8"] = self.stored_fp8
         if spec.is_moe:  # router training settings: not part of the model, kept for HF output and named
             training = {k: config[k] for k, default in MOE_TRAINING_KEYS[hf_family(spec)].items()
                         if config.get(k, default) != default}
@@ -305,6 +313,12 @@ class Reader:
                          "fine-grained FP8 and DeepSeek's weight_dequant do"
                          + ("" if dequantize_to == "float32" else "; --dtype fp32 keeps more of each product"))
         return out
+
+    def stored_fp8(self, hf_key: str, layout: BlockScaledFP8):
+        """(fp8 weight, scale) as stored, for an FP8 target in the same block layout; None otherwise."""
+        if hf_key not in self.fp8 or layout != self.fp8_layout:
+            return None
+        return self.files.read(hf_key), self.files.read(self.fp8[hf_key])
 
     def _read_hf(self, hf_key: str) -> torch.Tensor:
         """An HF tensor as the model uses it: a block-scaled FP8 weight dequantised."""
@@ -363,8 +377,10 @@ class Writer:
         return spec.vocab  # HF holds the true vocabulary only
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
-                 max_shard_bytes: int | None = None, tokenizer=None, only=None):
+                 max_shard_bytes: int | None = None, tokenizer=None, only=None, quantize_to: str | None = None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
+        `quantize_to="fp8"` (convert's --dtype fp8): the projections as block-scaled FP8 (128x128 blocks, as
+        DeepSeek-V3's release); an FP8 HF source's weights and scales are kept byte-identical (`carry`).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
         (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
         if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
@@ -389,6 +405,12 @@ class Writer:
         bound = {names[0]: transform for _, transform, names in rows if len(names) == 1}
         rows += [(hf_key, bound[name], [name]) for hf_key, name in hf_mirrors(spec)]  # right after their source
         rows = sorted(rows, key=lambda row: max(position[p] for p in row[2]))
+        if quantize_to not in (None, "fp8"):
+            raise InteropError(f"quantize_to must be fp8, got {quantize_to!r}")
+        self.fp8 = BlockScaledFP8() if quantize_to else None
+        self.quantized = {hf_key for hf_key, transform, parts in rows
+                          if self.fp8 and transform.unchanged and fp8_stored(hf_key, transform.rank_shape())}
+        self.fp8_counts = {"kept": 0, "quantised": 0}
         self.row_of, self.pending = {}, {}
         self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
@@ -396,11 +418,16 @@ class Writer:
         for hf_key, transform, parts in rows:
             first = meta_of[parts[0]]
             shape = transform.rank_shape()
-            nbytes = TensorMeta(hf_key, first.dtype, shape).nbytes
+            if hf_key in self.quantized:  # the fp8 weight, then its scale
+                entries = [(hf_key, torch.float8_e4m3fn, shape),
+                           (hf_key + SCALE_SUFFIX, torch.float32, self.fp8.scale_shape(shape))]
+            else:
+                entries = [(hf_key, first.dtype, shape)]
+            nbytes = sum(TensorMeta(*entry).nbytes for entry in entries)
             if shards[-1] and size + nbytes > max_shard_bytes:
                 shards.append([])
                 size = 0
-            shards[-1].append((hf_key, first.dtype, shape))
+            shards[-1] += entries
             size += nbytes
             for p in parts:
                 self.row_of.setdefault(p, []).append((hf_key, transform, parts))
@@ -416,6 +443,7 @@ class Writer:
                 self.writers[name] = SafetensorsWriter(self.root / name, entries, {"format": "pt"}, checksum=False)
             for key, _, _ in entries:
                 self.file_of[key] = name
+        self.raw_fp8 = None  # an FP8 HF source's stored (weight, scale) by HF key (`carry`)
 
     def wants(self, name: str) -> bool:
         return not name.startswith(OPTIM_PREFIXES) and any(self.file_of[row[0]] in self.writers
@@ -431,8 +459,20 @@ class Writer:
             got[name] = tensor
             if len(got) == len(parts):
                 del self.pending[hf_key]
+                if hf_key in self.quantized:
+                    self._write_fp8(hf_key, tensor)
+                    continue
                 self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
                                                                         self.memory.empty))
+
+    def _write_fp8(self, hf_key: str, tensor: torch.Tensor) -> None:
+        """The weight and its scale: the FP8 source's own bytes when it stores this weight so, else quantised."""
+        raw = self.raw_fp8(hf_key, self.fp8) if self.raw_fp8 is not None else None
+        q, scale = raw if raw is not None else self.fp8.quantize(tensor)
+        self.fp8_counts["kept" if raw is not None else "quantised"] += 1
+        writer = self.writers[self.file_of[hf_key]]
+        writer.write(hf_key, q)
+        writer.write(hf_key + SCALE_SUFFIX, scale)
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
@@ -440,7 +480,7 @@ class Writer:
         if name.startswith(OPTIM_PREFIXES):
             return True  # not kept: no need to read it
         rows = self.row_of[name]
-        if not all(transform.unchanged for _, transform, _ in rows):
+        if not all(transform.unchanged and hf_key not in self.quantized for hf_key, transform, _ in rows):
             return False
         for hf_key, _, _ in rows:
             if self.file_of[hf_key] in self.writers:
@@ -448,8 +488,10 @@ class Writer:
         return True
 
     def carry(self, carried: dict) -> None:
-        """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids."""
+        """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids,
+        and its block-scaled FP8 weights as stored (kept as they are under --dtype fp8)."""
         self.carried = carried
+        self.raw_fp8 = carried.get("raw_fp8")
 
     def _model_files(self) -> dict:
         """{name in the output: file to copy} for the tokenizer and generation config."""
@@ -509,6 +551,9 @@ class Writer:
             self.written_notes.append("output has no tokenizer: pass --tokenizer DIR_OR_FILE (an HF tokenizer "
                                       "directory, or the tokenizer.model Megatron's --tokenizer-model names)")
         config = {**hf_config_from_spec(self.spec), **self.carried.get("config", {})}
+        if self.fp8:
+            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                             "weight_block_size": list(self.fp8.block)}
         (self.root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if len(self.shard_files) > 1:
             index = {"metadata": {"total_size": total},
@@ -518,6 +563,14 @@ class Writer:
     @property
     def notes(self) -> list[str]:
         notes = list(self.written_notes)
+        if self.fp8 and self.writers:
+            kept, made = self.fp8_counts["kept"], self.fp8_counts["quantised"]
+            notes.append(f"block-scaled FP8 (float8_e4m3fn + weight_scale_inv per 128x128 block): {kept} weights and "
+                         f"scales kept byte-identical from the FP8 source, {made} quantised (transformers' rule); "
+                         "the other tensors keep their dtype")
+        elif self.fp8:
+            notes.append("block-scaled FP8 written by the workers: weights the source stores as FP8 are re-quantised "
+                         "there, not kept byte-identical (--workers 1 keeps them)")
         if self.dropped_optim:
             notes.append(f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): "
                          "a Hugging Face checkpoint holds weights only")

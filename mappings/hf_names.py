@@ -143,6 +143,10 @@ STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACK
                   "deepseek_v3": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS + DEEPSEEK_MTP}
 STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart
 
+# What `--dtype fp8` keeps in bf16 (DeepSeek-V3's release: embeddings, output heads and the router; norms and
+# biases are 1-D and never quantised): HF name fragments.
+FP8_KEEP = ("embed_tokens", "lm_head", "shared_head.head", ".mlp.gate.weight", "wte", "wpe")
+
 # Buffers some HF checkpoints carry that are not parameters: dropped with this reason.
 IGNORED_SUFFIXES = {
     ".attn.bias": "GPT2 causal-mask buffer, rebuilt by the model",

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepseek_models import config_json, save, v3_config
-from hostile import assert_one_error, run
+from helpers.deepseek_models import config_json, save, v3_config
+from helpers.hostile import assert_one_error, run
 from interop.convert import convert
 from interop.errors import InteropError
 from interop.transforms import BlockScaledFP8
@@ -28,15 +28,14 @@ def quantizable(key: str, t: torch.Tensor) -> bool:
         and not key.endswith(("mlp.gate.weight", "norm.weight"))
 
 
-@pytest.fixture(scope="module")
-def fp8_source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fp8")
+def fp8_checkpoint(root, block):
+    """The tiny V3 (with its MTP module) stored as DeepSeek-V3's release stores it, in blocks of `block`."""
     save(v3_config(), root / "bf16", mtp=True)
     held = load_file(root / "bf16" / "model.safetensors")
     out = {}
     for key, t in held.items():
         if quantizable(key, t):
-            q, s = BlockScaledFP8(BLOCK).quantize(t)
+            q, s = BlockScaledFP8(block).quantize(t)
             out[key], out[key[:-len("weight")] + "weight_scale_inv"] = q, s
         else:
             out[key] = t if key.endswith("e_score_correction_bias") else t.to(torch.bfloat16)
@@ -44,9 +43,14 @@ def fp8_source(tmp_path_factory):
     save_file(out, root / "fp8" / "model.safetensors", metadata={"format": "pt"})
     config = config_json(root / "bf16")
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": BLOCK}
+                                     "weight_block_size": block}
     (root / "fp8" / "config.json").write_text(json.dumps(config))
     return root / "fp8"
+
+
+@pytest.fixture(scope="module")
+def fp8_source(tmp_path_factory):
+    return fp8_checkpoint(tmp_path_factory.mktemp("fp8"), BLOCK)
 
 
 def expected(q, s, dtype):
@@ -114,3 +118,56 @@ def test_bad_fp8_source_is_one_error_and_leaves_nothing(fp8_source, tmp_path, te
     assert not (tmp_path / "out").exists()
     assert_one_error(*run("convert", src, tmp_path / "out2", "--to", "hf"))
     assert not (tmp_path / "out2").exists()
+
+
+def test_fp8_source_to_fp8_hf_keeps_weights_and_scales_byte_identical(tmp_path):
+    src = fp8_checkpoint(tmp_path / "src", [128, 128])  # DeepSeek-V3's block: the writer's
+    summary = convert(src, tmp_path / "hf", dst_format="hf", dtype="fp8", workers=1)
+    held, out = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(held) == sorted(out)
+    for key in held:  # fp8 weights, fp32 scales and correction biases, bf16 rest: all as they were
+        assert out[key].dtype == held[key].dtype, key
+        assert torch.equal(out[key].view(torch.uint8), held[key].view(torch.uint8)), key
+    scaled = sum(k.endswith("weight_scale_inv") for k in held)
+    assert any(f"{scaled} weights and scales kept byte-identical from the FP8 source, 0 quantised" in n
+               for n in summary.notes)
+    assert config_json(tmp_path / "hf")["quantization_config"]["weight_block_size"] == [128, 128]
+
+
+def test_full_precision_source_to_fp8_hf_quantises_by_transformers_rule_and_reads_back(tmp_path):
+    save(v3_config(), tmp_path / "bf16", mtp=True)
+    summary = convert(tmp_path / "bf16", tmp_path / "fp8", dst_format="hf", dtype="fp8")
+    held, out = load_file(tmp_path / "bf16" / "model.safetensors"), load_file(tmp_path / "fp8" / "model.safetensors")
+    key = "model.layers.3.self_attn.kv_b_proj.weight"  # the MTP module's: quantised as well
+    assert out[key].dtype == torch.float8_e4m3fn and out[key + "_scale_inv"].shape == (1, 1)
+    assert out["model.embed_tokens.weight"].dtype == held["model.embed_tokens.weight"].dtype  # not quantised
+    assert out["model.layers.1.mlp.gate.weight"].dtype == held["model.layers.1.mlp.gate.weight"].dtype
+    assert torch.equal(out["model.layers.3.embed_tokens.weight"], out["model.embed_tokens.weight"])
+    q, s = BlockScaledFP8().quantize(held[key])
+    assert out["model.norm.weight"].dtype == held["model.norm.weight"].dtype  # kept
+    assert torch.equal(out[key].view(torch.uint8), q.view(torch.uint8)) and torch.equal(out[key + "_scale_inv"], s)
+    assert any("0 weights and scales kept" in n and "quantised (transformers' rule)" in n for n in summary.notes)
+    back = convert(tmp_path / "fp8", tmp_path / "back", dst_format="hf")
+    assert any(n.startswith("dequantised") for n in back.notes)
+
+
+def test_fp8_target_that_cannot_hold_it_is_refused(fp8_source, tmp_path):
+    assert_one_error(*run("convert", fp8_source, tmp_path / "out", "--to", "interop", "--dtype", "fp8"),
+                     "--dtype fp8", "cannot store block-scaled FP8")
+    assert not (tmp_path / "out").exists()
+
+
+def test_transformers_loads_the_fp8_output_as_interop_dequantises_it(tmp_path):
+    """transformers' own FP8 loader (on CPU it dequantises to bf16, Fp8Dequantize) and interop's dequantisation
+    of the same written checkpoint give the same model: equal logits."""
+    pytest.importorskip("accelerate")  # transformers' FP8 quantizer needs it
+    transformers = __import__("transformers")
+    save(v3_config(), tmp_path / "full", mtp=True)
+    convert(tmp_path / "full", tmp_path / "fp8", dst_format="hf", dtype="fp8")
+    convert(tmp_path / "fp8", tmp_path / "bf16", dst_format="hf")  # FP8 weights to bf16, the rest kept
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "fp8", dtype=torch.bfloat16)
+    ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    for (name, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    with torch.no_grad():
+        assert torch.equal(theirs(TOKENS).logits, ours(TOKENS).logits)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepseek_models import config_json, logits, save, v2_config, v3_config
+from helpers.deepseek_models import config_json, logits, save, v2_config, v3_config
 from interop.convert import convert
 from interop.errors import InteropError
 from interop.store import StoreReader
