@@ -20,9 +20,9 @@ from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
-from ..mappings.hf_deepseek import ARCHITECTURES as DEEPSEEK_TYPES
 from ..mappings.hf_names import FP8_KEEP, IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
 from ..params import OPTIM_PREFIXES, param_index, param_table
+from ..rows import Row, RowCollector, check_placed, expand
 from ..spec import ModelSpec
 from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -65,28 +65,11 @@ def hf_table(spec: ModelSpec) -> str:
     return hf_family(spec) if spec.is_moe or spec.is_mla else spec.arch
 
 
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
-    """The architecture's name table expanded for this model, keeping rows whose tensors exist:
-    (HF name, its transform bound to the row's tensors, canonical names).
+def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[Row]:
+    """The architecture's name table expanded for this model (`interop.rows.expand`).
     `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    present = param_index(spec)
-    rows = []
-    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
-        layers = range(spec.num_layers) if "{i}" in hf_name else [None]
-        experts = range(spec.num_experts) if "{e}" in hf_name else [None]
-        modules = range(spec.mtp_layers) if "{m}" in hf_name else [None]  # MTP module k is HF layer m = L + k
-        for i, e, k in ((i, e, k) for k in modules for i in layers for e in experts):
-            at = dict(i=i, e=e, k=k, m=None if k is None else spec.num_layers + k)
-            if transform.every_expert:  # every expert's parts in one tensor, expert by expert
-                names = [p.format(**dict(at, e=x)) for x in range(spec.num_experts) for p in parts]
-            else:
-                names = [p.format(**at) for p in parts]
-            if all(n in present for n in names):
-                rows.append((hf_name.format(**at), transform.bind(spec, [present[n] for n in names]), names))
-    held = {n for _, _, names in rows for n in names}
-    homeless = [n for n in present if n not in held]
-    if homeless:
-        raise InteropError(f"HF {spec.arch} names have no place for {homeless[0]}")
+    rows = expand((STACKED_TABLES if stacked else TABLES)[hf_table(spec)], spec)
+    check_placed(rows, spec, f"HF {spec.arch}")
     return rows
 
 
@@ -237,7 +220,8 @@ class Reader:
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
         self.rows = hf_rows(spec, stacked)
         self.part_of = {}
-        for hf_key, transform, parts in self.rows:
+        for row in self.rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             if hf_key not in keys:
                 raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
                                    f"model with {spec.num_layers} layers)")
@@ -402,20 +386,21 @@ class Writer:
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
         rows = hf_rows(spec)
-        bound = {names[0]: transform for _, transform, names in rows if len(names) == 1}
-        rows += [(hf_key, bound[name], [name]) for hf_key, name in hf_mirrors(spec)]  # right after their source
-        rows = sorted(rows, key=lambda row: max(position[p] for p in row[2]))
+        bound = {row.parts[0]: row.transform for row in rows if len(row.parts) == 1}
+        rows += [Row(hf_key, bound[name], [name]) for hf_key, name in hf_mirrors(spec)]  # right after their source
+        rows = sorted(rows, key=lambda row: max(position[p] for p in row.parts))
         if quantize_to not in (None, "fp8"):
             raise InteropError(f"quantize_to must be fp8, got {quantize_to!r}")
         self.fp8 = BlockScaledFP8() if quantize_to else None
-        self.quantized = {hf_key for hf_key, transform, parts in rows
-                          if self.fp8 and transform.unchanged and fp8_stored(hf_key, transform.rank_shape())}
+        self.quantized = {row.key for row in rows
+                          if self.fp8 and row.transform.unchanged and fp8_stored(row.key, row.transform.rank_shape())}
         self.fp8_counts = {"kept": 0, "quantised": 0}
-        self.row_of, self.pending = {}, {}
+        self.row_of, self.pending = {}, RowCollector()
         self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
-        for hf_key, transform, parts in rows:
+        for row in rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             first = meta_of[parts[0]]
             shape = transform.rank_shape()
             if hf_key in self.quantized:  # the fp8 weight, then its scale
@@ -455,15 +440,13 @@ class Writer:
         for hf_key, transform, parts in self.row_of[name]:  # more than one: DeepSeek-V3's MTP copies
             if self.file_of[hf_key] not in self.writers:
                 continue
-            got = self.pending.setdefault(hf_key, {})
-            got[name] = tensor
-            if len(got) == len(parts):
-                del self.pending[hf_key]
-                if hf_key in self.quantized:
-                    self._write_fp8(hf_key, tensor)
-                    continue
-                self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
-                                                                        self.memory.empty))
+            tensors = self.pending.add(hf_key, parts, name, tensor)
+            if tensors is None:
+                continue
+            if hf_key in self.quantized:
+                self._write_fp8(hf_key, tensors[0])
+            else:
+                self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
 
     def _write_fp8(self, hf_key: str, tensor: torch.Tensor) -> None:
         """The weight and its scale: the FP8 source's own bytes when it stores this weight so, else quantised."""
