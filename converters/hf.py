@@ -17,13 +17,15 @@ import torch
 from ..errors import InteropError
 from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
+from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..mappings.hf_names import FP8_KEEP, IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
-from ..params import OPTIM_PREFIXES, param_index, param_table
+from ..params import TensorKey, param_index, param_table
 from ..rows import Row, RowCollector, check_placed, expand
 from ..spec import ModelSpec
+from ..state import TrainingState
 from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import BlockScaledFP8, Transform
@@ -185,7 +187,9 @@ def fp8_layout(config: dict, where: str) -> BlockScaledFP8 | None:
         raise InteropError(f"{where}: {exc}") from None
 
 
-class Reader:
+class Reader(BaseReader):
+    options = ("dequantize_to",)  # convert's --dtype, for block-scaled FP8 sources
+
     def __init__(self, path, dequantize_to: str | None = None):
         """`dequantize_to`: the dtype block-scaled FP8 weights are dequantised to (bfloat16 by default; convert's
         --dtype)."""
@@ -352,8 +356,10 @@ class Reader:
         self._cached.clear()
 
 
-class Writer:
+class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "quantize_to")  # quantize_to: --dtype fp8
+    splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
     @staticmethod
@@ -396,7 +402,7 @@ class Writer:
                           if self.fp8 and row.transform.unchanged and fp8_stored(row.key, row.transform.rank_shape())}
         self.fp8_counts = {"kept": 0, "quantised": 0}
         self.row_of, self.pending = {}, RowCollector()
-        self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
+        self.dropped_optim = {key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
         for row in rows:
@@ -431,11 +437,11 @@ class Writer:
         self.raw_fp8 = None  # an FP8 HF source's stored (weight, scale) by HF key (`carry`)
 
     def wants(self, name: str) -> bool:
-        return not name.startswith(OPTIM_PREFIXES) and any(self.file_of[row[0]] in self.writers
+        return not TensorKey.parse(name).is_optim and any(self.file_of[row[0]] in self.writers
                                                            for row in self.row_of[name])
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
+        if TensorKey.parse(name).is_optim:  # HF checkpoints hold weights only (a note says so)
             return
         for hf_key, transform, parts in self.row_of[name]:  # more than one: DeepSeek-V3's MTP copies
             if self.file_of[hf_key] not in self.writers:
@@ -460,7 +466,7 @@ class Writer:
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
         (a single-tensor row, not transposed); False when it must come through `write`."""
-        if name.startswith(OPTIM_PREFIXES):
+        if TensorKey.parse(name).is_optim:
             return True  # not kept: no need to read it
         rows = self.row_of[name]
         if not all(transform.unchanged and hf_key not in self.quantized for hf_key, transform, _ in rows):
@@ -470,11 +476,12 @@ class Writer:
                 self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
         return True
 
-    def carry(self, carried: dict) -> None:
+    def carry(self, carried) -> bool:
         """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids,
         and its block-scaled FP8 weights as stored (kept as they are under --dtype fp8)."""
         self.carried = carried
         self.raw_fp8 = carried.get("raw_fp8")
+        return True
 
     def _model_files(self) -> dict:
         """{name in the output: file to copy} for the tokenizer and generation config."""
@@ -504,13 +511,12 @@ class Writer:
         (self.root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def _tokenizer_from_args(self, state: dict | None) -> None:
-        """No --tokenizer and none carried: a Megatron source's own `--tokenizer-model`, when that file
-        exists here, is what it was trained with; taken, and said so."""
+        """No --tokenizer and none carried: the source's own tokenizer file (`TrainingState.tokenizer_model`, a
+        Megatron `--tokenizer-model`), when that file exists here, is what it was trained with; taken, and said so."""
         if self.tokenizer is not None or set(self.carried.get("files", {})) & set(TOKENIZER_FILES):
             return
-        args = ((state or {}).get("megatron") or {}).get("args") or {}
-        named = args.get("tokenizer_model") if isinstance(args, dict) else None
-        if isinstance(named, str) and named and Path(named).is_file():
+        named = TrainingState.of(state).tokenizer_model
+        if named is not None and Path(named).is_file():
             self.tokenizer = Path(named)
             self.written_notes.append(f"tokenizer: {named}, the checkpoint's --tokenizer-model "
                                       "(--tokenizer overrides)")
@@ -519,12 +525,10 @@ class Writer:
         """Close this writer's shard files: {file: bytes}."""
         return {name: writer.close()[0] for name, writer in self.writers.items()}
 
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
-
-    def finish_global(self, state: dict | None, sizes: dict) -> None:
-        """config.json, the shard index, tokenizer and generation config: the files beside the weights."""
-        total = sum(sizes[name] for name in self.units)
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        """config.json, the shard index, tokenizer and generation config: the files beside the weights
+        (`results`: {shard file: bytes})."""
+        total = sum(results[name] for name in self.units)
         self._tokenizer_from_args(state)
         files = self._model_files()
         for name, path in files.items():
