@@ -126,3 +126,15 @@ def test_original_deepseek_v3_config_keys_are_read(sources, tmp_path):
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(InteropError, match="scoring_func 'softmax' is not supported"):
         convert(src, tmp_path / "hf2", dst_format="hf")
+
+
+@pytest.mark.parametrize("kind", ["v3-mtp", "v2-lite"])
+def test_verify_runs_the_reference_model_and_transformers_and_compares_the_mtp_module(sources, tmp_path, kind):
+    from interop.workflows.verify import verify
+    convert(sources[kind], tmp_path / "hf", dst_format="hf")
+    result = verify(sources[kind], tmp_path / "hf")
+    assert result.ok, result.lines()
+    labels = [c.label for c in result.checks]
+    assert "transformers, converted (hf)" in labels and len(result.checks) == 4 + (kind == "v3-mtp")
+    if kind == "v3-mtp":
+        assert labels[-1].startswith("MTP modules (42 tensors") and result.checks[-1].max_diff == 0.0
