@@ -60,9 +60,16 @@ class BlockScaledFP8:
         return full[..., :rows, :cols]
 
     def dequantize(self, weight, scale_inv, dtype):
-        """The weight in `dtype`: fp8 and scale multiplied in float32, rounded once."""
+        """The weight in `dtype`: fp8 and scale multiplied in float32, rounded once.  In place on one float32
+        copy padded to whole blocks, each block times its scale by broadcasting (no per-element scale tensor)."""
         import torch
-        return (weight.to(torch.float32) * self._expand(scale_inv.to(torch.float32), weight.shape)).to(dtype)
+        *lead, rows, cols = weight.shape
+        grid_rows, grid_cols = scale_inv.shape[-2:]
+        padded = torch.zeros(*lead, grid_rows * self.block[0], grid_cols * self.block[1], dtype=torch.float32)
+        padded[..., :rows, :cols] = weight
+        blocks = padded.view(*lead, grid_rows, self.block[0], grid_cols, self.block[1])
+        blocks.mul_(scale_inv.to(torch.float32).unsqueeze(-1).unsqueeze(-3))
+        return padded[..., :rows, :cols].to(dtype)
 
     def quantize(self, tensor):
         """(float8_e4m3fn weight, float32 scale_inv): each block scaled so its largest magnitude is 448."""
