@@ -21,9 +21,10 @@ from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
-from ..mappings.hf_names import FP8_KEEP, IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
+from ..hf_named import hf_rows, hf_table
+from ..mappings.hf_names import FP8_KEEP, IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES
 from ..params import TensorKey, param_index, param_table
-from ..rows import Row, RowCollector, check_placed, expand
+from ..rows import Row, RowCollector
 from ..spec import ModelSpec
 from ..state import TrainingState
 from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
@@ -60,19 +61,6 @@ def parse_size(size) -> int:
 def detect(path) -> bool:
     root = Path(path)
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
-
-
-def hf_table(spec: ModelSpec) -> str:
-    """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
-    return hf_family(spec) if spec.is_moe or spec.is_mla else spec.arch
-
-
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[Row]:
-    """The architecture's name table expanded for this model (`interop.rows.expand`).
-    `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    rows = expand((STACKED_TABLES if stacked else TABLES)[hf_table(spec)], spec)
-    check_placed(rows, spec, f"HF {spec.arch}")
-    return rows
 
 
 def hf_mirrors(spec: ModelSpec) -> list[tuple[str, str]]:
@@ -358,7 +346,7 @@ class Reader(BaseReader):
 
 class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
-    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "quantize_to")  # quantize_to: --dtype fp8
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk", "quantize_to")  # quantize_to: --dtype fp8
     splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
@@ -367,12 +355,15 @@ class Writer(BaseWriter):
         return spec.vocab  # HF holds the true vocabulary only
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
-                 max_shard_bytes: int | None = None, tokenizer=None, only=None, quantize_to: str | None = None):
+                 max_shard_bytes: int | None = None, tokenizer=None, renormalize_topk: bool = False, only=None,
+                 quantize_to: str | None = None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `quantize_to="fp8"` (convert's --dtype fp8): the projections as block-scaled FP8 (128x128 blocks, as
         DeepSeek-V3's release); an FP8 HF source's weights and scales are kept byte-identical (`carry`).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
-        (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
+        (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`).
+        `renormalize_topk`: write a MoE model whose top-k probabilities are not renormalised (megatron-core's
+        moe_router_pre_softmax, as mbridge builds Mixtral) as HF Mixtral anyway, whose router renormalises them."""
         if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
             raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1 --ep 1")
         max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
@@ -384,6 +375,12 @@ class Writer(BaseWriter):
             raise InteropError(f"--tokenizer {tokenizer}: no tokenizer files in it (looked for {', '.join(TOKENIZER_FILES[:4])}, ...)")
         self.carried = {"files": {}, "config": {}}
         self.written_notes: list[str] = []
+        if renormalize_topk and spec.is_moe and not spec.moe_norm_topk:
+            spec = spec.replace(moe_norm_topk=True)
+            self.written_notes.append(
+                "--renormalize-topk: the HF router renormalises each token's top-k expert probabilities to sum to "
+                "1, the source's did not (moe_router_pre_softmax): the same weights compute other outputs "
+                "(interop verify runs both and shows the logit difference)")
         self.root, self.spec = Path(root), spec
         config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
         if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:

@@ -39,9 +39,9 @@ from ...io.safe_pickle import to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import DIST_EXPERT_KEYS, EXTRA_STATE_MODULES, scheme_of
-from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...params import TensorKey, base_param_name, param_index, param_table
 from ...rows import RowCollector
-from ...spec import ModelSpec
+from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
 from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
@@ -108,7 +108,8 @@ def optim_key(kind: str, key: str) -> str:
 
 def _prefix(name: str) -> str:
     """`optim.exp_avg.layers.0...` -> `optimizer.state.exp_avg.`; a weight's name -> ``."""
-    return f"optimizer.state.{name.split('.')[1]}." if name.startswith(OPTIM_PREFIXES) else ""
+    key = TensorKey.parse(name)
+    return f"optimizer.state.{key.kind}." if key.is_optim else ""
 
 
 def detect(path) -> bool:
@@ -136,9 +137,9 @@ def _rows(spec: ModelSpec, scheme: str, moe_norm_apart: bool = False):
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch_dist` format (PyTorch DCP, through `interop.io.megatron_dist`)."""
 
-    options = ("iteration", "model_config")
+    options = ("iteration", "model_config", "vocab_size")
 
-    def __init__(self, path, iteration: int | None = None, model_config=None):
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
         self.dir = dist.checkpoint_dir(path, iteration)
         self.ckpt = dist.DistCheckpoint(self.dir)
         common, notes = self.ckpt.common, []
@@ -162,13 +163,12 @@ class Reader(BaseReader):
         if emb not in self.ckpt:
             raise InteropError(f"{self.dir}: {emb} is missing")
         dtype, (rows, _) = self.ckpt.meta(emb)
-        padded = full.get("padded_vocab_size")
-        if padded and int(padded) != rows:
-            raise InteropError(f"{self.dir}: {emb} holds {rows} vocab rows, args say padded_vocab_size={padded}")
-        full = dict(full, padded_vocab_size=rows)
-        if not full.get("vocab_size"):
-            full["vocab_size"] = rows
-            notes.append(f"the true vocabulary size is not recorded (no vocab_size in args): keeping all {rows} rows")
+        # the padded size the checkpoint's own args state (a --model-config or --vocab-size gives the true one)
+        stated = None if model_config is not None or vocab_size else (stored or {}).get("padded_vocab_size")
+        vocab, rows, vocab_notes = vocab_from_rows(rows, vocab_size or full.get("vocab_size"), stated,
+                                                   f"{self.dir}: {emb}")
+        notes += vocab_notes
+        full = dict(full, padded_vocab_size=rows, vocab_size=vocab)
         if full.get("untie_embeddings_and_output_weights") is None:
             full["untie_embeddings_and_output_weights"] = False
         self.spec = spec = spec_from_args(full, str(self.dir), NAME_OF_DTYPE.get(dtype, "float32"))
@@ -343,7 +343,7 @@ class Reader(BaseReader):
 
     def _read_distributed(self, name: str) -> torch.Tensor:
         """Every tp rank's run of the parameter's bucket, joined into the canonical tensor."""
-        base, theirs = base_param_name(name), {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
+        base, theirs = base_param_name(name), {v: k for k, v in distrib.KINDS.items()}[TensorKey.parse(name).kind]
         row, j, where = self.dist_slots[base]
         if (theirs, row.parts) not in self._cache:
             shards = [self.ckpt.read_box(self.buckets[(m, v, slot.bucket, theirs)], [slot.start], [slot.numel])
@@ -355,7 +355,7 @@ class Reader(BaseReader):
 
     def metas(self) -> list[TensorMeta]:
         out = []
-        for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
+        for prefix in [""] + [TensorKey("", k).prefix for k in self.kinds]:
             for p in param_table(self.spec):
                 if prefix and self.buckets is not None:
                     out.append(TensorMeta(prefix + p.name, self.ckpt.meta(next(iter(self.buckets.values())))[0],
@@ -366,7 +366,7 @@ class Reader(BaseReader):
         return out
 
     def read(self, name: str) -> torch.Tensor:
-        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+        if self.buckets is not None and TensorKey.parse(name).is_optim:
             return self._read_distributed(name)
         row, key, layer, j = self.row_of[base_param_name(name)]
         key = self._key_prefix(name) + key  # optimizer state: the weight's layout under its own key
@@ -383,8 +383,8 @@ class Reader(BaseReader):
         """Where canonical `name` is stored: its DCP key (at its layer when the key is layer-stacked), with its
         part when fused; the distributed optimizer's flat bucket and element range for optimizer state."""
         row, key, layer, j = self.row_of[base_param_name(name)]
-        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
-            theirs = {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
+        if self.buckets is not None and TensorKey.parse(name).is_optim:
+            theirs = {v: k for k, v in distrib.KINDS.items()}[TensorKey.parse(name).kind]
             rank_row, j, ranks = self.dist_slots[base_param_name(name)]
             where = " + ".join(f"{self.buckets[(m, v, slot.bucket, theirs)]} [{slot.start}:{slot.start + slot.numel}]"
                                for m, v, slot in ranks)
@@ -398,7 +398,7 @@ class Reader(BaseReader):
         a stacked key, a whole tensor, one expert) is one contiguous chunk and `name` is runs of whole rows of it
         (the tensor itself; q, k, v of a grouped QKV; gate and up of fc1): the engine then copies them file to
         file.  None for the optimizer's flattened layouts and whatever else must be read."""
-        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+        if self.buckets is not None and TensorKey.parse(name).is_optim:
             return None
         row, key, layer, j = self.row_of[base_param_name(name)]
         key = self._key_prefix(name) + key
@@ -437,9 +437,9 @@ class Reader(BaseReader):
 
     def _key_prefix(self, name: str) -> str:
         """`optimizer.state.<kind>.` of an optimizer tensor's name as this checkpoint spells the kind; `` for a weight."""
-        if not name.startswith(OPTIM_PREFIXES):
+        if not TensorKey.parse(name).is_optim:
             return ""
-        kind = name.split(".")[1]
+        kind = TensorKey.parse(name).kind
         return f"optimizer.state.{getattr(self, 'native', {}).get(kind, kind)}."
 
     def _read_stored(self, key: str, layer) -> torch.Tensor:
@@ -459,7 +459,7 @@ class Reader(BaseReader):
         distributed optimizer's buckets (flat, not laid out as the row)."""
         base = base_param_name(name)
         row = self.row_of[base][0]
-        if len(row.parts) < 2 or self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+        if len(row.parts) < 2 or self.buckets is not None and TensorKey.parse(name).is_optim:
             return None
         prefix = name[:len(name) - len(base)]
         return row.transform, [prefix + n for n in row.parts]
@@ -527,16 +527,16 @@ class Writer(BaseWriter):
         self.rows = _rows(spec, "mcore_te")
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
-        if spec.is_moe and any(m.name.startswith(OPTIM_PREFIXES) for m in metas):
+        if spec.is_moe and any(TensorKey.parse(m.name).is_optim for m in metas):
             self.notes.append("the experts' optimizer state is written in their weights' layout (the global expert "
                               "axis), as megatron-core shards optimizer state like its parameter; not checked against "
                               "megatron-core's MoE optimizer loading")
         dtype_of = {m.name: m.dtype for m in metas}
-        self.kinds = [k for k in KINDS if any(m.name.startswith(f"optim.{k}.") for m in metas)]
+        self.kinds = [k for k in KINDS if any(TensorKey.parse(m.name).kind == k for m in metas)]
         self.planned: dict[str, tuple[torch.dtype, tuple]] = {}
         self.homogeneous = homogeneous(spec)
         lead: dict[str, int] = {}  # leading axes written one index at a time
-        for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
+        for prefix in [""] + [TensorKey("", k).prefix for k in self.kinds]:
             for row in self.rows:
                 key, layer = stacked_key(row.key, self.homogeneous)
                 shape = tuple(row.transform.rank_shape())

@@ -39,7 +39,7 @@ from ...io.torch_file import TorchFileWriter
 from ...layout import ParallelLayout
 from ...mappings.megatron_names import EXTRA_STATE_MODULES
 from ...memory import BufferPool
-from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...params import TensorKey, base_param_name, param_index, param_table
 from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -71,9 +71,9 @@ _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replac
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch` format (rank files)."""
 
-    options = ("iteration", "model_config")
+    options = ("iteration", "model_config", "vocab_size")
 
-    def __init__(self, path, iteration: int | None = None, model_config=None):
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
         ranks = RankFiles(self.dir)
@@ -86,10 +86,14 @@ class Reader(BaseReader):
         stored = args_dict(first.get("args"))
         check_args(stored, self.files[(0, 0)].path)
         full = model_args(stored, model_config, ranks, notes)
+        # the padded size the checkpoint's own args state (a --model-config or --vocab-size gives the true one)
+        stated = None if model_config is not None or vocab_size else (stored or {}).get("padded_vocab_size")
+        if vocab_size:
+            full = dict(full, vocab_size=vocab_size)
         model = ModelState(ranks)
         self.chunks, self.scheme, self.experts = model.chunks, model.scheme, model.experts
         self.ep_dicts, self.state_dicts = model.ep_dicts, model.state_dicts
-        spec = spec_of(full, model, ranks, notes)
+        spec = spec_of(full, model, ranks, notes, stated)
         self.layout = layout_of(spec, model, ranks)
         self.spec = spec
         self.index = param_index(spec)
@@ -126,11 +130,11 @@ class Reader(BaseReader):
         base = base_param_name(name)
         if base == name:
             return self.ep_dicts, base, self.ep_files
-        return self.moments[name.split(".")[1]], base, self.moment_files
+        return self.moments[TensorKey.parse(name).kind], base, self.moment_files
 
     def metas(self) -> list[TensorMeta]:
         out = []
-        for prefix in [""] + [f"optim.{k}." for k in self.moments]:
+        for prefix in [""] + [TensorKey("", k).prefix for k in self.moments]:
             for p in param_table(self.spec):
                 dicts, _, files = self._stored(prefix + p.name)
                 row, _ = self.row_of[p.name]
@@ -308,7 +312,7 @@ class Writer(BaseWriter):
         self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
-        self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
+        self.optim_kinds = sorted({key.kind for key in map(TensorKey.parse, self.names) if key.is_optim})
         self.notes: list[str] = args_losses(spec)
         self.pending = RowCollector()
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
@@ -381,7 +385,7 @@ class Writer(BaseWriter):
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base = base_param_name(name)
-        kind = name.split(".")[1] if base != name else ""  # optimizer moments: fused like their weight
+        kind = TensorKey.parse(name).kind or ""  # optimizer moments: fused like their weight
         if kind and kind not in self.optim_kinds:
             return
         row = self.row_of[base]
@@ -422,7 +426,7 @@ class Writer(BaseWriter):
     def accepts_fused(self, names: list[str], transform) -> bool:
         """Whether `names` are one of our rows, in its order, stored by an equal transform."""
         base = base_param_name(names[0])
-        kind = names[0].split(".")[1] if base != names[0] else ""
+        kind = TensorKey.parse(names[0]).kind or ""
         row = self.row_of.get(base)
         prefix = names[0][:len(names[0]) - len(base)]
         return (row is not None and (not kind or kind in self.optim_kinds) and row.transform == transform
@@ -432,7 +436,7 @@ class Writer(BaseWriter):
         """The whole stored tensor of one row, re-sliced for each TP rank (`Transform.rank_from_fused`)."""
         base = base_param_name(names[0])
         row = self.row_of[base]
-        kind = names[0].split(".")[1] if base != names[0] else ""
+        kind = TensorKey.parse(names[0]).kind or ""
         cut = row.transform
         self._place(kind, row, base, lambda t, n: cut.rank_from_fused(  # one range of rows: a view, no buffer
             fused, t, n, out=None if len(cut.fused_rows(t, n)) == 1 else self.memory.empty(cut.rank_shape(t, n),

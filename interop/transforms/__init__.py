@@ -11,8 +11,9 @@ from .experts import GroupedExperts
 from .fp8 import BlockScaledFP8
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
+from .rope_pairs import RopePairs
 from .stack import Stack
 from .transpose import Transpose
 
-__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "Stack",
+__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "RopePairs", "Stack",
            "GroupedExperts", "BlockScaledFP8"]

@@ -228,15 +228,16 @@ def test_the_engine_has_no_import_cycle():
     assert "interop.convert" not in _imports("interop.workers", SOURCES["interop.workers"])
 
 
-def _opened_classes(module):
-    """The classes a format's Reader / Writer give: themselves, or for a format with several on-disk
-    layouts (Megatron: torch, torch_dist), each layout's."""
+def _format_classes():
+    """Every class named Reader or Writer that a converter module defines: each format's own, and the classes
+    a format with several on-disk layouts opens (Megatron: torch, torch_dist; DeepSpeed: its layouts)."""
     import importlib
-    found = [module.Reader] + ([module.Writer] if hasattr(module, "Writer") else [])
-    for sub in ("torch_format", "torch_dist"):
-        if module.__name__.endswith(".megatron"):
-            layout = importlib.import_module(f"{module.__name__}.{sub}")
-            found += [layout.Reader, layout.Writer]
+    found = []
+    for name in SOURCES:
+        if layer(name) == "converters":
+            module = importlib.import_module(name)
+            found += [cls for attr in ("Reader", "Writer") if (cls := vars(module).get(attr)) is not None
+                      and isinstance(cls, type) and cls.__module__ == name]
     return found
 
 
@@ -249,13 +250,12 @@ def test_every_format_subclasses_the_contract():
     from interop import formats
     from interop.contract import BaseReader, BaseWriter
     engine_keywords = {"self", "path", "root", "spec", "layout", "metas", "only", "verify"}
-    for name in formats.names():
-        for cls in _opened_classes(formats.converter(name)):
-            base = BaseReader if "Reader" in cls.__name__ else BaseWriter
-            assert issubclass(cls, base), cls
-            init = cls.__new__ if "__new__" in vars(cls) else cls.__init__
-            keywords = set(inspect.signature(init).parameters) - engine_keywords - {"cls"}
-            assert set(cls.options) == keywords, (cls, cls.options, keywords)
+    classes = _format_classes()
+    assert {formats.converter(name).Reader for name in formats.names()} <= set(classes)
+    for cls in classes:
+        assert issubclass(cls, BaseReader if cls.__name__ == "Reader" else BaseWriter), cls
+        keywords = set(inspect.signature(cls).parameters) - engine_keywords  # __init__'s, or a picking __new__'s
+        assert set(cls.options) == keywords, (cls, cls.options, keywords)
 
 
 def _extension_reads(path: Path) -> list[tuple[int, str]]:
@@ -292,3 +292,27 @@ def test_the_extension_check_can_fail(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f(state, source):\n    return state.get('megatron'), source.state['mindspeed'], x['megatron']\n")
     assert [key for _, key in _extension_reads(probe)] == ["megatron", "mindspeed"]
+
+
+def _optim_literals(path: Path) -> list[int]:
+    """Lines of code (not docstrings) that spell an optimizer-state name prefix (`"optim."...`) themselves."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and ast.get_docstring(node, clean=False) is not None}
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docs and node.value.startswith("optim.")]
+
+
+def test_optimizer_state_is_told_by_its_tensor_key():
+    """Whether a canonical name is a weight or which optimizer state of one is `params.TensorKey`'s to say;
+    code elsewhere does not compare name prefixes (the name tables in mappings may spell them)."""
+    for name, path in SOURCES.items():
+        if name != "interop.params" and layer(name) != "mappings":
+            assert _optim_literals(path) == [], name
+
+
+def test_the_prefix_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""optim.exp_avg. in a docstring is fine."""\ndef f(n):\n    return n.startswith("optim.")\n')
+    assert _optim_literals(probe) == [3]
