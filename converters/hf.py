@@ -210,12 +210,13 @@ class Reader(BaseReader):
                          f"MTP; {key} kept for HF output")
             spec = spec.replace(mtp_layers=0)
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
-        self.rows = hf_rows(spec, stacked)
+        self.model_type = config.get("model_type")  # its family's names (phi3's fused qkv_proj, ...)
+        self.rows = hf_rows(spec, stacked, self.model_type)
         self.part_of = {}
         for row in self.rows:
             hf_key, transform, parts = row.key, row.transform, row.parts
             if hf_key not in keys:
-                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
+                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {self.model_type} "
                                    f"model with {spec.num_layers} layers)")
             want = transform.rank_shape()
             got = self.files.meta(hf_key)[1]
@@ -241,7 +242,7 @@ class Reader(BaseReader):
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
         if keys:
-            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {hf_table(spec)} model, e.g. {sorted(keys)[0]}")
+            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {self.model_type} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
         self.source = Source(spec, None, notes=notes)
         self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
@@ -346,7 +347,8 @@ class Reader(BaseReader):
 
 class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
-    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk", "quantize_to")  # quantize_to: --dtype fp8
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk", "family",
+               "quantize_to")  # quantize_to: convert's --dtype fp8
     splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
@@ -356,7 +358,7 @@ class Writer(BaseWriter):
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
                  max_shard_bytes: int | None = None, tokenizer=None, renormalize_topk: bool = False, only=None,
-                 quantize_to: str | None = None):
+                 family: str | None = None, quantize_to: str | None = None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `quantize_to="fp8"` (convert's --dtype fp8): the projections as block-scaled FP8 (128x128 blocks, as
         DeepSeek-V3's release); an FP8 HF source's weights and scales are kept byte-identical (`carry`).
@@ -382,13 +384,14 @@ class Writer(BaseWriter):
                 "1, the source's did not (moe_router_pre_softmax): the same weights compute other outputs "
                 "(interop verify runs both and shows the logit difference)")
         self.root, self.spec = Path(root), spec
-        config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
+        self.family = family  # `--family`: the HF model_type to write (None: the one the facts pick)
+        config = hf_config_from_spec(spec, model_type=family)  # a model HF cannot hold is refused before writing
         if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:
             self.written_notes.append(f"ffn_hidden {spec.ffn_hidden} not written (no layer is dense): HF Mixtral's "
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = hf_rows(spec)
+        rows = hf_rows(spec, model_type=family)
         bound = {row.parts[0]: row.transform for row in rows if len(row.parts) == 1}
         rows += [Row(hf_key, bound[name], [name]) for hf_key, name in hf_mirrors(spec)]  # right after their source
         rows = sorted(rows, key=lambda row: max(position[p] for p in row.parts))
@@ -534,7 +537,7 @@ class Writer(BaseWriter):
         if not ({"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt"} & set(files)):
             self.written_notes.append("output has no tokenizer: pass --tokenizer DIR_OR_FILE (an HF tokenizer "
                                       "directory, or the tokenizer.model Megatron's --tokenizer-model names)")
-        config = {**hf_config_from_spec(self.spec), **self.carried.get("config", {})}
+        config = {**hf_config_from_spec(self.spec, model_type=self.family), **self.carried.get("config", {})}
         if self.fp8:
             config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                              "weight_block_size": list(self.fp8.block)}
