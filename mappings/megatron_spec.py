@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 from ..errors import InteropError
-from ..io.safe_pickle import to_plain
 from ..layout import ParallelLayout
 from ..spec import ModelSpec, llama3_rope_scaling
 from . import megatron_args as M
@@ -39,6 +38,7 @@ MODEL_NUMBERS = {**dict.fromkeys(
 
 def explicit_args(stored: dict) -> dict:
     """Stored checkpoint args in the shared table's terms (plain values, known dests only)."""
+    from ..io.safe_pickle import to_plain  # torch: map-args imports this module and must start without it
     out = {}
     for key, value in stored.items():
         dest = M.CHECKPOINT_ALIASES.get(key, key)
