@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -78,10 +79,18 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
         bar.close()
     click.echo("\n".join(summary.lines()))
     if then_verify:
+        from ..errors import InteropError
         from ..workflows.verify import verify
-        from .verify import report
-        report(verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
-                      model_config=options.get("model_config"), iteration=options.get("iteration")))
+        from .verify import progress_line, report
+        try:
+            result = verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
+                            model_config=options.get("model_config"), iteration=options.get("iteration"),
+                            log=progress_line)
+        except InteropError as exc:  # the conversion is done and stays; its check failed: exit 1, as a FAIL does
+            click.echo(f"error: verification failed: {exc}; the converted output is kept at {dst} "
+                       "(delete it, or convert again with --force)", err=True)
+            sys.exit(1)
+        report(result, kept=str(dst))
 
 
 @click.command()

@@ -11,11 +11,20 @@ from .common import user_errors
 FORMAT_CHOICE = click.Choice(format_names())
 
 
-def report(result) -> None:
-    """Print a verification's lines; exit 1 when it failed."""
+def report(result, kept: str | None = None) -> None:
+    """Print a verification's lines; exit 1 when it failed (`kept`: the conversion's output, which stays)."""
     click.echo("\n".join(result.lines()))
     if not result.ok:
+        if kept:
+            click.echo(f"error: verification failed; the converted output is kept at {kept} "
+                       "(delete it, or convert again with --force)", err=True)
         sys.exit(1)
+
+
+def progress_line(line: str) -> None:
+    """A stage of the verification, on stderr as soon as it ends (stdout keeps the result)."""
+    click.echo(line, err=True)
+    sys.stderr.flush()
 
 
 @click.command()
@@ -44,4 +53,4 @@ def verify(src, dst, src_format, dst_format, model_config, dst_model_config, ite
     from ..workflows.verify import verify as run_verify
     report(run_verify(src, dst, src_format=src_format, dst_format=dst_format, tolerance=tolerance,
                       frameworks=not reference_only, dst_model_config=dst_model_config, model_config=model_config,
-                      iteration=iteration))
+                      iteration=iteration, log=progress_line))
