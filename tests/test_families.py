@@ -321,5 +321,5 @@ def test_verify_runs_mindspore(checkpoints, tmp_path, kind):
     convert(checkpoints[kind][0], tmp_path / "ms", dst_format="mindspore", tp=2)
     result = verify(checkpoints[kind][0], tmp_path / "ms")
     labels = [check.label for check in result.checks]
-    assert "mindspore, converted (mindspore)" in labels and "transformers, source (hf)" in labels, labels
+    assert "interop's model in mindspore ops, converted (mindspore)" in labels and "transformers, source (hf)" in labels, labels
     assert result.max_diff < 1e-5, result.lines()
