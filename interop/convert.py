@@ -21,7 +21,7 @@ import torch
 from . import memory
 from . import workers as parallel
 from .atomic import atomic_directory, check_destination
-from .formats import detect_format, reader_of, writer_of
+from .formats import detect_format, looks_like, reader_of, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
@@ -245,15 +245,26 @@ def stream(reader, writer, metas_in, metas_out, index: dict, true_vocab: int, sr
     return tensors, nbytes
 
 
-def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict):
+def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict, notes: list[str]):
     """The writer, and the unit sets of the workers (`interop.workers`); one part: convert in this process.
-    With workers, this process's writer owns no unit: it writes only the files describing the whole."""
-    if requested == 1 or not parallel.splittable(writer_cls) or parallel.worker_count(requested, total, 2) < 2:
+    With workers, this process's writer owns no unit: it writes only the files describing the whole.
+    `--workers N` (N > 1) that ends in one process says so, and why, in `notes`."""
+    def one_process(units):
+        if requested is not None and requested > 1:
+            why = parallel.one_process_reason(requested, total, units, parallel.available_cores())
+            notes.append(f"--workers {requested}: converted in one process ({why})")
         return writer_cls(*args, **options), [None]
+
+    if requested == 1:
+        return writer_cls(*args, **options), [None]
+    if not parallel.splittable(writer_cls):
+        return one_process(None)
+    if parallel.worker_count(requested, total, 2) < 2:
+        return one_process(2)
     planner = writer_cls(*args, **options, only=frozenset())
     n = parallel.worker_count(requested, total, len(planner.units))
     if n < 2:
-        return writer_cls(*args, **options), [None]
+        return one_process(len(planner.units))
     return planner, parallel.assign(list(planner.units), n)
 
 
@@ -277,6 +288,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     started = time.perf_counter()
     options = {**(options or {}), **format_options}
     progress = _Progress(progress) if progress is not None else None
+    named_format = src_format is not None
     src_format = src_format or detect_format(src)
     if not Path(src).exists():
         raise InteropError(f"{src}: no such file or directory")
@@ -287,7 +299,10 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
-    reader = reader_cls(src, **reader_options)
+    try:
+        reader = reader_cls(src, **reader_options)
+    except InteropError as exc:  # with --from naming another format than the files': say what they look like
+        raise (looks_like(src, src_format) if named_format else None) or exc from None
     try:
         spec = reader.source.spec
         check_weights_on_disk(spec, src)
@@ -313,7 +328,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                           layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
             writer, parts = _writer_and_parts(writer_cls, workers, sum(m.nbytes for m in metas_in),
-                                              (tmp, out_spec, layout, metas_out), writer_options)
+                                              (tmp, out_spec, layout, metas_out), writer_options, summary.notes)
             task = dict(src=src, reader_cls=reader_cls, writer_cls=writer_cls, reader_options=reader_options,
                         writer_options=writer_options, dst=tmp, spec=out_spec, layout=layout, metas_in=metas_in,
                         metas_out=metas_out, true_vocab=spec.vocab)

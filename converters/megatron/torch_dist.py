@@ -43,7 +43,7 @@ from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
 from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
-from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
+from .args import args_dict, check_args, check_model_config, base_args, explicit_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, final_iteration
 from . import distrib
@@ -140,6 +140,7 @@ class Reader:
         check_args(stored, self.dir / dist.COMMON_PT)
         if model_config is not None:
             full = megatron_args_from_file(model_config)
+            check_model_config(stored, full, model_config, self.dir / dist.COMMON_PT)
             notes.append(f"model description taken from {model_config}")
         elif stored and stored.get("num_layers"):
             full = M.complete(explicit_args(stored))

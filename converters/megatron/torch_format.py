@@ -40,7 +40,7 @@ from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
 from ...mappings.megatron_spec import args_from_spec, args_losses, spec_from_args
-from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
+from .args import args_dict, check_args, check_model_config, base_args, explicit_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, iteration_dir,
                          rank_dir_name, rank_of_dir)
@@ -217,6 +217,7 @@ class Reader:
         if model_config is not None:
             notes.append(f"model description taken from {model_config}")
             full = megatron_args_from_file(model_config)
+            check_model_config(stored, full, model_config, self.files[(0, 0)].path)
             # the layout and the padded vocab are facts of the files, not of the model description
             # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
             full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),

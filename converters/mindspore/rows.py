@@ -5,7 +5,7 @@ What a TP rank stores, and how the parts are fused, is the transform's (`interop
 from __future__ import annotations
 
 from ...errors import InteropError
-from ...mappings.mindspore_names import (MINDFORMERS_MCORE_MLA_MARKERS, MINDSPEED_LAYERNORM_NORMS,
+from ...mappings.mindspore_names import (DIALECTS, MINDFORMERS_MCORE_MLA_MARKERS, MINDSPEED_LAYERNORM_NORMS,
                                          MINDSPEED_LAYERNORM_PARAMS, MINDSPEED_MODEL_RENAMES, MOE_TABLES,
                                          PLAIN_LAYOUT, QKV_LAYOUTS, TABLES)
 from ...params import param_index
@@ -59,8 +59,19 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
     held = {name for _, _, names in rows for name in names}
     homeless = [name for name in present if name not in held]
     if homeless:  # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
-        raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}")
+        holders = [d for d in DIALECTS if d != dialect and _holds(spec, d)]
+        hint = f": --dialect {holders[0]} holds it" if holders else ""
+        raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}{hint}")
     return rows
+
+
+def _holds(spec: ModelSpec, dialect: str) -> bool:
+    """Whether `dialect`'s names hold every tensor of the model (for the hint of a dialect that does not)."""
+    try:
+        ms_rows(spec, dialect)
+    except InteropError:
+        return False
+    return True
 
 
 def moe_table(spec: ModelSpec, dialect: str, qkv_concat: bool) -> list:
