@@ -6,7 +6,7 @@ group (pyproject.toml: `name = "module"`); the module has `detect(path) -> bool`
 others, and the names are read from the installed metadata without importing anything.
 Detection tries the formats in name order, and each format's `detect` claims only its own files;
 the one overlap left is resolved by that order: deepspeed before megatron (a Megatron-DeepSpeed
-save also holds Megatron's tracker file; tests/test_deepspeed.py holds it).
+save also holds Megatron's tracker file; tests/formats/test_deepspeed.py holds it).
 
 A format's own options (`--dialect`, `--tokenizer`, ...: keywords of its Reader / Writer) are
 declared by the format in a light module registered in the `interop.format_options` group

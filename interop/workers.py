@@ -30,7 +30,7 @@ import traceback
 from .errors import InteropError
 
 # Below this much source per worker, a worker's start-up (fork server: ~0.1 s per fork after a one-time
-# ~1.5 s torch import; measured in tests/test_workers.py's docstring) costs more than it saves.
+# ~1.5 s torch import; measured in tests/formats/test_workers.py's docstring) costs more than it saves.
 MIN_BYTES_PER_WORKER = 1 << 30
 PROGRESS_BYTES = 16 << 20  # a worker reports progress at most every this many bytes of source
 last_peak_rss: list[int] = []  # each worker's peak RSS (bytes) in the last run: the benchmarks report it

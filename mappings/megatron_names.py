@@ -83,7 +83,7 @@ EXPERT_LAYOUTS = {"sequential": SEQUENTIAL_EXPERTS, "te_grouped": TE_GROUPED_EXP
 # torch_dist: every expert implementation stores its experts under SequentialMLP's sharded key, a tensor
 # [layers, E, rows, cols] over the GLOBAL expert axis, one chunk per (layer, expert) (gate and up separate
 # chunks of fc1): experts.py SequentialMLP.sharded_state_dict / GroupedMLP's ShardedTensorFactory;
-# confirmed on real 0.16.1 models (tests/test_moe_megatron.py).
+# confirmed on real 0.16.1 models (tests/formats/test_moe_megatron.py).
 DIST_EXPERT_KEYS = {"decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight":
                     "decoder.layers.mlp.experts.experts.linear_fc1.weight",
                     "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.weight":

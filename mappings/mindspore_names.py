@@ -265,7 +265,7 @@ MINDSPEED_MOE = [
 # `dense`; with shared_expert_num > 0 LlamaFeedForwardWithMoE: the same under `routed_experts`, plus
 # `shared_experts` (a LlamaFeedForward of intermediate_size * shared_expert_num) and, with
 # use_shared_expert_gating, `shared_experts_gate` [1, h]; balance_via_topk_bias adds the router's `topk_bias` [E].
-# (Names and shapes read off the real model built on CPU: tests/test_mindspore_moe.py loads them strictly.)
+# (Names and shapes read off the real model built on CPU: tests/formats/test_mindspore_moe.py loads them strictly.)
 MINDFORMERS_LLAMA_MOE = [
     ("model.layers.{i}.feed_forward.router.dense.weight", Copy, ["layers.{i}.mlp.router.weight"]),
     ("model.layers.{i}.feed_forward.router.router.topk_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
@@ -290,7 +290,7 @@ MINDFORMERS_LLAMA_MOE_SHARED = [
 # ffn.py FFNGroupedGEMM `weight1` [E*h, 2f] / `weight2` [E*f, h]; shared_experts.py SharedExpertMLPInterleaved's
 # linear_fc1 / linear_fc2 and with use_shared_expert_gating `shared_experts_gate` [1, h]).  A layer left dense
 # (first_k_dense_replace, moe_layer_freq) takes MINDFORMERS_MCORE's mlp rows.  Checked against the real models
-# built on CPU in tests/test_mindformers_mcore.py.
+# built on CPU in tests/formats/test_mindformers_mcore.py.
 MINDFORMERS_MCORE_MOE = [
     ("decoder.layers.{i}.mlp.router.weight", Copy, ["layers.{i}.mlp.router.weight"]),
     ("decoder.layers.{i}.mlp.router.expert_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),

@@ -1,6 +1,6 @@
 import pytest
 
-from hf_models import KINDS, save
+from helpers.hf_models import KINDS, save
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ Name tables name the class; converters bind it per row and call its methods:
                                  formats that store it alike (`==`: same class, shapes, axis, groups...)
 
 The framework rule every subclass keeps: rank t stores the fusion of each part's rank-t shard
-(`shard_box` on the canonical split axis).  `tests/test_transforms.py` checks it for each.
+(`shard_box` on the canonical split axis).  `tests/core/test_transforms.py` checks it for each.
 Importing this package does not import torch (name tables import it; `interop inspect` stays torch-free).
 """
 from __future__ import annotations

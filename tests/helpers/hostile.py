@@ -1,0 +1,72 @@
+"""What every hostile-input test asserts: the exit code, exactly one `error: ...` line and no traceback,
+no marker file (nothing in the input ran), nothing at the destination and nothing left beside it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from interop.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args):
+    """(exit code, stderr, stdout) of `interop ARGS` run in this process."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.stderr, result.stdout
+
+
+def run(*args):
+    """(exit code, stdout and stderr together) of `interop ARGS` run in this process."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def assert_one_error(code, output, *words):
+    """Exit 2, exactly one `error: ...` line holding every one of `words`, no traceback."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), output
+    assert "Traceback" not in output
+    for word in words:
+        assert word in lines[0], (word, output)
+
+
+def cli_subprocess(*args, timeout=300, env=None):
+    """(exit code, stderr, stdout) of `python -m interop ARGS` in a fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-m", "interop", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO)
+    return proc.returncode, proc.stderr, proc.stdout
+
+
+def leftovers(dst: Path) -> list[str]:
+    """Hidden siblings a run into `dst` could leave (`.DST.tmp-*`, `.DST.old-*`)."""
+    dst = Path(dst)
+    if not dst.parent.exists():
+        return []
+    return sorted(p.name for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}."))
+
+
+def assert_one_line_error(code: int, stderr: str, expected_code: int, *fragments: str) -> str:
+    assert code == expected_code, (code, stderr)
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: "), stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def assert_refused(result, dst, *fragments, code: int = 2, marker: Path | None = None) -> str:
+    """A refused conversion: one line, `code`, no `dst`, nothing beside it, `marker` (if given) absent."""
+    line = assert_one_line_error(result[0], result[1], code, *fragments)
+    if dst is not None:
+        assert not Path(dst).exists(), f"{dst} was created"
+        assert leftovers(dst) == [], leftovers(dst)
+    if marker is not None:
+        assert not Path(marker).exists(), f"{marker} appeared: something in the input ran"
+    return line
