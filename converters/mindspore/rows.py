@@ -34,6 +34,24 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
     [q; k; v] / [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights
     unless `qkv_bias_layout` says otherwise.
     """
+    rows, homeless = _expand(spec, dialect, qkv_concat, qkv_layout, qkv_bias_layout)
+    if homeless:  # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
+        holders = [d for d in DIALECTS if d != dialect and _holds(spec, d)]
+        hint = f": --dialect {holders[0]} holds it" if holders else ""
+        raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}{hint}")
+    return rows
+
+
+def _holds(spec: ModelSpec, dialect: str) -> bool:
+    """Whether `dialect`'s names hold every tensor of the model (for the hint of a dialect that does not)."""
+    try:
+        return not _expand(spec, dialect, False, "grouped", None)[1]
+    except InteropError:
+        return False
+
+
+def _expand(spec: ModelSpec, dialect: str, qkv_concat: bool, qkv_layout: str, qkv_bias_layout: str | None):
+    """(the rows, the canonical tensors no row holds)."""
     key = (dialect, spec.arch, bool(qkv_concat))
     if key not in TABLES:
         raise InteropError(f"no MindSpore name table for dialect {dialect!r}, arch {spec.arch!r}"
@@ -57,21 +75,7 @@ def ms_rows(spec: ModelSpec, dialect: str, qkv_concat: bool = False, qkv_layout:
                     rows.append((_model_name(name, spec) if dialect == "mindspeed" else name, bound, names))
                     taken.add(name)
     held = {name for _, _, names in rows for name in names}
-    homeless = [name for name in present if name not in held]
-    if homeless:  # e.g. Qwen3's q/k norms outside mindformers-mcore: the other tables name none
-        holders = [d for d in DIALECTS if d != dialect and _holds(spec, d)]
-        hint = f": --dialect {holders[0]} holds it" if holders else ""
-        raise InteropError(f"MindSpore {dialect} names have no place for {homeless[0]}{hint}")
-    return rows
-
-
-def _holds(spec: ModelSpec, dialect: str) -> bool:
-    """Whether `dialect`'s names hold every tensor of the model (for the hint of a dialect that does not)."""
-    try:
-        ms_rows(spec, dialect)
-    except InteropError:
-        return False
-    return True
+    return rows, [name for name in present if name not in held]
 
 
 def moe_table(spec: ModelSpec, dialect: str, qkv_concat: bool) -> list:
