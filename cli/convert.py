@@ -9,7 +9,7 @@ import click
 from ..formats import names as format_names
 from ..formats import target_names
 from ..formats import options as declared_options
-from .common import ProgressBar, user_errors
+from .common import VERBOSE, ProgressBar, user_errors
 
 # The engine (and torch) is imported inside the commands: `interop --help` starts without it.
 FORMAT_CHOICE = click.Choice(format_names())
@@ -79,7 +79,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
                               dtype=dtype, force=force, progress=bar, workers=workers, options=options)
     finally:
         bar.close()
-    click.echo("\n".join(summary.lines()))
+    click.echo("\n".join(summary.lines(verbose=VERBOSE["level"] > 0)))
     if then_verify:
         from ..errors import InteropError
         from ..workflows.verify import verify

@@ -48,11 +48,16 @@ class Summary:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
-    def lines(self) -> list[str]:
+    def lines(self, verbose: bool = False) -> list[str]:
+        """The CLI text.  A note is one line; what follows a note's first newline is its detail, shown with
+        `verbose` (the CLI's -v) and otherwise announced by "(-v: more)"."""
         rate = self.bytes / max(self.seconds, 1e-9) / 1e6
         out = [f"converted {self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}, {self.layout})",
                f"  {self.tensors} tensors, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s ({rate:.1f} MB/s)"]
-        out += [f"  note: {n}" for n in self.notes]
+        for note in self.notes:
+            first, _, detail = note.partition("\n")
+            out.append(f"  note: {first}" + (" (-v: more)" if detail and not verbose else ""))
+            out += [f"    {line}" for line in detail.splitlines()] if verbose else []
         return out
 
 

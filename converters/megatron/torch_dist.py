@@ -66,7 +66,7 @@ def stacked_key(key: str, homogeneous: bool = True) -> tuple[str, int | tuple | 
     `decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3); a routed expert's
     `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` (expert numbers global at ep 1) ->
     (`decoder.layers.mlp.experts.experts.linear_fc1.weight`, (3, 5)): megatron-core stacks experts on a
-    second axis over ALL experts, whatever the expert parallelism (MEGATRON-LAYOUTS.md s.3.3).
+    second axis over ALL experts, whatever the expert parallelism (docs/megatron-layouts.md s.3.3).
     A model that mixes dense and MoE layers (`homogeneous` False) is not layer-stacked: megatron-core keeps the
     global layer number in every key (transformer_block.py sharded_state_dict, `non_homogeneous_layers` when
     moe_layer_freq is a list or > 1), and the experts are stacked alone: (`decoder.layers.3.mlp.experts.experts.

@@ -12,7 +12,7 @@ Names follow megatron-core (with or without Transformer Engine's fused norms) or
 legacy model (older spellings included): `interop.mappings.megatron_names`.  With expert parallelism
 every EP rank's file holds the same non-expert tensors and its own routed experts, numbered locally
 (`local_experts.<j>`, j = e - ep_rank * E / EP); a two-part folder name is the pp or the ep rank as the
-args say (MEGATRON-LAYOUTS.md s.1).  
+args say (docs/megatron-layouts.md s.1).  
 
 Rank files are unpickled safely (`interop.io.safe_pickle`) with tensors left on
 disk (`interop.io.torch_file`): a read costs the tensor's bytes, not the file's.

@@ -128,9 +128,12 @@ def write(root: Path, spec: ModelSpec, layout: ParallelLayout, rows, plain_of: d
     if not all(len({b - a for a, b in chunks}) == 1 for chunks in layout.stages) or \
             len({sum(b - a for a, b in chunks) for chunks in layout.stages}) != 1:
         notes.append("uneven pipeline stages, which that tool (cal_corr_vpp_layers splits evenly) cannot map back")
-    return [f"{PT_META}/: Megatron args and parameter names for MindSpeed's convert_ckpt2pt.py (--convert-param-only "
-            f"--param-map-path <this>/{PT_META}); Megatron's param_map_buffer*.json (its DDP bucket layout) are not "
-            "written, so that tool's optimizer mode cannot run" + "".join("; " + n for n in notes)]
+    # One short line; the detail (after the newline) with -v
+    return [f"{PT_META}/ written for MindSpeed's convert_ckpt2pt.py --convert-param-only"
+            + (f", with {len(notes)} caveat{'s' if len(notes) > 1 else ''}" if notes else "") + "\n"
+            + f"Megatron args and parameter names per (tp rank, stage), for convert_ckpt2pt.py --convert-param-only "
+            f"--param-map-path <this>/{PT_META}; Megatron's param_map_buffer*.json (its DDP bucket layout) are not "
+            "written, so that tool's optimizer mode cannot run" + "".join("\n" + n for n in notes)]
 
 
 def read(root: Path) -> tuple[dict[tuple[int, int], dict], int, int, int] | None:
