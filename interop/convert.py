@@ -341,9 +341,9 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             if hasattr(writer, "carry"):
                 writer.carry(carried)  # e.g. an HF source's tokenizer and generation config
             elif carried.get("files"):
-                summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (a {dst_format} checkpoint "
-                                     f"holds weights and the model's shape only; give --tokenizer {src} when "
-                                     f"converting to hf)")
+                summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (--tokenizer SRC when "
+                                     f"converting to hf)\na {dst_format} checkpoint holds weights and the model's "
+                                     f"shape only; give --tokenizer {src} when converting it to hf")
             try:
                 if len(parts) > 1:  # workers write the units' files, this process the describing ones
                     summary.tensors, summary.bytes = parallel.convert_split(task, parts, reader, writer, progress,
