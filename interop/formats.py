@@ -82,13 +82,18 @@ def detect_format(path) -> str:
 
 
 def looks_like(path, named: str) -> InteropError | None:
-    """When the reader of `--from named` refused `path`: if another format claims it, the one line saying it
-    is not a `named` checkpoint and what it looks like (its first entries); else None (keep the reader's own)."""
+    """When the reader of `--from named` refused `path`: if another format claims it and reads it, the one line
+    saying it is not a `named` checkpoint and what it looks like (its first entries); else None (keep the reader's
+    own error)."""
     try:
         found = detect_format(path)
     except InteropError:
         return None
     if found == named:
+        return None
+    try:  # the files must open as `found` too: a damaged `named` checkpoint (a DeepSpeed save whose tag folder is
+        reader_of(found)(path).close()  # missing also holds Megatron's tracker) keeps its reader's own error
+    except InteropError:
         return None
     path = Path(path)
     entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()) if path.is_dir() else [path.name]
