@@ -13,7 +13,8 @@ from .common import VERBOSE, ProgressBar, user_errors
 
 # The engine (and torch) is imported inside the commands: `interop --help` starts without it.
 FORMAT_CHOICE = click.Choice(format_names())
-TARGET_CHOICE = click.Choice(target_names())  # a source-only format (deepspeed) is not offered as a target
+# --to offers only the formats interop writes; naming a source-only one (deepspeed) still gets its one error line
+TARGETS_METAVAR = f"[{'|'.join(target_names())}]"
 DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
 CLICK_TYPES = {"int": int, "path": click.Path()}
 
@@ -40,7 +41,7 @@ def format_options(command: str):
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
 @click.option("--from", "src_format", type=FORMAT_CHOICE, help="Source format (detected when omitted).")
-@click.option("--to", "dst_format", type=TARGET_CHOICE, required=True, help="Target format.")
+@click.option("--to", "dst_format", type=FORMAT_CHOICE, metavar=TARGETS_METAVAR, required=True, help="Target format.")
 @click.option("--tp", default=1, show_default=True, help="Target tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, help="Target pipeline-parallel size.")
 @click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")

@@ -71,6 +71,10 @@ class ModelSpec:
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight, Switch/Megatron style
     shared_expert_ffn_hidden: int | None = None  # intermediate size of the shared expert(s), summed
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared expert's output
+    # Training dropouts, carried from the source so that no target invents its framework's defaults (None: the
+    # source does not say).  Not the model's identity: two specs that differ only here are equal.
+    attention_dropout: float | None = dataclasses.field(default=None, compare=False)
+    hidden_dropout: float | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         for message in _problems(self):
@@ -183,6 +187,10 @@ def _problems(spec: ModelSpec):
         yield f"padded_vocab ({spec.padded_vocab}) must be >= vocab ({spec.vocab})"
     if spec.sliding_window is not None and not (_is_int(spec.sliding_window) and spec.sliding_window > 0):
         yield f"sliding_window must be a positive integer or None, got {spec.sliding_window!r}"
+    for name in ("attention_dropout", "hidden_dropout"):
+        value = getattr(spec, name)
+        if value is not None and not (_is_number(value) and 0 <= value < 1):
+            yield f"{name} must be a number in [0, 1) or None, got {value!r}"
     if spec.qk_norm and spec.norm != "rmsnorm":
         yield "qk_norm is an RMSNorm: it needs norm=rmsnorm"
     yield from moe_problems(spec)
@@ -196,7 +204,8 @@ def _problems(spec: ModelSpec):
 OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None,
                    "num_experts": None, "moe_topk": None, "moe_ffn_hidden": None, "moe_layers": None,
                    "moe_router_score": "softmax", "moe_norm_topk": True, "moe_router_bias": False,
-                   "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False}
+                   "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False,
+                   "attention_dropout": None, "hidden_dropout": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 
 

@@ -31,6 +31,11 @@ UNSUPPORTED_MOE_ARGS = ("moe_router_topk_scaling_factor", "moe_router_num_groups
                         "moe_latent_size")  # set (not None): a router our ModelSpec cannot describe
 
 
+# A checkpoint's args attribute (Megatron ignores one it does not know) holding the model's whole Llama-3 rope
+# scaling where megatron-core's --use-rope-scaling cannot state it (it fixes low / high frequency factors 1 / 4 and
+# the original context 8192): interop reads it back, so a round trip never changes the model.
+CARRIED_ROPE_SCALING = "interop_rope_scaling"
+
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 NORMS_OUT = {v: k for k, v in NORMS.items()}
 
@@ -69,7 +74,10 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     sliding_window = sliding_window_of(full, where)
     rope_scaling = None
     if full.get("use_rope_scaling") and position == "rope":
-        rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
+        factor = float(full.get("rope_scaling_factor") or 8.0)
+        carried = full.get(CARRIED_ROPE_SCALING)  # what interop wrote beside core's flags
+        rope_scaling = (dict(carried) if isinstance(carried, dict) and carried.get("factor") == factor
+                        else llama3_rope_scaling(factor))  # else core's fixed 1 / 4 / 8192
     arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
     return ModelSpec(
         arch=arch, num_layers=int(full["num_layers"]), hidden=hidden,
@@ -80,7 +88,16 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
+        attention_dropout=_float_or_none(full.get("attention_dropout")),
+        hidden_dropout=_float_or_none(full.get("hidden_dropout")),
         dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
+
+
+def _float_or_none(value):
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return value  # ModelSpec names what is wrong with it
 
 
 def moe_from_args(full: dict, where: str) -> dict:
@@ -213,6 +230,12 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     }
     args = M.complete({}) if base is None else dict(base)
     args.update(model)
+    for field in ("attention_dropout", "hidden_dropout"):  # the source's, not Megatron's default 0.1
+        if getattr(spec, field) is not None:
+            args[field] = getattr(spec, field)
+    args.pop(CARRIED_ROPE_SCALING, None)
+    if spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
+        args[CARRIED_ROPE_SCALING] = dict(spec.rope_scaling)
     args.pop("activation", None)  # derived by interop's table, not a Megatron argument
     args.pop("hidden_act", None)
     args.pop("compute_dtype", None)
@@ -225,8 +248,9 @@ def args_losses(spec: ModelSpec) -> list[str]:
     """What Megatron args cannot say about `spec`: summary notes, so the loss is never silent."""
     notes = []
     if spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
-        notes.append(f"Megatron's --use-rope-scaling fixes low_freq_factor 1, high_freq_factor 4 and "
-                     f"original_max_position_embeddings 8192; this model's {spec.rope_scaling} is not in the args")
+        notes.append(f"rope scaling {spec.rope_scaling} kept in the args as {CARRIED_ROPE_SCALING} for interop; "
+                     "megatron-core's --use-rope-scaling itself computes with low_freq_factor 1, high_freq_factor 4, "
+                     "original_max_position_embeddings 8192")
     return notes
 
 

@@ -12,6 +12,7 @@ import types
 from ...errors import InteropError
 from ...io.safe_pickle import to_plain
 from ...mappings import megatron_args as M
+from ...mappings.megatron_spec import CARRIED_ROPE_SCALING
 from ...spec import ModelSpec, padded_vocab_size
 
 # The numbers a reader builds the model and its layout from: checked at the door (`check_args`).
@@ -55,7 +56,7 @@ def explicit_args(stored: dict) -> dict:
     out = {}
     for key, value in stored.items():
         dest = M.CHECKPOINT_ALIASES.get(key, key)
-        if dest in M.ARGS and value is not None:
+        if (dest in M.ARGS or dest == CARRIED_ROPE_SCALING) and value is not None:
             out[dest] = to_plain(value)
     return out
 
