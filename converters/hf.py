@@ -21,7 +21,8 @@ from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
-from ..params import OPTIM_PREFIXES, param_index, param_table
+from ..params import OPTIM_PREFIXES, param_table
+from ..rows import Row, RowCollector, check_placed, expand
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import Transform
@@ -63,27 +64,11 @@ def hf_table(spec: ModelSpec) -> str:
     return hf_family(spec) if spec.is_moe else spec.arch
 
 
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[tuple[str, Transform, list[str]]]:
-    """The architecture's name table expanded for this model, keeping rows whose tensors exist:
-    (HF name, its transform bound to the row's tensors, canonical names).
+def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[Row]:
+    """The architecture's name table expanded for this model (`interop.rows.expand`).
     `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    present = param_index(spec)
-    rows = []
-    for hf_name, transform, parts in (STACKED_TABLES if stacked else TABLES)[hf_table(spec)]:
-        layers = range(spec.num_layers) if "{i}" in hf_name else [None]
-        experts = range(spec.num_experts) if "{e}" in hf_name else [None]
-        for i in layers:
-            for e in experts:
-                if transform.every_expert:  # every expert's parts in one tensor, expert by expert
-                    names = [p.format(i=i, e=x) for x in range(spec.num_experts) for p in parts]
-                else:
-                    names = [p.format(i=i, e=e) for p in parts]
-                if all(n in present for n in names):
-                    rows.append((hf_name.format(i=i, e=e), transform.bind(spec, [present[n] for n in names]), names))
-    held = {n for _, _, names in rows for n in names}
-    homeless = [n for n in present if n not in held]
-    if homeless:
-        raise InteropError(f"HF {spec.arch} names have no place for {homeless[0]}")
+    rows = expand((STACKED_TABLES if stacked else TABLES)[hf_table(spec)], spec)
+    check_placed(rows, spec, f"HF {spec.arch}")
     return rows
 
 
@@ -181,7 +166,8 @@ class Reader:
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
         self.rows = hf_rows(spec, stacked)
         self.part_of = {}
-        for hf_key, transform, parts in self.rows:
+        for row in self.rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             if hf_key not in keys:
                 raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
                                    f"model with {spec.num_layers} layers)")
@@ -273,12 +259,13 @@ class Writer:
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row[2]))
-        self.row_of, self.pending = {}, {}
+        rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row.parts))
+        self.row_of, self.pending = {}, RowCollector()
         self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
-        for hf_key, transform, parts in rows:
+        for row in rows:
+            hf_key, transform, parts = row.key, row.transform, row.parts
             first = meta_of[parts[0]]
             shape = transform.rank_shape()
             nbytes = TensorMeta(hf_key, first.dtype, shape).nbytes
@@ -309,12 +296,9 @@ class Writer:
         if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
             return
         hf_key, transform, parts = self.row_of[name]
-        got = self.pending.setdefault(hf_key, {})
-        got[name] = tensor
-        if len(got) == len(parts):
-            del self.pending[hf_key]
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, [got[p] for p in parts],
-                                                                    self.memory.empty))
+        tensors = self.pending.add(hf_key, parts, name, tensor)
+        if tensors is not None:
+            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged

@@ -27,6 +27,7 @@ from .errors import InteropError
 from .io.megatron_save import TRACKER, iteration_name, read_tracker
 from .mappings import colossalai, deepspeed, hf_args, mindformers, mindformers_legacy, mindspeed
 from .mappings import megatron_args as M
+from .mappings.key_mapping import OMIT, Unmappable
 
 TARGETS = ("mindspeed", "mindformers", "mindformers-legacy", "hf", "megatron", "colossalai", "deepspeed")
 DEFAULT_TARGET = "mindspeed"  # the seed tutorial's direction: Megatron -> MindSpeed-Core-MS
@@ -296,11 +297,11 @@ def write_table(full: dict, rows, nullable=None) -> tuple[dict, dict]:
         else:
             try:
                 value = row.to(*values)
-            except M.Unmappable as exc:
+            except Unmappable as exc:
                 for s in row.source:
                     why.setdefault(s, f"{row.path}: {exc}")
-                value = M.OMIT if row.default is None else row.default
-        if value is M.OMIT:
+                value = OMIT if row.default is None else row.default
+        if value is OMIT:
             continue
         if value is None and len(row.source) == 1 and M.ARGS[row.source[0]].kind in M.BOOLS:
             value = False  # a switch Megatron leaves at None is off, whatever the target's default

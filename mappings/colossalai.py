@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import pprint
 
-from .megatron_args import OMIT, R, Unmappable
+from .key_mapping import OMIT, R, Unmappable
 
 NAIVE = "AMP_TYPE.NAIVE"
 

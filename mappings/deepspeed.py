@@ -11,7 +11,7 @@ import ast
 import math
 
 from ..errors import InteropError
-from .megatron_args import R, Unmappable, rename
+from .key_mapping import R, Unmappable, rename
 
 OPTIMIZER = {"adam": "AdamW", "sgd": "SGD"}
 

@@ -23,6 +23,9 @@ from typing import Callable
 
 from interop.spec import padded_vocab_size as _pad_vocab
 
+# The map-args table language: its own module; OMIT / Unmappable stay reachable as M.OMIT / M.Unmappable.
+from .key_mapping import OMIT, Unmappable  # noqa: F401
+
 INT, FLOAT, STR = "int", "float", "str"
 INTS, FLOATS, STRS = "ints", "floats", "strs"
 TRUE, FALSE, BOOLOPT = "store_true", "store_false", "bool_optional"
@@ -1152,55 +1155,3 @@ def contradictions(args: dict, explicit: dict, checks=CHECKS) -> list[str]:
 
 def missing_required(args: dict) -> list[str]:
     return [flag_of(d) for d in REQUIRED if args.get(d) is None]
-
-
-# ---------------------------------------------------------------- the shape of a target table
-
-class Unmappable(Exception):
-    """A row's converter met a Megatron value the target cannot express (the message says why)."""
-
-
-OMIT = object()  # a converter's answer for "write no key at all"
-
-
-@dataclass(frozen=True)
-class KeyMapping:
-    """One line of a target table: Megatron dest(s) <-> a dotted path in the target document.
-
-    to(*values) -> target value (identity by default; raise Unmappable when it cannot);
-    back(value, doc) -> {dest: value} (by default {source: value});
-    default: the target's own default, written where Megatron has no value (None);
-    unset=True: reading the default back means "not set" (train_iters 0, output_dir ./output).
-    """
-
-    source: tuple
-    path: str
-    default: object = None
-    to: Callable | None = None
-    back: Callable | None = None
-    unset: bool = False
-
-
-def R(source, path, default=None, to=None, back=None, unset=False) -> KeyMapping:
-    source = (source,) if isinstance(source, str) else tuple(source)
-    return KeyMapping(source, path, default, to, back, unset)
-
-
-def CONST(path, value) -> KeyMapping:
-    """A key the target needs that carries no Megatron value (a type name, a fixed mode)."""
-    return KeyMapping((), path, value, lambda: value, lambda v, doc: {})
-
-
-def rename(source, path, pairs: dict, default=None, exact: bool = True) -> KeyMapping:
-    """A row whose values are renamed between the sides: pairs = {megatron value: target value}."""
-    inverse = {v: k for k, v in pairs.items()}
-    dest = source if isinstance(source, str) else source[0]
-
-    def to(value):
-        if value in pairs:
-            return pairs[value]
-        if exact and value is not None:
-            raise Unmappable(f"no equivalent for {value!r} (it knows {', '.join(map(str, pairs))})")
-        return value
-
-    return R(source, path, default, to, lambda v, doc: {dest: inverse.get(v, v)})

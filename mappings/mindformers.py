@@ -7,7 +7,7 @@ grew from, so its rows are the MindSpeed table's model_config rows.
 from __future__ import annotations
 
 from . import mindspeed
-from .megatron_args import CONST, OMIT, R, Unmappable, rename
+from .key_mapping import CONST, OMIT, R, Unmappable, rename
 
 ADAMW = {"adam": "AdamW", "sgd": "SGD"}  # Megatron's "adam" is AdamW (decoupled weight decay)
 COSINE = {"cosine": True, "linear": False}

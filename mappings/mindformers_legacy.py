@@ -11,7 +11,7 @@ dropout_prob / hidden_dropout_prob / attention_probs_dropout_prob, initializer_r
 """
 from __future__ import annotations
 
-from .megatron_args import CONST, OMIT, R, Unmappable, rename
+from .key_mapping import CONST, OMIT, R, Unmappable, rename
 from .mindspeed import moe_row, one_value
 
 RELEASE = "MindFormers r0.3"

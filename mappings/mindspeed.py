@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ast
 
-from .megatron_args import OMIT, R, Unmappable, layer_list, rename
+from .key_mapping import OMIT, R, Unmappable, rename
+from .megatron_args import layer_list
 
 ADAM = {"adam": "AdamWeightDecay", "sgd": "SGD"}  # Megatron's "adam" is decoupled-decay AdamW
 POSITION = {"learned_absolute": "absolute", "rope": "rope", "relative": "relative", "none": "none"}

@@ -1,6 +1,6 @@
 """Megatron's name tables expanded over a layout, and a row's TP ranks read into canonical tensors.
 
-A Row is one Megatron tensor (of one pipeline stage's virtual chunk), the canonical tensors
+A row (`interop.rows.Row`) is one Megatron tensor (of one pipeline stage's virtual chunk), the canonical tensors
 it holds and its transform (`interop.transforms`, bound to the row's shapes): fused QKV,
 swiglu fc1 ([gate_r; up_r] per rank), a plain copy, the tied head's copy, or the legacy GroupedMLP's
 one tensor for all of an expert-parallel rank's experts.  The transform says what each TP rank stores;
@@ -14,24 +14,14 @@ from collections import OrderedDict
 
 import torch
 
-from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...memory import BufferPool
 from ...mappings.megatron_names import (EXPERT_LAYOUTS, IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TE_FUSED_MLP_NORM,
                                         TE_MOE_NORM, TIED_HEAD)
 from ...params import param_index
+from ...rows import Row, check_placed, expand
 from ...spec import ModelSpec
-from ...transforms import GroupedExperts, Tied, Transform
-
-
-class Row:
-    """One Megatron tensor of one pipeline stage's virtual chunk, the canonical tensors it holds, and how."""
-    __slots__ = ("stage", "chunk", "key", "transform", "parts", "ep")
-
-    def __init__(self, stage, chunk, key, transform: Transform, parts, ep: int | None = None):
-        self.stage, self.chunk, self.key, self.transform, self.parts = stage, chunk, key, transform, tuple(parts)
-        self.ep = ep
-
+from ...transforms import Tied
 
 EXPERT_ROWS = {key for table in EXPERT_LAYOUTS.values() for key, _, _ in table}
 
@@ -51,67 +41,33 @@ def _table(scheme: str, experts: str) -> list:
     return out
 
 
-def _layer_rows(key, transform, parts, i, local, spec: ModelSpec, ep: int):
-    """(Megatron key, canonical names, ep rank) of template row `key` at global layer `i` (local number `local`):
-    one per routed expert for per-expert keys (`{j}` local, `{e}` global), one per EP rank for the
-    legacy GroupedMLP (all its experts), one otherwise."""
-    if "{e}" not in " ".join(parts):
-        yield key.format(i=local), [n.format(i=i) for n in parts], None
-        return
-    if not spec.is_moe_layer(i):
-        return
-    per_rank = spec.num_experts // ep
-    if transform is GroupedExperts:
-        for r in range(ep):
-            names = [n.format(i=i, e=e) for e in range(r * per_rank, (r + 1) * per_rank) for n in parts]
-            yield key.format(i=local), names, r
-        return
-    for e in range(spec.num_experts):
-        yield key.format(i=local, j=e % per_rank), [n.format(i=i, e=e) for n in parts], e // per_rank
-
-
 def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: str = "sequential",
                 moe_norm_apart: bool = False) -> list[Row]:
-    """Every Megatron tensor of the model, per (stage, chunk), in Megatron's module order.
+    """Every Megatron tensor of the model, per (stage, chunk), in Megatron's module order (`interop.rows.expand`
+    per chunk, layers numbered from the chunk's first).
 
     `experts`: how routed experts are stored (`EXPERT_LAYOUTS`); `moe_norm_apart`: the TE spec's MoE layers
     keep `pre_mlp_layernorm` (else a MoE layer's norm has the dense layers' name)."""
     present = param_index(spec)
     last_stage, last_chunk = layout.pp - 1, layout.vpp - 1
+    table = _table(scheme, experts)
     rows = []
     for p, chunks in enumerate(layout.stages):
         for v, (start, stop) in enumerate(chunks):
-            seen = set()
-            for key, transform, parts in _table(scheme, experts):
-                if key in seen:
-                    continue
-                is_layer = "{i}" in key
-                if not is_layer:
+            def keep(key, i, here=(p, v)):
+                if i is None:  # the embedding on the first chunk, the final norm and head on the last
                     first = key.startswith(("embedding.", "language_model.embedding."))
-                    if first and (p, v) != (0, 0) or not first and (p, v) != (last_stage, last_chunk):
-                        continue
-                for i in (range(start, stop) if is_layer else [None]):
-                    if scheme == "mcore_te" and key in TE_MOE_NORM and not (moe_norm_apart and spec.is_moe_layer(i)):
-                        continue
-                    if scheme == "mcore_te" and key in TE_FUSED_MLP_NORM and moe_norm_apart and spec.is_moe_layer(i):
-                        continue
-                    if i is None:
-                        expanded = [(key, list(parts), None)]
-                    else:
-                        expanded = _layer_rows(key, transform, parts, i, i - start, spec, layout.ep)
-                    for name, names, r in expanded:
-                        if all(n in present for n in names):
-                            bound = transform.bind(spec, [present[n] for n in names])
-                            rows.append(Row(p, v, name, bound, names, r))
-                            seen.add(key)
+                    return here == (0, 0) if first else here == (last_stage, last_chunk)
+                if scheme == "mcore_te" and key in TE_MOE_NORM:
+                    return moe_norm_apart and spec.is_moe_layer(i)
+                return not (scheme == "mcore_te" and key in TE_FUSED_MLP_NORM and moe_norm_apart
+                            and spec.is_moe_layer(i))
+            rows += expand(table, spec, layers=range(start, stop), first=start, ep=layout.ep, keep=keep,
+                           stage=p, chunk=v, present=present)
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
                 embedding = present["embed.word.weight"]
-                rows.append(Row(p, v, TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name]))
-    held = {name for row in rows for name in row.parts}
-    homeless = [name for name in present if name not in held]
-    if homeless:
-        raise InteropError(f"Megatron's {scheme} names have no place for {homeless[0]} "
-                           f"(e.g. q/k norms need megatron-core, not the legacy model)")
+                rows.append(Row(TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name], p, v))
+    check_placed(rows, spec, f"Megatron's {scheme}", "e.g. q/k norms need megatron-core, not the legacy model")
     return rows
 
 

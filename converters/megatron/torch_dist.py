@@ -39,6 +39,7 @@ from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import DIST_EXPERT_KEYS, EXTRA_STATE_MODULES, scheme_of
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
@@ -534,7 +535,7 @@ class Writer:
                 shape = tuple(row.transform.rank_shape())
                 self.planned[_prefix(prefix) + key] = (dtype_of[prefix + row.parts[0]], global_shape(spec, layer, shape))
                 lead[_prefix(prefix) + key] = 0 if layer is None else len(layer) if isinstance(layer, tuple) else 1
-        self.pending: dict[tuple, dict] = {}
+        self.pending = RowCollector()
         # Finished Megatron tensors go straight into the DCP file of a folder renamed `iter_*` at the end
         # (the iteration is known only from the final state).
         self.root.mkdir(parents=True, exist_ok=True)
@@ -552,12 +553,10 @@ class Writer:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base, prefix = base_param_name(name), _prefix(name)  # optimizer state: fused like its weight
         row = self.row_of[base]
-        got = self.pending.setdefault((prefix, row.parts), {})
-        got[base] = tensor
-        if len(got) < len(row.parts):
+        parts = self.pending.add((prefix, row.parts), row.parts, base, tensor)
+        if parts is None:
             return
-        del self.pending[(prefix, row.parts)]
-        fused = row.transform.fuse([got[n] for n in row.parts])
+        fused = row.transform.fuse(parts)
         key, layer = stacked_key(row.key, self.homogeneous)
         self.out.write(prefix + key, layer, fused)
 
@@ -574,8 +573,7 @@ class Writer:
 
     def finish_units(self, state: dict | None = None) -> dict:
         """Close this writer's `.distcp` files; returns their DCP storage entries."""
-        if self.pending:
-            raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
+        self.pending.check_done()
         return self.out.close_files()
 
     def finish(self, state: dict | None = None) -> None:

@@ -12,7 +12,11 @@ Names follow megatron-core (with or without Transformer Engine's fused norms) or
 legacy model (older spellings included): `interop.mappings.megatron_names`.  With expert parallelism
 every EP rank's file holds the same non-expert tensors and its own routed experts, numbered locally
 (`local_experts.<j>`, j = e - ep_rank * E / EP); a two-part folder name is the pp or the ep rank as the
-args say (docs/megatron-layouts.md s.1).  
+args say (MEGATRON-LAYOUTS.md s.1).  
+
+The Reader is the tensor access; what it finds first is one module each: `rank_files` (which rank files and
+folders exist), `model_state` (their model state dicts, naming scheme, expert layout; every tensor checked),
+`model_spec` (args -> ModelSpec and layout), `optimizer_state` (Adam's moments, or distrib_optim.pt's buffers).
 
 Rank files are unpickled safely (`interop.io.safe_pickle`) with tensors left on
 disk (`interop.io.torch_file`): a read costs the tensor's bytes, not the file's.
@@ -30,76 +34,34 @@ import torch
 
 from ...errors import InteropError
 from ...io.safe_pickle import to_plain
-from ...io.torch_file import LazyTorchFile, TorchFileWriter
+from ...io.torch_file import TorchFileWriter
 from ...layout import ParallelLayout
-from ...mappings import megatron_args as M
-from ...mappings.megatron_names import EXTRA_STATE_MODULES, TABLES, scheme_of
+from ...mappings.megatron_names import EXTRA_STATE_MODULES
 from ...memory import BufferPool
 from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ...model_config import megatron_args_from_file
-from ...mappings.megatron_spec import args_from_spec, args_losses, spec_from_args
-from .args import args_dict, check_args, check_model_config, base_args, explicit_args, padded_vocab, vocab_divisor
+from ...mappings.megatron_spec import args_from_spec, args_losses
+from .args import args_dict, check_args, base_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
-from .checkpoint import (CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_DIR, RANK_FILE, final_iteration, iteration_dir,
-                         rank_dir_name, rank_of_dir)
+from .checkpoint import CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_FILE, final_iteration, iteration_dir, rank_dir_name
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
-from .optimizer import (DENSE, EXPERT, KINDS, chained_entry, distrib_entry, distrib_hyper, expert_data_parallel,
-                        expert_groups, is_expert_param, pack, parameter_order, split_experts, unpack)
+from .model_spec import layout_of, model_args, spec_of
+from .model_state import ModelState, check_tensors
+from .optimizer import (DENSE, EXPERT, distrib_entry, expert_data_parallel, expert_groups, is_expert_param, pack,
+                        parameter_order)
+from .optimizer_state import OptimizerState
+from .rank_files import FolderPlan, RankFiles
 from .training import from_megatron, optimizer_hyper, to_megatron
-from .rows import expand_rows, flatten, ignored_why, legacy_key, read_ranks
+from .rows import expand_rows, read_ranks
 
 DISTRIB_KIND = {ours: theirs for theirs, ours in distrib.KINDS.items()}  # optim kind -> distrib_optim.pt's
 EXPERT_SCRATCH = "distrib_optim.experts.scratch"  # the expert optimizer's pieces, beside the dense optimizer's
-LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # modules whose state dict holds an `_extra_state` entry (layer and local expert numbers as digits)
 _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+")
                                    for m in EXTRA_STATE_MODULES))
-_GROUPED_KEY = re.compile(r"\.mlp\.experts\.weight[12]$")
-_TE_GROUPED_KEY = re.compile(r"\.mlp\.experts\.linear_fc[12]\.weight\d+$")
-
-
-def rank_folders(tp: int, etp: int, ep: int) -> dict[tuple[int, int], int]:
-    """{(folder tp rank t, EP rank e): expert tp rank} of the rank files Megatron-LM's `--ckpt-format torch` writes on
-    a pipeline stage.  The ranks of expert-data-parallel rank 0 save (training/checkpointing.py): local ranks
-    r < etp * ep in parallel_state.py's rank order (tp-cp-ep-dp-pp, the experts' tp being etp).  Rank r's folder is
-    named by its dense tp rank r % tp and its EP rank (r // etp) % ep (`get_checkpoint_name`) and holds the dense
-    shards of tp rank r % tp and the expert shards of expert tp rank r % etp.  At etp = tp (megatron-core's default):
-    every (t, e), holding expert shard t.  Refused where Megatron-LM's files would lose shards."""
-    out: dict[tuple[int, int], int] = {}
-    for r in range(etp * ep):
-        folder = (r % tp, (r // etp) % ep)
-        if folder in out:
-            raise InteropError(f"etp={etp} with tp={tp}, ep={ep}: Megatron-LM's torch format writes two ranks' files "
-                               f"into {rank_dir_name(folder[0], 0, 1, folder[1], ep)} (expert shards lost); "
-                               "use --format torch_dist")
-        out[folder] = r % etp
-    missing = sorted(set(range(tp)) - {t for t, _ in out})
-    if missing:
-        raise InteropError(f"etp={etp} x ep={ep} is less than tp={tp}: Megatron-LM's torch format writes no file for "
-                           f"tp rank {missing[0]} (its dense shards lost); use --format torch_dist")
-    return out
-
-
-class FolderPlan:
-    """Where a rank's tensors are in the torch format's rank folders (`rank_folders`): the dense shards of tp rank t
-    in folder (t, dense_ep[t]) (and copies in every folder named t), expert shard et of EP rank e in folder
-    (expert_tp[(et, e)], e)."""
-
-    def __init__(self, tp: int, etp: int, ep: int):
-        self.folders = rank_folders(tp, etp, ep)
-        self.expert_tp = {(et, e): t for (t, e), et in self.folders.items()}
-        # the folder rank t itself saves (dense data-parallel rank 0: its distrib_optim.pt holds the dense buffers)
-        self.dense_ep = {t: (t // etp) % ep for t in range(tp)}
-
-    def of(self, row_ep: int | None, rank: int) -> tuple[int, int]:
-        """(folder tp rank, EP rank) holding shard `rank` of a row (a dense row: tp rank; an expert row of EP rank
-        `row_ep`: expert tp rank)."""
-        if row_ep is None:
-            return rank, self.dense_ep[rank]
-        return self.expert_tp[(rank, row_ep)], row_ep
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,29 +73,31 @@ class Reader:
     def __init__(self, path, iteration: int | None = None, model_config=None):
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
-        self._open_ranks()
+        ranks = RankFiles(self.dir)
+        self.tp, self.pp, self.ep, self.etp, self.plan = ranks.tp, ranks.pp, ranks.ep, ranks.etp, ranks.plan
+        self.ep_files, self.files, self.rank_dirs = ranks.ep_files, ranks.files, ranks.rank_dirs
         first = self.files[(0, 0)].obj
         if not isinstance(first, dict):
             raise InteropError(f"{self.files[(0, 0)].path}: expected a dict, found {type(first).__name__}")
         notes: list[str] = []
         stored = args_dict(first.get("args"))
         check_args(stored, self.files[(0, 0)].path)
-        full = self._model_args(stored, model_config, notes)
-        self.chunks = self._model_chunks()
-        self.scheme = self._scheme()
-        spec = self._spec(full, stored, notes)
-        self.layout = self._layout(spec, full)
+        full = model_args(stored, model_config, ranks, notes)
+        model = ModelState(ranks)
+        self.chunks, self.scheme, self.experts = model.chunks, model.scheme, model.experts
+        self.ep_dicts, self.state_dicts = model.ep_dicts, model.state_dicts
+        spec = spec_of(full, model, ranks, notes)
+        self.layout = layout_of(spec, model, ranks)
         self.spec = spec
         self.index = param_index(spec)
-        self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, self.moe_norm_apart)
-        self._check_tensors(notes)
+        self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart)
+        check_tensors(model, ranks, self.rows, spec, notes)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
-        self.moments: dict[str, dict] = {}  # optim kind -> {(t, p, v): {key: stored tensor}}
-        self.moment_files = self.ep_files  # the files the moments are stored in (distrib_optim.pt: their own)
-        self.stored_args = stored or {}
-        hyper, note = self._load_optimizer(first)
-        if note:
-            notes.append(note)
+        optimizer = OptimizerState(ranks, model, self.rows, spec, stored or {}, first)
+        self.moments, self.moment_files = optimizer.moments, optimizer.files  # (distrib_optim.pt: their own files)
+        hyper = optimizer.hyper
+        if optimizer.note:
+            notes.append(optimizer.note)
         if "rng_state" in first:
             notes.append("dropped the rng state (per-rank random generator states do not survive resharding)")
         scheduler = to_plain(first.get("opt_param_scheduler"))
@@ -152,326 +116,6 @@ class Reader:
         self.vocab_buffer = False
 
     # -- opening -------------------------------------------------------------------------------
-    def _open_ranks(self) -> None:
-        matches = {}
-        for c in self.dir.iterdir():
-            m = RANK_DIR.match(c.name)
-            if m and c.is_dir():
-                matches[c.name] = m
-        if not matches:
-            raise InteropError(f"{self.dir}: no mp_rank_* folders")
-        first_name = min(matches, key=lambda n: [int(g or 0) for g in matches[n].groups()])
-        first = LazyTorchFile(self._rank_path({0: first_name}, 0))
-        stored = args_dict(first.obj.get("args")) if isinstance(first.obj, dict) else None
-        stored = stored or {}
-        parts = {len([g for g in m.groups() if g is not None]) for m in matches.values()}
-        if len(parts) > 1:
-            raise InteropError(f"{self.dir}: rank folder names mix {sorted(parts)} numbers ({', '.join(sorted(matches)[:3])})")
-        parts = parts.pop()
-        ep = int(stored.get("expert_model_parallel_size") or 1) if stored.get("num_experts") else 1
-        if not stored and parts == 3:  # no args: a three-part name is unambiguous
-            ep = max(int(m.group(3)) for m in matches.values()) + 1
-        pp = stored.get("pipeline_model_parallel_size")
-        if pp is None:  # no args: the names say (a two-part name taken as the pp rank, as before ep existed)
-            pp = max(int(m.group(2) or 0) for m in matches.values()) + 1 if parts >= 2 else 1
-        pp = int(pp)
-        found = {}
-        for name, m in matches.items():
-            rank = rank_of_dir(m, pp, ep)
-            if rank is None:
-                raise InteropError(f"{self.dir}: rank folder {name} does not match pipeline size {pp} and expert "
-                                   f"parallel size {ep} (mp_rank_TT[_PPP][_EEE]: _PPP when pp > 1, _EEE when ep > 1)")
-            found[rank] = name
-        tp = int(stored.get("tensor_model_parallel_size") or max(t for t, _, _ in found) + 1)
-        etp = int(stored.get("expert_tensor_parallel_size") or tp) if stored.get("num_experts") else tp
-        try:
-            self.plan = FolderPlan(tp, etp, ep)
-        except InteropError as exc:
-            raise InteropError(f"{self.dir}: {exc}") from None
-        shape = f"tp={tp} pp={pp}{f' ep={ep}' if ep > 1 else ''}{f' etp={etp}' if etp != tp else ''}"
-        for p in range(pp):
-            for t, e in self.plan.folders:
-                if (t, p, e) not in found:
-                    raise InteropError(f"{self.dir}: rank folder {rank_dir_name(t, p, pp, e, ep)} is missing "
-                                       f"(the checkpoint is {shape})")
-        extra = sorted(name for (t, p, e), name in found.items() if p >= pp or (t, e) not in self.plan.folders)
-        if extra:
-            raise InteropError(f"{self.dir}: rank folder {extra[0]} is beyond the checkpoint's {shape}")
-        self.tp, self.pp, self.ep, self.etp = tp, pp, ep, etp
-        self.ep_files = {}
-        for key in sorted(found):
-            self.ep_files[key] = first if found[key] == first_name else LazyTorchFile(self._rank_path(found, key))
-        dense = self.plan.dense_ep
-        self.rank_dirs = {(t, p): found[(t, p, e)] for t, p, e in found if e == dense[t]}
-        # every EP rank holds the same non-expert tensors: those are read from one folder per tp rank (EP rank 0's
-        # at etp = tp)
-        self.files = {(t, p): f for (t, p, e), f in self.ep_files.items() if e == dense[t]}
-
-    def _rank_path(self, found, key) -> Path:
-        path = self.dir / found[key] / RANK_FILE
-        if not path.is_file():
-            raise InteropError(f"{path.parent}: {RANK_FILE} is missing")
-        return path
-
-    def _model_args(self, stored: dict | None, model_config, notes: list[str]) -> dict:
-        if model_config is not None:
-            notes.append(f"model description taken from {model_config}")
-            full = megatron_args_from_file(model_config)
-            check_model_config(stored, full, model_config, self.files[(0, 0)].path)
-            # the layout and the padded vocab are facts of the files, not of the model description
-            # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
-            full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),
-                        tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
-                        padded_vocab_size=(stored or {}).get("padded_vocab_size"))
-            return full
-        where = self.files[(0, 0)].path
-        if not stored or not stored.get("num_layers"):
-            raise InteropError(f"{where}: the checkpoint carries no model description (no args); "
-                               "pass --model-config (a HF config.json, a Megatron args file or a MindSpeed YAML)")
-        explicit = explicit_args(stored)
-        if not stored.get("swiglu") and "bias_gelu_fusion" not in stored:
-            explicit["bias_gelu_fusion"] = False
-            if stored.get("add_bias_linear", True) and not stored.get("openai_gelu"):
-                notes.append("args do not say bias_gelu_fusion: assumed Megatron's exact (erf) GeLU")
-        return M.complete(explicit)
-
-    def _model_chunks(self) -> dict[int, list[str]]:
-        """{stage: [model key per virtual chunk]}: `model`, or `model0`..`modelN-1`."""
-        out = {}
-        for p in range(self.pp):
-            obj = self.files[(0, p)].obj
-            keys = ["model"] if "model" in obj else sorted((k for k in obj if re.fullmatch(r"model\d+", k)),
-                                                         key=lambda k: int(k[5:]))
-            if not keys:
-                raise InteropError(f"{self.files[(0, p)].path}: no model state (no 'model' or 'model0' entry)")
-            out[p] = keys
-        if len({len(v) for v in out.values()}) != 1:
-            raise InteropError(f"{self.dir}: pipeline stages hold different numbers of virtual chunks")
-        self.ep_dicts = {}
-        for (t, p, e), f in self.ep_files.items():
-            if not isinstance(f.obj, dict):
-                raise InteropError(f"{f.path}: expected a dict, found {type(f.obj).__name__}")
-            for v, key in enumerate(out[p]):
-                sd = f.obj.get(key)
-                if not isinstance(sd, dict):
-                    raise InteropError(f"{f.path}: entry {key!r} is not a state dict")
-                self.ep_dicts[(t, p, v, e)] = flatten(sd)
-        self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == self.plan.dense_ep[t]}
-        return out
-
-    def _scheme(self) -> str:
-        keys = [k for sd in self.state_dicts.values() for k in sd]
-        scheme = scheme_of(keys)
-        if scheme is None:
-            raise InteropError(f"{self.dir}: neither megatron-core nor legacy parameter names "
-                               f"(e.g. {keys[0] if keys else 'no keys at all'})")
-        if scheme == "legacy":
-            for k, sd in self.ep_dicts.items():
-                self.ep_dicts[k] = OrderedDict((legacy_key(n), x) for n, x in sd.items())
-            self.state_dicts = {(t, p, v): sd for (t, p, v, e), sd in self.ep_dicts.items() if e == self.plan.dense_ep[t]}
-        # how the routed experts are stored (the args' moe_grouped_gemm says which module the run built)
-        self.experts = "sequential"
-        if any(_GROUPED_KEY.search(k) for k in keys):
-            self.experts = "grouped"
-        elif any(_TE_GROUPED_KEY.search(k) for k in keys):
-            self.experts = "te_grouped"
-        self.moe_norm_apart = scheme == "mcore_te" and any(k.endswith(".pre_mlp_layernorm.weight") for k in keys)
-        return scheme
-
-    def _spec(self, full: dict, stored: dict | None, notes: list[str]) -> ModelSpec:
-        emb_key = TABLES[self.scheme][0][0]
-        rows = 0
-        for t in range(self.tp):
-            emb = self.state_dicts[(t, 0, 0)].get(emb_key)
-            if not isinstance(emb, torch.Tensor):
-                raise InteropError(f"{self.files[(t, 0)].path}: {emb_key} is missing")
-            rows += emb.shape[0]
-        padded = full.get("padded_vocab_size")
-        if padded and int(padded) != rows:
-            raise InteropError(f"{self.files[(0, 0)].path}: {emb_key} holds {rows} vocab rows over tp={self.tp}, "
-                               f"args say padded_vocab_size={padded}")
-        full = dict(full, padded_vocab_size=rows)
-        if not full.get("vocab_size"):
-            full["vocab_size"] = rows
-            notes.append(f"the true vocabulary size is not recorded (no vocab_size in args): keeping all {rows} rows")
-        dtype = NAME_OF_DTYPE.get(emb.dtype, "float32")
-        if full.get("untie_embeddings_and_output_weights") is None:
-            full["untie_embeddings_and_output_weights"] = False
-        return spec_from_args(full, str(self.files[(0, 0)].path), dtype)
-
-    def _layout(self, spec: ModelSpec, full: dict) -> ParallelLayout:
-        vpp = len(self.chunks[0])
-        counts = {}
-        for p in range(self.pp):
-            for v in range(vpp):
-                layers = {int(m.group(1)) for k in self.state_dicts[(0, p, v)] if (m := LAYER_KEY.search(k))}
-                if layers and layers != set(range(len(layers))):
-                    raise InteropError(f"{self.files[(0, p)].path}: layer numbers {sorted(layers)} are not 0..n-1 "
-                                       "(Megatron numbers layers locally per stage)")
-                counts[(p, v)] = len(layers)
-        total = sum(counts.values())
-        if total != spec.num_layers:
-            raise InteropError(f"{self.dir}: the rank files hold {total} layers, args say num_layers={spec.num_layers}")
-        stages, start = [[None] * vpp for _ in range(self.pp)], 0
-        for v in range(vpp):
-            for p in range(self.pp):
-                stages[p][v] = (start, start + counts[(p, v)])
-                start += counts[(p, v)]
-        layout = ParallelLayout(self.tp, self.pp, tuple(tuple(c) for c in stages), self.ep, self.etp)
-        spec.check_tp(self.tp)
-        if self.ep > 1:
-            spec.check_ep(self.ep)
-        return layout
-
-    def _check_tensors(self, notes: list[str]) -> None:
-        """Every stored tensor is mapped, a tied copy, or reported; shapes agree with the args."""
-        expected = {}
-        for r in self.rows:
-            for e in (range(self.ep) if r.ep is None else [r.ep]):
-                expected[(r.stage, r.chunk, e, r.key)] = r
-        ignored: dict[str, int] = {}
-        tied = 0
-        for (t, p, v, e), sd in self.ep_dicts.items():
-            where = self.ep_files[(t, p, e)].path
-            for key, value in sd.items():
-                row = expected.get((p, v, e, key))
-                if row is None:
-                    why = ignored_why(key)
-                    if why is not None and key.endswith("_extra_state") and value is None:
-                        why = "empty _extra_state slots (no Transformer Engine / fp8 metadata in them)"
-                    if why is None:
-                        raise InteropError(f"{where}: tensor {key} does not belong to this {self.spec.arch} model "
-                                           "(args describe a different model?)")
-                    ignored[why] = ignored.get(why, 0) + 1
-                    continue
-                if not isinstance(value, torch.Tensor):
-                    raise InteropError(f"{where}: {key} is not a tensor")
-                want = row.transform.rank_shape(*self._shard(row, t, e))
-                if tuple(value.shape) != tuple(want):
-                    raise InteropError(f"{where}: {key} has shape {list(value.shape)}, args imply {list(want)}")
-                peer = self.ep_dicts.get((0, p, v, e), {}).get(key)
-                if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
-                    raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
-                                       "one dtype expected")
-                tied += not row.transform.reads_back and e == self.plan.dense_ep[t]
-            for (p2, v2, e2, key), row in expected.items():
-                if (p2, v2, e2) == (p, v, e) and key not in sd:
-                    raise InteropError(f"{where}: tensor {key} is missing")
-        for why, n in sorted(ignored.items()):
-            notes.append(f"ignored {n} entries: {why}")
-        if tied:
-            notes.append("dropped the last stage's copy of the tied embedding (it equals the input embedding)")
-        if self.ep > 1:
-            notes.append(f"read the tensors outside the routed experts from expert-parallel rank 0's files (each of the "
-                         f"{self.ep} EP ranks holds a copy)")
-        if self.experts != "sequential":
-            notes.append(f"routed experts read from {'the legacy GroupedMLP (weight1/weight2)' if self.experts == 'grouped' else 'TEGroupedMLP (linear_fc1.weightN)'}")
-
-    def _load_optimizer(self, first: dict) -> tuple[dict | None, str | None]:
-        """Map the optimizer's state to parameters: (hyperparameters, note).
-
-        With expert parallelism, megatron-core's optimizer is a ChainedOptimizer of two (optimizer/__init__.py
-        `get_megatron_optimizer`): the dense parameters' and the routed experts' (their own param groups and,
-        with the distributed optimizer, their own buffers over the expert-data-parallel group), saved as a list
-        of the two state dicts; EP rank e's files hold the experts of that rank (`optimizer.split_experts`).
-        At ep 1 the experts are ordinary parameters (`allreduce` True: tensor_parallel/layers.py), one optimizer."""
-        distributed = (self.dir / self.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file()
-        if "optimizer" not in first and not distributed:
-            return None, None
-        found, hyper, expert_groups = {k: {} for k in KINDS}, None, None
-        for (t, p, e), f in self.ep_files.items():
-            params = [((v, key), key, tuple(x.shape)) for v in range(len(self.chunks[p]))
-                      for key, x in self.ep_dicts[(t, p, v, e)].items()
-                      if isinstance(x, torch.Tensor) and ignored_why(key) is None]
-            parts = split_experts(params, e == self.plan.dense_ep[t]) if self.ep > 1 else [(None, params)]
-            for which, mine in parts:
-                if distributed:
-                    got = self._distributed(t, p, e, which, mine, f)
-                else:
-                    saved = chained_entry(f.obj.get("optimizer"), which)
-                    got = saved if isinstance(saved, str) else unpack(saved, mine, f.read)
-                if isinstance(got, str):
-                    return None, f"optimizer state not converted ({f.path}: {got}); weights converted"
-                by_param, got_hyper = got
-                if which == EXPERT:
-                    expert_groups = got_hyper["param_groups"]
-                else:
-                    hyper = got_hyper
-                for (v, key), kinds in by_param.items():
-                    for kind, stored in kinds.items():
-                        found[kind].setdefault((t, p, v, e), {})[key] = stored
-        kinds = [k for k in KINDS if found[k]]
-        for kind in kinds:
-            for r in self.rows:
-                for rank in range(self._ranks(r)):
-                    t, e = self.plan.of(r.ep, rank)
-                    if r.transform.reads_back and r.key not in found[kind].get((t, r.stage, r.chunk, e), {}):
-                        return None, (f"optimizer state not converted ({self.ep_files[(t, r.stage, e)].path}: no {kind} "
-                                      f"for {r.key}); weights converted")
-        self.moments = {k: found[k] for k in kinds}
-        if not kinds:
-            return None, "optimizer state not converted (the optimizer holds no Adam state yet)"
-        if expert_groups is not None:
-            hyper = dict(hyper, expert_param_groups=expert_groups)
-        how = f" from {DISTRIB_OPTIM_FILE} (distributed optimizer)" if distributed else ""
-        experts = " (dense and expert optimizers)" if self.ep > 1 else ""
-        return hyper, f"converted the optimizer state ({', '.join(kinds)}){experts}{how}, step {hyper.get('step')}"
-
-    def _distributed(self, t: int, p: int, e: int, which, params, rank_file) -> tuple[dict, dict] | str:
-        """The distributed optimizer's per-parameter state of rank (t, p, e), cut from its `distrib_optim.pt`
-        (`distrib.py` has the buffer layout), and the hyperparameters from the rank file.  `which`: None (one
-        optimizer), DENSE or EXPERT (the chained optimizer's entries; the experts' buffers are laid out over the
-        expert-data-parallel group, one buffer per model chunk holding experts)."""
-        path = self.dir / self.ep_files[(t, p, e)].path.parent.name / DISTRIB_OPTIM_FILE
-        if not path.is_file():
-            return f"{DISTRIB_OPTIM_FILE} is missing beside it"
-        dfile = self.moment_files.get((t, p, e)) if self.moment_files is not self.ep_files else None
-        dfile = dfile or LazyTorchFile(path)
-        state = chained_entry(dfile.obj, which)
-        if isinstance(state, str):
-            return f"{path.name}: {state}"
-        if not isinstance(state, dict) or state.get("buckets_coalesced") is not True:
-            return f"{path.name} is not megatron-core's coalesced parameter state (buckets_coalesced)"
-        args = self.stored_args
-        dp = args.get("data_parallel_size")
-        if not isinstance(dp, int) or dp < 1:
-            return f"the args do not say data_parallel_size, which lays out the buffers of {path.name}"
-        if which == EXPERT:
-            dp = expert_data_parallel(dp, self.tp, self.ep, self.etp)
-            if isinstance(dp, str):
-                return dp
-        if self.pp > 1 and self.spec.tied_embeddings:
-            return f"{path.name}: a tied embedding over several pipeline stages has a bucket of its own (not supported)"
-        if self.moment_files is self.ep_files:
-            self.moment_files = {}
-        self.moment_files[(t, p, e)] = dfile
-        out = {}
-        chunks = [v for v in range(len(self.chunks[p])) if any(c == v for (c, _), _, _ in params)]
-        if which != EXPERT:
-            chunks = list(range(len(self.chunks[p])))
-        extra = sorted(set(k for k in state if isinstance(k, int)) - set(range(len(chunks))))
-        if extra:
-            return f"{path.name}: buffer {extra[0]} is beyond the {len(chunks)} model chunks' buffers"
-        for g, v in enumerate(chunks):
-            mine = [(key, math.prod(shape)) for (c, _), key, shape in params if c == v]
-            buffers = state.get(g)
-            if not isinstance(buffers, dict) or len(buffers) != 1:
-                return f"{path.name}: model chunk {v} has {len(buffers or {})} buffers (one dtype is understood)"
-            world = next(iter(buffers.values()))
-            buffer = distrib.layout(mine, dp, distrib.bucket_size(args, p, v))
-            if world.get("numel_unpadded") != sum(buffer.unpadded):
-                return (f"{path.name}: chunk {v} holds {world.get('numel_unpadded')} elements, megatron-core's "
-                        f"layout of its parameters at dp {dp} {sum(buffer.unpadded)}")
-            offsets = distrib.coalesced_offsets(buffer)
-            for (c, key), _, shape in params:
-                if c != v:
-                    continue
-                first, n = offsets[key], buffer.slots[key].numel
-                out[(v, key)] = {ours: world[theirs][first:first + n].view(shape)
-                                 for theirs, ours in distrib.KINDS.items()}
-        saved = chained_entry(rank_file.obj.get("optimizer"), which)
-        return out, distrib_hyper(saved if not isinstance(saved, str) else None)
-
     # -- the Reader contract -------------------------------------------------------------------
     def _stored(self, name: str) -> tuple[dict, str, dict]:
         """The per-rank dicts `name` lives in (weights, or one optimizer kind's), its parameter, and the files."""
@@ -511,10 +155,6 @@ class Reader:
     def _ranks(self, row) -> int:
         """How many shards a row is cut in: a routed expert's over the expert tp ranks, the rest over tp."""
         return self.etp if row.ep is not None else self.tp
-
-    def _shard(self, row, t: int, e: int) -> tuple[int, int]:
-        """(shard, shards) of `row` in folder (t, e)."""
-        return (self.plan.folders[(t, e)], self.etp) if row.ep is not None else (t, self.tp)
 
     def _read_row(self, dicts: dict, files: dict, row, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if self.index[row.parts[0]].split == "vocab":  # the largest tensor: drop what the layers held
@@ -651,7 +291,7 @@ class Writer:
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
         self.notes: list[str] = args_losses(spec)
-        self.pending: dict[tuple, dict] = {}
+        self.pending = RowCollector()
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
         self.refs: dict[tuple, object] = {}  # (t, stage, chunk, parts) -> TensorRef
         # --distributed-optimizer: the moments (and fp32 masters) go to each rank's distrib_optim.pt
@@ -726,12 +366,9 @@ class Writer:
         if kind and kind not in self.optim_kinds:
             return
         row = self.row_of[base]
-        got = self.pending.setdefault((kind, row.parts), {})
-        got[base] = tensor
-        if len(got) < len(row.parts):
+        parts = self.pending.add((kind, row.parts), row.parts, base, tensor)
+        if parts is None:
             return
-        del self.pending[(kind, row.parts)]
-        parts = [got[n] for n in row.parts]
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
         fused = row.transform
@@ -832,8 +469,7 @@ class Writer:
 
     def finish_units(self, state: dict | None = None) -> dict:
         """Write this writer's rank files (their pickles, after the tensors already in them)."""
-        if self.pending:
-            raise InteropError(f"incomplete input: {sorted(self.pending)[0]} never got all its parts")
+        self.pending.check_done()
         state = state or {}
         meg = state.get("megatron") or {}
         args, iteration, scheduler, _ = self._final(state)

@@ -45,7 +45,8 @@ def param_name_list(spec: ModelSpec, layout: ParallelLayout, rows, plain_of: dic
     as convert_pt2ckpt.py convert_pt2ms_param_only() stores them."""
     index = param_index(spec)
     keyed: list[list[tuple]] = [[] for _ in range(layout.vpp)]
-    for pos, (name, _, parts) in enumerate(rows):
+    for pos, row in enumerate(rows):
+        name, parts = row.key, row.parts
         param = index[parts[0]]
         if layout.stage_of(param) != p:
             continue

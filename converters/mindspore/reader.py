@@ -17,14 +17,13 @@ from ...io.ms_ckpt import CkptFile
 from ...io.small_files import read_json_object
 from ...layout import ParallelLayout
 from ...memory import BufferPool
-from ...mappings.mindspore_names import (DIALECT_MARKERS, DIALECTS, IGNORED_SUFFIXES, LOCAL_EXPERTS,
-                                         MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD, OPTIM_PREFIXES)
+from ...mappings.mindspore_names import DIALECT_MARKERS, IGNORED_SUFFIXES, LOCAL_EXPERTS
 from ...params import param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import Source, TensorMeta
 from . import pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
-from .rows import MCORE_LAYOUT_NOTE, check_layout, converter_names, ms_rows, refuse_mla
+from .dialects import dialect_named, refuse_mla
 from .scalars import is_scalar_tag, scalars_to_state
 
 FORMAT = "mindspore"
@@ -126,15 +125,13 @@ class Reader:
             raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
                                "pass --model-config (a HF config.json, Megatron args file or MindSpeed / "
                                "MindFormers YAML)")
-        dialect = (sidecar or {}).get("dialect") or _guess_dialect(tags, path)
-        if dialect not in DIALECTS:
-            raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
+        dialect = dialect_named((sidecar or {}).get("dialect") or _guess_dialect(tags, path))
         qkv_concat = bool((sidecar or {}).get("qkv_concat", any(".w_qkv." in t for t in tags)))
-        if qkv_concat and dialect == "mindformers":
+        if qkv_concat and dialect.fuses_qkv:
             qkv_layout, qkv_bias_layout = self._qkv_layouts(first, sidecar, qkv_layout, qkv_bias_layout, notes)
         else:  # nothing fused to read (the flags may be the writer's, in a MindSpore -> MindSpore conversion)
             qkv_layout = qkv_bias_layout = None
-        self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
+        self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
         self.dialect = dialect
         if any(key[0] == "rank" for key in self.files):
             layout = self._place(spec, notes)
@@ -142,9 +139,9 @@ class Reader:
             tp = max(t for t, _ in self.files) + 1
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
-        check_layout(spec, dialect, layout.tp, f"{path}: ")
-        if dialect == "mindformers-mcore":
-            notes.append(MCORE_LAYOUT_NOTE)
+        dialect.check_layout(spec, layout.tp, f"{path}: ")
+        if dialect.layout_note:
+            notes.append(dialect.layout_note)
         if sidecar is not None and "layout" in sidecar:
             said = ParallelLayout.from_dict(sidecar["layout"])
             if (said.tp, said.pp, said.ep) != (layout.tp, layout.pp, layout.ep):
@@ -163,9 +160,9 @@ class Reader:
                                "shards: merge it with mindspore.transform_checkpoints first")
         first = self.files[(0, 0)]
         self.tag_of = self._resolve_names(spec, layout)
-        embed = self.tag_of[self.rows[0][0]]
+        embed = self.tag_of[self.rows[0].key]
         if embed not in first:
-            raise InteropError(f"{first.path}: no {embed}: not a {dialect} {spec.arch} checkpoint "
+            raise InteropError(f"{first.path}: no {embed}: not a {dialect.name} {spec.arch} checkpoint "
                                f"(found e.g. {tags[0] if tags else 'nothing'})")
         rows = first.meta(embed)[1][0] * layout.tp
         if rows != spec.padded_vocab:
@@ -174,8 +171,8 @@ class Reader:
             spec = spec.replace(padded_vocab=rows)
         self.spec, self.layout = spec, layout
         self.index = param_index(spec)
-        self.prefixes = OPTIM_PREFIXES[dialect]
-        self.row_of = {p: row for row in self.rows for p in row[2]}
+        self.prefixes = dialect.moments
+        self.row_of = {p: row for row in self.rows for p in row.parts}
         scalars = self._check(notes)
         state, scalar_notes = scalars_to_state(scalars)
         notes += scalar_notes
@@ -209,8 +206,8 @@ class Reader:
         """Turn {("rank", N): file} into {(t, p): file} and the layout, from the files' contents."""
         by_rank = {key[1]: f for key, f in self.files.items()}
         index = param_index(spec)
-        layer_of = {name: index[parts[0]].layer for name, _, parts in self.rows}
-        layer_of.update({old: layer_of[new] for new, old in converter_names(self.rows, spec, self.dialect).items()})
+        layer_of = {row.key: index[row.parts[0]].layer for row in self.rows}
+        layer_of.update({old: layer_of[new] for new, old in self.dialect.converter_names(self.rows, spec).items()})
         groups: dict[tuple[int, ...], list[int]] = {}
         for r, f in sorted(by_rank.items()):
             layers = tuple(sorted({layer_of[t] for t in f.keys() if layer_of.get(t) is not None}))
@@ -252,7 +249,7 @@ class Reader:
 
     def _ep_from_experts(self, spec: ModelSpec, f: CkptFile) -> int:
         """MindSpeed: how many experts one rank file numbers (local_experts 0 .. E/ep - 1) gives ep."""
-        if not spec.is_moe or self.dialect != "mindspeed":
+        if not spec.is_moe or not self.dialect.expert_parallel:
             return 1
         held = {}
         for tag in f.keys():
@@ -280,7 +277,7 @@ class Reader:
         row = self.row_of.get(name)
         if row is None:
             return None
-        ms_name, _, parts = row
+        ms_name, parts = row.key, row.parts
         param = self.index[name]
         f, tag = self._home(0, param, self.tag_of[ms_name])
         if param.expert is not None and self.layout.ep > 1:
@@ -289,7 +286,8 @@ class Reader:
 
     def _tp_from_shapes(self, spec: ModelSpec, f: CkptFile) -> int:
         index = param_index(spec)
-        for name, transform, parts in self.rows:
+        for row in self.rows:
+            name, transform, parts = row.key, row.transform, row.parts
             param = index[parts[0]]
             if param.axis is None or param.layer is None or name not in f:
                 continue
@@ -299,15 +297,16 @@ class Reader:
             if len(local) != len(full) or not local[axis] or full[axis] % local[axis]:
                 raise InteropError(f"{f.path}: {name} has shape {list(local)}, which no tp splits from {list(full)}")
             return full[axis] // local[axis]
-        raise InteropError(f"{f.path}: no layer tensor of a {self.dialect} {spec.arch} model to tell tp from")
+        raise InteropError(f"{f.path}: no layer tensor of a {self.dialect.name} {spec.arch} model to tell tp from")
 
     def _resolve_names(self, spec: ModelSpec, layout: ParallelLayout) -> dict[str, str]:
         """{row name: the tag the files use}: the model's name, or convert_pt2ckpt.py's where it differs."""
         index = param_index(spec)
-        alias = converter_names(self.rows, spec, self.dialect)
+        alias = self.dialect.converter_names(self.rows, spec)
         out = {}
-        for name, _, parts in self.rows:
-            f = self.files[(0, layout.stage_of(index[parts[0]]))]
+        for row in self.rows:
+            name = row.key
+            f = self.files[(0, layout.stage_of(index[row.parts[0]]))]
             out[name] = alias[name] if name not in f and alias.get(name) in f else name
         return out
 
@@ -319,7 +318,8 @@ class Reader:
         eps = range(self.layout.ep)
         expected: dict[tuple[int, int, int], dict[str, tuple]] = {key: {} for key in files}
         optional: dict[tuple[int, int, int], set] = {key: set() for key in files}
-        for name, transform, parts in self.rows:
+        for row in self.rows:
+            name, transform, parts = row.key, row.transform, row.parts
             stage = self.layout.stage_of(self.index[parts[0]])
             shape = transform.rank_shape(0, self.layout.tp)
             for t in range(self.layout.tp):
@@ -331,18 +331,16 @@ class Reader:
                     for d in eps:
                         expected[(t, stage, d)][self.tag_of[name]] = shape
         copies = {}  # convert_pt2ckpt.py's name -> the model's, where a file may hold both
-        for model, plain in converter_names(self.rows, self.spec, self.dialect).items():
+        for model, plain in self.dialect.converter_names(self.rows, self.spec).items():
             if self.tag_of[model] == model:
                 copies[plain] = model
-                stage = self.layout.stage_of(self.index[self.row_of_name(model)[2][0]])
+                stage = self.layout.stage_of(self.index[self.row_of_name(model).parts[0]])
                 for t in range(self.layout.tp):
                     for d in eps:
                         optional[(t, stage, d)].add(plain)
         tied = []
         if self.spec.tied_embeddings:
-            head = {"mindspeed": (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD), "mindformers": ("lm_head.weight", "head.weight"),
-                    "mindformers-mcore": ("output_layer.weight",)}
-            tied = list(head[self.dialect])
+            tied = list(self.dialect.tied_heads)
             for t in range(self.layout.tp):
                 for d in eps:
                     optional[(t, self.layout.pp - 1, d)].update(tied)
@@ -353,7 +351,7 @@ class Reader:
             for name, shape in expected[key].items():
                 if name not in f:
                     _refuse_expert_parallel(f, name, self.spec)
-                    raise InteropError(f"{f.path}: tensor {name} is missing (a {self.dialect} {self.spec.arch} "
+                    raise InteropError(f"{f.path}: tensor {name} is missing (a {self.dialect.name} {self.spec.arch} "
                                        f"model with {self.spec.num_layers} layers at tp={self.layout.tp} "
                                        f"pp={self.layout.pp})")
                 if f.meta(name)[1] != shape:
@@ -381,7 +379,7 @@ class Reader:
                 if why:
                     buffers.add(why)
                     continue
-                raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect} {self.spec.arch} "
+                raise InteropError(f"{f.path}: tensor {tag} does not belong to a {self.dialect.name} {self.spec.arch} "
                                    f"model at tp={self.layout.tp} pp={self.layout.pp} (unknown tag layout)")
         self.optim = have_moments
         if self.verify:
@@ -395,7 +393,7 @@ class Reader:
 
     def _check_tied_copies(self, tied: list[str], notes: list[str]) -> None:
         """A tied head's stored copy must equal the embedding it is tied to: otherwise refuse, not drop it."""
-        embed = self.tag_of[self.rows[0][0]]
+        embed = self.tag_of[self.rows[0].key]
         last = self.layout.pp - 1
         for t in range(self.layout.tp):
             f = self.files[(t, last)]
@@ -409,7 +407,7 @@ class Reader:
                     notes.append(f"{tag}: the tied head's copy of the embedding, checked equal and not read again")
 
     def row_of_name(self, ms_name: str):
-        return next(row for row in self.rows if row[0] == ms_name)
+        return next(row for row in self.rows if row.key == ms_name)
 
     def _check_name_copies(self, copies: dict[str, str], moments: list[str]) -> None:
         """A tensor stored under both the model's and the converter's name must be the same tensor."""
@@ -424,12 +422,12 @@ class Reader:
     def metas(self) -> list[TensorMeta]:
         out = []
         for param in param_table(self.spec):
-            f, tag = self._home(0, param, self.tag_of[self.row_of[param.name][0]])
+            f, tag = self._home(0, param, self.tag_of[self.row_of[param.name].key])
             out.append(TensorMeta(param.name, f.meta(tag)[0], param.shape))
         if self.optim:
             for prefix, native in self.prefixes.items():
                 for param in param_table(self.spec):
-                    f, tag = self._home(0, param, native + self.tag_of[self.row_of[param.name][0]])
+                    f, tag = self._home(0, param, native + self.tag_of[self.row_of[param.name].key])
                     out.append(TensorMeta(prefix + param.name, f.meta(tag)[0], param.shape))
         return out
 
@@ -439,8 +437,8 @@ class Reader:
         for prefix, nat in self.prefixes.items():
             if name.startswith(prefix):
                 native, canonical = nat, name[len(prefix):]
-        ms_name, transform, parts = self.row_of[canonical]
-        return native + self.tag_of[ms_name], transform, parts, canonical
+        row = self.row_of[canonical]
+        return native + self.tag_of[row.key], row.transform, row.parts, canonical
 
     def read(self, name: str) -> torch.Tensor:
         tag, transform, parts, canonical = self._row(name)
@@ -531,13 +529,15 @@ class Reader:
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused MindSpore tensor holding `name`; None for a lone one."""
         prefix = next((p for p in self.prefixes if name.startswith(p)), "")
-        _, transform, parts = self.row_of[name[len(prefix):]]
+        row = self.row_of[name[len(prefix):]]
+        transform, parts = row.transform, row.parts
         return (transform, [prefix + p for p in parts]) if len(parts) > 1 else None
 
     def read_fused(self, name: str) -> torch.Tensor:
         """The whole fused tensor holding `name` (as at tp 1) from every TP rank's, never split into parts."""
         prefix = next((p for p in self.prefixes if name.startswith(p)), "")
-        ms_name, transform, parts = self.row_of[name[len(prefix):]]
+        row = self.row_of[name[len(prefix):]]
+        ms_name, transform, parts = row.key, row.transform, row.parts
         tag = (self.prefixes[prefix] if prefix else "") + self.tag_of[ms_name]
         homes, dtype = self._stored(tag, transform, parts)
         out = self.memory.empty(transform.rank_shape(), dtype)

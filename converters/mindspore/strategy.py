@@ -13,7 +13,8 @@ def stage_strategy(spec: ModelSpec, layout: ParallelLayout, rows, stage: int) ->
     """
     index = param_index(spec)
     items = {}
-    for name, transform, parts in rows:
+    for row in rows:
+        name, transform, parts = row.key, row.transform, row.parts
         param = index[parts[0]]
         if layout.stage_of(param) != stage:
             continue

@@ -10,14 +10,14 @@ import torch
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptWriter
 from ...layout import ParallelLayout
-from ...mappings.mindspore_names import (DIALECTS, LOCAL_EXPERTS, MEGATRON_TIED_HEAD, MINDSPEED_TIED_HEAD,
-                                         OPTIM_PREFIXES)
+from ...mappings.mindspore_names import LOCAL_EXPERTS
 from ...params import param_index
+from ...rows import RowCollector
 from ...spec import ModelSpec, padded_to_tp
 from ...tensors import TensorMeta
 from . import pt_meta
-from .files import SIDECAR, mindformers_file, mindspeed_file
-from .rows import MCORE_LAYOUT_NOTE, check_layout, converter_names, ms_rows
+from .files import SIDECAR
+from .dialects import DIALECTS, dialect_named
 from .scalars import state_to_scalars
 from .strategy import stage_strategy
 
@@ -44,18 +44,17 @@ class Writer:
                  qkv_bias_layout: str | None = None, dp: int | None = None, only=None):
         """`only`: the (tp, pp) ranks (`units`; each with its ep ranks' files) to write, for a conversion split
         over processes (`interop.workers`); None: all of them."""
-        dialect = dialect or "mindspeed"
-        if dialect not in DIALECTS:
-            raise InteropError(f"unknown MindSpore dialect {dialect!r} (known: {', '.join(DIALECTS)})")
-        if dialect != "mindspeed" and layout.vpp > 1:
-            raise InteropError("MindFormers checkpoints are written without virtual pipeline chunks: use --vpp 1")
-        if dialect != "mindformers" and qkv_concat:
-            raise InteropError("--qkv-concat applies to --dialect mindformers only")
+        dialect = dialect_named(dialect or "mindspeed")
+        if not dialect.virtual_chunks and layout.vpp > 1:
+            raise InteropError(f"{dialect.title} checkpoints are written without virtual pipeline chunks: use --vpp 1")
+        if not dialect.fuses_qkv and qkv_concat:
+            raise InteropError(f"--qkv-concat applies to --dialect {_those(lambda d: d.fuses_qkv)} only")
         if not qkv_concat and (qkv_layout or qkv_bias_layout):
             raise InteropError("--qkv-layout / --qkv-bias-layout describe the written w_qkv (--qkv-concat); "
                                "a MindSpore source's layout is --src-qkv-layout / --src-qkv-bias-layout")
-        if dialect != "mindspeed" and dp is not None:
-            raise InteropError("--dp numbers MindSpeed rank folders: it applies to --dialect mindspeed only")
+        if not dialect.dp_folders and dp is not None:
+            raise InteropError(f"--dp numbers MindSpeed rank folders: it applies to --dialect "
+                               f"{_those(lambda d: d.dp_folders)} only")
         if dp is not None and dp < 1:
             raise InteropError(f"--dp must be >= 1, got {dp}")
         qkv_layout = qkv_layout or "grouped"
@@ -63,9 +62,9 @@ class Writer:
             raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
                                "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
         spec.check_tp(layout.tp)
-        check_layout(spec, dialect, layout.tp)
-        if layout.ep > 1 and dialect != "mindspeed":
-            raise InteropError(f"MindFormers MoE output is written at --ep 1 (all experts in each rank file; its "
+        dialect.check_layout(spec, layout.tp)
+        if layout.ep > 1 and not dialect.expert_parallel:
+            raise InteropError(f"{dialect.title} MoE output is written at --ep 1 (all experts in each rank file; its "
                                f"strategy places them), not --ep {layout.ep}")
         if layout.ep > 1 and (dp or layout.ep) % layout.ep:
             raise InteropError(f"--dp {dp} is no multiple of --ep {layout.ep}: MindSpeed's expert-parallel ranks "
@@ -74,28 +73,18 @@ class Writer:
         self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or layout.ep
         self.qkv_layout = qkv_layout if qkv_concat else None
         self.qkv_bias_layout = qkv_bias_layout if qkv_concat else None
-        self.rows = ms_rows(spec, dialect, qkv_concat, qkv_layout, qkv_bias_layout)
+        self.rows = dialect.rows(spec, qkv_concat, qkv_layout, qkv_bias_layout)
         self.index = param_index(spec)
-        self.row_of = {p: row for row in self.rows for p in row[2]}
-        self.first_part = {name: parts[0] for name, _, parts in self.rows}
+        self.row_of = {p: row for row in self.rows for p in row.parts}
+        self.first_part = {row.key: row.parts[0] for row in self.rows}
         # LayerNorm / position-embedding tensors also under convert_pt2ckpt.py's names, which its reverse
         # convert_ckpt2pt.py reads (MindSpeed's loader skips unknown names with a warning); a few KB.
-        self.copies = converter_names(self.rows, spec, dialect)
-        self.prefixes = OPTIM_PREFIXES[dialect]
+        self.copies = dialect.converter_names(self.rows, spec)
+        self.prefixes = dialect.moments
         self.metas = metas
-        self.notes: list[str] = []
-        # Mixed precision: the optimizer's fp32 masters are the weights MindSpeed trains from, and what
-        # convert_pt2ckpt.py writes as the weights (its `param`, cast to float32).
         self.masters = any(m.name.startswith(MASTER_PREFIX) for m in metas)
-        if dialect == "mindspeed" and spec.dtype != "float32" and not self.masters:
-            self.notes.append(f"weights written in {spec.dtype}; MindSpeed's convert_pt2ckpt.py writes float32 "
-                              "(pass --dtype fp32 for the same)")
-        if self.masters:
-            self.notes.append("weights written from the optimizer's fp32 master copies, as MindSpeed's converter "
-                              "does (the low-precision model weights are their rounding)" if dialect == "mindspeed"
-                              else "dropped the optimizer's fp32 master copies (MindFormers keeps none); "
-                                   "the model weights are written")
-        self.pending: dict[str, dict] = {}
+        self.notes: list[str] = dialect.weight_notes(spec, self.masters)
+        self.pending = RowCollector()
         # {(tp rank, stage, expert-parallel rank): its file}; ep ranks are the first data-parallel ranks
         self.files: dict[tuple[int, int, int], CkptWriter] = {}
         self.units = layout.ranks()
@@ -109,9 +98,7 @@ class Writer:
                 self.files[(t, p, d)] = CkptWriter(path)
 
     def _path(self, t: int, p: int, d: int) -> Path:
-        if self.dialect == "mindspeed":
-            return mindspeed_file(self.root, t, p, self.layout.tp, self.dp, d)
-        return mindformers_file(self.root, t, p, self.layout.tp, self.layout.pp)
+        return self.dialect.file(self.root, t, p, self.layout, self.dp, d)
 
     def _targets(self, param, ms_name: str) -> list[tuple[int, str]]:
         """[(ep rank, name)] a tensor goes to: every ep rank, or an expert's own with its local number
@@ -131,15 +118,14 @@ class Writer:
     def wants(self, name: str) -> bool:
         """Whether `write(name)` would put anything into this writer's files."""
         if name.startswith(MASTER_PREFIX):
-            if self.dialect != "mindspeed":
+            if not self.dialect.masters_as_weights:
                 return False
             name = name[len(MASTER_PREFIX):]
-        elif self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
+        elif self.masters and self.dialect.masters_as_weights and not name.startswith("optim."):
             return False
         canonical = self._split(name)[1]
         stages = {self.layout.stage_of(self.index[canonical])}
-        if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
-                and self.spec.tied_embeddings and self.layout.pp > 1):
+        if self._tied_head_copied(canonical):
             stages.add(self.layout.pp - 1)
         return any((t, p) in self.owned for t in range(self.layout.tp) for p in stages)
 
@@ -148,25 +134,28 @@ class Writer:
         if name is None:
             return
         native_prefix, canonical = self._split(name)
-        ms_name, transform, parts = self.row_of[canonical]
-        got = self.pending.setdefault(native_prefix + ms_name, {})
-        got[canonical] = tensor
-        if len(got) < len(parts):
+        row = self.row_of[canonical]
+        ms_name, transform, parts = row.key, row.transform, row.parts
+        tensors = self.pending.add(native_prefix + ms_name, parts, canonical, tensor)
+        if tensors is None:
             return
-        del self.pending[native_prefix + ms_name]
-        self._emit(native_prefix + ms_name, transform, [got[p] for p in parts])
-        if (self.dialect == "mindspeed" and canonical == "embed.word.weight"
-                and self.spec.tied_embeddings and self.layout.pp > 1):
+        self._emit(native_prefix + ms_name, transform, tensors)
+        if self._tied_head_copied(canonical):
             # the last stage's output_layer is the tied embedding's copy (its moments too); Megatron's name
             # for it as well, which convert_pt2ckpt.py passes through and convert_ckpt2pt.py reads back
-            for head in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD):
-                self._emit(native_prefix + head, transform, [got[canonical]], stage=self.layout.pp - 1)
+            for head in self.dialect.tied_heads:
+                self._emit(native_prefix + head, transform, tensors, stage=self.layout.pp - 1)
+
+    def _tied_head_copied(self, canonical: str) -> bool:
+        """Whether the last stage also stores `canonical` as the tied head's copy (the dialect's `tied_heads`)."""
+        return (self.dialect.writes_tied_head and canonical == "embed.word.weight" and self.spec.tied_embeddings
+                and self.layout.pp > 1)
 
     def _weight_name(self, name: str) -> str | None:
         """The name `write` files `name` under (a master copy under its weight's), or None when it drops it."""
         if name.startswith(MASTER_PREFIX):
-            return name[len(MASTER_PREFIX):] if self.dialect == "mindspeed" else None
-        if self.masters and self.dialect == "mindspeed" and not name.startswith("optim."):
+            return name[len(MASTER_PREFIX):] if self.dialect.masters_as_weights else None
+        if self.masters and self.dialect.masters_as_weights and not name.startswith("optim."):
             return None  # the master copy stands for it
         return name
 
@@ -179,13 +168,14 @@ class Writer:
         canonical = self._split(name)[1]
         row = self.row_of.get(canonical)
         prefix = name[:len(name) - len(canonical)]
-        return (row is not None and row[1] == transform and [prefix + p for p in row[2]] ==
+        return (row is not None and row.transform == transform and [prefix + p for p in row.parts] ==
                 [self._weight_name(n) for n in names])
 
     def write_fused(self, names: list[str], fused: torch.Tensor) -> None:
         """One row's whole stored tensor, re-sliced for each TP rank (`Transform.rank_from_fused`)."""
         native_prefix, canonical = self._split(self._weight_name(names[0]))
-        ms_name, transform, _ = self.row_of[canonical]
+        row = self.row_of[canonical]
+        ms_name, transform = row.key, row.transform
         self._emit(native_prefix + ms_name, transform, rank_of=lambda t, tp: transform.rank_from_fused(fused, t, tp))
 
     def _emit(self, ms_name: str, transform, parts: list[torch.Tensor] | None = None, stage: int | None = None,
@@ -227,16 +217,15 @@ class Writer:
     def _canonical_of(self, ms_name: str) -> str:
         """The first canonical part of a MindSpore name (moment prefixes and the tied head included)."""
         ms_name = self._native_split(ms_name)[1]
-        if ms_name in (MINDSPEED_TIED_HEAD, MEGATRON_TIED_HEAD) and ms_name not in self.first_part:
+        if ms_name in self.dialect.tied_heads and ms_name not in self.first_part:
             return "embed.word.weight"
         return self.first_part[ms_name]
 
     def finish_units(self, state: dict | None = None) -> dict:
         """Close this writer's rank files (MindSpeed's: after the step/epoch/optimizer scalars)."""
         state = dict(state or {})
-        if self.pending:
-            raise InteropError(f"{self.root}: fused tensors left incomplete: {sorted(self.pending)[:3]}")
-        if self.dialect == "mindspeed":
+        self.pending.check_done(f"{self.root}: ")
+        if self.dialect.scalars:
             scalars, notes = state_to_scalars(state)
             self.notes += [n for n in notes if n not in self.notes]
             for writer in self.files.values():
@@ -253,27 +242,27 @@ class Writer:
         """The files describing all ranks (pt_meta/, MindFormers' strategy files, interop's sidecar), and copies
         of expert-parallel ranks' files, once every rank file is closed."""
         state = dict(state or {})
-        if self.dialect == "mindspeed":
-            # the scalars' notes (a writer split over processes wrote none itself)
+        if self.dialect.scalars:  # the scalars' notes (a writer split over processes wrote none itself)
             self.notes += [n for n in state_to_scalars(state)[1] if n not in self.notes]
+        if self.dialect.pt_meta:
             if self.spec.is_moe:
                 self.notes.append("pt_meta/ not written: MindSpeed's convert_ckpt2pt.py (r0.1.0) converts no "
                                   "MoE model back")
             else:
                 self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
         self._copy_for_other_dp_ranks()
-        if self.dialect != "mindspeed" and self.layout.tp * self.layout.pp > 1:
+        if self.dialect.strategy and self.layout.tp * self.layout.pp > 1:
             (self.root / "strategy").mkdir()
             for p in range(self.layout.pp):
                 strategy = stage_strategy(self.spec, self.layout, self.rows, p)
                 (self.root / "strategy" / f"strategy_stage{p}.json").write_text(json.dumps(strategy, indent=1))
-        if self.dialect == "mindformers-mcore":
-            self.notes.append(MCORE_LAYOUT_NOTE)
+        if self.dialect.layout_note:
+            self.notes.append(self.dialect.layout_note)
         if self.qkv_concat:
             self.notes.append(f"w_qkv / w_gate_hidden written {self.qkv_layout} "
                               f"({'MindFormers r1.3' if self.qkv_layout == 'plain' else 'MindFormers r1.5 and later'}"
                               f"{', biases ' + self.qkv_bias_layout if self.qkv_bias_layout else ''})")
-        sidecar = {"format": FORMAT, "dialect": self.dialect, "qkv_concat": self.qkv_concat,
+        sidecar = {"format": FORMAT, "dialect": self.dialect.name, "qkv_concat": self.qkv_concat,
                    "qkv_layout": self.qkv_layout, "qkv_bias_layout": self.qkv_bias_layout, "dp": self.dp,
                    "spec": self.spec.to_dict(), "layout": self.layout.to_dict(), "state": state}
         (self.root / SIDECAR).write_text(json.dumps(sidecar, indent=1) + "\n")
@@ -281,3 +270,8 @@ class Writer:
     def abort(self) -> None:
         for writer in self.files.values():
             writer.abort()
+
+
+def _those(has) -> str:
+    """The names of the dialects with a capability, for a refusal."""
+    return ", ".join(d.name for d in DIALECTS.values() if has(d))

@@ -34,7 +34,6 @@ import pathlib
 import pickle
 import re
 import tempfile
-import struct
 import uuid
 import zipfile
 from pathlib import Path
@@ -61,6 +60,7 @@ from .paths import inside
 from .safe_pickle import safe_torch_load
 from .torch_file import _BATCH, _CRC_THREAD, _crc_views, append_tensor
 from .writeback import Writeback
+from .zip_records import BadLocalHeader, zip_records
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -264,20 +264,17 @@ class _Reader:
             nbytes = meta.numel() * item
             view.seek(0)
             with zipfile.ZipFile(view) as z:
-                for record in z.infolist():
-                    head = os.pread(fd, 30, info.offset + record.header_offset)
-                    if len(head) != 30 or head[:4] != b"PK\x03\x04":
-                        raise InteropError(f"{file}: the chunk of {index.fqn} at {list(index.offset)} is not a "
-                                           "readable torch.save zip (bad local header)")
-                    name_len, extra_len = struct.unpack("<HH", head[26:30])
-                    data = record.header_offset + 30 + name_len + extra_len
-                    if data <= start < data + record.file_size:
-                        if record.compress_type != zipfile.ZIP_STORED or start + nbytes > data + record.file_size \
-                                or data + record.file_size > info.length:
+                for record in zip_records(z, fd, info.offset):
+                    data = record.offset
+                    if data <= start < data + record.size:
+                        if not record.stored or start + nbytes > data + record.size or data + record.size > info.length:
                             return None
-                        whole = start == data and nbytes == record.file_size
-                        return _Span(file, info.offset + start, nbytes, record.CRC if whole else 0)
+                        whole = start == data and nbytes == record.size
+                        return _Span(file, info.offset + start, nbytes, record.crc if whole else 0)
             return None
+        except BadLocalHeader:
+            raise InteropError(f"{file}: the chunk of {index.fqn} at {list(index.offset)} is not a "
+                               "readable torch.save zip (bad local header)") from None
         finally:
             os.close(fd)
 

@@ -31,6 +31,7 @@ from ..errors import InteropError
 from . import background
 from .safe_pickle import load_pickle, safe_torch_load
 from .writeback import Writeback
+from .zip_records import zip_records
 from .zipfile_writer import ALIGNMENT, ZipWriter
 
 STORAGE_TYPES = {
@@ -61,15 +62,9 @@ def _records(path: Path) -> tuple[dict[int, _Record], bool]:
     try:
         with zipfile.ZipFile(path) as z, open(path, "rb", buffering=0) as f:
             by_offset, compressed = {}, False
-            for info in z.infolist():
-                head = os.pread(f.fileno(), 30, info.header_offset)
-                if len(head) != 30 or head[:4] != b"PK\x03\x04":
-                    raise zipfile.BadZipFile(f"bad local header for {info.filename}")
-                name_len, extra_len = struct.unpack("<HH", head[26:30])
-                start = info.header_offset + 30 + name_len + extra_len
-                if info.compress_type != zipfile.ZIP_STORED:
-                    compressed = True
-                by_offset[start] = _Record(info.filename, info.file_size, info.CRC)
+            for record in zip_records(z, f.fileno()):
+                compressed = compressed or not record.stored
+                by_offset[record.offset] = _Record(record.name, record.size, record.crc)
     except (OSError, zipfile.BadZipFile, ValueError, struct.error) as exc:
         raise InteropError(f"{path}: not a readable zip file ({exc})") from None
     return by_offset, compressed

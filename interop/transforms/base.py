@@ -38,7 +38,7 @@ class Transform:
 
     reads_back = True  # False for a stored copy that is written but never read (a tied head's copy)
     keeps_rows = True  # False when a rank's stored rows are not whole rows of the whole stored tensor (Transpose...)
-    every_expert = False  # True when one stored tensor holds a tensor of every expert (Stack)
+    every_expert = False  # True when one stored tensor holds a tensor of every expert (of its EP rank): Stack
     unchanged = False  # True when the stored tensor IS the one canonical tensor at tp 1 (its bytes copy as they are)
 
     def __init__(self, shapes, axis: int | None):

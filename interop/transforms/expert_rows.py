@@ -17,8 +17,6 @@ class ExpertRows(GroupedExperts):
     tensor (tp 1) is stored; `every_expert`: the row lists every expert's parts, expert by expert.
     """
 
-    every_expert = True
-
     def rank_shape(self, t=0, tp=1):
         if self.axis == 1:
             return super().rank_shape(t, tp)

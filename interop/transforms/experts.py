@@ -21,6 +21,7 @@ class GroupedExperts(Transform):
     """
 
     keeps_rows = False  # transposed: a stored row gathers a column of each part
+    every_expert = True  # a row lists the parts of each of its expert-parallel rank's experts, expert by expert
     def __init__(self, shapes, axis, experts: int):
         if axis not in (0, 1) or len(shapes) % experts:
             raise ValueError(f"GroupedExperts: {len(shapes)} parts split on axis {axis} for {experts} experts")

@@ -1,0 +1,95 @@
+"""A Megatron `torch` checkpoint's model description and layout: the args (its own, or `--model-config`),
+the ModelSpec they make with the padded vocabulary the embedding holds, and the pipeline layout the rank files'
+layers give."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ...errors import InteropError
+from ...layout import ParallelLayout
+from ...mappings import megatron_args as M
+from ...mappings.megatron_names import TABLES
+from ...mappings.megatron_spec import spec_from_args
+from ...model_config import megatron_args_from_file
+from ...spec import ModelSpec
+from ...tensors import NAME_OF_DTYPE
+from .args import check_model_config, explicit_args
+from .model_state import ModelState
+from .rank_files import RankFiles
+
+LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[str]) -> dict:
+    """The model's complete Megatron args: from `--model-config`, else from the args the files carry."""
+    if model_config is not None:
+        notes.append(f"model description taken from {model_config}")
+        full = megatron_args_from_file(model_config)
+        check_model_config(stored, full, model_config, ranks.files[(0, 0)].path)
+        # the layout and the padded vocab are facts of the files, not of the model description
+        # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
+        full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),
+                    tensor_model_parallel_size=ranks.tp, pipeline_model_parallel_size=ranks.pp,
+                    padded_vocab_size=(stored or {}).get("padded_vocab_size"))
+        return full
+    where = ranks.files[(0, 0)].path
+    if not stored or not stored.get("num_layers"):
+        raise InteropError(f"{where}: the checkpoint carries no model description (no args); "
+                           "pass --model-config (a HF config.json, a Megatron args file or a MindSpeed YAML)")
+    explicit = explicit_args(stored)
+    if not stored.get("swiglu") and "bias_gelu_fusion" not in stored:
+        explicit["bias_gelu_fusion"] = False
+        if stored.get("add_bias_linear", True) and not stored.get("openai_gelu"):
+            notes.append("args do not say bias_gelu_fusion: assumed Megatron's exact (erf) GeLU")
+    return M.complete(explicit)
+
+
+def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str]) -> ModelSpec:
+    """The ModelSpec: the args, with the padded vocabulary the embedding's rows say."""
+    emb_key = TABLES[model.scheme][0][0]
+    rows = 0
+    for t in range(ranks.tp):
+        emb = model.state_dicts[(t, 0, 0)].get(emb_key)
+        if not isinstance(emb, torch.Tensor):
+            raise InteropError(f"{ranks.files[(t, 0)].path}: {emb_key} is missing")
+        rows += emb.shape[0]
+    padded = full.get("padded_vocab_size")
+    if padded and int(padded) != rows:
+        raise InteropError(f"{ranks.files[(0, 0)].path}: {emb_key} holds {rows} vocab rows over tp={ranks.tp}, "
+                           f"args say padded_vocab_size={padded}")
+    full = dict(full, padded_vocab_size=rows)
+    if not full.get("vocab_size"):
+        full["vocab_size"] = rows
+        notes.append(f"the true vocabulary size is not recorded (no vocab_size in args): keeping all {rows} rows")
+    dtype = NAME_OF_DTYPE.get(emb.dtype, "float32")
+    if full.get("untie_embeddings_and_output_weights") is None:
+        full["untie_embeddings_and_output_weights"] = False
+    return spec_from_args(full, str(ranks.files[(0, 0)].path), dtype)
+
+
+def layout_of(spec: ModelSpec, model: ModelState, ranks: RankFiles) -> ParallelLayout:
+    """The layout: the layers each stage's chunks hold (Megatron numbers them locally), the parallel sizes."""
+    vpp = len(model.chunks[0])
+    counts = {}
+    for p in range(ranks.pp):
+        for v in range(vpp):
+            layers = {int(m.group(1)) for k in model.state_dicts[(0, p, v)] if (m := LAYER_KEY.search(k))}
+            if layers and layers != set(range(len(layers))):
+                raise InteropError(f"{ranks.files[(0, p)].path}: layer numbers {sorted(layers)} are not 0..n-1 "
+                                   "(Megatron numbers layers locally per stage)")
+            counts[(p, v)] = len(layers)
+    total = sum(counts.values())
+    if total != spec.num_layers:
+        raise InteropError(f"{ranks.dir}: the rank files hold {total} layers, args say num_layers={spec.num_layers}")
+    stages, start = [[None] * vpp for _ in range(ranks.pp)], 0
+    for v in range(vpp):
+        for p in range(ranks.pp):
+            stages[p][v] = (start, start + counts[(p, v)])
+            start += counts[(p, v)]
+    layout = ParallelLayout(ranks.tp, ranks.pp, tuple(tuple(c) for c in stages), ranks.ep, ranks.etp)
+    spec.check_tp(ranks.tp)
+    if ranks.ep > 1:
+        spec.check_ep(ranks.ep)
+    return layout
