@@ -36,14 +36,15 @@ def progress_line(line: str) -> None:
 @click.option("--dst-model-config", type=click.Path(), help="Model description for a DST that carries none "
               "(e.g. MindSpeed rank_N/ files).")
 @click.option("--iteration", type=int, help="Megatron iteration of SRC to read (default: the tracker's).")
-@click.option("--tolerance", type=float, help="Largest allowed |logit difference| [1e-5 fp32, 1e-2 fp16, 5e-2 bf16].")
+@click.option("--tolerance", type=float, help="Largest allowed |logit difference| [1e-5; after a cast to fp16 1e-2, to bf16 5e-2].")
 @click.option("--reference-only", is_flag=True, help="Skip the checkpoints' own frameworks (transformers, "
               "mindspore, megatron-core); run the reference model only.")
 @user_errors
 def verify(src, dst, src_format, dst_format, model_config, dst_model_config, iteration, tolerance, reference_only):
-    """Prove DST holds the model SRC holds: one fixed batch through both, in the reference model and in
-    each checkpoint's own framework where installed.  Prints both losses and the largest logit
-    difference; exits 1 over the tolerance.
+    """Prove DST holds the model SRC holds: their weights compared tensor by tensor (bit-identical where the
+    dtype is the same), then one fixed batch through both, in the reference model and in each checkpoint's
+    own framework where installed.  Prints the losses and the largest logit difference (the stages, with
+    their times, on stderr); exits 1 when a weight differs or a difference is over the tolerance.
 
     \b
     Example:
