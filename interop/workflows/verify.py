@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..formats import detect_format
+from ..formats import detect_format, reader_of, writer_of
 from ..errors import InteropError
 
 # Largest allowed |logit difference| by the lowest precision among the two checkpoints.  fp32 runs
@@ -147,7 +147,7 @@ def compare_tensors(source, converted) -> TensorComparison:
     return result
 
 
-def estimate(spec, src, dst, frameworks: list[str]) -> tuple[float, float]:
+def estimate(spec, frameworks: list[str]) -> tuple[float, float]:
     """(seconds, bytes of memory at the peak) this verification should take, before the models run: two
     reference runs and one per framework in `frameworks` (formats), each loading the model in fp32 (see
     SECONDS_PER_FP32_GB_RUN) after its framework starts (FRAMEWORK_START_SECONDS).  The peak is the model in
@@ -181,16 +181,27 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
            **format_options) -> VerifyResult:
     """Run the fixed batch through `src` and `dst`; see the module docstring.  Reader options for the
     source (`model_config=`, `iteration=`) as keywords or in `options`; `dst_model_config` describes a
-    destination that carries no model description.  `log(line)` gets the estimate and a line per stage
-    as it ends (the CLI prints them on stderr)."""
+    destination that carries no model description.  `log(line)` gets the estimate (before anything is
+    converted or run) and a line per stage as it ends (the CLI prints them on stderr)."""
     import torch
-    from ..convert import convert
+    from ..convert import convert, split_options
     from ..store import StoreReader, is_store
     stages = _Stages(log or (lambda line: None))
     src_options = {k: v for k, v in {**(options or {}), **format_options}.items() if v is not None}
     src_format = src_format or detect_format(src)
     dst_format = dst_format or detect_format(dst)
     dst_options = {"model_config": dst_model_config} if dst_model_config else {}
+    reader_cls = reader_of(src_format)
+    reader = reader_cls(src, **split_options(reader_cls, writer_of("interop"), src_options, src_format, "interop")[0])
+    # ^ the model's size, for the estimate (headers only)
+    try:
+        first_spec = reader.source.spec
+    finally:
+        reader.close()
+    ran = [fmt for fmt in (src_format, dst_format) if frameworks and fmt in FRAMEWORK_NAMES]
+    seconds, peak = estimate(first_spec, ran)
+    stages.log(f"verify: {2 + len(ran)} runs of the model in fp32 ({_size(peak / 2)} each), one at a time; "
+               f"estimated {seconds:.0f} s, peak memory about {_size(peak)}")
     with tempfile.TemporaryDirectory(prefix="interop-verify-") as tmp:
         stores = {}
         for which, path, fmt, opts in (("source", src, src_format, src_options),
@@ -207,10 +218,6 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
             raise InteropError(f"{dst} describes another model than {src}: "
                                + _spec_difference(specs["source"], specs["converted"]))
         spec = specs["source"]
-        ran = [fmt for fmt in (src_format, dst_format) if frameworks and fmt in FRAMEWORK_NAMES]
-        seconds, peak = estimate(spec, src, dst, ran)
-        stages.log(f"verify: {2 + len(ran)} runs of the model in fp32 ({_size(peak / 2)} each), one at a time; "
-                   f"estimated {seconds:.0f} s, peak memory about {_size(peak)}")
         dtypes = {s.dtype for s in specs.values()}
         lowest = max(dtypes, key=lambda d: TOLERANCE[d])
         # No cast between the two: the weights are the same numbers, so only summation order separates the runs.

@@ -72,12 +72,13 @@ def test_stages_are_reported_as_they_end(hf_checkpoints, tmp_path):
     result = cli("verify", hf_checkpoints["llama"], tmp_path / "meg", "--reference-only")
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    estimate = [i for i, line in enumerate(lines) if line.startswith("verify: 2 runs of the model in fp32")]
-    assert estimate and "estimated" in lines[estimate[0]] and "peak memory about" in lines[estimate[0]]
-    stages = [line.strip().rsplit(": ", 1)[0] for line in lines[estimate[0] + 1:]]
-    assert stages == ["compared the weights tensor by tensor", "reference model, source", "reference model, converted"]
-    assert all(line.endswith(" s") for line in lines if line.startswith("  "))
-    assert "read the source (hf) into a common-format copy" in result.stderr
+    assert lines[0].startswith("verify: 2 runs of the model in fp32 (")  # first, before anything is read or run
+    assert "estimated" in lines[0] and "peak memory about" in lines[0]
+    stages = [line.strip().rsplit(": ", 1)[0] for line in lines[1:]]
+    assert stages == ["read the source (hf) into a common-format copy",
+                      "read the converted (megatron) into a common-format copy", "compared the weights tensor by tensor",
+                      "reference model, source", "reference model, converted"]
+    assert all(line.endswith(" s") for line in lines[1:])
     assert "verify:" not in result.stdout and "reference model, source (hf)" in result.stdout
 
 
