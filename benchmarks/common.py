@@ -113,8 +113,8 @@ import interop.workers
 if task.get("min_bytes_per_worker") is not None:
     interop.workers.MIN_BYTES_PER_WORKER = task["min_bytes_per_worker"]
 if task.get("per_tensor"):  # the engine's per-tensor path only: no fused row moved whole (before/after)
-    import interop.convert
-    interop.convert.fused_plan = lambda *args: {}
+    import interop.engine
+    interop.engine.fused_plan = lambda *args: {}
 
 def status(field):
     for line in open("/proc/self/status"):
@@ -154,7 +154,7 @@ def measured_copy(src: Path, dst: Path, warm: int) -> float:
 def measured_convert(warm: int, min_bytes_per_worker: int | None = None, per_tensor: bool = False, **kwargs) -> dict:
     """Run one conversion in a fresh interpreter: its seconds, peak RSS and the RSS before it began (and with
     `workers=`, each worker's peak RSS; `min_bytes_per_worker` overrides interop.workers' threshold;
-    `per_tensor`: with `interop.convert.fused_plan` emptied, every fused row split and rebuilt as before)."""
+    `per_tensor`: with `interop.engine.fused_plan` emptied, every fused row split and rebuilt as before)."""
     kwargs = {k: str(v) if isinstance(v, Path) else v for k, v in kwargs.items()}
     return _child({"copy": None, "convert": kwargs, "min_bytes_per_worker": min_bytes_per_worker,
                    "per_tensor": per_tensor}, warm, Path(kwargs["dst"]).parent)

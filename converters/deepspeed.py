@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
+from ..contract import BaseReader
 from ..errors import InteropError
 from ..io.safe_pickle import to_plain
 from ..io.torch_file import LazyTorchFile
 from ..layout import ParallelLayout
 from ..mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
-from ..params import base_param_name, param_index, param_table
+from ..params import TensorKey, base_param_name, param_index, param_table
 from ..spec import ModelSpec
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 
@@ -114,7 +115,7 @@ def spec_from_args(args: dict, where, dtype: str, has_bias: bool, has_position: 
         linear_bias=has_bias, dtype=dtype)
 
 
-class Reader:
+class Reader(BaseReader):
     """A DeepSpeed pipeline checkpoint with Megatron-DeepSpeed's GPTModelPipe layers."""
 
     def __init__(self, path):
@@ -376,7 +377,7 @@ class Reader:
             idx, key, _, _, _ = self.row_of[p.name]
             out.append(TensorMeta(p.name, self.files[(idx, 0)].obj[key].dtype, p.shape))
         for kind in self.moments:
-            out += [TensorMeta(f"optim.{kind}.{p.name}", torch.float32, p.shape) for p in param_table(self.spec)]
+            out += [TensorMeta(str(TensorKey(p.name, kind)), torch.float32, p.shape) for p in param_table(self.spec)]
         return out
 
     def _stored(self, kind: str, idx: int, key: str, t: int) -> torch.Tensor:

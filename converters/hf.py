@@ -17,13 +17,15 @@ import torch
 from ..errors import InteropError
 from ..io.paths import inside
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
+from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
-from ..params import OPTIM_PREFIXES, param_table
+from ..params import TensorKey, param_table
 from ..rows import Row, RowCollector, check_placed, expand
 from ..spec import ModelSpec
+from ..state import TrainingState
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ..transforms import Transform
 
@@ -147,7 +149,7 @@ class _BinFile:
         return self.tensors[key].clone()
 
 
-class Reader:
+class Reader(BaseReader):
     def __init__(self, path):
         root = Path(path)
         if not detect(root):
@@ -228,8 +230,10 @@ class Reader:
         self._cached.clear()
 
 
-class Writer:
+class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer")
+    splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
     @staticmethod
@@ -261,7 +265,7 @@ class Writer:
         position = {m.name: i for i, m in enumerate(metas)}
         rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row.parts))
         self.row_of, self.pending = {}, RowCollector()
-        self.dropped_optim = {m.name.split(".")[1] for m in metas if m.name.startswith(OPTIM_PREFIXES)}
+        self.dropped_optim = {key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
         for row in rows:
@@ -290,10 +294,10 @@ class Writer:
                 self.file_of[key] = name
 
     def wants(self, name: str) -> bool:
-        return not name.startswith(OPTIM_PREFIXES) and self.file_of[self.row_of[name][0]] in self.writers
+        return not TensorKey.parse(name).is_optim and self.file_of[self.row_of[name][0]] in self.writers
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if name.startswith(OPTIM_PREFIXES):  # HF checkpoints hold weights only (a note says so)
+        if TensorKey.parse(name).is_optim:  # HF checkpoints hold weights only (a note says so)
             return
         hf_key, transform, parts = self.row_of[name]
         tensors = self.pending.add(hf_key, parts, name, tensor)
@@ -303,7 +307,7 @@ class Writer:
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
         (a single-tensor row, not transposed); False when it must come through `write`."""
-        if name.startswith(OPTIM_PREFIXES):
+        if TensorKey.parse(name).is_optim:
             return True  # not kept: no need to read it
         hf_key, transform, _ = self.row_of[name]
         if not transform.unchanged:
@@ -311,9 +315,10 @@ class Writer:
         self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
         return True
 
-    def carry(self, carried: dict) -> None:
+    def carry(self, carried) -> bool:
         """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids."""
         self.carried = carried
+        return True
 
     def _model_files(self) -> dict:
         """{name in the output: file to copy} for the tokenizer and generation config."""
@@ -344,13 +349,12 @@ class Writer:
         (self.root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def _tokenizer_from_args(self, state: dict | None) -> None:
-        """No --tokenizer and none carried: a Megatron source's own `--tokenizer-model`, when that file
-        exists here, is what it was trained with; taken, and said so."""
+        """No --tokenizer and none carried: the source's own tokenizer file (`TrainingState.tokenizer_model`, a
+        Megatron `--tokenizer-model`), when that file exists here, is what it was trained with; taken, and said so."""
         if self.tokenizer is not None or set(self.carried.get("files", {})) & set(TOKENIZER_FILES):
             return
-        args = ((state or {}).get("megatron") or {}).get("args") or {}
-        named = args.get("tokenizer_model") if isinstance(args, dict) else None
-        if isinstance(named, str) and named and Path(named).is_file():
+        named = TrainingState.of(state).tokenizer_model
+        if named is not None and Path(named).is_file():
             self.tokenizer = Path(named)
             self.written_notes.append(f"tokenizer: {named}, the checkpoint's --tokenizer-model "
                                       "(--tokenizer overrides)")
@@ -384,12 +388,10 @@ class Writer:
         """Close this writer's shard files: {file: bytes}."""
         return {name: writer.close()[0] for name, writer in self.writers.items()}
 
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
-
-    def finish_global(self, state: dict | None, sizes: dict) -> None:
-        """config.json, the shard index, tokenizer and generation config: the files beside the weights."""
-        total = sum(sizes[name] for name in self.units)
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        """config.json, the shard index, tokenizer and generation config: the files beside the weights
+        (`results`: {shard file: bytes})."""
+        total = sum(results[name] for name in self.units)
         self._tokenizer_from_args(state)
         files = self._model_files()
         for name, path in files.items():

@@ -1,7 +1,6 @@
 """The common format as a conversion endpoint (the store itself lives in `interop.store`)."""
 from __future__ import annotations
 
-from ..spec import padded_to_tp
 from ..store import StoreReader, StoreWriter, is_store
 
 detect = is_store
@@ -16,4 +15,3 @@ class Reader(StoreReader):
 
 class Writer(StoreWriter):
     holds_moe = True  # routed experts stored by expert-parallel rank (interop.store)
-    padded_vocab = staticmethod(padded_to_tp)

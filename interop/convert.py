@@ -1,31 +1,27 @@
-"""The conversion engine: any reader -> canonical tensors -> any writer, one tensor (or one fused row) at a time.
+"""`convert`: one conversion from start to end, around the engine (`interop.engine`).
 
-Peak memory is one global tensor or fused row (plus the reader's and writer's view of it, and up
-to `io.background.LIMIT` bytes still being written on the helper thread), never the model.
-Resharding is the same operation: the writer cuts each global tensor into the target
-layout's shards.  A row that both sides store with an equal transform (a grouped QKV, a gated
-fc1) moves whole, re-sliced, never split and rebuilt (`fused_plan`; ARCHITECTURE.md, "Rows").
+It finds the formats, routes their options, checks the job, lays out the target, and runs the
+engine in this process or over workers (`interop.workers`), inside an atomic output directory.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
-import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import memory
 from . import workers as parallel
 from .atomic import atomic_directory, check_destination
+from .engine import Task, one_torch_thread, split_units, stream
 from .formats import detect_format, looks_like, reader_of, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
-from .params import base_param_name, param_index
+from .params import TensorKey, base_param_name, param_index
+from .progress import Progress
 from .tensors import DTYPE_NAMES, TensorMeta
 from .weights_on_disk import check_weights_on_disk
 
@@ -61,50 +57,8 @@ class Summary:
         return out
 
 
-class _Progress:
-    """One interface over what a caller may pass as `progress=`: an object with start(total)/update(n)
-    (the CLI's bar), a tqdm bar (update(n) and a settable .total), or a callable(done_bytes, total_bytes)."""
-
-    def __init__(self, target):
-        self.target, self.total, self.done = target, 0, 0
-
-    def start(self, total: int) -> None:
-        self.total = total
-        if hasattr(self.target, "start"):
-            self.target.start(total)
-        elif hasattr(self.target, "update"):  # tqdm: learn the total now, refresh the bar
-            self.target.total = total
-            if hasattr(self.target, "refresh"):
-                self.target.refresh()
-        else:
-            self.target(0, total)
-
-    def update(self, nbytes: int) -> None:
-        self.done += nbytes
-        if hasattr(self.target, "update"):
-            self.target.update(nbytes)
-        else:
-            self.target(self.done, self.total)
-
-
-def fit_vocab(tensor: torch.Tensor, rows: int, true_vocab: int, name: str, notes: list[str]) -> torch.Tensor:
-    """Pad with zero rows, or drop padding rows (reported when they held anything), to `rows`."""
-    have = tensor.shape[0]
-    if have < rows:
-        pad = torch.zeros((rows - have, *tensor.shape[1:]), dtype=tensor.dtype)
-        return torch.cat([tensor, pad])
-    if have > rows:
-        if rows < true_vocab:
-            raise InteropError(f"cannot fit {name} into {rows} rows: the vocabulary has {true_vocab} tokens")
-        if tensor[rows:].any():
-            notes.append(f"dropped {have - rows} padding rows of {name} (beyond the true vocab of {true_vocab})")
-        return tensor[:rows]
-    return tensor
-
-
 def _accepted(cls, options: dict) -> dict:
-    params = inspect.signature(cls.__init__).parameters
-    return {k: v for k, v in options.items() if k in params and k != "only"}  # `only`: the engine's (workers)
+    return {k: v for k, v in options.items() if k in cls.options}  # the keywords the class declares
 
 
 def split_options(reader_cls, writer_cls, options: dict, src_format: str, dst_format: str) -> tuple[dict, dict]:
@@ -125,18 +79,6 @@ def split_options(reader_cls, writer_cls, options: dict, src_format: str, dst_fo
     return reader_opts, writer_opts
 
 
-@contextlib.contextmanager
-def one_torch_thread():
-    """Conversion copies are memory-bound: torch's thread pool only adds spinning, which on a busy
-    2-core machine made strided copies 50x slower (measured).  The CRC thread has the other core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def without_gc_pauses(fn):
     """Run `fn` with Python's cyclic garbage collector off.  A full collection walks every object
     torch created on import, ~0.1 s each time (measured), and a conversion allocates enough to
@@ -153,103 +95,6 @@ def without_gc_pauses(fn):
     return wrapper
 
 
-def _passed_through(reader, writer, m_in: TensorMeta, m_out: TensorMeta) -> bool:
-    """Bytes that need no change go from file to file in the kernel (copy_file_range), when the reader can
-    name them as file ranges and the writer stores them as they are."""
-    if m_in.dtype != m_out.dtype or m_in.shape != m_out.shape:
-        return False
-    if not (hasattr(reader, "byte_ranges") and hasattr(writer, "write_ranges")):
-        return False
-    ranges = reader.byte_ranges(m_in.name)
-    return ranges is not None and writer.write_ranges(m_out.name, ranges)
-
-
-def _read_padded(reader, m_in: TensorMeta, m_out: TensorMeta) -> torch.Tensor | None:
-    """A vocab tensor that the target pads, read straight into its padded buffer when the reader can
-    (`read_into`): padding by concatenation would hold the model's largest tensor twice.  None otherwise."""
-    if m_out.shape[0] <= m_in.shape[0] or m_in.dtype != m_out.dtype or not hasattr(reader, "read_into"):
-        return None
-    out = memory.empty(m_out.shape, m_out.dtype)
-    if not reader.read_into(m_in.name, out[:m_in.shape[0]]):
-        return None
-    out[m_in.shape[0]:].zero_()
-    return out
-
-
-def fused_plan(reader, writer, metas_in, metas_out) -> dict[int, tuple]:
-    """The fused rows that move whole: {index of the row's last tensor: (transform, names, indices)}.
-
-    A row moves whole when the reader serves it fused (`reader.fused_row(name)` -> (transform, names))
-    and the writer stores the same names fused by an equal transform (`writer.accepts_fused(names,
-    transform)`): then the stored tensor is only re-sliced for the target's TP ranks
-    (`Transform.rank_from_fused`), never split into canonical tensors and fused again.  The row moves at
-    its last tensor's place, where the per-tensor path would have completed it (so files get their tensors
-    in the same order).  Rows that change shape (vocab padding) or mix dtypes take the per-tensor path."""
-    if not (hasattr(reader, "fused_row") and hasattr(writer, "accepts_fused")):
-        return {}
-    position = {m.name: i for i, m in enumerate(metas_in)}
-    plan, placed = {}, set()
-    for i, m in enumerate(metas_in):
-        if i in placed:
-            continue
-        found = reader.fused_row(m.name)
-        if found is None:
-            continue
-        transform, names = found
-        indices = [position.get(n) for n in names]
-        if (len(names) < 2 or None in indices or transform.fused_rows() is None
-                or len({metas_in[k].dtype for k in indices}) > 1 or len({metas_out[k].dtype for k in indices}) > 1
-                or any(metas_in[k].shape != metas_out[k].shape for k in indices)
-                or not writer.accepts_fused(names, transform)):
-            continue
-        plan[max(indices)] = (transform, names, indices)
-        placed.update(indices)
-    return plan
-
-
-def _move_fused(reader, writer, transform, names: list[str], dtype, src) -> None:
-    """One fused row from reader to writer as its whole stored tensor (cast to `dtype`)."""
-    tensor = reader.read_fused(names[0])
-    if tuple(tensor.shape) != transform.rank_shape():
-        raise InteropError(f"{src}: the tensor holding {names[0]} has shape {list(tensor.shape)}, "
-                           f"expected {list(transform.rank_shape())}")
-    writer.write_fused(names, tensor.to(dtype))
-
-
-def stream(reader, writer, metas_in, metas_out, index: dict, true_vocab: int, src, notes: list[str], progress=None,
-           wants=None) -> tuple[int, int]:
-    """Read each source tensor, fit and cast it, hand it to the writer; returns (tensors, bytes) written.
-    A fused row both sides store alike moves whole (`fused_plan`).
-    `wants(name)`, when given, says which tensors the writer needs (a worker's share): the others are
-    not read.  `progress.update(n)` gets every tensor's source bytes, read or not."""
-    tensors = nbytes = 0
-    plan = fused_plan(reader, writer, metas_in, metas_out)
-    in_plan = {k for _, _, indices in plan.values() for k in indices}
-    for i, (m_in, m_out) in enumerate(zip(metas_in, metas_out)):
-        if wants is None or wants(m_out.name):
-            if i in plan:
-                transform, names, _ = plan[i]
-                _move_fused(reader, writer, transform, names, m_out.dtype, src)
-            elif i in in_plan:
-                pass  # moves with its row, at the row's last tensor
-            elif not _passed_through(reader, writer, m_in, m_out):
-                vocab = index[base_param_name(m_in.name)].split == "vocab"
-                tensor = _read_padded(reader, m_in, m_out) if vocab else None
-                if tensor is None:
-                    tensor = reader.read(m_in.name)
-                    if tuple(tensor.shape) != m_in.shape:
-                        raise InteropError(f"{src}: {m_in.name} has shape {list(tensor.shape)}, "
-                                           f"expected {list(m_in.shape)}")
-                    if vocab:
-                        tensor = fit_vocab(tensor, m_out.shape[0], true_vocab, m_in.name, notes)
-                writer.write(m_out.name, tensor.to(m_out.dtype))
-            tensors += 1
-            nbytes += m_out.nbytes
-        if progress:
-            progress.update(m_in.nbytes)
-    return tensors, nbytes
-
-
 def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict, notes: list[str]):
     """The writer, and the unit sets of the workers (`interop.workers`); one part: convert in this process.
     With workers, this process's writer owns no unit: it writes only the files describing the whole.
@@ -262,7 +107,7 @@ def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple
 
     if requested == 1:
         return writer_cls(*args, **options), [None]
-    if not parallel.splittable(writer_cls):
+    if not writer_cls.splits:
         return one_process(None)
     if parallel.worker_count(requested, total, 2) < 2:
         return one_process(2)
@@ -270,7 +115,7 @@ def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple
     n = parallel.worker_count(requested, total, len(planner.units))
     if n < 2:
         return one_process(len(planner.units))
-    return planner, parallel.assign(list(planner.units), n)
+    return planner, split_units(list(planner.units), n)
 
 
 @without_gc_pauses
@@ -292,7 +137,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     """
     started = time.perf_counter()
     options = {**(options or {}), **format_options}
-    progress = _Progress(progress) if progress is not None else None
+    progress = Progress(progress) if progress is not None else None
     named_format = src_format is not None
     src_format = src_format or detect_format(src)
     if not Path(src).exists():
@@ -314,7 +159,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         spec.check_tp(tp)
         spec.check_ep(ep)
         spec.check_etp(tp if etp is None else etp, tp)
-        if spec.is_moe and not getattr(writer_cls, "holds_moe", False):
+        if spec.is_moe and not writer_cls.holds_moe:
             raise InteropError(f"a {dst_format} target cannot hold a mixture-of-experts model yet "
                                f"({spec.num_experts} experts): convert it --to hf or --to interop")
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
@@ -325,7 +170,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         metas_out = []
         for m in metas_in:
             param = index[base_param_name(m.name)]
-            cast = DTYPE_NAMES[out_dtype] if dtype != "keep" and not m.name.startswith("optim.") else m.dtype
+            cast = DTYPE_NAMES[out_dtype] if dtype != "keep" and not TensorKey.parse(m.name).is_optim else m.dtype
             metas_out.append(TensorMeta(m.name, cast, param.shape))
         if progress:
             progress.start(sum(m.nbytes for m in metas_in))
@@ -334,13 +179,10 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
         with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
             writer, parts = _writer_and_parts(writer_cls, workers, sum(m.nbytes for m in metas_in),
                                               (tmp, out_spec, layout, metas_out), writer_options, summary.notes)
-            task = dict(src=src, reader_cls=reader_cls, writer_cls=writer_cls, reader_options=reader_options,
-                        writer_options=writer_options, dst=tmp, spec=out_spec, layout=layout, metas_in=metas_in,
-                        metas_out=metas_out, true_vocab=spec.vocab)
-            carried = getattr(reader, "carried", None) or {}
-            if hasattr(writer, "carry"):
-                writer.carry(carried)  # e.g. an HF source's tokenizer and generation config
-            elif carried.get("files"):
+            task = Task(src, reader_cls, writer_cls, reader_options, writer_options, tmp, out_spec, layout,
+                        tuple(metas_in), tuple(metas_out), spec.vocab)
+            carried = reader.carried  # e.g. an HF source's tokenizer and generation config
+            if not writer.carry(carried) and carried.get("files"):
                 summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (--tokenizer SRC when "
                                      f"converting to hf)\na {dst_format} checkpoint holds weights and the model's "
                                      f"shape only; give --tokenizer {src} when converting it to hf")
@@ -351,13 +193,11 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                 else:
                     summary.tensors, summary.bytes = stream(reader, writer, metas_in, metas_out, index, spec.vocab,
                                                             src, summary.notes, progress)
-                    if hasattr(reader, "confirm"):
-                        reader.confirm()  # e.g. checksums verified in the background while we read
+                    reader.confirm()  # e.g. checksums verified in the background while we read
                     writer.finish(reader.source.state)
-                    summary.notes += getattr(writer, "notes", [])  # what the writer could not write, and why
+                    summary.notes += writer.notes  # what the writer could not write, and why
             except BaseException:
-                if hasattr(writer, "abort"):
-                    writer.abort()
+                writer.abort()
                 raise
     finally:
         reader.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .formats import detect_format, reader_of
 from .errors import InteropError
+from .params import TensorKey
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1}
 MANIFEST = "interop.json"  # the common store's manifest (interop.store.MANIFEST; not imported: it pulls torch)
@@ -44,7 +45,7 @@ class Description:
     @property
     def total(self) -> dict:
         return {"tensors": len(self.tensors), "bytes": sum(t.bytes for t in self.tensors),
-                "parameters": sum(_numel(t.shape) for t in self.tensors if not t.name.startswith("optim."))}
+                "parameters": sum(_numel(t.shape) for t in self.tensors if not TensorKey.parse(t.name).is_optim)}
 
     def training_state(self) -> dict:
         """The resumable state found, in a few words per item (iteration, optimizer, scheduler)."""
@@ -70,7 +71,7 @@ def training_summary(state: dict, tensors: list[TensorInfo]) -> dict:
         if isinstance(state.get(key), int):
             out["iteration"] = state[key]
             break
-    moments = sorted({t.name.split(".")[1] for t in tensors if t.name.startswith("optim.")})
+    moments = sorted({key.kind for key in map(TensorKey.parse, (t.name for t in tensors)) if key.is_optim})
     optim_state = state.get("optimizer") if isinstance(state.get("optimizer"), dict) else {}
     if moments:
         out["optimizer"] = ", ".join(moments)
@@ -82,9 +83,6 @@ def training_summary(state: dict, tensors: list[TensorInfo]) -> dict:
             out["scheduler"] = ", ".join(f"{k}={v}" for k, v in value.items() if isinstance(v, (int, float, str))) \
                 if isinstance(value, dict) else str(value)
             break
-    megatron = state.get("megatron") if isinstance(state.get("megatron"), dict) else {}
-    if "iteration" not in out and isinstance(megatron.get("iteration"), int):
-        out["iteration"] = megatron["iteration"]
     return out
 
 
@@ -104,9 +102,8 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
     try:
         from .tensors import NAME_OF_DTYPE
         source = reader.source
-        namer = _namer(reader, source) if native else None
         tensors = [TensorInfo(m.name, list(m.shape), NAME_OF_DTYPE.get(m.dtype, str(m.dtype)), m.nbytes,
-                              namer(m.name) if namer else None) for m in reader.metas()]
+                              reader.native_name(m.name) if native else None) for m in reader.metas()]
     finally:
         reader.close()
     info = Description(str(path), fmt, source.spec.to_dict(), state=source.state, notes=list(source.notes),
@@ -115,33 +112,9 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
         info.tp, info.pp, info.vpp, info.layout = (source.layout.tp, source.layout.pp, source.layout.vpp,
                                                    source.layout.describe())
         info.ep = source.layout.ep
-    if native and namer is None:
+    if native and not any(t.native for t in tensors):
         info.notes.append(f"the {fmt} reader does not report native names")
     return info
-
-
-def _namer(reader, source):
-    """canonical name -> the name the checkpoint stores it under: the reader's own `native_name` when it has
-    one, else from its name table rows (Megatron `torch` rank files: a stage-local key; MindSpore: a global
-    name), with the part when the stored tensor is fused.  None when neither is known."""
-    if hasattr(reader, "native_name"):
-        return reader.native_name
-    rows = getattr(reader, "rows", None)
-    state = source.state.get("megatron") if isinstance(source.state.get("megatron"), dict) else {}
-    if not rows or state.get("format") == "torch_dist" or type(getattr(reader, "impl", reader)).__module__.endswith(
-            "torch_dist"):
-        return None
-    names = {}
-    for row in rows:
-        if hasattr(row, "stage"):  # Megatron: the key is local to its pipeline stage (and virtual chunk)
-            key, parts = row.key, row.parts
-            where = f"pp{row.stage}" + (f" chunk {row.chunk}" if source.layout and source.layout.vpp > 1 else "")
-            key = f"{key} ({where})"
-        else:
-            key, _, parts = row
-        for i, part in enumerate(parts):
-            names.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
-    return names.get
 
 
 def _describe_store(root: Path) -> Description:

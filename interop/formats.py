@@ -11,7 +11,8 @@ save also holds Megatron's tracker file; tests/formats/test_deepspeed.py holds i
 A format's own options (`--dialect`, `--tokenizer`, ...: keywords of its Reader / Writer) are
 declared by the format in a light module registered in the `interop.format_options` group
 (`OPTIONS`, a tuple of `FormatOption`); the CLI builds its flags from `options(command)` without
-importing any converter, and `interop.convert.split_options` routes the values by signature.
+importing any converter, and `interop.convert.split_options` routes the values by the keywords
+each Reader / Writer declares (`options`, `interop.contract`).
 """
 from __future__ import annotations
 

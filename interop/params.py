@@ -109,13 +109,52 @@ def param_index(spec: ModelSpec) -> dict[str, Param]:
     return {p.name: p for p in param_table(spec)}
 
 
-# Optimizer state rides along under prefixed names, with its parameter's shape and split.
-OPTIM_PREFIXES = ("optim.exp_avg.", "optim.exp_avg_sq.", "optim.fp32_param.")
+# Optimizer state rides along under prefixed names (`optim.<kind>.<parameter>`), with its parameter's shape
+# and split: Adam's two moments and the fp32 master copy of a low-precision weight.
+OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "fp32_param")
+MASTER = "fp32_param"
+OPTIM_PREFIXES = tuple(f"optim.{kind}." for kind in OPTIM_KINDS)
+
+
+@dataclass(frozen=True)
+class TensorKey:
+    """A canonical tensor's name as a type: the weight of parameter `param`, or one `kind` of optimizer
+    state of it (`str(key)` is the name: `layers.0.attn.q.weight`, `optim.exp_avg.layers.0.attn.q.weight`)."""
+
+    param: str
+    kind: str | None = None  # None: the weight; else one of OPTIM_KINDS
+
+    @classmethod
+    def parse(cls, name: str) -> "TensorKey":
+        if name.startswith("optim."):
+            kind, _, param = name[len("optim."):].partition(".")
+            if kind in OPTIM_KINDS:
+                return cls(param, kind)
+        return cls(name)
+
+    @property
+    def is_optim(self) -> bool:
+        """Optimizer state (a moment or the master copy), not the weight."""
+        return self.kind is not None
+
+    @property
+    def is_master(self) -> bool:
+        """The optimizer's fp32 master copy of the weight."""
+        return self.kind == MASTER
+
+    @property
+    def prefix(self) -> str:
+        """What the name adds to its parameter's: "" for the weight, `optim.<kind>.` for its state."""
+        return "" if self.kind is None else f"optim.{self.kind}."
+
+    def of(self, param: str) -> "TensorKey":
+        """The same kind of tensor of another parameter (a fused row's other parts)."""
+        return TensorKey(param, self.kind)
+
+    def __str__(self) -> str:
+        return self.prefix + self.param
 
 
 def base_param_name(name: str) -> str:
     """`optim.exp_avg.layers.0.attn.q.weight` -> `layers.0.attn.q.weight`."""
-    for prefix in OPTIM_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
+    return TensorKey.parse(name).param

@@ -24,15 +24,16 @@ from pathlib import Path
 
 import torch
 
+from .contract import BaseReader, BaseWriter
 from .errors import InteropError
 from .io.safetensors import SafetensorsFile, SafetensorsWriter, file_crc32
 from .io.paths import inside
 from .layout import ParallelLayout
 from .manifest import FORMAT, VERSION, check_files_exist, check_manifest
 from .memory import BufferPool
-from .params import base_param_name, param_index
+from .params import TensorKey, base_param_name, param_index
 from .shards import Box, assemble, shard_box
-from .spec import ModelSpec
+from .spec import ModelSpec, padded_to_tp
 from .tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
 
 MANIFEST = "interop.json"
@@ -50,7 +51,7 @@ def _dtype(name: str, where: str) -> torch.dtype:
         raise InteropError(f"{where}: unsupported dtype {name!r}") from None
 
 
-class StoreReader:
+class StoreReader(BaseReader):
     """Opens a common-format checkpoint; `read(name, box)` reads only the shards that overlap `box`.
 
     `verify`: True checks every file's CRC-32 before anything is read; "background" checks
@@ -187,7 +188,7 @@ def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]
             raise InteropError(f"tensor {meta.name!r} is not a parameter of this {spec.arch} model")
         if tuple(meta.shape) != param.shape:
             raise InteropError(f"tensor {meta.name!r} has shape {tuple(meta.shape)}, the model expects {param.shape}")
-        kind = "optim" if meta.name.startswith("optim.") else "model"
+        kind = "optim" if TensorKey.parse(meta.name).is_optim else "model"
         stage = layout.stage_of(param)
         ep_rank = layout.ep_rank_of(param, spec.num_experts) if layout.ep > 1 else None
         ranks = range(layout.tp) if param.axis is not None else [0]
@@ -200,11 +201,14 @@ def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]
     return placement, files
 
 
-class StoreWriter:
+class StoreWriter(BaseWriter):
     """Writes a common-format checkpoint at `layout`, taking one global tensor at a time.
 
     `only`: the files (`units`) this writer writes, for a conversion split over processes
     (`interop.workers`); None: all of them."""
+
+    splits = True
+    padded_vocab = staticmethod(padded_to_tp)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], only=None):
         spec.check_tp(layout.tp)
@@ -219,10 +223,11 @@ class StoreWriter:
                         for name, entries in sorted(files.items()) if only is None or name in only}
         self.carried: dict = {}
 
-    def carry(self, carried: dict) -> None:
+    def carry(self, carried) -> bool:
         """What the source holds besides weights (`Reader.carried`: files such as an HF tokenizer, and
         config values such as token ids): kept in `carried/` and the manifest for a later HF output."""
         self.carried = carried
+        return True
 
     def wants(self, name: str) -> bool:
         return any(fname in self.writers for fname, _ in self.placement[name])
@@ -240,9 +245,9 @@ class StoreWriter:
             files[name] = {"bytes": nbytes, "crc32": crc}
         return files
 
-    def finish_global(self, state: dict | None, files: dict) -> None:
-        """The carried files, then interop.json from every file's size and checksum."""
-        files = {name: files[name] for name in sorted(self.units)}
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        """The carried files, then interop.json from every file's size and checksum (`results`)."""
+        files = {name: results[name] for name in sorted(self.units)}
         names = sorted(self.carried.get("files", {}))
         if names:
             (self.root / CARRIED).mkdir()
@@ -253,9 +258,6 @@ class StoreWriter:
         carried = {"files": names, "config": dict(self.carried.get("config", {}))}
         write_manifest(self.root, self.spec, self.layout, self.metas, self.placement, files, state,
                        carried if names or carried["config"] else None)
-
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
 
     def abort(self) -> None:
         for writer in self.writers.values():

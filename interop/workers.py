@@ -1,12 +1,12 @@
 """`--workers N`: one conversion split over processes by target files.
 
-A writer that can be split names its target *units* (`writer.units`): the Megatron torch and
+A writer that can be split (`Writer.splits`) names its target *units* (`writer.units`): the Megatron torch and
 MindSpore rank files, the common store's rank files, HF's shard files, torch_dist's `.distcp`
 files (one per decoder layer), listed stage by stage.  Worker w of N owns the w-th of N runs of
-consecutive units (so a source tensor is read by as few workers as can be).  It opens the
-source itself (only names, shapes and options cross the process boundary, never a tensor; with
-`verify=False` where the reader takes it: the parent's reader made the checks that read every
-byte, such as a MindSpore file's crc, and holds no tensor itself),
+consecutive units (`engine.split_units`: a source tensor is read by as few workers as can be).  It
+gets one `engine.Task` and opens the source itself (only names, shapes and options cross the
+process boundary, never a tensor; with `Reader.options_for_worker`: the parent's reader made the
+checks that read every byte, such as a MindSpore file's crc, and holds no tensor itself),
 streams the canonical tensors in the usual order, reads only those its units need
 (`writer.wants(name)`), and finishes its units' files (`writer.finish_units(state)`, which returns
 what the files describing the whole checkpoint need: sizes, checksums, DCP storage entries).
@@ -21,13 +21,15 @@ at least `MIN_BYTES_PER_WORKER` of source.
 """
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import os
 import queue as queues
 import traceback
 
+from .engine import Task, one_torch_thread, stream
 from .errors import InteropError
+from .io.background import background_writes
+from .params import param_index
 
 # Below this much source per worker, a worker's start-up (fork server: ~0.1 s per fork after a one-time
 # ~1.5 s torch import; measured in tests/formats/test_workers.py's docstring) costs more than it saves.
@@ -67,18 +69,6 @@ def one_process_reason(requested: int, total_bytes: int, units: int | None, core
     return f"{wanted} core{'s' if wanted > 1 else ''} available"
 
 
-def splittable(writer_cls) -> bool:
-    """Whether the writer takes `only=` (a set of its units) and finishes in two halves."""
-    return "only" in inspect.signature(writer_cls.__init__).parameters and hasattr(writer_cls, "finish_global")
-
-
-def assign(units: list, n: int) -> list[frozenset]:
-    """n runs of consecutive units, as even as can be: writers list their units stage by stage (layer by
-    layer), so a worker's units share their source tensors and each source tensor is read by few workers."""
-    cuts = [len(units) * w // n for w in range(n + 1)]
-    return [frozenset(units[cuts[w]:cuts[w + 1]]) for w in range(n)]
-
-
 def merge_notes(lists) -> list[str]:
     """Every note once, in first-seen order (each worker repeats the notes all of them make)."""
     out: list[str] = []
@@ -87,29 +77,28 @@ def merge_notes(lists) -> list[str]:
     return out
 
 
-def convert_split(task: dict, parts: list[frozenset], reader, writer, progress, notes: list[str]) -> tuple[int, int]:
+def convert_split(task: Task, parts: list[frozenset], reader, writer, progress, notes: list[str]) -> tuple[int, int]:
     """The conversion engine's loop, split: one worker per part of the writer's units, then the describing
     files from the writer in this process (which owns no unit).  Appends the notes; returns (tensors, bytes)."""
-    total = sum(m.nbytes for m in task["metas_in"])
-    done = run([dict(task, worker=w, only=only) for w, only in enumerate(parts)], progress, total)
+    total = sum(m.nbytes for m in task.metas_in)
+    done = run([task.for_part(w, only) for w, only in enumerate(parts)], progress, total)
     notes += [n for n in merge_notes(d["notes"] for d in done) if n not in notes]
-    if hasattr(reader, "confirm"):
-        reader.confirm()  # this process's reader too (e.g. a background checksum)
+    reader.confirm()  # this process's reader too (e.g. a background checksum)
     writer.finish_global(reader.source.state, {k: v for d in done for k, v in d["results"].items()})
-    notes += merge_notes([*(d["writer_notes"] for d in done), getattr(writer, "notes", [])])
-    return len(task["metas_out"]), sum(m.nbytes for m in task["metas_out"])
+    notes += merge_notes([*(d["writer_notes"] for d in done), writer.notes])
+    return len(task.metas_out), sum(m.nbytes for m in task.metas_out)
 
 
 def _context():
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["interop.workers", "interop.convert"])
+        ctx.set_forkserver_preload(["interop.workers", "interop.engine"])
         return ctx
     return multiprocessing.get_context("spawn")
 
 
-def run(tasks: list[dict], progress=None, total: int = 0) -> list[dict]:
+def run(tasks: list[Task], progress=None, total: int = 0) -> list[dict]:
     """Run one `_work(task)` per task in its own process; returns each worker's result in task order.
 
     A worker that fails stops the others and raises here as it would have raised alone (an
@@ -213,39 +202,30 @@ class _Progress:
             self.pending = 0
 
 
-def _work(task: dict, messages) -> None:
+def _work(task: Task, messages) -> None:
     """One worker: open the source, stream the tensors its units need, finish its units' files."""
-    w = task["worker"]
+    w = task.part
     start_rss = _peak_rss("VmRSS")
     try:
-        from .convert import one_torch_thread, stream
-        from .io.background import background_writes
-        from .params import param_index
-        reader_options = dict(task["reader_options"])
-        if "verify" in inspect.signature(task["reader_cls"].__init__).parameters:
-            reader_options["verify"] = False  # the parent opened the source with its checks: not every byte again
-        reader = task["reader_cls"](task["src"], **reader_options)  # classes travel by name
+        reader = task.open_reader()  # classes travel by name
         try:
             with one_torch_thread(), background_writes():
-                writer = task["writer_cls"](task["dst"], task["spec"], task["layout"], task["metas_out"],
-                                            **task["writer_options"], only=task["only"])
+                writer = task.open_writer()
                 notes: list[str] = []
                 progress = _Progress(messages, w)
                 try:
-                    stream(reader, writer, task["metas_in"], task["metas_out"], param_index(task["spec"]),
-                           task["true_vocab"], task["src"], notes, progress, wants=writer.wants)
-                    if hasattr(reader, "confirm"):
-                        reader.confirm()
+                    stream(reader, writer, task.metas_in, task.metas_out, param_index(task.spec),
+                           task.true_vocab, task.src, notes, progress, wants=writer.wants)
+                    reader.confirm()
                     results = writer.finish_units(reader.source.state)
                 except BaseException:
-                    if hasattr(writer, "abort"):
-                        writer.abort()
+                    writer.abort()
                     raise
                 progress.flush()
         finally:
             reader.close()
         messages.put(("done", w, {"results": results, "notes": notes, "peak_rss": _peak_rss(),
-                                  "start_rss": start_rss, "writer_notes": list(getattr(writer, "notes", []))}))
+                                  "start_rss": start_rss, "writer_notes": list(writer.notes)}))
     except InteropError as exc:
         messages.put(("error", w, {"type": "interop", "message": str(exc)}))
     except OSError as exc:

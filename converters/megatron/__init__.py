@@ -4,13 +4,15 @@
 - `torch_dist` (PyTorch DCP + `common.pt` + `metadata.json`): `torch_dist.py`
 
 The Reader picks by what is on disk; the Writer by its `format` option (`--format`, default
-torch).  What both share: the name rows (`rows.py`), the stored args (`args.py`; their meaning as a
-ModelSpec is `mappings/megatron_spec.py`) and the tracker / iteration folders (`checkpoint.py`).
+torch); the classes they give subclass the contract's bases (`interop.contract`) directly.  What
+both share: the name rows (`rows.py`), the stored args (`args.py`; their meaning as a ModelSpec is
+`mappings/megatron_spec.py`) and the tracker / iteration folders (`checkpoint.py`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from . import torch_format
 from .args import padded_vocab as _padded_vocab
@@ -43,62 +45,35 @@ def _is_torch_dist(path, iteration: int | None) -> bool:
     return is_dist_dir(folder)
 
 
-class Reader:
-    """The torch_dist reader for a DCP iteration directory, the torch (rank files) reader otherwise."""
+class Reader(BaseReader):
+    """The format's reader: opening one gives the reader of the layout on disk, a `torch_dist.Reader` for a
+    DCP iteration directory, a `torch_format.Reader` otherwise (each subclasses `BaseReader` itself)."""
 
-    def __init__(self, path, iteration: int | None = None, model_config=None):
-        cls = _torch_dist().Reader if _is_torch_dist(path, iteration) else torch_format.Reader
-        self.impl = cls(path, iteration=iteration, model_config=model_config)
+    options = ("iteration", "model_config")
 
-    def __getattr__(self, name):  # source, spec, metas, read, close: the chosen reader's
-        return getattr(self.impl, name)
+    def __new__(cls, path, iteration: int | None = None, model_config=None):
+        picked = _torch_dist().Reader if _is_torch_dist(path, iteration) else torch_format.Reader
+        return picked(path, iteration=iteration, model_config=model_config)
 
 
-class Writer:
-    """Writes the `format` asked for (torch or torch_dist) through that layout's writer."""
+class Writer(BaseWriter):
+    """The format's writer: opening one gives the writer of the `format` asked for (`--format`, default
+    torch), a `torch_format.Writer` or a `torch_dist.Writer` (each subclasses `BaseWriter` itself)."""
 
-    padded_vocab = staticmethod(_padded_vocab)
+    options = ("format", "iteration", "distributed_optimizer", "dp")
+    splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
+    padded_vocab = staticmethod(_padded_vocab)
 
-    def __init__(self, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
-                 distributed_optimizer: bool | None = None, dp: int | None = None, only=None):
+    def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
+                distributed_optimizer: bool | None = None, dp: int | None = None, only=None):
         if (format or "torch") not in FORMATS:
             raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
         if dp is not None and (format == "torch_dist" or not distributed_optimizer):
             raise InteropError("--dp applies to Megatron output only with --distributed-optimizer --format torch "
                                "(distrib_optim.pt is laid out for one dp; torch_dist loads at any dp)")
         if format == "torch_dist":
-            self.impl = _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
-                                             distributed_optimizer=distributed_optimizer, only=only)
-        else:
-            self.impl = torch_format.Writer(root, spec, layout, metas, iteration=iteration,
-                                            distributed_optimizer=distributed_optimizer, dp=dp, only=only)
-        self.units = self.impl.units  # the files a conversion split over processes divides (`interop.workers`)
-
-    def write(self, name, tensor) -> None:
-        self.impl.write(name, tensor)
-
-    def wants(self, name) -> bool:
-        return self.impl.wants(name)
-
-    def accepts_fused(self, names, transform) -> bool:  # a fused row moved whole (interop.convert.fused_plan)
-        return self.impl.accepts_fused(names, transform)
-
-    def write_fused(self, names, fused) -> None:
-        self.impl.write_fused(names, fused)
-
-    def finish(self, state: dict | None = None) -> None:
-        self.impl.finish(state)
-
-    def finish_units(self, state: dict | None = None) -> dict:
-        return self.impl.finish_units(state)
-
-    def finish_global(self, state: dict | None, results: dict) -> None:
-        self.impl.finish_global(state, results)
-
-    def abort(self) -> None:
-        self.impl.abort()
-
-    @property
-    def notes(self) -> list[str]:
-        return list(getattr(self.impl, "notes", []))
+            return _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
+                                        distributed_optimizer=distributed_optimizer, only=only)
+        return torch_format.Writer(root, spec, layout, metas, iteration=iteration,
+                                   distributed_optimizer=distributed_optimizer, dp=dp, only=only)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io import megatron_dist as dist
 from ...io.safe_pickle import to_plain
@@ -132,7 +133,11 @@ def _rows(spec: ModelSpec, scheme: str, moe_norm_apart: bool = False):
     return expand_rows(scheme, spec, ParallelLayout.build(spec.num_layers), moe_norm_apart=moe_norm_apart)
 
 
-class Reader:
+class Reader(BaseReader):
+    """A Megatron checkpoint in the `torch_dist` format (PyTorch DCP, through `interop.io.megatron_dist`)."""
+
+    options = ("iteration", "model_config")
+
     def __init__(self, path, iteration: int | None = None, model_config=None):
         self.dir = dist.checkpoint_dir(path, iteration)
         self.ckpt = dist.DistCheckpoint(self.dir)
@@ -449,7 +454,7 @@ class Reader:
         fragments = getattr(self, "fragments", {}).get(key)
         return stored if fragments is None else _unflatten(stored, *fragments)
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused tensor holding `name`; None for a lone one, and for the
         distributed optimizer's buckets (flat, not laid out as the row)."""
@@ -502,9 +507,12 @@ def _extra_template(module: str) -> str:
     return ""
 
 
-class Writer:
+class Writer(BaseWriter):
     """Writes `save/iter_XXXXXXX/` in torch_dist, loadable by Megatron-LM at any tp/pp."""
 
+    options = ("iteration", "distributed_optimizer")
+    splits = True
+    holds_moe = True  # routed experts, router and shared experts, at any --ep
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
@@ -576,12 +584,10 @@ class Writer:
         self.pending.check_done()
         return self.out.close_files()
 
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
-
-    def finish_global(self, state: dict | None, storage: dict) -> None:
-        """`.metadata` (every file's chunks), the byte objects, common.pt, metadata.json; then the folder's name."""
-        self.out.add_storage({i: info for i, info in storage.items() if i not in self.out.storage})
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        """`.metadata` (every file's chunks, `results`: their DCP storage entries), the byte objects, common.pt,
+        metadata.json; then the folder's name."""
+        self.out.add_storage({i: info for i, info in results.items() if i not in self.out.storage})
         state = state or {}
         meg = state.get("megatron") or {}
         base = base_args(meg)

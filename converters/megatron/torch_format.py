@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.safe_pickle import to_plain
 from ...io.torch_file import TorchFileWriter
@@ -67,8 +68,10 @@ _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replac
 # ------------------------------------------------------------------------------------------------
 # Reading
 
-class Reader:
-    """A Megatron checkpoint (`torch` format, or `torch_dist` through `interop.io.megatron_dist`)."""
+class Reader(BaseReader):
+    """A Megatron checkpoint in the `torch` format (rank files)."""
+
+    options = ("iteration", "model_config")
 
     def __init__(self, path, iteration: int | None = None, model_config=None):
         self.root = Path(path)
@@ -114,6 +117,7 @@ class Reader:
         self._cache: OrderedDict = OrderedDict()
         self.memory = BufferPool()
         self.vocab_buffer = False
+        self._native: dict | None = None  # canonical name -> its key and stage, built on first ask
 
     # -- opening -------------------------------------------------------------------------------
     # -- the Reader contract -------------------------------------------------------------------
@@ -230,7 +234,7 @@ class Reader:
         self._read_row(dicts, files, row, [out])
         return True
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused Megatron tensor holding `name`; None for a lone one."""
         base = base_param_name(name)
@@ -261,6 +265,18 @@ class Reader:
             files[(t, row.stage)].read_into(stored[t], [(out, a * per_row, b * per_row) for a, b in ranges])
         return out
 
+    def native_name(self, name: str) -> str | None:
+        """The key holding `name` in its stage's rank files (a key is local to its pipeline stage and virtual
+        chunk), with the part when the stored tensor is fused."""
+        if self._native is None:
+            self._native = {}
+            for row in self.rows:
+                where = f"pp{row.stage}" + (f" chunk {row.chunk}" if self.layout.vpp > 1 else "")
+                key, parts = f"{row.key} ({where})", row.parts
+                for i, part in enumerate(parts):
+                    self._native.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
+        return self._native.get(name)
+
     def close(self) -> None:
         self._cache.clear()
 
@@ -268,9 +284,12 @@ class Reader:
 # ------------------------------------------------------------------------------------------------
 # Writing
 
-class Writer:
+class Writer(BaseWriter):
     """Writes a Megatron-LM `torch` checkpoint (megatron-core names) that Megatron can load."""
 
+    options = ("iteration", "distributed_optimizer", "dp")
+    splits = True
+    holds_moe = True  # routed experts, router and shared experts, at any --ep (EP rank folders)
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
@@ -399,7 +418,7 @@ class Writer:
                     target, buffer = self._distrib_file(t, r)
                     target.add("param", buffer, r.key, piece)
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def accepts_fused(self, names: list[str], transform) -> bool:
         """Whether `names` are one of our rows, in its order, stored by an equal transform."""
         base = base_param_name(names[0])
@@ -550,15 +569,12 @@ class Writer:
             out.abort()
             raise
 
-    def finish_global(self, state: dict | None, results: dict | None = None) -> None:
+    def finish_global(self, state: dict | None, results: dict) -> None:
         """Name the iteration folder and write the tracker, once every rank file is written."""
         _, iteration, _, notes = self._final(state or {})
         self.notes += notes
         self.dir.rename(self.root / iteration_name(iteration))
         write_tracker(self.root, iteration)
-
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
 
     @property
     def weight_dtype(self) -> torch.dtype:

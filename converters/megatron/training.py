@@ -127,6 +127,8 @@ def from_megatron(args: dict, scheduler, optimizer_step) -> dict:
             optimizer[key] = args[src]
     if len(optimizer) > 1:
         out["optimizer"] = optimizer
+    if isinstance(args.get("tokenizer_model"), str) and args["tokenizer_model"]:
+        out["tokenizer_model"] = args["tokenizer_model"]  # neutral (interop.state): an HF target takes the file
     return out
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ...contract import BaseReader
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile
 from ...io.small_files import read_json_object
@@ -68,8 +69,14 @@ def _runs(layers: list[int]) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in runs)
 
 
-class Reader:
+class Reader(BaseReader):
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
+
+    options = ("model_config", "qkv_layout", "qkv_bias_layout", "src_qkv_layout", "src_qkv_bias_layout")
+
+    @classmethod
+    def options_for_worker(cls, options: dict) -> dict:
+        return dict(options, verify=False)  # the parent checked every file's crc as it opened it
 
     def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
                  src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True):
@@ -184,6 +191,9 @@ class Reader:
                 notes.append("pt_meta's Megatron args and counters kept in the training state")
                 state.setdefault("megatron", {}).update(
                     {k: v for k, v in from_meta["megatron"].items() if k not in state["megatron"]})
+                named = (from_meta["megatron"].get("args") or {}).get("tokenizer_model")
+                if isinstance(named, str) and named and "tokenizer_model" not in state:
+                    state["tokenizer_model"] = named  # neutral (interop.state): an HF target takes the file
         self.source = Source(spec, layout, state=state, notes=notes)
 
     def _qkv_layouts(self, first: CkptFile, sidecar, qkv_layout, qkv_bias_layout, notes):
@@ -525,7 +535,7 @@ class Reader:
             at = b
         return ranges if at == target.numel() else None
 
-    # -- fused rows (interop.convert.fused_plan) ------------------------------------------------
+    # -- fused rows (interop.engine.fused_plan) ------------------------------------------------
     def fused_row(self, name: str):
         """(transform, canonical names) of the fused MindSpore tensor holding `name`; None for a lone one."""
         prefix = next((p for p in self.prefixes if name.startswith(p)), "")

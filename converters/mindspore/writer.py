@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ...contract import BaseWriter
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptWriter
 from ...layout import ParallelLayout
@@ -25,7 +26,7 @@ FORMAT = "mindspore"
 MASTER_PREFIX = "optim.fp32_param."
 
 
-class Writer:
+class Writer(BaseWriter):
     """Writes one dialect's files, a global canonical tensor at a time, cut into TP/PP shards.
 
     mindspeed: the layout MindSpeed-Core-MS training loads (`rank_{r}/network.ckpt`, the model's own
@@ -36,6 +37,8 @@ class Writer:
     `mindspore_model.json` (spec, layout, state) is an extra for interop; no reader needs it.
     """
 
+    options = ("dialect", "qkv_concat", "qkv_layout", "qkv_bias_layout", "dp")
+    splits = True
     holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
     padded_vocab = staticmethod(padded_to_tp)
 
@@ -161,7 +164,7 @@ class Writer:
 
     def accepts_fused(self, names: list[str], transform) -> bool:
         """Whether `names` are one of our rows, in its order, stored by an equal transform
-        (`interop.convert.fused_plan`: then the whole stored tensor comes to `write_fused`)."""
+        (`interop.engine.fused_plan`: then the whole stored tensor comes to `write_fused`)."""
         name = self._weight_name(names[0])
         if name is None:
             return False
@@ -235,10 +238,7 @@ class Writer:
             writer.close()
         return {}
 
-    def finish(self, state: dict | None = None) -> None:
-        self.finish_global(state, self.finish_units(state))
-
-    def finish_global(self, state: dict | None, results: dict | None = None) -> None:
+    def finish_global(self, state: dict | None, results: dict) -> None:
         """The files describing all ranks (pt_meta/, MindFormers' strategy files, interop's sidecar), and copies
         of expert-parallel ranks' files, once every rank file is closed."""
         state = dict(state or {})

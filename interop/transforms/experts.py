@@ -17,7 +17,7 @@ class GroupedExperts(Transform):
         [gate_j,t; up_j,t].T (f/tp columns each) and fc2 down_j's columns t*f/tp .. (t+1)*f/tp, transposed.
 
     A non-gated expert has one fc1 part (up) per expert.  Which experts a rank holds is the row's
-    (`converters/megatron/rows.py`): experts r*E_l .. (r+1)*E_l - 1 on EP rank r.
+    (`interop.rows.expand`: one row per expert-parallel rank): experts r*E_l .. (r+1)*E_l - 1 on EP rank r.
     """
 
     keeps_rows = False  # transposed: a stored row gathers a column of each part

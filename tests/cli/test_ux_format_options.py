@@ -27,7 +27,8 @@ FORMAT_FLAGS = ["--format", "--iteration", "--distributed-optimizer", "--no-dist
 
 
 def _keywords(cls) -> set:
-    return set(pyinspect.signature(cls.__init__).parameters) if cls is not None else set()
+    """The keywords opening `cls` takes (its __init__'s, or its __new__'s: Megatron's classes pick a layout's)."""
+    return set(pyinspect.signature(cls).parameters) if cls is not None else set()
 
 
 def test_every_declared_option_is_a_keyword_of_its_formats_reader_or_writer():

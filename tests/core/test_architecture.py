@@ -189,3 +189,106 @@ def test_class_names_are_not_reused(word):
     defined = [name for name, path in SOURCES.items()
                if re.search(rf"^class {word}\b", path.read_text(), re.M)]
     assert len(defined) <= 1, defined
+
+
+# ---------------------------------------------------------------- the format contract (issue 23)
+
+ENGINE = ("interop.engine", "interop.workers", "interop.convert")
+
+
+def _probes(path: Path) -> list[str]:
+    """`hasattr(...)`, `getattr(...)` and any use of `inspect` in a module: how code asks an object what it has."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr"):
+            found.append(f"{path.name}:{node.lineno} {node.func.id}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+            if "inspect" in names:
+                found.append(f"{path.name}:{node.lineno} import inspect")
+    return found
+
+
+def test_the_engine_calls_the_contract_and_never_probes():
+    """The engine learns what a reader or writer can do from `interop.contract`'s methods (every optional
+    capability has a no-op default), never by asking the object what it has."""
+    for name in ENGINE:
+        assert _probes(SOURCES[name]) == [], name
+
+
+def test_the_probe_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import inspect\ndef f(reader):\n    return hasattr(reader, 'x') or getattr(reader, 'y', 0)\n")
+    assert len(_probes(probe)) == 3
+
+
+def test_the_engine_has_no_import_cycle():
+    """convert drives the engine and the workers; the workers run the engine; the engine imports neither."""
+    assert not {"interop.convert", "interop.workers"} & _imports("interop.engine", SOURCES["interop.engine"])
+    assert "interop.convert" not in _imports("interop.workers", SOURCES["interop.workers"])
+
+
+def _opened_classes(module):
+    """The classes a format's Reader / Writer give: themselves, or for a format with several on-disk
+    layouts (Megatron: torch, torch_dist), each layout's."""
+    import importlib
+    found = [module.Reader] + ([module.Writer] if hasattr(module, "Writer") else [])
+    for sub in ("torch_format", "torch_dist"):
+        if module.__name__.endswith(".megatron"):
+            layout = importlib.import_module(f"{module.__name__}.{sub}")
+            found += [layout.Reader, layout.Writer]
+    return found
+
+
+def test_every_format_subclasses_the_contract():
+    """Every format's Reader and Writer (and the classes they open) subclass `BaseReader` / `BaseWriter`,
+    and each declares exactly the format keywords its constructor takes (`options`: how the engine routes
+    `--dialect`, `--tokenizer`, ... without reading signatures)."""
+    import inspect
+
+    from interop import formats
+    from interop.contract import BaseReader, BaseWriter
+    engine_keywords = {"self", "path", "root", "spec", "layout", "metas", "only", "verify"}
+    for name in formats.names():
+        for cls in _opened_classes(formats.converter(name)):
+            base = BaseReader if "Reader" in cls.__name__ else BaseWriter
+            assert issubclass(cls, base), cls
+            init = cls.__new__ if "__new__" in vars(cls) else cls.__init__
+            keywords = set(inspect.signature(init).parameters) - engine_keywords - {"cls"}
+            assert set(cls.options) == keywords, (cls, cls.options, keywords)
+
+
+def _extension_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, extension) for each `<...state...>["ext"]` / `<...state...>.get("ext")` of a format's state
+    extension (`interop.state.EXTENSIONS`) in a module."""
+    from interop.state import EXTENSIONS
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            base, key = node.value, node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault")
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            base, key = node.func.value, node.args[0].value
+        else:
+            continue
+        if key in EXTENSIONS and "state" in ast.unparse(base):
+            found.append((node.lineno, key))
+    return found
+
+
+def test_only_its_formats_read_a_state_extension():
+    """A format's training-state extension (`state["megatron"]`: Megatron-LM's args, scheduler and optimizer
+    groups) is read only by the formats `interop.state.EXTENSIONS` names; everything else reads the neutral
+    fields (`TrainingState`)."""
+    from interop.state import EXTENSIONS
+    for name, path in SOURCES.items():
+        owner = converter_of(name) if layer(name) == "converters" else None
+        for line, key in _extension_reads(path):
+            allowed = {f"interop.converters.{fmt}" for fmt in EXTENSIONS[key]}
+            assert owner in allowed, f"{name}:{line} reads the {key!r} state extension"
+
+
+def test_the_extension_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(state, source):\n    return state.get('megatron'), source.state['mindspeed'], x['megatron']\n")
+    assert [key for _, key in _extension_reads(probe)] == ["megatron", "mindspeed"]

@@ -1,4 +1,4 @@
-"""Fused rows moved whole (`interop.convert.fused_plan`): when the source and the target store a row with
+"""Fused rows moved whole (`interop.engine.fused_plan`): when the source and the target store a row with
 an equal transform (Megatron's and MindSpeed's grouped QKV and gated fc1 / mapping, MindFormers' grouped
 w_qkv), the engine hands the whole stored tensor to the writer, which re-slices it for its own TP ranks.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import interop.convert as engine
+import interop.engine as engine
 import interop.workers as parallel
 from interop.convert import convert
 from interop.transforms import GatedMLP, GroupedQKV, Transform

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 import interop.workers as parallel
+from interop.contract import BaseReader
+from interop.engine import Task, split_units
 from interop.convert import convert
 from interop.errors import InteropError
 from interop.io.megatron_dist import _MetadataUnpickler
@@ -135,8 +137,8 @@ def test_worker_count():
     assert parallel.worker_count(2, 100 * gib, 5) == 2
     with pytest.raises(InteropError, match="--workers"):
         parallel.worker_count(0, gib, 2)
-    assert parallel.assign(list(range(5)), 2) == [frozenset({0, 1}), frozenset({2, 3, 4})]
-    assert parallel.assign(list(range(4)), 4) == [frozenset({u}) for u in range(4)]
+    assert split_units(list(range(5)), 2) == [frozenset({0, 1}), frozenset({2, 3, 4})]
+    assert split_units(list(range(4)), 4) == [frozenset({u}) for u in range(4)]
 
 
 # --- torch_dist without torch.distributed.checkpoint (its import costs 1.5-2 s) ---------------------------
@@ -179,8 +181,10 @@ def test_torch_dist_conversions_do_not_import_dcp(sources, tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
-class _DiesAtOnce:
+class _DiesAtOnce(BaseReader):
     """A reader whose worker is killed (as the kernel's OOM killer would) before it says anything."""
+
+    metas = read = None  # never reached
 
     def __init__(self, *args, **kwargs):
         import os
@@ -190,4 +194,4 @@ class _DiesAtOnce:
 
 def test_a_killed_worker_is_an_error_naming_it():
     with pytest.raises(InteropError, match="worker 0 was killed by signal 9"):
-        parallel.run([dict(worker=0, reader_cls=_DiesAtOnce, src="unused", reader_options={})])
+        parallel.run([Task("unused", _DiesAtOnce, None, {}, {}, "unused", None, None, (), (), 0)])
