@@ -1,7 +1,8 @@
-"""The reader/writer contract every format speaks: canonical tensors, one at a time.
+"""What readers and writers exchange: a tensor's description (`TensorMeta`) and a source's (`Source`).
 
 A Reader announces its tensors (`metas`) before reading any, so a Writer can lay out
-its files up front; the conversion then moves one global tensor at a time.
+its files up front; the conversion then moves one global tensor at a time.  The methods
+each side speaks are `interop.contract`'s.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from interop.atomic import fsync_tree
 from interop.errors import InteropError
 from interop.io.safetensors import SafetensorsWriter
-from interop.params import base_param_name, param_index, param_table
+from interop.params import TensorKey, base_param_name, param_index, param_table
 from interop.shards import shard_box
 from interop.store import StoreReader, is_store, plan_shards, write_manifest
 from interop.tensors import TensorMeta
@@ -75,7 +75,7 @@ def load_weights(stage, reader: StoreReader, grid) -> None:
 
 
 def has_moments(reader: StoreReader) -> bool:
-    return any(name.startswith("optim.exp_avg.") for name in reader.manifest["tensors"])
+    return any(TensorKey.parse(name).kind == "exp_avg" for name in reader.manifest["tensors"])
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, stage, reader: StoreReader, grid, step: int) -> None:
@@ -85,20 +85,21 @@ def load_optimizer(optimizer: torch.optim.Optimizer, stage, reader: StoreReader,
         box = _box(spec, name, grid)
         state = {"step": torch.tensor(float(step))}
         for m in MOMENTS:
-            state[m] = reader.read(f"optim.{m}.{name}", box).to(device=p.device, dtype=p.dtype).clone()
+            state[m] = reader.read(str(TensorKey(name, m)), box).to(device=p.device, dtype=p.dtype).clone()
         optimizer.state[p] = state
 
 
 def _metas(spec, with_optim: bool) -> list[TensorMeta]:
     metas = [TensorMeta(p.name, torch.float32, p.shape) for p in param_table(spec)]
     if with_optim:
-        metas += [TensorMeta(f"optim.{m}.{meta.name}", torch.float32, meta.shape) for m in MOMENTS for meta in metas]
+        metas += [TensorMeta(str(TensorKey(meta.name, m)), torch.float32, meta.shape) for m in MOMENTS for meta in metas]
     return metas
 
 
 def _local_tensor(name: str, params: dict, optimizer) -> torch.Tensor:
-    if name.startswith("optim."):
-        _, moment, base = name.split(".", 2)
+    key = TensorKey.parse(name)
+    if key.is_optim:
+        moment, base = key.kind, key.param
         if base.endswith(".router.expert_bias"):  # a buffer AdamW never steps: its moments are 0
             return torch.zeros_like(params[base]).cpu()
         return optimizer.state[params[base]][moment].cpu()

@@ -39,7 +39,7 @@ from ...io.safe_pickle import to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import DIST_EXPERT_KEYS, EXTRA_STATE_MODULES, scheme_of
-from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...params import TensorKey, base_param_name, param_index, param_table
 from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -108,7 +108,8 @@ def optim_key(kind: str, key: str) -> str:
 
 def _prefix(name: str) -> str:
     """`optim.exp_avg.layers.0...` -> `optimizer.state.exp_avg.`; a weight's name -> ``."""
-    return f"optimizer.state.{name.split('.')[1]}." if name.startswith(OPTIM_PREFIXES) else ""
+    key = TensorKey.parse(name)
+    return f"optimizer.state.{key.kind}." if key.is_optim else ""
 
 
 def detect(path) -> bool:
@@ -344,7 +345,7 @@ class Reader(BaseReader):
 
     def _read_distributed(self, name: str) -> torch.Tensor:
         """Every tp rank's run of the parameter's bucket, joined into the canonical tensor."""
-        base, theirs = base_param_name(name), {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
+        base, theirs = base_param_name(name), {v: k for k, v in distrib.KINDS.items()}[TensorKey.parse(name).kind]
         row, j, where = self.dist_slots[base]
         if (theirs, row.parts) not in self._cache:
             shards = [self.ckpt.read_box(self.buckets[(m, v, slot.bucket, theirs)], [slot.start], [slot.numel])
@@ -356,7 +357,7 @@ class Reader(BaseReader):
 
     def metas(self) -> list[TensorMeta]:
         out = []
-        for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
+        for prefix in [""] + [TensorKey("", k).prefix for k in self.kinds]:
             for p in param_table(self.spec):
                 if prefix and self.buckets is not None:
                     out.append(TensorMeta(prefix + p.name, self.ckpt.meta(next(iter(self.buckets.values())))[0],
@@ -367,7 +368,7 @@ class Reader(BaseReader):
         return out
 
     def read(self, name: str) -> torch.Tensor:
-        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+        if self.buckets is not None and TensorKey.parse(name).is_optim:
             return self._read_distributed(name)
         row, key, layer, j = self.row_of[base_param_name(name)]
         key = self._key_prefix(name) + key  # optimizer state: the weight's layout under its own key
@@ -384,8 +385,8 @@ class Reader(BaseReader):
         """Where canonical `name` is stored: its DCP key (at its layer when the key is layer-stacked), with its
         part when fused; the distributed optimizer's flat bucket and element range for optimizer state."""
         row, key, layer, j = self.row_of[base_param_name(name)]
-        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
-            theirs = {v: k for k, v in distrib.KINDS.items()}[name.split(".")[1]]
+        if self.buckets is not None and TensorKey.parse(name).is_optim:
+            theirs = {v: k for k, v in distrib.KINDS.items()}[TensorKey.parse(name).kind]
             rank_row, j, ranks = self.dist_slots[base_param_name(name)]
             where = " + ".join(f"{self.buckets[(m, v, slot.bucket, theirs)]} [{slot.start}:{slot.start + slot.numel}]"
                                for m, v, slot in ranks)
@@ -399,7 +400,7 @@ class Reader(BaseReader):
         a stacked key, a whole tensor, one expert) is one contiguous chunk and `name` is runs of whole rows of it
         (the tensor itself; q, k, v of a grouped QKV; gate and up of fc1): the engine then copies them file to
         file.  None for the optimizer's flattened layouts and whatever else must be read."""
-        if self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+        if self.buckets is not None and TensorKey.parse(name).is_optim:
             return None
         row, key, layer, j = self.row_of[base_param_name(name)]
         key = self._key_prefix(name) + key
@@ -438,9 +439,9 @@ class Reader(BaseReader):
 
     def _key_prefix(self, name: str) -> str:
         """`optimizer.state.<kind>.` of an optimizer tensor's name as this checkpoint spells the kind; `` for a weight."""
-        if not name.startswith(OPTIM_PREFIXES):
+        if not TensorKey.parse(name).is_optim:
             return ""
-        kind = name.split(".")[1]
+        kind = TensorKey.parse(name).kind
         return f"optimizer.state.{getattr(self, 'native', {}).get(kind, kind)}."
 
     def _read_stored(self, key: str, layer) -> torch.Tensor:
@@ -460,7 +461,7 @@ class Reader(BaseReader):
         distributed optimizer's buckets (flat, not laid out as the row)."""
         base = base_param_name(name)
         row = self.row_of[base][0]
-        if len(row.parts) < 2 or self.buckets is not None and name.startswith(OPTIM_PREFIXES):
+        if len(row.parts) < 2 or self.buckets is not None and TensorKey.parse(name).is_optim:
             return None
         prefix = name[:len(name) - len(base)]
         return row.transform, [prefix + n for n in row.parts]
@@ -528,16 +529,16 @@ class Writer(BaseWriter):
         self.rows = _rows(spec, "mcore_te")
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
-        if spec.is_moe and any(m.name.startswith(OPTIM_PREFIXES) for m in metas):
+        if spec.is_moe and any(TensorKey.parse(m.name).is_optim for m in metas):
             self.notes.append("the experts' optimizer state is written in their weights' layout (the global expert "
                               "axis), as megatron-core shards optimizer state like its parameter; not checked against "
                               "megatron-core's MoE optimizer loading")
         dtype_of = {m.name: m.dtype for m in metas}
-        self.kinds = [k for k in KINDS if any(m.name.startswith(f"optim.{k}.") for m in metas)]
+        self.kinds = [k for k in KINDS if any(TensorKey.parse(m.name).kind == k for m in metas)]
         self.planned: dict[str, tuple[torch.dtype, tuple]] = {}
         self.homogeneous = homogeneous(spec)
         lead: dict[str, int] = {}  # leading axes written one index at a time
-        for prefix in [""] + [f"optim.{k}." for k in self.kinds]:
+        for prefix in [""] + [TensorKey("", k).prefix for k in self.kinds]:
             for row in self.rows:
                 key, layer = stacked_key(row.key, self.homogeneous)
                 shape = tuple(row.transform.rank_shape())

@@ -39,7 +39,7 @@ from ...io.torch_file import TorchFileWriter
 from ...layout import ParallelLayout
 from ...mappings.megatron_names import EXTRA_STATE_MODULES
 from ...memory import BufferPool
-from ...params import OPTIM_PREFIXES, base_param_name, param_index, param_table
+from ...params import TensorKey, base_param_name, param_index, param_table
 from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -126,11 +126,11 @@ class Reader(BaseReader):
         base = base_param_name(name)
         if base == name:
             return self.ep_dicts, base, self.ep_files
-        return self.moments[name.split(".")[1]], base, self.moment_files
+        return self.moments[TensorKey.parse(name).kind], base, self.moment_files
 
     def metas(self) -> list[TensorMeta]:
         out = []
-        for prefix in [""] + [f"optim.{k}." for k in self.moments]:
+        for prefix in [""] + [TensorKey("", k).prefix for k in self.moments]:
             for p in param_table(self.spec):
                 dicts, _, files = self._stored(prefix + p.name)
                 row, _ = self.row_of[p.name]
@@ -308,7 +308,7 @@ class Writer(BaseWriter):
         self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
-        self.optim_kinds = sorted({n.split(".")[1] for n in self.names if n.startswith(OPTIM_PREFIXES)})
+        self.optim_kinds = sorted({key.kind for key in map(TensorKey.parse, self.names) if key.is_optim})
         self.notes: list[str] = args_losses(spec)
         self.pending = RowCollector()
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
@@ -381,7 +381,7 @@ class Writer(BaseWriter):
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         base = base_param_name(name)
-        kind = name.split(".")[1] if base != name else ""  # optimizer moments: fused like their weight
+        kind = TensorKey.parse(name).kind or ""  # optimizer moments: fused like their weight
         if kind and kind not in self.optim_kinds:
             return
         row = self.row_of[base]
@@ -422,7 +422,7 @@ class Writer(BaseWriter):
     def accepts_fused(self, names: list[str], transform) -> bool:
         """Whether `names` are one of our rows, in its order, stored by an equal transform."""
         base = base_param_name(names[0])
-        kind = names[0].split(".")[1] if base != names[0] else ""
+        kind = TensorKey.parse(names[0]).kind or ""
         row = self.row_of.get(base)
         prefix = names[0][:len(names[0]) - len(base)]
         return (row is not None and (not kind or kind in self.optim_kinds) and row.transform == transform
@@ -432,7 +432,7 @@ class Writer(BaseWriter):
         """The whole stored tensor of one row, re-sliced for each TP rank (`Transform.rank_from_fused`)."""
         base = base_param_name(names[0])
         row = self.row_of[base]
-        kind = names[0].split(".")[1] if base != names[0] else ""
+        kind = TensorKey.parse(names[0]).kind or ""
         cut = row.transform
         self._place(kind, row, base, lambda t, n: cut.rank_from_fused(  # one range of rows: a view, no buffer
             fused, t, n, out=None if len(cut.fused_rows(t, n)) == 1 else self.memory.empty(cut.rank_shape(t, n),

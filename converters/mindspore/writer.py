@@ -12,7 +12,7 @@ from ...errors import InteropError
 from ...io.ms_ckpt import CkptWriter
 from ...layout import ParallelLayout
 from ...mappings.mindspore_names import LOCAL_EXPERTS
-from ...params import param_index
+from ...params import TensorKey, param_index
 from ...rows import RowCollector
 from ...spec import ModelSpec, padded_to_tp
 from ...tensors import TensorMeta
@@ -23,7 +23,6 @@ from .scalars import state_to_scalars
 from .strategy import stage_strategy
 
 FORMAT = "mindspore"
-MASTER_PREFIX = "optim.fp32_param."
 
 
 class Writer(BaseWriter):
@@ -85,7 +84,7 @@ class Writer(BaseWriter):
         self.copies = dialect.converter_names(self.rows, spec)
         self.prefixes = dialect.moments
         self.metas = metas
-        self.masters = any(m.name.startswith(MASTER_PREFIX) for m in metas)
+        self.masters = any(TensorKey.parse(m.name).is_master for m in metas)
         self.notes: list[str] = dialect.weight_notes(spec, self.masters)
         self.pending = RowCollector()
         # {(tp rank, stage, expert-parallel rank): its file}; ep ranks are the first data-parallel ranks
@@ -120,11 +119,12 @@ class Writer(BaseWriter):
 
     def wants(self, name: str) -> bool:
         """Whether `write(name)` would put anything into this writer's files."""
-        if name.startswith(MASTER_PREFIX):
+        key = TensorKey.parse(name)
+        if key.is_master:
             if not self.dialect.masters_as_weights:
                 return False
-            name = name[len(MASTER_PREFIX):]
-        elif self.masters and self.dialect.masters_as_weights and not name.startswith("optim."):
+            name = key.param
+        elif self.masters and self.dialect.masters_as_weights and not key.is_optim:
             return False
         canonical = self._split(name)[1]
         stages = {self.layout.stage_of(self.index[canonical])}
@@ -156,9 +156,10 @@ class Writer(BaseWriter):
 
     def _weight_name(self, name: str) -> str | None:
         """The name `write` files `name` under (a master copy under its weight's), or None when it drops it."""
-        if name.startswith(MASTER_PREFIX):
-            return name[len(MASTER_PREFIX):] if self.dialect.masters_as_weights else None
-        if self.masters and self.dialect.masters_as_weights and not name.startswith("optim."):
+        key = TensorKey.parse(name)
+        if key.is_master:
+            return key.param if self.dialect.masters_as_weights else None
+        if self.masters and self.dialect.masters_as_weights and not key.is_optim:
             return None  # the master copy stands for it
         return name
 

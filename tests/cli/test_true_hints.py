@@ -67,6 +67,16 @@ def test_to_offers_no_source_only_format(hf_checkpoints, tmp_path):
     assert "deepspeed" not in to_line and "megatron" in to_line
     from_line = next(line for line in help_text.splitlines() if line.strip().startswith("--from "))
     assert "deepspeed" in from_line
+    from interop.errors import InteropError
+    from interop.formats import names, target_names, writer_of
+    writable = []
+    for name in names():
+        try:
+            writer_of(name)
+            writable.append(name)
+        except InteropError:
+            pass
+    assert target_names() == tuple(writable)  # pyproject's source_only_formats lists exactly the formats without one
     result = cli("convert", hf_checkpoints["llama"], tmp_path / "x", "--to", "deepspeed")
     assert result.exit_code == 2 and not (tmp_path / "x").exists()
     assert _errors(result) == ["error: interop reads deepspeed checkpoints but does not write them: choose another --to"]

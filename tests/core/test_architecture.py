@@ -292,3 +292,27 @@ def test_the_extension_check_can_fail(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f(state, source):\n    return state.get('megatron'), source.state['mindspeed'], x['megatron']\n")
     assert [key for _, key in _extension_reads(probe)] == ["megatron", "mindspeed"]
+
+
+def _optim_literals(path: Path) -> list[int]:
+    """Lines of code (not docstrings) that spell an optimizer-state name prefix (`"optim."...`) themselves."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and ast.get_docstring(node, clean=False) is not None}
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docs and node.value.startswith("optim.")]
+
+
+def test_optimizer_state_is_told_by_its_tensor_key():
+    """Whether a canonical name is a weight or which optimizer state of one is `params.TensorKey`'s to say;
+    code elsewhere does not compare name prefixes (the name tables in mappings may spell them)."""
+    for name, path in SOURCES.items():
+        if name != "interop.params" and layer(name) != "mappings":
+            assert _optim_literals(path) == [], name
+
+
+def test_the_prefix_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""optim.exp_avg. in a docstring is fine."""\ndef f(n):\n    return n.startswith("optim.")\n')
+    assert _optim_literals(probe) == [3]
