@@ -125,7 +125,8 @@ class ModelSpec:
         """(field, this value, other's) where two descriptions of one model disagree; the dtype and the
         padded rows are the files' facts, not a description's."""
         mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
-        return [(k, v, theirs[k]) for k, v in mine.items() if k not in ignore and theirs[k] != v]
+        identity = {f.name for f in dataclasses.fields(self) if f.compare}  # not the carried training dropouts
+        return [(k, v, theirs[k]) for k, v in mine.items() if k in identity and k not in ignore and theirs[k] != v]
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
