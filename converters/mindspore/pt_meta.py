@@ -79,6 +79,8 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
     args = {**M.defaults(), **source}
     # every fact of the model in Megatron's words (rope base, q/k norms, window, ...), so that the args describe it
     args.update({k: v for k, v in model_args(spec).items() if k not in ("activation", "hidden_act", "compute_dtype")})
+    # the source's dropouts, not Megatron's default 0.1 (issue 27 item 10)
+    args.update({f: getattr(spec, f) for f in ("attention_dropout", "hidden_dropout") if getattr(spec, f) is not None})
     args.update({
         "num_layers": spec.num_layers, "hidden_size": spec.hidden, "ffn_hidden_size": spec.ffn_hidden,
         "num_attention_heads": spec.heads, "num_query_groups": spec.kv_groups,
