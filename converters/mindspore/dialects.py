@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ...errors import InteropError
 from ...layout import ParallelLayout
-from ...params import param_index
 from ...mappings import mindspore_names as names
 from ...rows import Row, check_placed, expand
 from ...spec import ModelSpec
@@ -81,23 +80,11 @@ class Dialect:
 
         `qkv_layout` / `qkv_bias_layout` (qkv_concat only): "plain" stores the fused tensor as [q; k; v] /
         [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights unless
-        `qkv_bias_layout` says otherwise.  A tensor the names cannot hold is refused in one line naming a
-        dialect that holds it (Qwen3's q/k norms: mindformers-mcore)."""
+        `qkv_bias_layout` says otherwise.  A tensor the names cannot hold is refused in one line naming the
+        formats and dialects that hold it (`interop.rows.check_placed`)."""
         rows = self._expanded(spec, qkv_concat, qkv_layout, qkv_bias_layout)
-        held = {name for row in rows for name in row.parts}
-        if any(name not in held for name in param_index(spec)):
-            holders = [d.name for d in DIALECTS.values() if d is not self and d.holds(spec)]
-            check_placed(rows, spec, f"MindSpore {self.name}", f"--dialect {holders[0]} holds it" if holders else "")
+        check_placed(rows, spec, f"MindSpore {self.name}")  # names the formats that hold what this cannot
         return rows
-
-    def holds(self, spec: ModelSpec) -> bool:
-        """Whether this dialect's names hold every tensor of the model (for another dialect's refusal)."""
-        try:
-            rows = self._expanded(spec, False, "grouped", None)
-        except InteropError:
-            return False
-        held = {name for row in rows for name in row.parts}
-        return all(name in held for name in param_index(spec))
 
     def _expanded(self, spec: ModelSpec, qkv_concat: bool, qkv_layout: str, qkv_bias_layout: str | None) -> list[Row]:
         table = self.table(spec, qkv_concat)

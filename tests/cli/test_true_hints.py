@@ -34,8 +34,9 @@ def test_qwen3_to_the_default_dialect_names_the_one_that_holds_it(tmp_path):
     build("qwen3").save_pretrained(tmp_path / "qwen3")
     result = cli("convert", tmp_path / "qwen3", tmp_path / "ms", "--to", "mindspore")
     assert result.exit_code == 2
-    assert _errors(result) == ["error: MindSpore mindspeed names have no place for layers.0.attn.q_norm.weight "
-                               "(--dialect mindformers-mcore holds it)"]
+    [line] = _errors(result)
+    assert line.startswith("error: MindSpore mindspeed names have no place for layers.0.attn.q_norm.weight")
+    assert "mindspore --dialect mindformers-mcore" in line
     ok = cli("convert", tmp_path / "qwen3", tmp_path / "ms", "--to", "mindspore", "--dialect", "mindformers-mcore", "-q")
     assert ok.exit_code == 0, ok.output
 
