@@ -16,7 +16,7 @@ import torch
 from . import workers as parallel
 from .atomic import atomic_directory, check_destination
 from .engine import Task, one_torch_thread, split_units, stream
-from .formats import detect_format, reader_of, writer_of
+from .formats import detect_format, looks_like, reader_of, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
@@ -45,11 +45,16 @@ class Summary:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
-    def lines(self) -> list[str]:
+    def lines(self, verbose: bool = False) -> list[str]:
+        """The CLI text.  A note is one line; what follows a note's first newline is its detail, shown with
+        `verbose` (the CLI's -v) and otherwise announced by "(-v: more)"."""
         rate = self.bytes / max(self.seconds, 1e-9) / 1e6
         out = [f"converted {self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}, {self.layout})",
                f"  {self.tensors} tensors, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s ({rate:.1f} MB/s)"]
-        out += [f"  note: {n}" for n in self.notes]
+        for note in self.notes:
+            first, _, detail = note.partition("\n")
+            out.append(f"  note: {first}" + (" (-v: more)" if detail and not verbose else ""))
+            out += [f"    {line}" for line in detail.splitlines()] if verbose else []
         return out
 
 
@@ -91,15 +96,26 @@ def without_gc_pauses(fn):
     return wrapper
 
 
-def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict):
+def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict, notes: list[str]):
     """The writer, and the unit sets of the workers (`interop.workers`); one part: convert in this process.
-    With workers, this process's writer owns no unit: it writes only the files describing the whole."""
-    if requested == 1 or not writer_cls.splits or parallel.worker_count(requested, total, 2) < 2:
+    With workers, this process's writer owns no unit: it writes only the files describing the whole.
+    `--workers N` (N > 1) that ends in one process says so, and why, in `notes`."""
+    def one_process(units):
+        if requested is not None and requested > 1:
+            why = parallel.one_process_reason(requested, total, units, parallel.available_cores())
+            notes.append(f"--workers {requested}: converted in one process ({why})")
         return writer_cls(*args, **options), [None]
+
+    if requested == 1:
+        return writer_cls(*args, **options), [None]
+    if not writer_cls.splits:
+        return one_process(None)
+    if parallel.worker_count(requested, total, 2) < 2:
+        return one_process(2)
     planner = writer_cls(*args, **options, only=frozenset())
     n = parallel.worker_count(requested, total, len(planner.units))
     if n < 2:
-        return writer_cls(*args, **options), [None]
+        return one_process(len(planner.units))
     return planner, split_units(list(planner.units), n)
 
 
@@ -123,6 +139,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     started = time.perf_counter()
     options = {**(options or {}), **format_options}
     progress = Progress(progress) if progress is not None else None
+    named_format = src_format is not None
     src_format = src_format or detect_format(src)
     if not Path(src).exists():
         raise InteropError(f"{src}: no such file or directory")
@@ -139,7 +156,10 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
-    reader = reader_cls(src, **reader_options)
+    try:
+        reader = reader_cls(src, **reader_options)
+    except InteropError as exc:  # with --from naming another format than the files': say what they look like
+        raise (looks_like(src, src_format) if named_format else None) or exc from None
     try:
         spec = reader.source.spec
         check_weights_on_disk(spec, src)
@@ -165,14 +185,14 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
                           layout.describe(), notes=list(reader.source.notes))
         with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
             writer, parts = _writer_and_parts(writer_cls, workers, sum(m.nbytes for m in metas_in),
-                                              (tmp, out_spec, layout, metas_out), writer_options)
+                                              (tmp, out_spec, layout, metas_out), writer_options, summary.notes)
             task = Task(src, reader_cls, writer_cls, reader_options, writer_options, tmp, out_spec, layout,
                         tuple(metas_in), tuple(metas_out), spec.vocab)
             carried = reader.carried  # e.g. an HF source's tokenizer and generation config
             if not writer.carry(carried) and carried.get("files"):
-                summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (a {dst_format} checkpoint "
-                                     f"holds weights and the model's shape only; give --tokenizer {src} when "
-                                     f"converting to hf)")
+                summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (--tokenizer SRC when "
+                                     f"converting to hf)\na {dst_format} checkpoint holds weights and the model's "
+                                     f"shape only; give --tokenizer {src} when converting it to hf")
             try:
                 if len(parts) > 1:  # workers write the units' files, this process the describing ones
                     summary.tensors, summary.bytes = parallel.convert_split(task, parts, reader, writer, progress,
