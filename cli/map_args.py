@@ -10,6 +10,8 @@ import click
 from ..errors import InteropError
 from ..mapargs import DEFAULT_TARGET, TARGETS, map_args as _map_args
 
+GROUP_SHOWN = 4  # flags named on a group's count line
+
 EXAMPLE = """
 \b
 Example:
@@ -53,10 +55,18 @@ def map_args(args_file, to, fmt, env, values, output, report, strict):
             to = DEFAULT_TARGET
             click.echo(f"target: {to} (default; --to to choose)", err=True)
         result = _map_args(args_file, to, env=_env(env), fmt=fmt, strict=strict, values=_env(values, "--set"))
+        groups: dict = {}
         for entry in result.entries:
+            if entry.group:
+                groups.setdefault(entry.group, []).append(entry.flag)
+                continue
             tag = "unmapped" if entry.lost else "note"
             value = "" if entry.value is None else f"={entry.value!r}"
             click.echo(f"{tag}: {entry.flag}{value}: {entry.why}", err=True)
+        for group, flags in groups.items():  # one count: the list is in the report
+            shown = ", ".join(flags[:GROUP_SHOWN]) + (", ..." if len(flags) > GROUP_SHOWN else "")
+            where = f"the list: {report}" if report else "the list: --report FILE"
+            click.echo(f"unmapped: {len(flags)} {group}: {shown} ({where})", err=True)
         for warning in result.warnings:
             click.echo(f"warning: {warning}", err=True)
         if report:

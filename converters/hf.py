@@ -21,9 +21,10 @@ from ..contract import BaseReader, BaseWriter
 from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
-from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES, STACKED_TABLES, TABLES
+from ..hf_named import hf_rows, hf_table
+from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES
 from ..params import TensorKey, param_table
-from ..rows import Row, RowCollector, check_placed, expand
+from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..state import TrainingState
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -59,19 +60,6 @@ def parse_size(size) -> int:
 def detect(path) -> bool:
     root = Path(path)
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
-
-
-def hf_table(spec: ModelSpec) -> str:
-    """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
-    return hf_family(spec) if spec.is_moe else spec.arch
-
-
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[Row]:
-    """The architecture's name table expanded for this model (`interop.rows.expand`).
-    `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    rows = expand((STACKED_TABLES if stacked else TABLES)[hf_table(spec)], spec)
-    check_placed(rows, spec, f"HF {spec.arch}")
-    return rows
 
 
 def _to_hf(transform: Transform, parts: list[torch.Tensor], empty) -> torch.Tensor:

@@ -33,7 +33,7 @@ ROWS = [
     R("clip_grad", "ds_config.gradient_clipping"),
     R("log_interval", "ds_config.steps_per_print"),
     R("fp16", "ds_config.fp16.enabled", False),
-    R("loss_scale", "ds_config.fp16.loss_scale", 0),  # 0: dynamic
+    R("loss_scale", "ds_config.fp16.loss_scale", 0, unset=True),  # 0: dynamic, Megatron's unset --loss-scale
     R("initial_loss_scale", "ds_config.fp16.initial_scale_power", to=_scale_power,
       back=lambda v, doc: {"initial_loss_scale": float(2 ** v)}),
     R("loss_scale_window", "ds_config.fp16.loss_scale_window",

@@ -1142,6 +1142,39 @@ def layer_list(value) -> list[int] | None:
         return None
 
 
+# The args that say how the decoder's layers split over the pipeline stages (`pipeline_split`).
+SPLIT_ARGS = ("num_layer_list", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+              "num_layers", "pipeline_model_parallel_size")
+
+
+def pipeline_split(num_layer_list, first, last, num_layers, pp) -> list[int] | None:
+    """The layers of each pipeline stage when they are not an even split, else None.
+
+    MindSpeed's --num-layer-list gives them all; Megatron-LM's --decoder-first/last-pipeline-num-layers give
+    the first and last stage and split the rest evenly over the stages between (core_v0.16
+    TransformerConfig.__post_init__ refuses a remainder; so does this: None).
+    """
+    counts = layer_list(num_layer_list)
+    if counts is not None:
+        return counts
+    if (first is None and last is None) or not num_layers or not pp or pp < 2:
+        return None
+    middle = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if middle == 0:
+        return [first, last] if rest == 0 else None
+    if rest < 0 or rest % middle:
+        return None
+    return ([first] if first is not None else []) + [rest // middle] * middle + ([last] if last is not None else [])
+
+
+def _same_split(a, b) -> bool:
+    return pipeline_split(*(a[d] for d in SPLIT_ARGS)) == pipeline_split(*(b[d] for d in SPLIT_ARGS))
+
+
+SAME_MEANING.update({dest: _same_split for dest in SPLIT_ARGS[:3]})  # one split, said by either set of flags
+
+
 def _bad_layer_list(a) -> bool:
     counts = layer_list(a["num_layer_list"])
     return (counts is None or len(counts) != a["pipeline_model_parallel_size"]

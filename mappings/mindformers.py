@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import mindspeed
 from .key_mapping import CONST, OMIT, R, Unmappable, rename
+from .megatron_args import SPLIT_ARGS
 
 ADAMW = {"adam": "AdamW", "sgd": "SGD"}  # Megatron's "adam" is AdamW (decoupled weight decay)
 COSINE = {"cosine": True, "linear": False}
@@ -52,6 +53,10 @@ ROWS = [
     R("expert_model_parallel_size", "parallel_config.expert_model_parallel_size", 1),
     R("virtual_pipeline_model_parallel_size", "parallel_config.virtual_pipeline_model_parallel_size"),
     R("sequence_parallel", "parallel_config.sequence_parallel", False),
+    # r1.3.0's ModelParallelConfig.num_layer_list (validate_num_layer_list: a list or None); written only for
+    # an uneven split.
+    R(SPLIT_ARGS, "parallel_config.num_layer_list", to=mindspeed.stage_layers(OMIT),
+      back=mindspeed.stage_layers_back),
     *[row for row in mindspeed.ROWS if row.path.startswith("model_config.") and row.path != FA_LAYOUT],
     # r1.3.0's check_fa_config takes input_layout 'BNSD' only (mindformers/experimental/parallel_core/pynative/config.py).
     R("shape_order", FA_LAYOUT, to=_bnsd_only),

@@ -11,14 +11,24 @@ dropout_prob / hidden_dropout_prob / attention_probs_dropout_prob, initializer_r
 """
 from __future__ import annotations
 
-from .key_mapping import CONST, OMIT, R, Unmappable, rename
+from .key_mapping import CONST, OMIT, KeyMapping, R, Unmappable, rename
 from .mindspeed import moe_row, one_value
 
 RELEASE = "MindFormers r0.3"
 HEADER = (f"# {RELEASE} run_gpt2*.yaml (GPT2Config keys of {RELEASE}), written by `interop map-args`.\n")
 
+# Given values this release has no key for, and why (map-args reports them as lost).
+_EVEN = (f"no {RELEASE} GPT2Config or parallel_config key gives a pipeline stage its own layer count: the run "
+         "would split the layers over pipeline_stage its own way, not as given")
+UNHELD = {"vocab_size": "model.model_config.vocab_size holds Megatron's padded size (the embedding's rows); the "
+                        "tokenizer's own vocabulary has no key",
+          "num_layer_list": _EVEN, "decoder_first_pipeline_num_layers": _EVEN, "decoder_last_pipeline_num_layers": _EVEN}
+
 ADAM = {"adam": "AdamWeightDecay"}
-LR_STYLE = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
+# The lr_schedule aliases MindFormers registers (mindformers/core/lr/build_lr.py register_mf_lr, r0.3 era and
+# 2.1.0): constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial -- no bare "constant".
+# ConstantWarmUpLR warms up, then holds learning_rate: Megatron's constant style.
+LR_STYLE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
 def _expand_ratio(ffn, hidden):
@@ -43,6 +53,32 @@ def complete_read(values: dict, doc: dict) -> tuple[dict, list[str]]:
                         "read as the hidden size")
         values.setdefault("hidden_size", model["hidden_size"])
     return values, warnings
+
+
+# r0.3's `polynomial` is PolynomialWithWarmUpLR (registered under that alias; mindformers/core/lr/lr_schedule.py,
+# also in 2.1.0): after the warmup, lr_end + (lr - lr_end) * (1 - t / decay_steps) ** power, power 1.0 by
+# default.  With power 1 that is Megatron's `linear` decay from --lr to --min-lr, the same schedule; another
+# power has no Megatron style (nor a MindSpeed-Core-MS one): read as `linear`, with a note saying so.
+POLYNOMIAL = "polynomial"
+
+
+def _lr_style(style):
+    if style not in LR_STYLE:
+        raise Unmappable(f"no MindFormers schedule for {style!r} (it knows {', '.join(LR_STYLE)})")
+    return LR_STYLE[style]
+
+
+def _lr_style_back(value, doc):
+    if value != POLYNOMIAL:
+        return {"lr_decay_style": {v: k for k, v in LR_STYLE.items()}.get(value, value)}  # "constant" reads as itself
+    power = (doc.get("lr_schedule") or {}).get("power", 1.0)
+    if isinstance(power, (int, float)) and not isinstance(power, bool) and float(power) == 1.0:
+        return {"lr_decay_style": "linear",  # the same schedule: a polynomial of power 1 is linear decay
+                "_said": "PolynomialWithWarmUpLR of power 1.0 decays linearly from learning_rate to lr_end after "
+                         "the warmup: Megatron's (and MindSpeed-Core-MS's) 'linear'"}
+    return {"lr_decay_style": "linear",
+            "_note": f"polynomial decay of power {power!r} has no Megatron (or MindSpeed-Core-MS) style: read as "
+                     "'linear' (power 1); the decay curve differs"}
 
 
 def _recompute(granularity):
@@ -152,11 +188,13 @@ ROWS = [
     R("adam_beta2", "optimizer.beta2"),
     R("adam_eps", "optimizer.eps"),
     R("weight_decay", "optimizer.weight_decay"),
-    rename("lr_decay_style", "lr_schedule.type", LR_STYLE),
+    R("lr_decay_style", "lr_schedule.type", to=_lr_style, back=_lr_style_back),
+    KeyMapping((), "lr_schedule.power", None, lambda: OMIT, lambda v, doc: {}),  # read with lr_schedule.type
     R("lr", "lr_schedule.learning_rate"),
     R("min_lr", "lr_schedule.lr_end"),
     R("lr_warmup_iters", "lr_schedule.warmup_steps"),
-    R("lr_decay_iters", "lr_schedule.total_steps"),
+    # total_steps -1: "the whole run" (MindFormers fills in the dataset's steps), Megatron's unset --lr-decay-iters.
+    R("lr_decay_iters", "lr_schedule.total_steps", -1, unset=True),
     CONST("runner_wrapper.type", "MFTrainOneStepCell"),
     CONST("runner_wrapper.scale_sense.type", "DynamicLossScaleUpdateCell"),
     R("initial_loss_scale", "runner_wrapper.scale_sense.loss_scale_value"),

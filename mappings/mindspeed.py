@@ -10,16 +10,32 @@ from __future__ import annotations
 import ast
 
 from .key_mapping import OMIT, R, Unmappable, rename
-from .megatron_args import layer_list
+from .megatron_args import SPLIT_ARGS, layer_list, pipeline_split
 
 ADAM = {"adam": "AdamWeightDecay", "sgd": "SGD"}  # Megatron's "adam" is decoupled-decay AdamW
 POSITION = {"learned_absolute": "absolute", "rope": "rope", "relative": "relative", "none": "none"}
 # mindspeed_ms/core/config.py (r0.1.0) check_fa_config: input_layout in ('BNSD', 'SBH').
 FA_LAYOUTS = ("BNSD", "SBH")
+# mindspeed_ms/core/config.py (r0.1.0) validate_lr_decay_style: the schedules its OptimizerConfig accepts.
+LR_DECAY_STYLES = ("constant", "WSD", "linear", "cosine", "inverse-square-root")
 # profile_framework is a string there: 'all', 'time' or 'None'.
 PROFILE_FRAMEWORK = {True: "all", False: "None"}
 # MindSpore has no Transformer Engine: Megatron's local and transformer_engine both run as its 'local'.
 SAME_VALUES = {"transformer_impl": {"local", "transformer_engine"}}
+# Given values the YAML holds under another meaning: (completed source args, completed read-back) -> held.
+SAME_MEANING = {
+    # model_config.vocab_size is the embedding's rows (Megatron's padded size): a --vocab-size that needs no
+    # padding is that number exactly.
+    "vocab_size": lambda before, after: before["vocab_size"] == after["padded_vocab_size"],
+}
+# Given values with no key, and why (beyond "no field").
+UNHELD = {"vocab_size": "model_config.vocab_size holds Megatron's padded size (the embedding's rows); the "
+                        "tokenizer's own vocabulary has no key"}
+# (dest, given value) -> the note a value written another way gets (nothing is lost, the user is told).
+NOTES = {
+    ("transformer_impl", "transformer_engine"): "MindSpore has no Transformer Engine: written as 'local', the "
+    "implementation MindSpeed-Core-MS runs (the same model, without TE's fused kernels)",
+}
 
 
 def _betas(b1, b2):
@@ -64,15 +80,30 @@ def _input_layout(order):
     return order
 
 
-def _num_layer_list(value):
-    counts = layer_list(value)
-    if counts is None:
-        raise Unmappable(f"not a list of layer counts: {value!r}")
-    return counts
+def stage_layers(absent):
+    """A row's `to` for the pipeline split (`megatron_args.pipeline_split` over SPLIT_ARGS): the layer count of
+    every stage, from --num-layer-list or --decoder-first/last-pipeline-num-layers; `absent` for an even split
+    (a --num-layer-list that is not one count per stage is refused before: megatron_args.CHECKS)."""
+    def to(*split):
+        counts = pipeline_split(*split)
+        return absent if counts is None else counts
+    return to
+
+
+def stage_layers_back(value, doc):
+    return {"num_layer_list": ",".join(map(str, layer_list(value) or [value]))}
 
 
 def _hidden_act_back(value, doc):
     return {"swiglu": True} if value == "swiglu" else {"hidden_act": value}
+
+
+def one_of(*allowed):
+    def convert(value):
+        if value not in allowed:
+            raise Unmappable(f"{value!r} is not one of {', '.join(allowed)} (what this loader accepts)")
+        return value
+    return convert
 
 
 ROWS = [
@@ -192,7 +223,9 @@ ROWS = [
     R(("adam_beta1", "adam_beta2"), "optimizer_config.betas", to=_betas,
       back=lambda v, doc: {"adam_beta1": v[0], "adam_beta2": v[1]}),
     R("adam_eps", "optimizer_config.eps"),
-    R("lr_decay_style", "optimizer_config.lr_decay_style", "constant"),
+    # OptimizerConfig validate_lr_decay_style (r0.1.0) takes these five only; a fork's other style is named
+    # and the loader's default written instead.
+    R("lr_decay_style", "optimizer_config.lr_decay_style", "constant", to=one_of(*LR_DECAY_STYLES)),
     R("lr", "optimizer_config.learning_rate", 1e-3, unset=True),
     R("min_lr", "optimizer_config.min_lr", 0.0),
     R("lr_warmup_iters", "optimizer_config.lr_warmup_iters", 0),
@@ -220,8 +253,8 @@ ROWS = [
     R("num_layers_per_virtual_pipeline_stage", "parallel_config.num_layers_per_virtual_pipeline_stage"),
     R("sequence_parallel", "parallel_config.sequence_parallel", False),
     R("pipeline_model_parallel_size", "parallel_config.pipeline_model_parallel_size", 1),
-    R("num_layer_list", "parallel_config.num_layer_list", to=_num_layer_list,
-      back=lambda v, doc: {"num_layer_list": ",".join(map(str, layer_list(v) or [v]))}),
+    # ModelParallelConfig.num_layer_list (mindspeed_ms/core/config.py r0.1.0: a list, or its text, or None).
+    R(SPLIT_ARGS, "parallel_config.num_layer_list", to=stage_layers(None), back=stage_layers_back),
     R("recompute", "parallel_config.recompute", None),
     R("select_recompute", "parallel_config.select_recompute", None),
     R("select_comm_recompute", "parallel_config.select_comm_recompute", None),
@@ -246,14 +279,6 @@ def one_value(what: str):
         if len(values) != 1:
             raise Unmappable(f"one {what} here, Megatron gives {len(values)}: {values}")
         return values[0]
-    return convert
-
-
-def one_of(*allowed):
-    def convert(value):
-        if value not in allowed:
-            raise Unmappable(f"{value!r} is not one of {', '.join(allowed)} (what this loader accepts)")
-        return value
     return convert
 
 

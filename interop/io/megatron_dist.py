@@ -426,55 +426,20 @@ def _regular_grid(size, chunks) -> bool:
     return len(seen) == math.prod(d // n for n, d in zip(sizes, size))
 
 
-class DistCheckpoint:
-    """One torch_dist checkpoint directory, read lazily.
+class DcpCheckpoint:
+    """One PyTorch DCP folder (`.metadata` + `*.distcp`), read lazily and without a process group.
 
-    `.config` (metadata.json), `.common` (common.pt, loaded on first use), `.keys()` (tensor
-    keys), `.objects()` (byte-object keys), `.meta(key)` -> (dtype, global shape), and
-    `.read(key, layer=None)` -> the global tensor, or layer `layer` of a stacked one.
-    """
+    `.keys()` (tensor keys), `.objects()` (byte-object keys), `.meta(key)` -> (dtype, global shape),
+    `.read(key, layer=None)` -> the global tensor, or layer `layer` of a stacked one."""
 
     def __init__(self, path):
         self.path = Path(path)
-        config_file = self.path / METADATA_JSON
-        if not config_file.is_file() or not (self.path / DCP_METADATA).is_file():
-            raise InteropError(f"{self.path}: not a torch_dist checkpoint (needs metadata.json and .metadata)")
-        try:
-            self.config = json.loads(config_file.read_text())
-        except ValueError as exc:
-            raise InteropError(f"{config_file}: not valid JSON ({exc})") from None
-        backend = self.config.get("sharded_backend") if isinstance(self.config, dict) else None
-        if backend != "torch_dist":
-            raise InteropError(f"{config_file}: sharded_backend is {backend!r}; only 'torch_dist' is supported")
+        if not (self.path / DCP_METADATA).is_file():
+            raise InteropError(f"{self.path}: not a PyTorch DCP checkpoint (no .metadata)")
         self._reader = _Reader(self.path)
         entries = self._reader.read_metadata().state_dict_metadata
         self._tensors = {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
         self._objects = [k for k, v in entries.items() if isinstance(v, BytesStorageMetadata)]
-        self._common = None
-
-    @property
-    def common(self) -> dict:
-        """common.pt (args, iteration, ...), unpickled without running code; {} when absent.  megatron-core
-        0.19 writes no common.pt: the same dict is the byte object `common_state` inside the DCP files
-        (megatron/core/dist_checkpointing/serialization.py, `load_common_state_dict`)."""
-        if self._common is None:
-            file = self.path / COMMON_PT
-            if file.is_file():
-                self._common = _load_pickle(file)
-            elif COMMON_STATE in self._objects:
-                file = self.path / DCP_METADATA
-                self._common = self.read_object(COMMON_STATE)
-            else:
-                self._common = {}
-            if not isinstance(self._common, dict):
-                raise InteropError(f"{file}: expected a dict, found {type(self._common).__name__}")
-        return self._common
-
-    @property
-    def mcore_data(self) -> dict:
-        """megatron-core 0.15's per-key facts from `MCoreMetadata.mcore_data` (e.g.
-        `nd_reformulated_orig_global_shape`); {} for other writers."""
-        return getattr(self._reader.read_metadata(), "mcore_data", None) or {}
 
     def keys(self) -> list[str]:
         return list(self._tensors)
@@ -545,6 +510,54 @@ class DistCheckpoint:
             raise
         except Exception as exc:  # missing/damaged .distcp files surface as many types
             raise InteropError(f"{self.path}: cannot read {key} ({_first_line(exc)})") from None
+
+
+class DistCheckpoint(DcpCheckpoint):
+    """One torch_dist checkpoint directory, read lazily.
+
+    `.config` (metadata.json), `.common` (common.pt, loaded on first use), `.keys()` (tensor
+    keys), `.objects()` (byte-object keys), `.meta(key)` -> (dtype, global shape), and
+    `.read(key, layer=None)` -> the global tensor, or layer `layer` of a stacked one.
+    """
+
+    def __init__(self, path):
+        path = Path(path)
+        config_file = path / METADATA_JSON
+        if not config_file.is_file() or not (path / DCP_METADATA).is_file():
+            raise InteropError(f"{path}: not a torch_dist checkpoint (needs metadata.json and .metadata)")
+        try:
+            self.config = json.loads(config_file.read_text())
+        except ValueError as exc:
+            raise InteropError(f"{config_file}: not valid JSON ({exc})") from None
+        backend = self.config.get("sharded_backend") if isinstance(self.config, dict) else None
+        if backend != "torch_dist":
+            raise InteropError(f"{config_file}: sharded_backend is {backend!r}; only 'torch_dist' is supported")
+        super().__init__(path)
+        self._common = None
+
+    @property
+    def common(self) -> dict:
+        """common.pt (args, iteration, ...), unpickled without running code; {} when absent.  megatron-core
+        0.19 writes no common.pt: the same dict is the byte object `common_state` inside the DCP files
+        (megatron/core/dist_checkpointing/serialization.py, `load_common_state_dict`)."""
+        if self._common is None:
+            file = self.path / COMMON_PT
+            if file.is_file():
+                self._common = _load_pickle(file)
+            elif COMMON_STATE in self._objects:
+                file = self.path / DCP_METADATA
+                self._common = self.read_object(COMMON_STATE)
+            else:
+                self._common = {}
+            if not isinstance(self._common, dict):
+                raise InteropError(f"{file}: expected a dict, found {type(self._common).__name__}")
+        return self._common
+
+    @property
+    def mcore_data(self) -> dict:
+        """megatron-core 0.15's per-key facts from `MCoreMetadata.mcore_data` (e.g.
+        `nd_reformulated_orig_global_shape`); {} for other writers."""
+        return getattr(self._reader.read_metadata(), "mcore_data", None) or {}
 
 
 def _load_pickle(file: Path):
@@ -709,6 +722,12 @@ class DistWriter:
 
     def finish(self, common: dict | None = None) -> None:
         """`.metadata`, common.pt and metadata.json; refuses if a declared chunk never came."""
+        self.write_metadata()
+        torch.save(common or {}, self.path / COMMON_PT)
+        (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
+
+    def write_metadata(self) -> None:
+        """DCP's `.metadata` alone (a plain DCP checkpoint ends here); refuses if a declared chunk never came."""
         self._drain()
         entries: dict[str, Any] = {}
         for key, (dtype, shape) in self.declared.items():
@@ -730,8 +749,6 @@ class DistWriter:
                             version=CURRENT_DCP_VERSION)
         with open(self.path / DCP_METADATA, "wb") as f:
             dcp_metadata.dump(metadata, f)  # what DCP's pickle.dump writes, without importing DCP
-        torch.save(common or {}, self.path / COMMON_PT)
-        (self.path / METADATA_JSON).write_text(json.dumps(BACKEND_CONFIG))
 
     def abort(self) -> None:
         if self._background:

@@ -10,8 +10,9 @@ from .copy import Copy, Tied
 from .experts import GroupedExperts
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
+from .rope_pairs import RopePairs
 from .stack import Stack
 from .transpose import Transpose
 
-__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "Stack",
+__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "RopePairs", "Stack",
            "GroupedExperts"]

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The flags `interop convert` offered before the formats declared them (cli/convert.py, issue 14): all kept.
 FORMAT_FLAGS = ["--format", "--iteration", "--distributed-optimizer", "--no-distributed-optimizer",
                 "--model-config", "--dialect", "--qkv-concat", "--qkv-layout", "--qkv-bias-layout",
-                "--src-qkv-layout", "--src-qkv-bias-layout", "--dp", "--tokenizer", "--max-shard-size"]
+                "--src-qkv-layout", "--src-qkv-bias-layout", "--dp", "--tokenizer", "--max-shard-size", "--dcp-layout"]
 
 
 def _keywords(cls) -> set:
@@ -35,7 +35,7 @@ def test_every_declared_option_is_a_keyword_of_its_formats_reader_or_writer():
     """A declaration cannot promise what the format does not take: each name is a keyword of that format's
     Reader (if offered by inspect, of the Reader) or Writer."""
     declared = formats.declared_options()
-    assert set(declared) == {"hf", "megatron", "mindspore"}
+    assert set(declared) == {"dcp", "hf", "megatron", "mindspore", "state_dict"}
     for fmt, options in declared.items():
         module = formats.converter(fmt)
         reader, writer = _keywords(module.Reader), _keywords(getattr(module, "Writer", None))

@@ -24,15 +24,16 @@ from pathlib import Path
 
 import torch
 
-from ..contract import BaseReader
-from ..errors import InteropError
-from ..io.safe_pickle import to_plain
-from ..io.torch_file import LazyTorchFile
-from ..layout import ParallelLayout
-from ..mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
-from ..params import TensorKey, base_param_name, param_index, param_table
-from ..spec import ModelSpec
-from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
+from ...contract import BaseReader
+from ...errors import InteropError
+from ...io.safe_pickle import to_plain
+from ...io.torch_file import LazyTorchFile
+from ...layout import ParallelLayout
+from ...mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
+from ...params import TensorKey, base_param_name, param_index, param_table
+from ...spec import ModelSpec
+from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
+from .zero import GRADIENT_CLIPPING_DEFAULT
 
 LATEST = "latest"
 LAYER_FILE = re.compile(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt")
@@ -171,7 +172,8 @@ class Reader(BaseReader):
             state["optimizer"] = {"type": str(opt.get("type", "adam")).lower(), "step": self.step,
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
-                                  "clip_grad": (engine.get("ds_config") or {}).get("gradient_clipping")}
+                                  "clip_grad": (engine.get("ds_config") or {}).get("gradient_clipping",
+                                                                                     GRADIENT_CLIPPING_DEFAULT)}
         if self.spec.vocab == self.spec.padded_vocab:
             notes.append(f"the true vocabulary size is not recorded (Megatron-DeepSpeed's args keep padded_vocab_size): "
                          f"keeping all {self.spec.padded_vocab} rows")

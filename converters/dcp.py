@@ -1,0 +1,267 @@
+"""PyTorch DCP checkpoints of a Llama-style model -> canonical tensors, and back: two layouts (`LAYOUTS`).
+
+accelerate (`--dcp-layout accelerate`, the default): HF names under `model.`.
+
+On disk (accelerate utils/fsdp_utils.py `save_fsdp_model` / `save_fsdp_optimizer`, FSDP1 and FSDP2 alike):
+
+    out/config.json                                  the HF model description (the Trainer's save_model), or
+                                                     --model-config
+    out/pytorch_model_fsdp_0/.metadata + __R_0.distcp    `dist_cp.save({"model": state_dict})`: keys
+                                                     `model.<HF name>`, each tensor global in the metadata
+    out/optimizer_0/.metadata + __R_0.distcp         `{"optimizer": get_optimizer_state_dict(...)}`:
+                                                     `optimizer.state.<HF name>.exp_avg|exp_avg_sq|step`,
+                                                     `optimizer.param_groups.*` byte objects
+
+torchtitan (`--dcp-layout torchtitan`): its `step-N/` folder, the model's own names at the top level
+(`tok_embeddings`, `layers.N.attention.qkv_linear.wq`, ...: `mappings/torchtitan_names.py`) beside
+`optimizer.*`, `lr_scheduler`, `dataloader`, `train_state` (torchtitan components/checkpointer/dcp.py);
+q / k stored for interleaved rope.  No description is stored: config.json beside, or --model-config.
+
+As a target: the same layouts (`pytorch_model_fsdp_0/` of `model.<HF name>` global tensors and config.json),
+which `torch.distributed.checkpoint.load` reads into an FSDP / FSDP2 model at any data parallelism and
+accelerate's `load_fsdp_model` loads.
+
+The DCP files are read and written without a process group (`interop.io.megatron_dist.DcpCheckpoint`).  A Megatron
+torch_dist folder (with metadata.json) is not this format.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import json
+
+from ..contract import BaseReader, BaseWriter
+from ..errors import InteropError
+from ..hf_named import HFNamedState, hf_rows, named_rows
+from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint, DistWriter
+from ..io.small_files import read_json_object
+from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
+from ..mappings.torchtitan_names import TABLES as TORCHTITAN, WRITTEN as TORCHTITAN_WRITTEN
+from ..model_config import spec_from_file
+from ..params import TensorKey
+from ..rows import RowCollector
+from ..spec import ModelSpec
+from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
+
+OPTIM_DIR = "optimizer_0"  # accelerate: beside the model folder
+OPTIM_PREFIX = "optimizer.state."
+EMBEDDING = "embed.word.weight"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a DCP layout keeps the model: the folder (None: the checkpoint folder itself), the key prefix,
+    what other top-level keys it holds, and its name table (a torchtitan version, or None for HF names)."""
+
+    model_dir: str | None
+    prefix: str
+    others: tuple[str, ...]
+    table: str | None
+
+    def rows(self, spec: ModelSpec) -> list:
+        return hf_rows(spec) if self.table is None else named_rows(TORCHTITAN[self.table][0], spec, "torchtitan")
+
+    @property
+    def tied_head(self) -> str:
+        """The head's name, which a tied model's state dict in torch also holds (FSDP / DCP store it twice)."""
+        return "lm_head.weight" if self.table is None else TORCHTITAN[self.table][1]
+
+    def model_keys(self, keys) -> list[str]:
+        return [k for k in keys if k.startswith(self.prefix) and not k.startswith(self.others)]
+
+
+LAYOUTS = {
+    "accelerate": Layout("pytorch_model_fsdp_0", "model.", (), None),
+    **{f"torchtitan-{v}": Layout(None, "", ("optimizer.", "lr_scheduler", "dataloader", "train_state"), v)
+       for v in TORCHTITAN},
+}
+WRITTEN = {"accelerate": "accelerate", "torchtitan": f"torchtitan-{TORCHTITAN_WRITTEN}"}
+
+
+def _dcp_folder(root: Path) -> Path | None:
+    for folder in (root / LAYOUTS["accelerate"].model_dir, root):
+        if (folder / DCP_METADATA).is_file() and not (folder / METADATA_JSON).is_file():
+            return folder
+    return None
+
+
+def _layout_of(checkpoint: DcpCheckpoint) -> str | None:
+    """The layout whose names the folder holds: HF names all under `model.`, or a torchtitan version's
+    embedding and first q."""
+    keys = checkpoint.keys()
+    if keys and all(k.startswith("model.") for k in keys):
+        return "accelerate"
+    for name, layout in LAYOUTS.items():
+        if layout.table is not None:
+            table = TORCHTITAN[layout.table][0]
+            if table[0][0] in keys and table[2][0].format(i=0) in keys:
+                return name
+    return None
+
+
+def detect(path) -> bool:
+    """A DCP folder (not Megatron's torch_dist) in one of the layouts."""
+    root = Path(path)
+    folder = _dcp_folder(root) if root.is_dir() else None
+    if folder is None:
+        return False
+    try:
+        return _layout_of(DcpCheckpoint(folder)) is not None
+    except InteropError:
+        return False
+
+
+class Reader(BaseReader):
+    """A DCP checkpoint in either layout: weights, and AdamW's moments from accelerate's `optimizer_0/`."""
+
+    options = ("model_config",)
+
+    def __init__(self, path, model_config=None):
+        root = Path(path)
+        folder = _dcp_folder(root) if root.is_dir() else None
+        if folder is None:
+            raise InteropError(f"{root}: not a PyTorch DCP checkpoint (no .metadata here or in pytorch_model_fsdp_0/)")
+        self.model = DcpCheckpoint(folder)
+        name = _layout_of(self.model)
+        if name is None:
+            raise InteropError(f"{folder}: neither accelerate's FSDP layout (keys model.<HF name>) nor torchtitan's "
+                               f"(tok_embeddings.weight, layers.0.attention.qkv_linear.wq.weight); keys e.g. "
+                               f"{sorted(self.model.keys())[:3]}")
+        self.layout = LAYOUTS[name]
+        prefix = self.layout.prefix
+        keys = {k[len(prefix):]: self.model.meta(k) for k in self.layout.model_keys(self.model.keys())}
+        floats = [d for d, _ in keys.values() if d.is_floating_point]
+        dtype = NAME_OF_DTYPE.get(floats[0]) if floats else None
+        if dtype is None:
+            raise InteropError(f"{folder}: weights stored as {floats[0] if floats else 'nothing'}")
+        notes = [f"{name} layout"]
+        base = folder.parent if folder.name == self.layout.model_dir else folder
+        config = next((c for c in (base / "config.json", folder / "config.json") if c.is_file()), None)
+        if model_config is not None:
+            self.spec = spec_from_file(model_config, dtype)
+            notes.append(f"model description taken from {model_config}")
+        elif config is not None:
+            self.spec = spec_from_hf_config(read_json_object(config, "HF config"), dtype, where=str(config))
+        else:
+            raise InteropError(f"{folder}: no config.json beside the DCP folder; pass --model-config (an HF "
+                               "config.json, a Megatron args file or a MindSpeed YAML)")
+        self.optim = None
+        moments: tuple[str, ...] = ()
+        state: dict = {}
+        optim_dir = base / OPTIM_DIR
+        if self.layout.table is not None:
+            if any(k.startswith("optimizer.") for k in self.model.keys()):
+                notes.append("optimizer state not converted (torchtitan's flattened optimizer state is not read); "
+                             "weights converted")
+        elif (optim_dir / DCP_METADATA).is_file():
+            self.optim = DcpCheckpoint(optim_dir)
+            held = set(self.optim.keys())
+            if dtype != "float32":
+                notes.append(f"optimizer state not converted (weights are {dtype}: the fp32 masters are not "
+                             "in the checkpoint); weights converted")
+            elif all(f"{OPTIM_PREFIX}{k}.{m}" in held for k in keys for m in ("exp_avg", "exp_avg_sq")
+                     if not (self.spec.tied_embeddings and k == self.layout.tied_head)):
+                moments = ("exp_avg", "exp_avg_sq", "fp32_param")
+                step = self.optim.read(f"{OPTIM_PREFIX}{next(iter(keys))}.step")
+                state["optimizer"] = {"type": "adamw", "step": int(step.item()), **self._hyper()}
+                notes.append(f"converted the optimizer state (exp_avg, exp_avg_sq; the fp32 weights are the "
+                             f"masters) from {OPTIM_DIR}/, step {state['optimizer']['step']}")
+            else:
+                notes.append(f"optimizer state not converted ({OPTIM_DIR}/ holds no Adam moments for every "
+                             "parameter); weights converted")
+        else:
+            notes.append(f"optimizer state not converted (no {OPTIM_DIR}/ beside the model); weights converted")
+        self.state_names = HFNamedState(self.spec, keys, self._fetch, str(folder), moments,
+                                        rows=self.layout.rows(self.spec), tied_head=self.layout.tied_head)
+        self.source = Source(self.spec, None, state, notes + self.state_names.notes)
+
+    def _hyper(self) -> dict:
+        """lr, betas, eps, weight_decay of the first param group (byte objects of the optimizer folder)."""
+        out = {}
+        for key in ("betas", "eps", "weight_decay", "lr"):
+            full = f"optimizer.param_groups.0.{key}"
+            if full in self.optim.objects():
+                value = self.optim.read_object(full)
+                out[key] = list(value) if isinstance(value, (tuple, list)) else value
+        return out
+
+    def _fetch(self, kind: str, key: str) -> torch.Tensor:
+        if kind in ("", "fp32_param"):
+            return self.model.read(self.layout.prefix + key)
+        return self.optim.read(f"{OPTIM_PREFIX}{key}.{kind}")
+
+    def metas(self):
+        return self.state_names.metas(lambda key: self.model.meta(self.layout.prefix + key)[0])
+
+    def read(self, name: str) -> torch.Tensor:
+        return self.state_names.read(name)
+
+    def native_name(self, name: str) -> str:
+        return self.layout.prefix + self.state_names.native_name(name)
+
+    def close(self) -> None:
+        self.state_names.close()
+
+
+class Writer(BaseWriter):
+    """Global tensors in a DCP layout (`dcp_layout`: accelerate, the default, or torchtitan), one file, and
+    config.json; a tied model's head stored under its own name too, as torch's state dict has it."""
+
+    options = ("dcp_layout",)
+
+    @staticmethod
+    def padded_vocab(spec: ModelSpec, tp: int) -> int:
+        return spec.vocab  # HF and torchtitan hold the true vocabulary
+
+    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], dcp_layout: str | None = None):
+        if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
+            raise InteropError("a DCP checkpoint holds global tensors (FSDP shards them when it loads): use "
+                               "--tp 1 --pp 1 --ep 1")
+        if (dcp_layout or "accelerate") not in WRITTEN:
+            raise InteropError(f"--dcp-layout {dcp_layout}: not a DCP layout (known: {', '.join(WRITTEN)})")
+        self.layout = LAYOUTS[WRITTEN[dcp_layout or "accelerate"]]
+        self.root, self.spec = Path(root), spec
+        self.config = hf_config_from_spec(spec)  # a model HF cannot describe is refused before anything is written
+        meta_of = {m.name: m for m in metas}
+        self.dropped_optim = sorted({key.kind for key in map(TensorKey.parse, (m.name for m in metas)) if key.is_optim})
+        self.files = DistWriter(self.root / self.layout.model_dir if self.layout.model_dir else self.root)
+        self.row_of, self.collected = {}, RowCollector()
+        for row in self.layout.rows(spec):
+            self.files.declare(self.layout.prefix + row.key, meta_of[row.parts[0]].dtype, row.transform.rank_shape(),
+                               lead=0)
+            for p in row.parts:
+                self.row_of[p] = row
+        self.tied = spec.tied_embeddings
+        if self.tied:
+            self.files.declare(self.layout.prefix + self.layout.tied_head, meta_of[EMBEDDING].dtype,
+                               meta_of[EMBEDDING].shape, lead=0)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
+            return
+        row = self.row_of[name]
+        parts = self.collected.add(row.key, row.parts, name, tensor)
+        if parts is not None:
+            self.files.write(self.layout.prefix + row.key, None, row.transform.fuse(parts).contiguous())
+        if self.tied and name == EMBEDDING:
+            self.files.write(self.layout.prefix + self.layout.tied_head, None, tensor.contiguous())
+
+    def finish_units(self, state: dict | None = None) -> dict:
+        self.collected.check_done()
+        return {}
+
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        self.files.write_metadata()
+        (self.root / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+
+    @property
+    def notes(self) -> list[str]:
+        if not self.dropped_optim:
+            return []
+        return [f"optimizer state not written ({', '.join(self.dropped_optim)}): the DCP target holds the model only"]
+
+    def abort(self) -> None:
+        self.files.abort()
