@@ -63,6 +63,7 @@ class Group:
         self.stopping = threading.Event()
         self.beat = 0
         self.tmp = None  # the shared temporary directory, once rank 0 made it
+        self.announces = False  # this rank posted the job's failure: it prints the error line
         self.lock = threading.Lock()  # the watcher interrupts the main thread only before it handles a failure
         self.store.set(f"who/{self.rank}", f"{self.host} pid {os.getpid()}")
         self._watch = threading.Thread(target=self._watcher, daemon=True, name="interop-rank-watcher")
@@ -70,18 +71,22 @@ class Group:
 
     # -- failure: posted once, seen by all --------------------------------------------------------------------
     def fail(self, message: str) -> bool:
-        """Post `message` as the job's failure; True when this rank posted it first (it prints it)."""
+        """Post `message` as the job's failure; True when this rank posted it first: then it `announces` it
+        (prints the one error line), whichever thread posted it."""
         try:
             got = self.store.compare_set("failed", "", message)
+            won = (got.decode() if isinstance(got, bytes) else got) == message
         except Exception:  # the store is gone: this rank is on its own
-            return True
-        return (got.decode() if isinstance(got, bytes) else got) == message
+            won = True
+        self.announces = self.announces or won
+        return won
 
     def failure(self) -> str | None:
         try:
             if self.store.check(["failed"]):
                 return self.store.get("failed").decode()
-        except Exception:
+        except Exception:  # no one can coordinate any more: each rank that sees it says it
+            self.announces = True
             return "the job's store stopped answering (rank 0's node gone?)"
         return None
 
@@ -226,10 +231,10 @@ def guarded(group: Group):
         yield
     except BaseException as exc:
         group.handling()
-        first = False
         if group.failure() is None:  # this rank's own failure (an error, or a signal)
             why = _dead_neighbour(group) if isinstance(exc, KeyboardInterrupt) else None
-            first = group.fail(why or f"rank {group.rank}: {describe_error(exc)}")
+            group.fail(why or f"rank {group.rank}: {describe_error(exc)}")
+        first = group.announces
         group.end("failed")
         group.close()
         group.wait_stopped()

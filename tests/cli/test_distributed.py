@@ -135,3 +135,17 @@ def test_a_rank_that_does_not_see_the_source_is_named(sources, tmp_path):
     lines = error_lines(err)
     assert len(lines) == 1 and "rank 1" in lines[0] and "does not see hf" in lines[0], err
     assert not dst.exists() and leftovers(dst) == []
+
+
+def test_a_rank_killed_on_another_node_is_found_by_its_silence(sources, tmp_path):
+    """Node 1's only rank is SIGKILLed; node 0's torchrun knows nothing of it: rank 0 finds the silent heartbeat
+    (INTEROP_DIST_HEARTBEAT_TIMEOUT, 10 s here), prints the one error line, and the destination stays empty."""
+    dst = tmp_path / "out"
+    port = _port()
+    args = ["convert", sources / "mixtral", dst, "--to", "megatron", "--tp", "2", "--pp", "2", "-q"]
+    nodes = [_launch(args, 1, port, nnodes=2, node_rank=n, fault="kill:1") for n in (0, 1)]
+    outs = [p.communicate(timeout=TIMEOUT) for p in nodes]
+    assert all(p.returncode != 0 for p in nodes)
+    lines = error_lines(outs[0][1] + outs[1][1])
+    assert len(lines) == 1 and "rank 1" in lines[0] and "stopped answering" in lines[0], outs
+    assert not dst.exists() and leftovers(dst) == []
