@@ -149,3 +149,20 @@ def test_a_rank_killed_on_another_node_is_found_by_its_silence(sources, tmp_path
     lines = error_lines(outs[0][1] + outs[1][1])
     assert len(lines) == 1 and "rank 1" in lines[0] and "stopped answering" in lines[0], outs
     assert not dst.exists() and leftovers(dst) == []
+
+
+def test_ctrl_c_on_the_launcher_cleans_up(sources, tmp_path):
+    """SIGINT to torchrun while rank 1 is mid-way: torchrun stops its ranks, one error line, nothing left."""
+    import signal
+    import time
+    dst = tmp_path / "out"
+    proc = _launch(["convert", sources / "hf", dst, "--to", "megatron", "--format", "torch_dist", "-q"], 2, _port(),
+                   fault="hang:1")
+    assert proc.stdout.readline().strip() == "hanging"  # rank 1 is inside its units, the temporary directory made
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode != 0
+    lines = error_lines(err)
+    assert len(lines) == 1 and "rank " in lines[0], err
+    assert not dst.exists() and leftovers(dst) == []
