@@ -39,6 +39,9 @@ STOP_WAIT = 60.0  # after a failure, how long a rank waits for the others to sto
 STORE_TIMEOUT = timedelta(seconds=float(os.environ.get("INTEROP_DIST_TIMEOUT", 1800)))
 
 
+_conversions = [0]
+
+
 def from_env() -> "Group | None":
     """The job this process is a rank of, when torchrun (or srun with its variables) started it with
     WORLD_SIZE > 1; None for an ordinary run."""
@@ -47,7 +50,8 @@ def from_env() -> "Group | None":
     import torch.distributed as dist
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=STORE_TIMEOUT)
-    store = dist.PrefixStore("interop/", dist.distributed_c10d._get_default_store())
+    _conversions[0] += 1  # every rank converts in the same order: the n-th conversion of a job has its own keys
+    store = dist.PrefixStore(f"interop/{_conversions[0]}/", dist.distributed_c10d._get_default_store())
     return Group(dist.get_rank(), dist.get_world_size(), store)
 
 

@@ -4,6 +4,7 @@ and nothing left behind; two torchrun "nodes" on this machine share one destinat
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,21 +35,32 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(args, nproc: int, port: int, nnodes: int = 1, node_rank: int = 0, fault: str | None = None, cwd=None):
+def _launch(args, nproc: int, port: int, nnodes: int = 1, node_rank: int = 0, fault: str | None = None, cwd=None,
+            split: bool = False):
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "INTEROP_DIST_HEARTBEAT_TIMEOUT": "10"}
     target = ["-m", "interop"]
-    if fault:
-        env["INTEROP_TEST_FAULT"] = fault
+    if fault or split:
+        env.update(INTEROP_TEST_FAULT=fault or "none:-1", INTEROP_TEST_SPLIT="1" if split else "")
         target = [str(HELPERS / "faulty_rank.py")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port), *target,
            *map(str, args)]
-    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _finish(proc) -> tuple[str, str]:
+    """Its output; past TIMEOUT the launcher and its ranks (its own process group) are killed."""
+    try:
+        return proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
 
 
 def torchrun(args, nproc: int = 2, **kw) -> tuple[int, str, str]:
     proc = _launch(args, nproc, _port(), **kw)
-    out, err = proc.communicate(timeout=TIMEOUT)
+    out, err = _finish(proc)
     return proc.returncode, out, err
 
 
@@ -88,12 +100,13 @@ def test_two_ranks_write_the_same_bytes_as_one_process(sources, tmp_path, case):
 
 
 def test_four_ranks_and_workers_compose(sources, tmp_path):
-    """4 ranks over 5 torch_dist files (one rank gets two), each with `--workers 2`: the same bytes."""
+    """4 ranks over 5 torch_dist files (the last rank gets two and splits them over 2 workers): the same bytes."""
     flags = ["--to", "megatron", "--format", "torch_dist", "--ep", "2"]
     convert(sources / "mixtral", tmp_path / "one", **_options(flags))
     code, out, err = torchrun(["convert", sources / "mixtral", tmp_path / "four", *flags, "-q", "--workers", "2"],
-                              nproc=4)
+                              nproc=4, split=True)
     assert code == 0, err
+    assert out.count("workers: 2") == 1, out  # the ranks of one unit convert in their own process
     assert_same_output(tmp_path / "one", tmp_path / "four")
 
 
@@ -104,7 +117,7 @@ def test_two_nodes_share_one_destination(sources, tmp_path):
     port = _port()
     args = ["convert", sources / "mixtral", tmp_path / "nodes", *flags, "-q"]
     nodes = [_launch(args, 1, port, nnodes=2, node_rank=n) for n in (0, 1)]
-    outs = [p.communicate(timeout=TIMEOUT) for p in nodes]
+    outs = [_finish(p) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     assert_same_output(tmp_path / "one", tmp_path / "nodes")
     assert leftovers(tmp_path / "nodes") == []
@@ -144,7 +157,7 @@ def test_a_rank_killed_on_another_node_is_found_by_its_silence(sources, tmp_path
     port = _port()
     args = ["convert", sources / "mixtral", dst, "--to", "megatron", "--tp", "2", "--pp", "2", "-q"]
     nodes = [_launch(args, 1, port, nnodes=2, node_rank=n, fault="kill:1") for n in (0, 1)]
-    outs = [p.communicate(timeout=TIMEOUT) for p in nodes]
+    outs = [_finish(p) for p in nodes]
     assert all(p.returncode != 0 for p in nodes)
     lines = error_lines(outs[0][1] + outs[1][1])
     assert len(lines) == 1 and "rank 1" in lines[0] and "stopped answering" in lines[0], outs
@@ -153,7 +166,6 @@ def test_a_rank_killed_on_another_node_is_found_by_its_silence(sources, tmp_path
 
 def test_ctrl_c_on_the_launcher_cleans_up(sources, tmp_path):
     """SIGINT to torchrun while rank 1 is mid-way: torchrun stops its ranks, one error line, nothing left."""
-    import signal
     import time
     dst = tmp_path / "out"
     proc = _launch(["convert", sources / "hf", dst, "--to", "megatron", "--format", "torch_dist", "-q"], 2, _port(),
@@ -161,7 +173,7 @@ def test_ctrl_c_on_the_launcher_cleans_up(sources, tmp_path):
     assert proc.stdout.readline().strip() == "hanging"  # rank 1 is inside its units, the temporary directory made
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=TIMEOUT)
+    out, err = _finish(proc)
     assert proc.returncode != 0
     lines = error_lines(err)
     assert len(lines) == 1 and "rank " in lines[0], err
