@@ -220,7 +220,7 @@ class Reader(BaseReader):
 
 class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
-    options = ("max_shard_size", "max_shard_bytes", "tokenizer")
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk")
     splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
@@ -229,10 +229,12 @@ class Writer(BaseWriter):
         return spec.vocab  # HF holds the true vocabulary only
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
-                 max_shard_bytes: int | None = None, tokenizer=None, only=None):
+                 max_shard_bytes: int | None = None, tokenizer=None, renormalize_topk: bool = False, only=None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
-        (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`)."""
+        (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`).
+        `renormalize_topk`: write a MoE model whose top-k probabilities are not renormalised (megatron-core's
+        moe_router_pre_softmax, as mbridge builds Mixtral) as HF Mixtral anyway, whose router renormalises them."""
         if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
             raise InteropError("a Hugging Face checkpoint is not sharded: use --tp 1 --pp 1 --ep 1")
         max_shard_bytes = parse_size(max_shard_size if max_shard_size is not None else
@@ -244,6 +246,12 @@ class Writer(BaseWriter):
             raise InteropError(f"--tokenizer {tokenizer}: no tokenizer files in it (looked for {', '.join(TOKENIZER_FILES[:4])}, ...)")
         self.carried = {"files": {}, "config": {}}
         self.written_notes: list[str] = []
+        if renormalize_topk and spec.is_moe and not spec.moe_norm_topk:
+            spec = spec.replace(moe_norm_topk=True)
+            self.written_notes.append(
+                "--renormalize-topk: the HF router renormalises each token's top-k expert probabilities to sum to "
+                "1, the source's did not (moe_router_pre_softmax): the same weights compute other outputs "
+                "(interop verify runs both and shows the logit difference)")
         self.root, self.spec = Path(root), spec
         config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
         if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:

@@ -11,12 +11,20 @@ from .mappings import megatron_args
 
 
 def megatron_args_from_file(path) -> dict:
-    """Completed Megatron args (`megatron_args.complete`) from a model description file."""
+    """Completed Megatron args (`megatron_args.complete`) from a model description file.
+
+    Its vocabulary is the true one (`vocab_size`; a file that names only `padded_vocab_size`, as a
+    MindSpeed YAML's `model_config.vocab_size` maps, gives that): the padded rows are the checkpoint's
+    fact, so `padded_vocab_size` stays only where the file states it beside `vocab_size`, else None."""
     from . import mapargs  # the loaders of every config format (no torch)
     path = require_small_file(path, "model config")  # not /dev/zero, a FIFO, a directory or a huge file
     if path.suffix.lower() == ".json":
         read_json_object(path, "model config")  # one line for bad JSON (too deep, a 5,000-digit number), not a traceback
-    return megatron_args.complete(mapargs.load(path).explicit)
+    explicit = mapargs.load(path).explicit
+    full = megatron_args.complete(explicit)
+    stated = explicit.get("padded_vocab_size") if explicit.get("vocab_size") else None
+    return {**full, "vocab_size": explicit.get("vocab_size") or explicit.get("padded_vocab_size"),
+            "padded_vocab_size": stated}
 
 
 def spec_from_file(path, dtype: str):
@@ -30,6 +38,4 @@ def spec_from_file(path, dtype: str):
         config = read_json_object(path, "model config")
         if "model_type" in config or "architectures" in config:
             return spec_from_hf_config(config, dtype, where=str(path))
-    full = megatron_args_from_file(path)
-    full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"))
-    return spec_from_args(full, str(path), dtype)
+    return spec_from_args(megatron_args_from_file(path), str(path), dtype)

@@ -117,6 +117,12 @@ class ModelSpec:
         except InteropError as exc:
             raise InteropError(f"{prefix}{exc}") from None
 
+    def differences(self, other: "ModelSpec", ignore=("dtype", "padded_vocab")) -> list[tuple[str, object, object]]:
+        """(field, this value, other's) where two descriptions of one model disagree; the dtype and the
+        padded rows are the files' facts, not a description's."""
+        mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
+        return [(k, v, theirs[k]) for k, v in mine.items() if k not in ignore and theirs[k] != v]
+
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
 
@@ -265,3 +271,25 @@ def padded_to_tp(spec: ModelSpec, tp: int) -> int:
     if spec.padded_vocab % tp == 0:
         return spec.padded_vocab
     return -(-spec.vocab // tp) * tp
+
+
+def vocab_from_rows(rows: int, vocab: int | None, stated: int | None, where: str, stated_by: str = "args",
+                    override: str = "--vocab-size N") -> tuple[int, int, list[str]]:
+    """(true vocabulary, padded rows, notes) of a checkpoint whose vocab matrices hold `rows` rows.
+
+    The rows in the file are the fact; the description gives the true vocabulary (`vocab`) and the rows
+    beyond it are padding, whatever padding rule made them (Megatron's multiple of 128 x tp, MindSpeed's,
+    none at all as mbridge saves).  Only a padded size the description states outright (`stated`: a
+    Megatron checkpoint's own `padded_vocab_size`) is checked against the rows; `override` names the
+    flag that takes the file's rows instead; `where` names the file and tensor ("path: name").  Fewer rows than the vocabulary is refused: tokens would
+    have no embedding."""
+    notes = []
+    if stated is not None and int(stated) != rows:
+        raise InteropError(f"{where} holds {rows} vocab rows, {stated_by} say padded_vocab_size={stated}: "
+                           f"pass {override} (the true vocabulary) to take the file's {rows} rows")
+    if not vocab:
+        notes.append(f"the true vocabulary size is not recorded: keeping all {rows} rows")
+        vocab = rows
+    if rows < int(vocab):
+        raise InteropError(f"{where} holds {rows} vocab rows, fewer than the vocabulary ({vocab})")
+    return int(vocab), rows, notes

@@ -374,7 +374,9 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
         cannot("qk_norm", "q/k norms" if spec.qk_norm else "no q/k norms")
     if model_type == "mixtral":
         if not spec.moe_norm_topk:
-            cannot("moe_norm_topk", "top-k probabilities left unnormalised (Mixtral always renormalises them)")
+            cannot("moe_norm_topk", "top-k probabilities left unnormalised (Mixtral always renormalises them; no HF "
+                                    "class without a shared expert or q/k norms keeps them: interop convert "
+                                    "--renormalize-topk writes HF Mixtral anyway, with a note of the changed rule)")
         if spec.moe_layers is not None:
             cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
     elif model_type == "qwen3_moe":

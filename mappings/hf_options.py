@@ -8,6 +8,10 @@ OPTIONS = (
     FormatOption("tokenizer", {"convert": "HF output: a tokenizer directory, or one tokenizer file (Megatron's "
                                           "--tokenizer-model sentencepiece model, or a tokenizer.json). An HF "
                                           "source's own tokenizer is carried without it."}, kind="path"),
+    FormatOption("renormalize_topk", {"convert": "HF output of a MoE model whose router leaves the top-k "
+                                                 "probabilities unnormalised (moe_router_pre_softmax): write HF "
+                                                 "Mixtral anyway, whose router renormalises them (a note; the "
+                                                 "outputs change)."}, kind="flag"),
     FormatOption("max_shard_size", {"convert": "HF output: largest weight file, e.g. 5GB or 500MB (transformers' "
                                                "style); sharded output gets model.safetensors.index.json. [5GiB]"}),
 )

@@ -23,9 +23,6 @@ from typing import Callable
 
 from interop.spec import padded_vocab_size as _pad_vocab
 
-# The map-args table language: its own module; OMIT / Unmappable stay reachable as M.OMIT / M.Unmappable.
-from .key_mapping import OMIT, Unmappable  # noqa: F401
-
 INT, FLOAT, STR = "int", "float", "str"
 INTS, FLOATS, STRS = "ints", "floats", "strs"
 TRUE, FALSE, BOOLOPT = "store_true", "store_false", "bool_optional"

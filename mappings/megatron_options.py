@@ -9,6 +9,10 @@ from ..formats import FormatOption
 MODEL_CONFIG_HELP = ("Model description for a checkpoint that carries none (HF config.json, Megatron args file or "
                      "MindSpeed / MindFormers YAML).")
 
+# The true vocabulary: the embedding's rows in the files are the padded size, whatever the args say.
+VOCAB_SIZE_HELP = ("The true vocabulary (tokens): the embedding rows in the files beyond it are padding, whatever "
+                   "the checkpoint's args say its padded_vocab_size is.")
+
 OPTIONS = (
     FormatOption("format", {"convert": "Megatron on-disk format to write (default: torch)."},
                  choices=("torch", "torch_dist")),
@@ -19,6 +23,7 @@ OPTIONS = (
                                                       "there: as the source was saved), or the torch format's "
                                                       "distrib_optim.pt laid out for --dp N."}, kind="switch"),
     FormatOption("model_config", {"convert": MODEL_CONFIG_HELP, "inspect": MODEL_CONFIG_HELP}, kind="path"),
+    FormatOption("vocab_size", {"convert": VOCAB_SIZE_HELP, "inspect": VOCAB_SIZE_HELP}, kind="int"),
     FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
                                    "laid out for."}, kind="int"),
 )

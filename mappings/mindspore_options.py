@@ -3,13 +3,14 @@ here (torch-free) so that `interop convert --help` lists them without importing 
 from __future__ import annotations
 
 from ..formats import FormatOption
-from .megatron_options import MODEL_CONFIG_HELP
+from .megatron_options import MODEL_CONFIG_HELP, VOCAB_SIZE_HELP
 from .mindspore_names import DIALECTS
 
 LAYOUTS = ("grouped", "plain")  # MindFormers w_qkv / w_gate_hidden: per group (r1.5.0 on) or q|k|v (r1.3.x)
 
 OPTIONS = (
     FormatOption("model_config", {"convert": MODEL_CONFIG_HELP, "inspect": MODEL_CONFIG_HELP}, kind="path"),
+    FormatOption("vocab_size", {"convert": VOCAB_SIZE_HELP, "inspect": VOCAB_SIZE_HELP}, kind="int"),
     FormatOption("dialect", {"convert": "MindSpore naming dialect."}, choices=tuple(DIALECTS)),
     FormatOption("qkv_concat", {"convert": "MindFormers: fuse q/k/v into w_qkv and gate/up into w_gate_hidden."},
                  kind="flag"),

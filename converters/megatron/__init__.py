@@ -49,11 +49,11 @@ class Reader(BaseReader):
     """The format's reader: opening one gives the reader of the layout on disk, a `torch_dist.Reader` for a
     DCP iteration directory, a `torch_format.Reader` otherwise (each subclasses `BaseReader` itself)."""
 
-    options = ("iteration", "model_config")
+    options = ("iteration", "model_config", "vocab_size")
 
-    def __new__(cls, path, iteration: int | None = None, model_config=None):
+    def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
         picked = _torch_dist().Reader if _is_torch_dist(path, iteration) else torch_format.Reader
-        return picked(path, iteration=iteration, model_config=model_config)
+        return picked(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
 
 
 class Writer(BaseWriter):

@@ -6,53 +6,11 @@ converter, map-args and the trainer).
 from __future__ import annotations
 
 import argparse
-import math
 import types
 
-from ...errors import InteropError
-from ...io.safe_pickle import to_plain
 from ...mappings import megatron_args as M
+from ...mappings.megatron_spec import check_args, explicit_args  # noqa: F401 (this package's readers import them here)
 from ...spec import ModelSpec, padded_vocab_size
-
-# The numbers a reader builds the model and its layout from: checked at the door (`check_args`).
-MODEL_NUMBERS = {**dict.fromkeys(
-    ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-     "vocab_size", "padded_vocab_size", "max_position_embeddings", "seq_length", "make_vocab_size_divisible_by",
-     "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "data_parallel_size",
-     "global_batch_size", "consumed_train_samples", "ddp_bucket_size", "num_experts", "moe_router_topk",
-     "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "expert_model_parallel_size",
-     "expert_tensor_parallel_size"), M.INT),
-    **dict.fromkeys(("norm_epsilon", "rotary_base", "rotary_percent", "rope_scaling_factor"), M.FLOAT)}
-
-
-def explicit_args(stored: dict) -> dict:
-    """Stored checkpoint args in the shared table's terms (plain values, known dests only)."""
-    out = {}
-    for key, value in stored.items():
-        dest = M.CHECKPOINT_ALIASES.get(key, key)
-        if dest in M.ARGS and value is not None:
-            out[dest] = to_plain(value)
-    return out
-
-
-def check_args(stored: dict | None, where) -> None:
-    """One line for a stored args value that is not what Megatron's parser makes of its flag (a number that
-    is a string, a 5,000-digit integer, a list where a number belongs): never a traceback further on."""
-    for key, value in (stored or {}).items():
-        kind = MODEL_NUMBERS.get(M.CHECKPOINT_ALIASES.get(key, key))
-        if kind is None or value is None:
-            continue
-        if kind == M.INT:
-            ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2 ** 63
-        else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok:
-            if isinstance(value, int) and value.bit_length() > 64:  # repr() of a huge int is itself refused
-                shown = f"an integer of {value.bit_length()} bits"
-            else:
-                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise InteropError(f"{where}: args.{key} is {shown}, not {'an integer' if kind == M.INT else 'a number'}")
 
 
 def vocab_divisor(vocab: int, padded: int, tp: int, default: int = 128) -> int | None:
@@ -65,7 +23,6 @@ def vocab_divisor(vocab: int, padded: int, tp: int, default: int = 128) -> int |
             return d
         d += default
     return None
-
 
 
 def args_dict(args) -> dict | None:

@@ -13,7 +13,7 @@ from ...mappings import megatron_args as M
 from ...mappings.megatron_names import TABLES
 from ...mappings.megatron_spec import spec_from_args
 from ...model_config import megatron_args_from_file
-from ...spec import ModelSpec
+from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE
 from .args import explicit_args
 from .model_state import ModelState
@@ -28,10 +28,7 @@ def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[
         notes.append(f"model description taken from {model_config}")
         full = megatron_args_from_file(model_config)
         # the layout and the padded vocab are facts of the files, not of the model description
-        # (a HF config's vocab_size, which the args table calls padded_vocab_size, is the true vocab)
-        full.update(vocab_size=full.get("vocab_size") or full.get("padded_vocab_size"),
-                    tensor_model_parallel_size=ranks.tp, pipeline_model_parallel_size=ranks.pp,
-                    padded_vocab_size=(stored or {}).get("padded_vocab_size"))
+        full.update(tensor_model_parallel_size=ranks.tp, pipeline_model_parallel_size=ranks.pp)
         return full
     where = ranks.files[(0, 0)].path
     if not stored or not stored.get("num_layers"):
@@ -45,8 +42,9 @@ def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[
     return M.complete(explicit)
 
 
-def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str]) -> ModelSpec:
-    """The ModelSpec: the args, with the padded vocabulary the embedding's rows say."""
+def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str], stated: int | None = None) -> ModelSpec:
+    """The ModelSpec: the args, with the padded vocabulary the embedding's rows say (`stated`: the padded size
+    the checkpoint's own args state, checked against them)."""
     emb_key = TABLES[model.scheme][0][0]
     rows = 0
     for t in range(ranks.tp):
@@ -54,14 +52,10 @@ def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str]) -
         if not isinstance(emb, torch.Tensor):
             raise InteropError(f"{ranks.files[(t, 0)].path}: {emb_key} is missing")
         rows += emb.shape[0]
-    padded = full.get("padded_vocab_size")
-    if padded and int(padded) != rows:
-        raise InteropError(f"{ranks.files[(0, 0)].path}: {emb_key} holds {rows} vocab rows over tp={ranks.tp}, "
-                           f"args say padded_vocab_size={padded}")
-    full = dict(full, padded_vocab_size=rows)
-    if not full.get("vocab_size"):
-        full["vocab_size"] = rows
-        notes.append(f"the true vocabulary size is not recorded (no vocab_size in args): keeping all {rows} rows")
+    vocab, rows, vocab_notes = vocab_from_rows(rows, full.get("vocab_size"), stated,
+                                               f"{ranks.files[(0, 0)].path}: {emb_key} over tp={ranks.tp}")
+    notes += vocab_notes
+    full = dict(full, padded_vocab_size=rows, vocab_size=vocab)
     dtype = NAME_OF_DTYPE.get(emb.dtype, "float32")
     if full.get("untie_embeddings_and_output_weights") is None:
         full["untie_embeddings_and_output_weights"] = False

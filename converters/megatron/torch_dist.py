@@ -41,7 +41,7 @@ from ...mappings import megatron_args as M
 from ...mappings.megatron_names import DIST_EXPERT_KEYS, EXTRA_STATE_MODULES, scheme_of
 from ...params import TensorKey, base_param_name, param_index, param_table
 from ...rows import RowCollector
-from ...spec import ModelSpec
+from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
 from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
@@ -137,9 +137,9 @@ def _rows(spec: ModelSpec, scheme: str, moe_norm_apart: bool = False):
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch_dist` format (PyTorch DCP, through `interop.io.megatron_dist`)."""
 
-    options = ("iteration", "model_config")
+    options = ("iteration", "model_config", "vocab_size")
 
-    def __init__(self, path, iteration: int | None = None, model_config=None):
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
         self.dir = dist.checkpoint_dir(path, iteration)
         self.ckpt = dist.DistCheckpoint(self.dir)
         common, notes = self.ckpt.common, []
@@ -163,13 +163,12 @@ class Reader(BaseReader):
         if emb not in self.ckpt:
             raise InteropError(f"{self.dir}: {emb} is missing")
         dtype, (rows, _) = self.ckpt.meta(emb)
-        padded = full.get("padded_vocab_size")
-        if padded and int(padded) != rows:
-            raise InteropError(f"{self.dir}: {emb} holds {rows} vocab rows, args say padded_vocab_size={padded}")
-        full = dict(full, padded_vocab_size=rows)
-        if not full.get("vocab_size"):
-            full["vocab_size"] = rows
-            notes.append(f"the true vocabulary size is not recorded (no vocab_size in args): keeping all {rows} rows")
+        # the padded size the checkpoint's own args state (a --model-config or --vocab-size gives the true one)
+        stated = None if model_config is not None or vocab_size else (stored or {}).get("padded_vocab_size")
+        vocab, rows, vocab_notes = vocab_from_rows(rows, vocab_size or full.get("vocab_size"), stated,
+                                                   f"{self.dir}: {emb}")
+        notes += vocab_notes
+        full = dict(full, padded_vocab_size=rows, vocab_size=vocab)
         if full.get("untie_embeddings_and_output_weights") is None:
             full["untie_embeddings_and_output_weights"] = False
         self.spec = spec = spec_from_args(full, str(self.dir), NAME_OF_DTYPE.get(dtype, "float32"))

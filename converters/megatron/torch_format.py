@@ -71,9 +71,9 @@ _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replac
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch` format (rank files)."""
 
-    options = ("iteration", "model_config")
+    options = ("iteration", "model_config", "vocab_size")
 
-    def __init__(self, path, iteration: int | None = None, model_config=None):
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
         ranks = RankFiles(self.dir)
@@ -86,10 +86,14 @@ class Reader(BaseReader):
         stored = args_dict(first.get("args"))
         check_args(stored, self.files[(0, 0)].path)
         full = model_args(stored, model_config, ranks, notes)
+        # the padded size the checkpoint's own args state (a --model-config or --vocab-size gives the true one)
+        stated = None if model_config is not None or vocab_size else (stored or {}).get("padded_vocab_size")
+        if vocab_size:
+            full = dict(full, vocab_size=vocab_size)
         model = ModelState(ranks)
         self.chunks, self.scheme, self.experts = model.chunks, model.scheme, model.experts
         self.ep_dicts, self.state_dicts = model.ep_dicts, model.state_dicts
-        spec = spec_of(full, model, ranks, notes)
+        spec = spec_of(full, model, ranks, notes, stated)
         self.layout = layout_of(spec, model, ranks)
         self.spec = spec
         self.index = param_index(spec)

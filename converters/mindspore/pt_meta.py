@@ -22,6 +22,7 @@ from ...errors import InteropError
 from ...io.safe_pickle import safe_torch_load, to_plain
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
+from ...mappings.megatron_spec import check_args, explicit_args, model_args, spec_from_args
 from ...mappings.mindspore_names import MEGATRON_TIED_HEAD, MINDSPEED_PARAM_KEY_MAP, PT_META, PT_META_ARGS
 from ...params import param_index
 from ...spec import ModelSpec
@@ -76,6 +77,8 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
         notes.append("its args are Megatron's defaults with this model's shape and layout (the source carried "
                      "no Megatron args)")
     args = {**M.defaults(), **source}
+    # every fact of the model in Megatron's words (rope base, q/k norms, window, ...), so that the args describe it
+    args.update({k: v for k, v in model_args(spec).items() if k not in ("activation", "hidden_act", "compute_dtype")})
     args.update({
         "num_layers": spec.num_layers, "hidden_size": spec.hidden, "ffn_hidden_size": spec.ffn_hidden,
         "num_attention_heads": spec.heads, "num_query_groups": spec.kv_groups,
@@ -172,3 +175,20 @@ def state_from(found: dict[tuple[int, int], dict]) -> dict:
         if first.get(key) is not None:
             meg[key] = to_plain(first[key])
     return {"megatron": meg} if meg else {}
+
+
+def spec_from(found: dict[tuple[int, int], dict], dtype: str, where: str) -> tuple[ModelSpec, int | None] | None:
+    """The model the Megatron run's args describe (convert_pt2ckpt.py saves them whole) and the padded
+    vocabulary they state; None when the args name no whole model (Megatron-LM's and interop's always do)."""
+    args = to_plain(found[(0, 0)].get("args"))
+    if not isinstance(args, dict) or not all(args.get(k) for k in ("num_layers", "hidden_size", "num_attention_heads")):
+        return None  # args that name no whole model (a hand-made Namespace of a few counters)
+    check_args(args, where)
+    explicit = explicit_args(args)
+    if not args.get("swiglu") and "bias_gelu_fusion" not in args:
+        explicit["bias_gelu_fusion"] = False  # as the Megatron reader: Megatron's exact (erf) GeLU
+    full = M.complete(explicit)
+    if full.get("untie_embeddings_and_output_weights") is None:
+        full["untie_embeddings_and_output_weights"] = False
+    stated = args.get("padded_vocab_size")
+    return spec_from_args(full, where, dtype), stated

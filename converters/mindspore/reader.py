@@ -18,9 +18,9 @@ from ...io.ms_ckpt import CkptFile
 from ...io.small_files import read_json_object
 from ...layout import ParallelLayout
 from ...memory import BufferPool
-from ...mappings.mindspore_names import DIALECT_MARKERS, IGNORED_SUFFIXES, LOCAL_EXPERTS
+from ...mappings.mindspore_names import DIALECT_MARKERS, IGNORED_SUFFIXES, LOCAL_EXPERTS, PT_META, PT_META_ARGS
 from ...params import param_index, param_table
-from ...spec import ModelSpec
+from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import Source, TensorMeta
 from . import pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
@@ -72,14 +72,16 @@ def _runs(layers: list[int]) -> tuple[tuple[int, int], ...]:
 class Reader(BaseReader):
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
 
-    options = ("model_config", "qkv_layout", "qkv_bias_layout", "src_qkv_layout", "src_qkv_bias_layout")
+    options = ("model_config", "qkv_layout", "qkv_bias_layout", "src_qkv_layout", "src_qkv_bias_layout",
+               "vocab_size")
 
     @classmethod
     def options_for_worker(cls, options: dict) -> dict:
         return dict(options, verify=False)  # the parent checked every file's crc as it opened it
 
     def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
-                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True):
+                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True,
+                 vocab_size: int | None = None):
         """`qkv_layout` / `qkv_bias_layout`: how a MindFormers w_qkv is joined.  MindSpore -> MindSpore gives
         the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's).
         `verify=False` skips what reads tensor bytes to check the files (crc trailers, a tied head's or a
@@ -110,13 +112,14 @@ class Reader(BaseReader):
                 paths = {("rank", r): p for r, p in by_rank.items()}
             for key, p in sorted(paths.items()):
                 self.files[key] = CkptFile(p, verify=verify)
-            self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes)
+            self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes, vocab_size)
         except BaseException:
             self.close()
             raise
 
     # -- what the checkpoint is ----------------------------------------------------------------
-    def _describe(self, path: Path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes: list[str]) -> None:
+    def _describe(self, path: Path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes: list[str],
+                  vocab_size: int | None) -> None:
         first = self.files[(0, 0)] if (0, 0) in self.files else self.files[("rank", 0)]
         tags = first.keys()
         float_dtypes = [first.meta(k)[0] for k in tags
@@ -124,14 +127,8 @@ class Reader(BaseReader):
         dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(float_dtypes[0] if float_dtypes else None,
                                                                            "float32")
         refuse_mla(tags, first.path)
-        if model_config is not None:
-            spec = _spec_from_config(model_config, dtype)
-        elif sidecar is not None:
-            spec = ModelSpec.from_dict(sidecar["spec"])
-        else:
-            raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
-                               "pass --model-config (a HF config.json, Megatron args file or MindSpeed / "
-                               "MindFormers YAML)")
+        meta = pt_meta.read(path) if path.is_dir() else None
+        spec, stated = self._description(path, sidecar, model_config, meta, dtype, vocab_size, notes)
         dialect = dialect_named((sidecar or {}).get("dialect") or _guess_dialect(tags, path))
         qkv_concat = bool((sidecar or {}).get("qkv_concat", any(".w_qkv." in t for t in tags)))
         if qkv_concat and dialect.fuses_qkv:
@@ -155,7 +152,6 @@ class Reader(BaseReader):
                 raise InteropError(f"{path}: {SIDECAR} says tp={said.tp} pp={said.pp} ep={said.ep}, "
                                    f"the files are tp={layout.tp} pp={layout.pp} ep={layout.ep}")
             layout = said  # it also knows uneven stages
-        meta = pt_meta.read(path) if path.is_dir() else None
         if meta is not None:
             _, tp, pp, vpp = meta
             if (tp, pp, vpp) != (layout.tp, layout.pp, layout.vpp):
@@ -171,11 +167,14 @@ class Reader(BaseReader):
         if embed not in first:
             raise InteropError(f"{first.path}: no {embed}: not a {dialect.name} {spec.arch} checkpoint "
                                f"(found e.g. {tags[0] if tags else 'nothing'})")
-        rows = first.meta(embed)[1][0] * layout.tp
-        if rows != spec.padded_vocab:
-            if rows < spec.vocab:
-                raise InteropError(f"{first.path}: {embed} has {rows} rows, fewer than the vocabulary ({spec.vocab})")
-            spec = spec.replace(padded_vocab=rows)
+        vocab, rows, vocab_notes = vocab_from_rows(first.meta(embed)[1][0] * layout.tp, spec.vocab, stated,
+                                                   f"{first.path}: {embed} over tp={layout.tp}",
+                                                   stated_by=f"{PT_META}/'s Megatron args")
+        notes += vocab_notes
+        if (vocab, rows) != (spec.vocab, spec.padded_vocab):  # the name table's shapes follow the rows
+            spec = spec.replace(vocab=vocab, padded_vocab=rows)
+            self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
+            self.tag_of = self._resolve_names(spec, layout)
         self.spec, self.layout = spec, layout
         self.index = param_index(spec)
         self.prefixes = dialect.moments
@@ -195,6 +194,38 @@ class Reader(BaseReader):
                 if isinstance(named, str) and named and "tokenizer_model" not in state:
                     state["tokenizer_model"] = named  # neutral (interop.state): an HF target takes the file
         self.source = Source(spec, layout, state=state, notes=notes)
+
+    @staticmethod
+    def _description(path: Path, sidecar, model_config, meta, dtype: str, vocab_size, notes: list[str]):
+        """(spec, the padded vocabulary it states) from --model-config, interop's sidecar or MindSpeed's own
+        pt_meta/ (the whole Megatron args convert_pt2ckpt.py saves); --model-config and pt_meta/ must agree."""
+        where = f"{path / PT_META / PT_META_ARGS.format(t=0, p=0)}"
+        from_meta = pt_meta.spec_from(meta[0], dtype, where) if meta is not None else None
+        if model_config is not None:
+            spec, stated = _spec_from_config(model_config, dtype), None
+            if from_meta is not None:
+                diff = spec.differences(from_meta[0])
+                if spec.position == "rope" and any(k == "max_positions" for k, _, _ in diff):
+                    # no tensor or computation depends on it under rope (a YAML may leave it to its default)
+                    notes.append(f"max_positions: --model-config says {spec.max_positions}, {PT_META}/ "
+                                 f"{from_meta[0].max_positions}; kept --model-config's")
+                    diff = [d for d in diff if d[0] != "max_positions"]
+                if diff:
+                    raise InteropError(f"--model-config {model_config} and {where} describe different models: "
+                                       + ", ".join(f"{k} {a} vs {b}" for k, a, b in diff[:4])
+                                       + "; pass the right --model-config, or none to take pt_meta/'s")
+        elif sidecar is not None:
+            spec, stated = ModelSpec.from_dict(sidecar["spec"]), None
+        elif from_meta is not None:
+            spec, stated = from_meta
+            notes.append(f"model description taken from {PT_META}/'s Megatron args")
+        else:
+            raise InteropError(f"{path}: a bare MindSpore checkpoint carries no model description; "
+                               "pass --model-config (a HF config.json, Megatron args file or MindSpeed / "
+                               "MindFormers YAML)")
+        if vocab_size:
+            spec, stated = spec.replace(vocab=vocab_size, padded_vocab=max(vocab_size, spec.padded_vocab)), None
+        return spec, stated
 
     def _qkv_layouts(self, first: CkptFile, sidecar, qkv_layout, qkv_bias_layout, notes):
         """The fused layouts of a MindFormers qkv_concat file: given, from interop's sidecar, or refused."""

@@ -228,15 +228,16 @@ def test_the_engine_has_no_import_cycle():
     assert "interop.convert" not in _imports("interop.workers", SOURCES["interop.workers"])
 
 
-def _opened_classes(module):
-    """The classes a format's Reader / Writer give: themselves, or for a format with several on-disk
-    layouts (Megatron: torch, torch_dist), each layout's."""
+def _format_classes():
+    """Every class named Reader or Writer that a converter module defines: each format's own, and the classes
+    a format with several on-disk layouts opens (Megatron: torch, torch_dist; DeepSpeed: its layouts)."""
     import importlib
-    found = [module.Reader] + ([module.Writer] if hasattr(module, "Writer") else [])
-    for sub in ("torch_format", "torch_dist"):
-        if module.__name__.endswith(".megatron"):
-            layout = importlib.import_module(f"{module.__name__}.{sub}")
-            found += [layout.Reader, layout.Writer]
+    found = []
+    for name in SOURCES:
+        if layer(name) == "converters":
+            module = importlib.import_module(name)
+            found += [cls for attr in ("Reader", "Writer") if (cls := vars(module).get(attr)) is not None
+                      and isinstance(cls, type) and cls.__module__ == name]
     return found
 
 
@@ -249,13 +250,12 @@ def test_every_format_subclasses_the_contract():
     from interop import formats
     from interop.contract import BaseReader, BaseWriter
     engine_keywords = {"self", "path", "root", "spec", "layout", "metas", "only", "verify"}
-    for name in formats.names():
-        for cls in _opened_classes(formats.converter(name)):
-            base = BaseReader if "Reader" in cls.__name__ else BaseWriter
-            assert issubclass(cls, base), cls
-            init = cls.__new__ if "__new__" in vars(cls) else cls.__init__
-            keywords = set(inspect.signature(init).parameters) - engine_keywords - {"cls"}
-            assert set(cls.options) == keywords, (cls, cls.options, keywords)
+    classes = _format_classes()
+    assert {formats.converter(name).Reader for name in formats.names()} <= set(classes)
+    for cls in classes:
+        assert issubclass(cls, BaseReader if cls.__name__ == "Reader" else BaseWriter), cls
+        keywords = set(inspect.signature(cls).parameters) - engine_keywords  # __init__'s, or a picking __new__'s
+        assert set(cls.options) == keywords, (cls, cls.options, keywords)
 
 
 def _extension_reads(path: Path) -> list[tuple[int, str]]:

@@ -234,6 +234,28 @@ def test_verify_runs_moe_in_the_reference_model(sources, tmp_path):
     assert code == 0 and "reference model, converted (interop)" in out and out.strip().endswith("OK"), out
 
 
+def test_a_pre_softmax_router_is_refused_for_hf_unless_asked(sources, tmp_path):
+    """mbridge builds Mixtral with moe_router_pre_softmax (top-k of the softmax, not renormalised) and Megatron
+    saves it in the args: HF Mixtral always renormalises, so the default refuses and names the flag;
+    --renormalize-topk writes HF Mixtral with the same tensors, a note says the rule changed, and verify shows
+    what it changes."""
+    src, _ = sources["mixtral"]
+    convert(src, tmp_path / "meg", dst_format="megatron")
+    for path in (tmp_path / "meg").glob("*/mp_rank_*/model_optim_rng.pt"):
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        state["args"].moe_router_pre_softmax = True  # as mbridge's Mixtral config sets it
+        torch.save(state, path)
+    code, out = run("convert", tmp_path / "meg", tmp_path / "hf", "--to", "hf")
+    assert_one_error(code, out, "top-k probabilities left unnormalised", "--renormalize-topk")
+    assert not (tmp_path / "hf").exists()
+    code, out = run("convert", tmp_path / "meg", tmp_path / "hf", "--to", "hf", "--renormalize-topk")
+    assert code == 0 and "the HF router renormalises each token's top-k expert probabilities" in out, out
+    assert "interop verify runs both and shows the logit difference" in out
+    assert_same_hf(src, tmp_path / "hf")  # the tensors are Mixtral's own
+    code, out = run("verify", tmp_path / "meg", tmp_path / "hf")
+    assert code == 1 and "FAIL" in out and "computes moe_norm_topk=True, the source moe_norm_topk=False" in out, out
+
+
 # The hub's config.json of mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen1.5-MoE-A2.7B (written by transformers 4.36 /
 # 4.39: rope_theta at the top, no qkv_bias or mlp_only_layers key), with 2 layers instead of 32 / 24 to stay small.
 MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
