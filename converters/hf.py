@@ -154,12 +154,13 @@ class Reader(BaseReader):
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
-        self.rows = hf_rows(spec, stacked)
+        self.model_type = config.get("model_type")  # its family's names (phi3's fused qkv_proj, ...)
+        self.rows = hf_rows(spec, stacked, self.model_type)
         self.part_of = {}
         for row in self.rows:
             hf_key, transform, parts = row.key, row.transform, row.parts
             if hf_key not in keys:
-                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {hf_table(spec)} "
+                raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {self.model_type} "
                                    f"model with {spec.num_layers} layers)")
             want = transform.rank_shape()
             got = self.files.meta(hf_key)[1]
@@ -172,7 +173,7 @@ class Reader(BaseReader):
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
         if keys:
-            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {hf_table(spec)} model, e.g. {sorted(keys)[0]}")
+            raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {self.model_type} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
         self.source = Source(spec, None, notes=notes)
         self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
@@ -220,7 +221,7 @@ class Reader(BaseReader):
 
 class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
-    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk")
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk", "family")
     splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
@@ -229,7 +230,8 @@ class Writer(BaseWriter):
         return spec.vocab  # HF holds the true vocabulary only
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
-                 max_shard_bytes: int | None = None, tokenizer=None, renormalize_topk: bool = False, only=None):
+                 max_shard_bytes: int | None = None, tokenizer=None, renormalize_topk: bool = False, only=None,
+                 family: str | None = None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
         (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`).
@@ -253,13 +255,14 @@ class Writer(BaseWriter):
                 "1, the source's did not (moe_router_pre_softmax): the same weights compute other outputs "
                 "(interop verify runs both and shows the logit difference)")
         self.root, self.spec = Path(root), spec
-        config = hf_config_from_spec(spec)  # a model HF cannot hold is refused before anything is written
+        self.family = family  # `--family`: the HF model_type to write (None: the one the facts pick)
+        config = hf_config_from_spec(spec, model_type=family)  # a model HF cannot hold is refused before writing
         if config["model_type"] == "mixtral" and spec.ffn_hidden != spec.moe_ffn_hidden:
             self.written_notes.append(f"ffn_hidden {spec.ffn_hidden} not written (no layer is dense): HF Mixtral's "
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = sorted(hf_rows(spec), key=lambda row: max(position[p] for p in row.parts))
+        rows = sorted(hf_rows(spec, model_type=family), key=lambda row: max(position[p] for p in row.parts))
         self.row_of, self.pending = {}, RowCollector()
         self.dropped_optim = {key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
@@ -370,7 +373,7 @@ class Writer(BaseWriter):
         if not ({"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt"} & set(files)):
             self.written_notes.append("output has no tokenizer: pass --tokenizer DIR_OR_FILE (an HF tokenizer "
                                       "directory, or the tokenizer.model Megatron's --tokenizer-model names)")
-        config = {**hf_config_from_spec(self.spec), **self.carried.get("config", {})}
+        config = {**hf_config_from_spec(self.spec, model_type=self.family), **self.carried.get("config", {})}
         (self.root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if len(self.shard_files) > 1:
             index = {"metadata": {"total_size": total},

@@ -19,15 +19,18 @@ from .rows import Row, check_placed, expand
 from .spec import ModelSpec
 from .tensors import TensorMeta
 
-def hf_table(spec: ModelSpec) -> str:
-    """Which name table holds the model: its architecture's, or for experts its HF MoE family's."""
-    return hf_family(spec) if spec.is_moe else spec.arch
+def hf_table(spec: ModelSpec, model_type: str | None = None) -> str:
+    """Which name table holds the model: its HF family's (`model_type`, else the one its facts pick) where the
+    family has its own names, else its architecture's (a Llama-style family without a table has Llama's names)."""
+    family = "gpt2" if spec.arch == "gpt2" else model_type or hf_family(spec)
+    return family if family in TABLES else spec.arch
 
 
-def hf_rows(spec: ModelSpec, stacked: bool = False) -> list[Row]:
-    """The architecture's HF name table expanded for this model (`interop.rows.expand`).
+def hf_rows(spec: ModelSpec, stacked: bool = False, model_type: str | None = None) -> list[Row]:
+    """The HF name table of the model's family expanded for this model (`interop.rows.expand`).
     `stacked`: transformers 5's in-memory expert layout (read only) instead of the hub's."""
-    return named_rows((STACKED_TABLES if stacked else TABLES)[hf_table(spec)], spec, f"HF {spec.arch}")
+    table = hf_table(spec, model_type)
+    return named_rows((STACKED_TABLES if stacked else TABLES)[table], spec, f"HF {table}")
 
 
 def named_rows(table: list, spec: ModelSpec, what: str) -> list[Row]:

@@ -33,24 +33,36 @@ def layer_params(spec: ModelSpec, i: int) -> list[Param]:
     q_rows, kv_rows, ffn = spec.heads * d, spec.kv_groups * d, spec.ffn_hidden
     p = f"layers.{i}."
     has_norm_bias = spec.norm == "layernorm"
+    pre, post = spec.pre_norm, spec.post_norm
+    # q/k norms: [head_dim] shared by the heads (whole on every TP rank), or one weight per value of the whole
+    # projection (split like the projection's rows: a TP rank holds its heads' weights)
+    if spec.qk_norm_scope == "projection":
+        q_norm, k_norm, qk_split = (q_rows,), (kv_rows,), "column"
+    else:
+        q_norm, k_norm, qk_split = (d,), (d,), "replicated"
     rows = [
-        (p + "attn_norm.weight", (h,), "replicated", True),
-        (p + "attn_norm.bias", (h,), "replicated", has_norm_bias),
+        (p + "attn_norm.weight", (h,), "replicated", pre),
+        (p + "attn_norm.bias", (h,), "replicated", pre and has_norm_bias),
         (p + "attn.q.weight", (q_rows, h), "column", True),
         (p + "attn.q.bias", (q_rows,), "column", spec.qkv_bias),
         (p + "attn.k.weight", (kv_rows, h), "column", True),
         (p + "attn.k.bias", (kv_rows,), "column", spec.qkv_bias),
         (p + "attn.v.weight", (kv_rows, h), "column", True),
         (p + "attn.v.bias", (kv_rows,), "column", spec.qkv_bias),
-        (p + "attn.q_norm.weight", (d,), "replicated", spec.qk_norm),
-        (p + "attn.k_norm.weight", (d,), "replicated", spec.qk_norm),
+        (p + "attn.q_norm.weight", q_norm, qk_split, spec.qk_norm),
+        (p + "attn.k_norm.weight", k_norm, qk_split, spec.qk_norm),
         (p + "attn.o.weight", (h, q_rows), "row", True),
         (p + "attn.o.bias", (h,), "replicated", spec.linear_bias),
-        (p + "mlp_norm.weight", (h,), "replicated", True),
-        (p + "mlp_norm.bias", (h,), "replicated", has_norm_bias),
+        (p + "attn_post_norm.weight", (h,), "replicated", post),  # on the attention's output (post_norm)
+        (p + "attn_post_norm.bias", (h,), "replicated", post and has_norm_bias),
+        (p + "mlp_norm.weight", (h,), "replicated", pre),
+        (p + "mlp_norm.bias", (h,), "replicated", pre and has_norm_bias),
     ]
+    post_mlp = [(p + "mlp_post_norm.weight", (h,), "replicated", post),  # on the MLP's output (post_norm)
+                (p + "mlp_post_norm.bias", (h,), "replicated", post and has_norm_bias)]
     if spec.is_moe_layer(i):
-        return [Param(name, shape, split, i) for name, shape, split, present in rows if present] + moe_params(spec, i)
+        return [Param(name, shape, split, i) for name, shape, split, present in rows if present] + \
+            moe_params(spec, i) + [Param(name, shape, split, i) for name, shape, split, present in post_mlp if present]
     rows += [
         (p + "mlp.gate.weight", (ffn, h), "column", spec.gated_mlp),
         (p + "mlp.gate.bias", (ffn,), "column", spec.gated_mlp and spec.has_mlp_bias),
@@ -58,6 +70,7 @@ def layer_params(spec: ModelSpec, i: int) -> list[Param]:
         (p + "mlp.up.bias", (ffn,), "column", spec.has_mlp_bias),
         (p + "mlp.down.weight", (h, ffn), "row", True),
         (p + "mlp.down.bias", (h,), "replicated", spec.has_mlp_bias),
+        *post_mlp,
     ]
     return [Param(name, shape, split, i) for name, shape, split, present in rows if present]
 

@@ -17,6 +17,7 @@ Formats add only their own rules around it: where a row lives (`stage`, `chunk`)
 from __future__ import annotations
 
 from .errors import InteropError
+from .mappings.facts import no_place
 from .params import param_index
 from .spec import ModelSpec
 
@@ -80,7 +81,8 @@ def check_placed(rows: list[Row], spec: ModelSpec, what: str, why: str = "") -> 
     held = {name for row in rows for name in row.parts}
     homeless = [name for name in param_index(spec) if name not in held]
     if homeless:
-        raise InteropError(f"{what} names have no place for {homeless[0]}{f' ({why})' if why else ''}")
+        raise InteropError(no_place(f"{what} names", homeless[0]) or
+                           f"{what} names have no place for {homeless[0]}{f' ({why})' if why else ''}")
 
 
 class RowCollector:

@@ -20,7 +20,8 @@ ARCHS = ("gpt2", "llama")
 NORMS = ("layernorm", "rmsnorm")
 # gelu = exact erf GeLU (HF "gelu", Megatron default); gelu_tanh = tanh approximation
 # (HF "gelu_new", Megatron --openai-gelu / bias-gelu fusion); swiglu = SiLU(gate) * up.
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+# geglu_tanh = gelu_tanh(gate) * up (Gemma's GeGLU, HF hidden_activation "gelu_pytorch_tanh").
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh")
 POSITIONS = ("learned", "rope")
 DTYPES = ("float32", "bfloat16", "float16")
 # Sane bounds, so that a hostile or mistyped description fails here, before anything is sized by it:
@@ -29,7 +30,11 @@ MAX_LAYERS = 10_000
 MAX_SIZE = 2**31 - 1
 INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
               "max_positions")
-BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm")
+BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm", "pre_norm", "post_norm", "norm_zero_centered",
+               "embed_scale")
+# What one q/k norm weight covers: each head's head_dim values, shared by the heads (Qwen3, Gemma 3), or the
+# whole projection, heads * head_dim values with a weight each (OLMo 2: RMS over all of a token's q or k).
+QK_NORM_SCOPES = ("head", "projection")
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,25 @@ class ModelSpec:
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight, Switch/Megatron style
     shared_expert_ffn_hidden: int | None = None  # intermediate size of the shared expert(s), summed
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared expert's output
+    # Where a layer's norms sit.  pre_norm: before attention and before the MLP (`attn_norm`, `mlp_norm`: GPT2,
+    # Llama); post_norm: on the attention's and the MLP's output, before the residual add (`attn_post_norm`,
+    # `mlp_post_norm`).  OLMo 2 has only post norms; Gemma 2/3 and the MindSpeed sandwich norm have both.
+    pre_norm: bool = True
+    post_norm: bool = False
+    qk_norm_scope: str = "head"  # QK_NORM_SCOPES: what one q/k norm covers (with qk_norm)
+    # Gemma's facts.  norm_zero_centered: every RMSNorm multiplies by (1 + w), w stored (Megatron's
+    # --apply-layernorm-1p); embed_scale: the embedding output times sqrt(hidden), rounded to the model's dtype;
+    # softmax_scale: the attention scores' factor (None: 1 / sqrt(head_dim); Gemma query_pre_attn_scalar ** -0.5);
+    # attn_softcap / logit_softcap: cap * tanh(x / cap) on the attention scores / the output logits;
+    # sliding_layers: the layers sliding_window applies to (None: every layer; Gemma 2 every other one).
+    norm_zero_centered: bool = False
+    embed_scale: bool = False
+    softmax_scale: float | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    sliding_layers: list | None = None
+    # Gemma 3: the sliding layers' own rope base, without rope_scaling (which then applies to the other layers)
+    rope_local_base: float | None = None
 
     def __post_init__(self):
         for message in _problems(self):
@@ -78,7 +102,11 @@ class ModelSpec:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.activation == "swiglu"
+        return self.activation in ("swiglu", "geglu_tanh")
+
+    def is_sliding_layer(self, i: int) -> bool:
+        """Whether global layer `i` attends within sliding_window."""
+        return self.sliding_window is not None and (self.sliding_layers is None or i in self.sliding_layers)
 
     @property
     def is_moe(self) -> bool:
@@ -191,18 +219,39 @@ def _problems(spec: ModelSpec):
         yield f"sliding_window must be a positive integer or None, got {spec.sliding_window!r}"
     if spec.qk_norm and spec.norm != "rmsnorm":
         yield "qk_norm is an RMSNorm: it needs norm=rmsnorm"
+    if spec.qk_norm_scope not in QK_NORM_SCOPES:
+        yield f"qk_norm_scope must be one of {QK_NORM_SCOPES}, got {spec.qk_norm_scope!r}"
+    elif spec.qk_norm_scope != "head" and not spec.qk_norm:
+        yield "qk_norm_scope needs qk_norm"
+    for name in ("softmax_scale", "attn_softcap", "logit_softcap"):
+        value = getattr(spec, name)
+        if value is not None and not (_is_number(value) and value > 0):
+            yield f"{name} must be a positive number or None, got {value!r}"
+    if spec.sliding_layers is not None:
+        if spec.sliding_window is None:
+            yield "sliding_layers needs sliding_window"
+        elif not isinstance(spec.sliding_layers, (list, tuple)) or not all(
+                _is_int(i) and 0 <= i < spec.num_layers for i in spec.sliding_layers):
+            yield f"sliding_layers must be a list of layer numbers below {spec.num_layers}, got {spec.sliding_layers!r}"
+    if spec.rope_local_base is not None and not (_is_number(spec.rope_local_base) and spec.rope_local_base > 0):
+        yield f"rope_local_base must be a positive number or None, got {spec.rope_local_base!r}"
+    if spec.pre_norm is False and spec.post_norm is False:
+        yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
     yield from moe_problems(spec)
     if spec.rope_scaling is not None:
         if spec.position != "rope":
             yield "rope_scaling needs position=rope"
-        yield from rope_scaling_problems(spec.rope_scaling)
+        yield from rope_scaling_problems(spec.rope_scaling, spec.head_dim if _is_int(spec.head_dim) else None)
 
 
 # Fields left out of `to_dict` when they hold their "absent" value, so older descriptions stay unchanged.
 OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None,
                    "num_experts": None, "moe_topk": None, "moe_ffn_hidden": None, "moe_layers": None,
                    "moe_router_score": "softmax", "moe_norm_topk": True, "moe_router_bias": False,
-                   "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False}
+                   "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False,
+                   "pre_norm": True, "post_norm": False, "qk_norm_scope": "head", "norm_zero_centered": False,
+                   "embed_scale": False, "softmax_scale": None, "attn_softcap": None, "logit_softcap": None,
+                   "sliding_layers": None, "rope_local_base": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 
 
@@ -237,12 +286,20 @@ def moe_problems(spec: ModelSpec):
     for name in ("moe_norm_topk", "moe_router_bias", "shared_expert_gate"):
         if not isinstance(getattr(spec, name), bool):
             yield f"{name} must be true or false, got {getattr(spec, name)!r}"
-ROPE_SCALING_TYPES = ("llama3",)
+ROPE_SCALING_TYPES = ("llama3", "longrope", "linear")
 ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions")
+# LongRoPE (Phi-3): per-frequency divisors of the base frequencies, `short_factor` for sequences up to
+# `original_max_positions`, `long_factor` beyond, and cos / sin multiplied by `attention_factor`.
+LONGROPE_KEYS = ("type", "short_factor", "long_factor", "original_max_positions", "attention_factor")
 
 
-def rope_scaling_problems(scaling):
-    if not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
+def rope_scaling_problems(scaling, head_dim: int | None = None):
+    if isinstance(scaling, dict) and scaling.get("type") == "longrope":
+        yield from _longrope_problems(scaling, head_dim)
+    elif isinstance(scaling, dict) and scaling.get("type") == "linear":  # positions divided by factor (Gemma 3)
+        if sorted(scaling) != ["factor", "type"] or not (_is_number(scaling["factor"]) and scaling["factor"] > 0):
+            yield f"linear rope_scaling must be {{type, factor > 0}}, got {scaling!r}"
+    elif not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
         yield f"rope_scaling must have exactly the keys {list(ROPE_SCALING_KEYS)}, got {scaling!r}"
     elif scaling["type"] not in ROPE_SCALING_TYPES:
         yield f"rope_scaling type must be one of {ROPE_SCALING_TYPES}, got {scaling['type']!r}"
@@ -250,6 +307,28 @@ def rope_scaling_problems(scaling):
         yield f"rope_scaling values must be positive numbers, got {scaling!r}"
     elif scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         yield "rope_scaling high_freq_factor must exceed low_freq_factor"
+
+
+def _longrope_problems(scaling: dict, head_dim: int | None):
+    if sorted(scaling) != sorted(LONGROPE_KEYS):
+        yield f"longrope rope_scaling must have exactly the keys {list(LONGROPE_KEYS)}, got {sorted(scaling)}"
+        return
+    for key in ("short_factor", "long_factor"):
+        factors = scaling[key]
+        if not isinstance(factors, list) or not all(_is_number(f) and f > 0 for f in factors):
+            yield f"longrope {key} must be a list of positive numbers"
+        elif head_dim is not None and len(factors) != head_dim // 2:
+            yield f"longrope {key} must have head_dim / 2 = {head_dim // 2} values, got {len(factors)}"
+    if not (_is_int(scaling["original_max_positions"]) and scaling["original_max_positions"] > 0):
+        yield f"longrope original_max_positions must be a positive integer, got {scaling['original_max_positions']!r}"
+    if not (_is_number(scaling["attention_factor"]) and scaling["attention_factor"] > 0):
+        yield f"longrope attention_factor must be a positive number, got {scaling['attention_factor']!r}"
+
+
+def longrope_scaling(short_factor, long_factor, original_max_positions: int, attention_factor: float) -> dict:
+    return {"type": "longrope", "short_factor": [float(f) for f in short_factor],
+            "long_factor": [float(f) for f in long_factor], "original_max_positions": int(original_max_positions),
+            "attention_factor": float(attention_factor)}
 
 
 def llama3_rope_scaling(factor: float, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,

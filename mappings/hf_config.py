@@ -7,8 +7,10 @@ small functions beside it.
 """
 from __future__ import annotations
 
+import math
+
 from ..errors import InteropError
-from ..spec import ModelSpec, llama3_rope_scaling
+from ..spec import ModelSpec, llama3_rope_scaling, longrope_scaling
 
 # (spec field, config key, default)
 GPT2_KEYS = [
@@ -91,6 +93,10 @@ def _spec(where: str, **fields) -> ModelSpec:
 #   defaults    the config class's defaults where they differ from LLAMA_KEYS'
 #   moe         the family's mixture-of-experts keys (MOE_KEYS), absent for a dense family
 #   rope_theta  the config class's rope_theta when config.json names none (LLAMA's 10000 otherwise)
+#   norms       where the layer norms sit (absent: "pre", Llama's): "post" (OLMo 2: after attention and MLP only)
+#   qk_norm_scope  what one q/k norm covers when qk_norm (absent: "head", Qwen3's): "projection" (OLMo 2)
+#   unset       keys written as null unless the source says them: the config class's default would change the model
+#               (Olmo2Config's pad_token_id 1 makes embedding row 1 a padding row, whose gradient is zero)
 HF_FAMILIES = {
     "llama": {"architecture": "LlamaForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": None,
               "defaults": {}},
@@ -114,7 +120,42 @@ HF_FAMILIES = {
                   "sliding": "per_layer", "defaults": {"vocab": 151936, "hidden": 2048, "ffn_hidden": 6144,
                                                        "num_layers": 24, "heads": 32, "max_positions": 32768,
                                                        "kv_groups": 4}, "moe": "qwen3_moe"},
+    # transformers 5.24 models/olmo2 (Olmo2Config, Olmo2Attention, Olmo2DecoderLayer): no pre-norms, RMSNorm on the
+    # attention's and the MLP's output, q/k RMSNorm over the whole q / k projection, attention_bias on q, k, v, o
+    "olmo2": {"architecture": "Olmo2ForCausalLM", "biases": "attention_bias", "qk_norm": True, "sliding": None,
+              "defaults": {"vocab": 50304, "norm_eps": 1e-5}, "norms": "post", "qk_norm_scope": "projection",
+              "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/phi3 (Phi3Config): Llama's facts without biases, a window on every layer when
+    # sliding_window is set (Phi3Model: create_sliding_window_causal_mask); q/k/v and gate/up fused in the files
+    # only (hf_names.PHI3).  It holds no fact Llama / Mistral lack, so it is written when asked (`--family phi3`,
+    # or an HF phi3 source) and read always.  pad_token_id's default 32000 would make a padding row: unset.
+    "phi3": {"architecture": "Phi3ForCausalLM", "biases": "none", "qk_norm": False, "sliding": "model",
+             "defaults": {"vocab": 32064, "hidden": 3072, "ffn_hidden": 8192, "max_positions": 4096, "norm_eps": 1e-5},
+             "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/gemma2 (Gemma2Config, Gemma2RMSNorm (1 + w), Gemma2Model's sqrt(hidden) normalizer,
+    # Gemma2Attention query_pre_attn_scalar ** -0.5 and attn_logit_softcapping, final_logit_softcapping,
+    # layer_types): the sandwich of four norms per layer, GeGLU with tanh GeLU (hidden_activation)
+    "gemma2": {"architecture": "Gemma2ForCausalLM", "biases": "attention_bias", "qk_norm": False, "sliding": "layer_types",
+               "defaults": {"vocab": 256000, "hidden": 2304, "ffn_hidden": 9216, "num_layers": 26, "heads": 8,
+                            "kv_groups": 4, "max_positions": 8192, "norm_eps": 1e-6, "tied_embeddings": True},
+               "norms": "sandwich", "gemma": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+               "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/gemma3 (Gemma3TextConfig, Gemma3ForCausalLM): Gemma 2's facts without soft-capping
+    # by default, q/k RMSNorm per head as (1 + w), five sliding layers to one full, rope_parameters per layer type
+    # (full_attention: rope_theta with its scaling, linear on the larger models; sliding_attention: the local base)
+    "gemma3_text": {"architecture": "Gemma3ForCausalLM", "biases": "attention_bias", "qk_norm": True,
+                    "sliding": "layer_types", "defaults": {"vocab": 262208, "hidden": 2304, "ffn_hidden": 9216,
+                                                           "num_layers": 26, "heads": 8, "kv_groups": 4,
+                                                           "max_positions": 131072, "norm_eps": 1e-6,
+                                                           "tied_embeddings": True},
+                    "norms": "sandwich", "gemma": {"attn_logit_softcapping": None, "final_logit_softcapping": None},
+                    "rope_per_layer_type": True, "unset": {"pad_token_id": None}},
 }
+# Where the norms sit, per HF_FAMILIES "norms": ModelSpec (pre_norm, post_norm).
+NORM_PLACES = {"pre": (True, False), "post": (False, True), "sandwich": (True, True)}
+# Gemma's config keys (families with "gemma"): ModelSpec field <- config key.  query_pre_attn_scalar s is
+# softmax_scale s ** -0.5; the activation is hidden_activation's tanh GeLU gating.
+GEMMA_ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_tanh": "geglu_tanh"}
 # Mixture-of-experts config keys: (spec field, config key, default) per family.  Mixtral's experts are
 # `intermediate_size` wide (its only MLP); Qwen2-MoE's are `moe_intermediate_size`, its dense layers
 # (`mlp_only_layers`, `decoder_sparse_step`) `intermediate_size`, its shared expert always gated.
@@ -178,14 +219,22 @@ def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
 
 def _rope_scaling(config: dict, rope: dict, where: str):
     """ModelSpec.rope_scaling from rope_parameters (transformers 5) or rope_scaling (older configs)."""
-    scaling = config.get("rope_scaling") or rope
+    scaling = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) and \
+        "full_attention" not in config["rope_scaling"] else rope
     if not isinstance(scaling, dict):
         raise InteropError(f"{where}: rope_scaling must be an object, got {scaling!r}")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
+    if kind == "linear":
+        factor = scaling.get("factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+            raise InteropError(f"{where}: linear rope scaling factor must be a positive number, got {factor!r}")
+        return {"type": "linear", "factor": float(factor)}
+    if kind in ("longrope", "su"):  # "su": older Phi-3 configs' name for it (Phi3Config renames it)
+        return _longrope(config, scaling, where)
     if kind != "llama3":
-        raise InteropError(f"{where}: rope type {kind!r} is not supported (default and llama3 are)")
+        raise InteropError(f"{where}: rope type {kind!r} is not supported (default, linear, llama3 and longrope are)")
     missing = [k for k in LLAMA3_ROPE_KEYS if scaling.get(k) is None]
     if missing:
         raise InteropError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
@@ -193,6 +242,64 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     if bad:
         raise InteropError(f"{where}: llama3 rope scaling {bad[0]} must be a number, got {scaling[bad[0]]!r}")
     return llama3_rope_scaling(**{ours: scaling[hf] for hf, ours in LLAMA3_ROPE_KEYS.items()})
+
+
+def _gemma_fields(config: dict, f: dict, where: str, defaults: dict) -> dict:
+    """Gemma 2's facts from its config: (1 + w) norms, the embedding scale, the GeGLU, the attention scale and
+    soft-capping, the window on the layers `layer_types` names "sliding_attention"."""
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in GEMMA_ACTIVATIONS:
+        raise InteropError(f"{where}: hidden_activation {act!r} is not supported (gelu_pytorch_tanh is)")
+    scalar = config.get("query_pre_attn_scalar", 256)
+    caps = {}
+    for field, key in (("attn_softcap", "attn_logit_softcapping"), ("logit_softcap", "final_logit_softcapping")):
+        value = config.get(key, defaults[key])
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
+            raise InteropError(f"{where}: {key} must be a positive number or null, got {value!r}")
+        caps[field] = None if value is None else float(value)
+    if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or scalar <= 0:
+        raise InteropError(f"{where}: query_pre_attn_scalar must be a positive number, got {scalar!r}")
+    window = _optional_int(config, "sliding_window", where) if "sliding_window" in config else 4096
+    types = config.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                          for i in range(f["num_layers"])]  # Gemma2Config's default
+    if not isinstance(types, list) or len(types) != f["num_layers"] or not set(types) <= {"sliding_attention",
+                                                                                          "full_attention"}:
+        raise InteropError(f"{where}: layer_types must list sliding_attention / full_attention per layer, got {types!r}")
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if window is None or not sliding:
+        window, sliding = None, None
+    elif len(sliding) == len(types):
+        sliding = None
+    return dict(activation=GEMMA_ACTIVATIONS[act], norm_zero_centered=True, embed_scale=True,
+                softmax_scale=float(scalar) ** -0.5, sliding_window=window, sliding_layers=sliding, **caps)
+
+
+def _gemma_config(spec: ModelSpec) -> dict:
+    """The Gemma 2 keys of a config.json (the inverse of `_gemma_fields`)."""
+    scale = spec.softmax_scale if spec.softmax_scale is not None else spec.head_dim ** -0.5
+    scalar = 1.0 / (scale * scale)
+    return {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": int(round(scalar))
+            if abs(scalar - round(scalar)) < 1e-9 else scalar, "attn_logit_softcapping": spec.attn_softcap,
+            "final_logit_softcapping": spec.logit_softcap, "sliding_window": spec.sliding_window,
+            "layer_types": ["sliding_attention" if spec.is_sliding_layer(i) else "full_attention"
+                            for i in range(spec.num_layers)]}
+
+
+def _longrope(config: dict, scaling: dict, where: str) -> dict:
+    """LongRoPE as transformers 5.24 computes it (modeling_rope_utils.py _compute_longrope_parameters): the
+    attention factor given, else sqrt(1 + ln(f) / ln(original)) for f = `factor` or max_position_embeddings /
+    original_max_position_embeddings when f > 1, else 1."""
+    original = scaling.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        raise InteropError(f"{where}: longrope needs original_max_position_embeddings, got {original!r}")
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(scaling.get(key), list):
+            raise InteropError(f"{where}: longrope {key} must be a list of numbers, got {scaling.get(key)!r}")
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        factor = scaling.get("factor") or config.get("max_position_embeddings", 4096) / original
+        attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+    return longrope_scaling(scaling["short_factor"], scaling["long_factor"], original, attention)
 
 
 def _sliding_window(config: dict, family: dict, where: str):
@@ -210,12 +317,26 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
     family = HF_FAMILIES[model_type]
     table = [(field, key, family["defaults"].get(field, default)) for field, key, default in LLAMA_KEYS]
     f = _read_table(config, table, where)
-    if config.get("hidden_act", "silu") != "silu":
+    if family.get("gemma"):
+        gemma = _gemma_fields(config, f, where, family["gemma"])
+    elif config.get("hidden_act", "silu") != "silu":
         raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
+    else:
+        gemma = {}
     moe = _moe_fields(config, family, f, where) if family.get("moe") else {}
     rope = config.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise InteropError(f"{where}: rope_parameters must be an object, got {rope!r}")
+    local_base = None
+    if family.get("rope_per_layer_type") and "full_attention" in rope:  # Gemma 3: one rope per layer type
+        local = rope.get("sliding_attention") or {}
+        if local.get("rope_type", "default") != "default":
+            raise InteropError(f"{where}: sliding_attention rope type {local.get('rope_type')!r} is not supported "
+                               "(default is)")
+        local_base = local.get("rope_theta", config.get("rope_local_base_freq", 10000.0))
+        rope = rope["full_attention"]
+        if not isinstance(rope, dict) or not isinstance(local_base, (int, float)) or isinstance(local_base, bool):
+            raise InteropError(f"{where}: rope_parameters per layer type must be objects with numeric rope_theta")
     if family["biases"] == "qkv":
         qkv_bias, linear_bias, mlp_bias = True, False, None
     elif family["biases"] == "qkv_key":
@@ -230,6 +351,9 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         mlp = bool(config.get("mlp_bias", False))
         qkv_bias, linear_bias = attention_bias, attention_bias  # attention_bias is q, k, v and o
         mlp_bias = None if mlp == attention_bias else mlp
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise InteropError(f"{where}: partial_rotary_factor={partial!r} is not supported (rotary on the whole head is)")
     heads = f["heads"]
     rope_base = rope.get("rope_theta", config.get("rope_theta", family.get("rope_theta", 10000.0)))
     if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool):
@@ -238,10 +362,14 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         where, arch="llama",
         kv_groups=_optional_int(config, "num_key_value_heads", where) or family["defaults"].get("kv_groups", heads),
         head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
-        activation="swiglu", position="rope", rope_base=float(rope_base),
+        activation=gemma.pop("activation", "swiglu"), position="rope", rope_base=float(rope_base),
         qkv_bias=qkv_bias, linear_bias=linear_bias, mlp_bias=mlp_bias, qk_norm=family["qk_norm"],
-        rope_scaling=_rope_scaling(config, rope, where), sliding_window=_sliding_window(config, family, where),
-        dtype=dtype, **f, **moe)
+        qk_norm_scope=family.get("qk_norm_scope", "head"),
+        **dict(zip(("pre_norm", "post_norm"), NORM_PLACES[family.get("norms", "pre")])),
+        rope_scaling=_rope_scaling(config, rope, where),
+        rope_local_base=None if local_base is None else float(local_base),
+        **({} if family.get("gemma") else {"sliding_window": _sliding_window(config, family, where)}),
+        dtype=dtype, **f, **moe, **gemma)
 
 
 def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
@@ -281,6 +409,12 @@ def hf_family(spec: ModelSpec) -> str:
             return "qwen2_moe"
         # q/k norms without Mixtral's every-layer sliding window: Qwen3-MoE; otherwise Mixtral says what it lacks
         return "qwen3_moe" if spec.qk_norm and spec.sliding_window is None else "mixtral"
+    if spec.post_norm and not spec.pre_norm:
+        return "olmo2"
+    if spec.norm_zero_centered or spec.embed_scale or spec.post_norm:
+        return "gemma3_text" if spec.qk_norm or spec.rope_local_base is not None else "gemma2"
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
+        return "phi3"
     if spec.qk_norm:
         return "qwen3"
     if spec.qkv_bias and not spec.linear_bias and not spec.has_mlp_bias:
@@ -293,11 +427,11 @@ def hf_family(spec: ModelSpec) -> str:
 # What each HF architecture can express; a spec outside it would load as a different model.
 HF_SHAPES = {
     "gpt2": {"norm": ("layernorm",), "position": ("learned",), "activation": ("gelu", "gelu_tanh")},
-    "llama": {"norm": ("rmsnorm",), "position": ("rope",), "activation": ("swiglu",)},
+    "llama": {"norm": ("rmsnorm",), "position": ("rope",), "activation": ("swiglu", "geglu_tanh")},
 }
 
 
-def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
+def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type: str | None = None) -> dict:
     """A config.json that `AutoModelForCausalLM.from_pretrained` builds the same model from.
 
     What the HF class cannot hold is refused; with `cannot` (a list) it is appended there instead as
@@ -311,6 +445,13 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
         if getattr(spec, field) not in allowed:
             refuse(field, f"HF {spec.arch} cannot hold a model with {field}={getattr(spec, field)} "
                           f"(it has {' or '.join(allowed)})")
+    if model_type is not None and model_type not in HF_FAMILIES:
+        raise InteropError(f"HF family {model_type!r} is not one interop writes ({', '.join(HF_FAMILIES)} are)")
+    if model_type is not None and spec.arch == "gpt2":
+        raise InteropError(f"HF {model_type} cannot hold a GPT2 model (learned positions, LayerNorm)")
+    if model_type is not None and spec.is_moe != bool(HF_FAMILIES[model_type].get("moe")):
+        refuse("num_experts", f"HF {model_type} cannot hold a {'mixture-of-experts' if spec.is_moe else 'dense'} model")
+    _check_family_norms(spec, "gpt2" if spec.arch == "gpt2" else model_type or hf_family(spec), refuse)
     if spec.arch == "gpt2":
         if spec.kv_groups != spec.heads or spec.head_dim * spec.heads != spec.hidden:
             refuse("kv_groups" if spec.kv_groups != spec.heads else "head_dim",
@@ -322,9 +463,10 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         table = GPT2_KEYS
     else:
-        model_type = hf_family(spec)
+        model_type = model_type or hf_family(spec)
         family = HF_FAMILIES[model_type]
-        config = {"architectures": [family["architecture"]], "model_type": model_type, "hidden_act": "silu",
+        config = {**family.get("unset", {}), "architectures": [family["architecture"]], "model_type": model_type,
+                  "hidden_act": "silu",
                   "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
                   "rope_theta": spec.rope_base, "rope_parameters": _rope_parameters(spec), "attention_dropout": 0.0}
         if family["biases"] == "attention_bias":
@@ -344,21 +486,69 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None) -> dict:
             config["qkv_bias"] = spec.qkv_bias
         if family.get("moe"):
             config.update(_moe_config(spec, model_type, refuse))
+        if family.get("gemma"):
+            del config["hidden_act"]
+            config.update(_gemma_config(spec))
+        if family.get("rope_per_layer_type"):
+            config["rope_parameters"] = {"full_attention": config["rope_parameters"], "sliding_attention": {
+                "rope_type": "default", "rope_theta": spec.rope_local_base if spec.rope_local_base is not None
+                else spec.rope_base}}
+        elif spec.rope_local_base is not None:
+            refuse("rope_local_base", f"HF {model_type} cannot hold a rope base of its own for sliding layers "
+                                      "(gemma3_text can)")
+        if spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear" and \
+                not family.get("rope_per_layer_type"):
+            refuse("rope_scaling", f"HF {model_type}: interop writes linear rope scaling for gemma3_text only")
         if family["sliding"] == "model":
             config["sliding_window"] = spec.sliding_window
         elif family["sliding"] == "per_layer":
             config["use_sliding_window"] = False
             config["sliding_window"] = None
-        if spec.sliding_window is not None and family["sliding"] != "model":
+        if spec.sliding_window is not None and family["sliding"] not in ("model", "layer_types"):
             refuse("sliding_window", f"HF {model_type} cannot hold a sliding window on every layer "
                                      f"(sliding_window={spec.sliding_window})")
         table = LLAMA_KEYS
     for field, key, _ in table:
         config[key] = getattr(spec, field)
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
+        if config.get("model_type") != "phi3":
+            refuse("rope_scaling", f"HF {config.get('model_type')} cannot hold longrope scaling (phi3 can: --family phi3)")
+        config["original_max_position_embeddings"] = spec.rope_scaling["original_max_positions"]
     if config.get("model_type") == "mixtral":  # its experts are its MLP: intermediate_size is their width
         config["intermediate_size"] = spec.moe_ffn_hidden
     config["torch_dtype"] = spec.dtype
     return config
+
+
+def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
+    """Refuse a model whose norms sit elsewhere than the HF family's (it would load as another model)."""
+    family = HF_FAMILIES.get(model_type, {})
+    holders = [t for t, f in HF_FAMILIES.items()
+               if NORM_PLACES[f.get("norms", "pre")] == (spec.pre_norm, spec.post_norm)]
+    if NORM_PLACES[family.get("norms", "pre")] != (spec.pre_norm, spec.post_norm):
+        where = {(True, False): "before", (False, True): "after", (True, True): "before and after"}
+        refuse("post_norm", f"HF {model_type} cannot hold norms {where[(spec.pre_norm, spec.post_norm)]} attention "
+                            f"and MLP ({', '.join(holders) or 'no HF family here'} can)")
+    gemma = bool(family.get("gemma"))
+    gemma_facts = {"norm_zero_centered": spec.norm_zero_centered, "embed_scale": spec.embed_scale,
+                   "activation": spec.activation == "geglu_tanh"}
+    for fact, has in gemma_facts.items():
+        what = f"{fact}=geglu_tanh" if fact == "activation" else fact
+        if has and not gemma:
+            refuse(fact, f"HF {model_type} cannot hold {what} (gemma2, gemma3_text can)")
+        elif gemma and not has:
+            refuse(fact, f"HF {model_type} always has {what}; this model has not")
+    if not gemma:
+        for fact in ("softmax_scale", "attn_softcap", "logit_softcap", "sliding_layers"):
+            if getattr(spec, fact) is not None:
+                refuse(fact, f"HF {model_type} cannot hold {fact}={getattr(spec, fact)} (gemma2, gemma3_text can)")
+    scope = family.get("qk_norm_scope", "head")
+    if spec.qk_norm and spec.qk_norm_scope != scope:
+        holders = [t for t, f in HF_FAMILIES.items() if f["qk_norm"] and f.get("qk_norm_scope", "head") == spec.qk_norm_scope]
+        refuse("qk_norm_scope", f"HF {model_type} cannot hold q/k norms over each {spec.qk_norm_scope} "
+                                f"({', '.join(holders)} can)")
+    if family.get("qk_norm") and not spec.qk_norm:
+        refuse("qk_norm", f"HF {model_type} always has q/k norms; this model has none")
 
 
 def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
@@ -395,6 +585,13 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
 def _rope_parameters(spec: ModelSpec) -> dict:
     if spec.rope_scaling is None:
         return {"rope_theta": spec.rope_base, "rope_type": "default"}
+    if spec.rope_scaling["type"] == "linear":
+        return {"rope_theta": spec.rope_base, "rope_type": "linear", "factor": spec.rope_scaling["factor"]}
+    if spec.rope_scaling["type"] == "longrope":
+        r = spec.rope_scaling
+        return {"rope_theta": spec.rope_base, "rope_type": "longrope", "short_factor": r["short_factor"],
+                "long_factor": r["long_factor"], "original_max_position_embeddings": r["original_max_positions"],
+                "attention_factor": r["attention_factor"]}
     out = {"rope_theta": spec.rope_base, "rope_type": "llama3"}
     out.update({hf: spec.rope_scaling[ours] for hf, ours in LLAMA3_ROPE_KEYS.items()})
     return out

@@ -9,7 +9,7 @@ transformers 5's in-memory MoE experts; read only).
 names are absent from the model (a bias it does not have, the head of a tied model, an
 expert row on a dense layer) is skipped.
 """
-from ..transforms import Copy, PlainConcat, Stack, Transpose
+from ..transforms import Copy, GatedMLP, PlainConcat, Stack, Transpose
 
 GPT2 = [
     ("transformer.wte.weight", Copy, ["embed.word.weight"]),
@@ -58,6 +58,32 @@ LLAMA = [
     ("lm_head.weight", Copy, ["lm_head.weight"]),
 ]
 
+# The families whose layers have norms after attention and MLP (OLMo 2: only those; Gemma 2/3: both): HF names
+# the norm on the attention's output `post_attention_layernorm` (Llama's name for the pre-MLP norm), the pre-MLP one
+# `pre_feedforward_layernorm` and the MLP's output one `post_feedforward_layernorm` (transformers 5.24
+# models/olmo2/modeling_olmo2.py Olmo2DecoderLayer, models/gemma2/modeling_gemma2.py Gemma2DecoderLayer).
+POST_NORMS = [row for row in LLAMA if row[0] != "model.layers.{i}.post_attention_layernorm.weight"]
+POST_NORMS[POST_NORMS.index(("model.layers.{i}.self_attn.o_proj.bias", Copy, ["layers.{i}.attn.o.bias"])) + 1:0] = [
+    ("model.layers.{i}.post_attention_layernorm.weight", Copy, ["layers.{i}.attn_post_norm.weight"]),
+    ("model.layers.{i}.pre_feedforward_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+]
+POST_NORMS[POST_NORMS.index(("model.layers.{i}.mlp.down_proj.bias", Copy, ["layers.{i}.mlp.down.bias"])) + 1:0] = [
+    ("model.layers.{i}.post_feedforward_layernorm.weight", Copy, ["layers.{i}.mlp_post_norm.weight"]),
+]
+
+# Phi-3 (transformers 5.24 models/phi3/modeling_phi3.py): Llama's model with q, k, v in one `qkv_proj` [q; k; v]
+# (Phi3Attention slices query_pos = heads * head_dim, then kv_heads * head_dim each) and gate, up in one
+# `gate_up_proj` [gate; up] (Phi3MLP: `gate, up_states = up_states.chunk(2, dim=-1)`).  These are the layouts of
+# PlainConcat and GatedMLP at tp 1 (HF is never tensor-parallel), so no new transform class.
+_FUSED_BY_PHI3 = {"model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.k_proj.weight",
+                  "model.layers.{i}.self_attn.v_proj.weight", "model.layers.{i}.mlp.gate_proj.weight",
+                  "model.layers.{i}.mlp.up_proj.weight"}
+PHI3 = [row for row in LLAMA if row[0] not in _FUSED_BY_PHI3]
+PHI3[1:1] = [("model.layers.{i}.self_attn.qkv_proj.weight", PlainConcat,
+              ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]),
+             ("model.layers.{i}.mlp.gate_up_proj.weight", GatedMLP,
+              ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"])]
+
 # Mixtral as its hub checkpoints hold it (and transformers 5.23's save_pretrained writes it back: its
 # conversion_mapping.py "mixtral" entry renames block_sparse_moe -> mlp and stacks w1/w3 -> experts.gate_up_proj,
 # w2 -> experts.down_proj on load only).  w1 = gate, w3 = up, w2 = down; `gate` is the router.
@@ -81,7 +107,7 @@ QWEN2_MOE = [
 ]
 
 # Qwen3-MoE (transformers 5.23 models/qwen3_moe: Qwen3MoeSparseMoeBlock): Qwen2-MoE's router and experts, no shared one.
-TABLES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
+TABLES = {"gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "gemma2": POST_NORMS, "gemma3_text": POST_NORMS, "phi3": PHI3, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
           "qwen3_moe": LLAMA + QWEN2_MOE[:4]}
 
 # transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with

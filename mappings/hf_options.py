@@ -14,4 +14,8 @@ OPTIONS = (
                                                  "outputs change)."}, kind="flag"),
     FormatOption("max_shard_size", {"convert": "HF output: largest weight file, e.g. 5GB or 500MB (transformers' "
                                                "style); sharded output gets model.safetensors.index.json. [5GiB]"}),
+    FormatOption("family", {"convert": "HF output: the model_type to write where several HF families hold the "
+                                       "model's facts (phi3 stores a Llama / Mistral model with fused qkv_proj and "
+                                       "gate_up_proj); a family that cannot hold the model is refused. [the one "
+                                       "the facts pick]"}),
 )

@@ -818,6 +818,26 @@ COMPUTED_ARGS = [
     COMPUTED("data_parallel_size", INT),
     COMPUTED("params_dtype", STR),
     COMPUTED("activation", STR),  # interop's name for the MLP activation Megatron picks
+    # Layer-spec facts megatron-core has no argument for: Megatron-Bridge builds them with a layer spec of its own
+    # (models/olmo2/olmo2_provider.py olmo2_layer_spec: IdentityOp pre-norms, `linear_proj.post_layernorm` and
+    # `linear_fc2.post_layernorm`).  interop keeps them in its checkpoints' args so that the args say the model;
+    # no Megatron-LM flag states them (map-args reports them).
+    COMPUTED("pre_norm", TRUE, True, origin="bridge"),  # input_layernorm / pre_mlp_layernorm hold weights
+    COMPUTED("post_norm", TRUE, False, origin="bridge"),  # linear_proj / linear_fc2 .post_layernorm
+    COMPUTED("qk_layernorm_scope", STR, "head", origin="bridge"),  # head | projection (ModelSpec.qk_norm_scope)
+    # Gemma's, as Megatron-Bridge's providers hold them (models/gemma/gemma2_provider.py / gemma2_bridge.py:
+    # gated_linear_unit with fast_gelu, query_pre_attn_scalar, attn_logit_softcapping, final_logit_softcapping; the
+    # embedding's sqrt(hidden) scale in its Gemma embedding; the layers' window pattern) and --apply-layernorm-1p
+    COMPUTED("gated_linear_unit", TRUE, False, origin="bridge"),
+    COMPUTED("embedding_scale", TRUE, False, origin="bridge"),  # embedding output x sqrt(hidden) in the model dtype
+    COMPUTED("softmax_scale", FLOAT, None, origin="bridge"),  # TransformerConfig.softmax_scale (None: 1/sqrt(d))
+    COMPUTED("attn_logit_softcapping", FLOAT, None, origin="bridge"),
+    COMPUTED("final_logit_softcapping", FLOAT, None, origin="bridge"),
+    COMPUTED("sliding_window_layers", STR, None, origin="bridge"),  # the layers --window-size applies to
+    # Gemma 3 (models/gemma/gemma3_bridge.py: rotary_base = (rope_local_base_freq, rope_theta) and its
+    # rope_scaling_factor for the global layers' linear scaling)
+    COMPUTED("rotary_base_local", FLOAT, None, origin="bridge"),  # the sliding layers' rope base
+    COMPUTED("rope_linear_factor", FLOAT, None, origin="bridge"),  # linear rope scaling (positions / factor)
 ]
 
 ALL = MEGATRON + OLDER + MINDSPEED + COMPUTED_ARGS
@@ -880,12 +900,15 @@ def _micro_batch_num(a):
 def _activation(a):
     if a["swiglu"]:
         return "swiglu"
+    if a.get("gated_linear_unit") and (a["openai_gelu"] or a["bias_gelu_fusion"]):
+        return "geglu_tanh"  # Megatron-Bridge's Gemma: gated_linear_unit with fast_gelu
     return "gelu_tanh" if a["openai_gelu"] or a["bias_gelu_fusion"] else "gelu"
 
 
 def _invert_activation(v, a):
     return {"swiglu": {"swiglu": True},
             "gelu_tanh": {"swiglu": False, "openai_gelu": True},
+            "geglu_tanh": {"swiglu": False, "openai_gelu": True, "gated_linear_unit": True},
             "gelu": {"swiglu": False, "openai_gelu": False, "bias_gelu_fusion": False}}.get(v)
 
 

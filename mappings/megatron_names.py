@@ -30,6 +30,20 @@ _QK_NORM = [
 ]
 
 
+# Norms on the attention's and the MLP's output (ModelSpec.post_norm): Megatron-Bridge folds each into the row-parallel
+# linear before it, as `post_layernorm` (models/olmo2/olmo2_provider.py TERowParallelLinearPostLN, models/gemma/
+# gemma2_bridge.py / gemma3_bridge.py: `self_attention.linear_proj.post_layernorm.weight`,
+# `mlp.linear_fc2.post_layernorm.weight`); legacy megatron/model has none, so such a model is refused there.
+_ATTN_POST_NORM = [
+    ("decoder.layers.{i}.self_attention.linear_proj.post_layernorm.weight", Copy, ["layers.{i}.attn_post_norm.weight"]),
+    ("decoder.layers.{i}.self_attention.linear_proj.post_layernorm.bias", Copy, ["layers.{i}.attn_post_norm.bias"]),
+]
+_MLP_POST_NORM = [
+    ("decoder.layers.{i}.mlp.linear_fc2.post_layernorm.weight", Copy, ["layers.{i}.mlp_post_norm.weight"]),
+    ("decoder.layers.{i}.mlp.linear_fc2.post_layernorm.bias", Copy, ["layers.{i}.mlp_post_norm.bias"]),
+]
+
+
 def _mlp(prefix: str, fc1: str, fc2: str) -> list:
     return [
         (f"{prefix}.{fc1}.weight", GatedMLP, ["layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"]),
@@ -102,12 +116,14 @@ MCORE = [
     ("decoder.layers.{i}.input_layernorm.bias", Copy, ["layers.{i}.attn_norm.bias"]),
     ("decoder.layers.{i}.self_attention.linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
     ("decoder.layers.{i}.self_attention.linear_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    *_ATTN_POST_NORM,  # inside linear_proj: right after its weight and bias in the state dict
     ("decoder.layers.{i}.self_attention.linear_qkv.weight", GroupedQKV, _QKV_W),
     ("decoder.layers.{i}.self_attention.linear_qkv.bias", GroupedQKV, _QKV_B),
     *_QK_NORM,
     ("decoder.layers.{i}.pre_mlp_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
     ("decoder.layers.{i}.pre_mlp_layernorm.bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
+    *_MLP_POST_NORM,
     *moe_rows(),
     ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
     ("decoder.final_layernorm.bias", Copy, ["final_norm.bias"]),
@@ -120,6 +136,7 @@ MCORE_TE = [
     ("embedding.position_embeddings.weight", Copy, ["embed.position.weight"]),
     ("decoder.layers.{i}.self_attention.linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
     ("decoder.layers.{i}.self_attention.linear_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
+    *_ATTN_POST_NORM,  # inside linear_proj: right after its weight and bias in the state dict
     ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", Copy, ["layers.{i}.attn_norm.weight"]),
     ("decoder.layers.{i}.self_attention.linear_qkv.layer_norm_bias", Copy, ["layers.{i}.attn_norm.bias"]),
     ("decoder.layers.{i}.self_attention.linear_qkv.weight", GroupedQKV, _QKV_W),
@@ -132,6 +149,7 @@ MCORE_TE = [
     ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", Copy, ["layers.{i}.mlp_norm.weight"]),
     ("decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias", Copy, ["layers.{i}.mlp_norm.bias"]),
     *_mlp("decoder.layers.{i}.mlp", "linear_fc1", "linear_fc2"),
+    *_MLP_POST_NORM,
     *moe_rows(),
     ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
     ("decoder.final_layernorm.bias", Copy, ["final_norm.bias"]),

@@ -111,8 +111,14 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         raise InteropError(f"{where}: qk_layernorm with normalization={full.get('normalization')!r} is not supported "
                            "(RMSNorm is)")
     sliding_window = sliding_window_of(full, where)
+    pre_norm, post_norm = bool(full.get("pre_norm", True)), bool(full.get("post_norm"))
+    if full.get("use_sandwich_norm"):  # MindSpeed's: a norm before and after attention and MLP
+        pre_norm, post_norm = True, True
     rope_scaling = None
-    if full.get("use_rope_scaling") and position == "rope":
+    linear = _optional_float(full, "rope_linear_factor", where)
+    if linear is not None and position == "rope":
+        rope_scaling = {"type": "linear", "factor": linear}
+    elif full.get("use_rope_scaling") and position == "rope":
         rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
     arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
     return ModelSpec(
@@ -124,7 +130,36 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
+        pre_norm=pre_norm, post_norm=post_norm, qk_norm_scope=full.get("qk_layernorm_scope") or "head",
+        norm_zero_centered=bool(full.get("layernorm_zero_centered_gamma")), embed_scale=bool(full.get("embedding_scale")),
+        softmax_scale=_optional_float(full, "softmax_scale", where),
+        attn_softcap=_optional_float(full, "attn_logit_softcapping", where),
+        logit_softcap=_optional_float(full, "final_logit_softcapping", where),
+        sliding_layers=_sliding_layers(full, sliding_window, where),
+        rope_local_base=_optional_float(full, "rotary_base_local", where),
         dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
+
+
+def _optional_float(full: dict, key: str, where: str) -> float | None:
+    value = full.get(key)
+    if value in (None, "", "None"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InteropError(f"{where}: {key}={value!r} is not a number") from None
+
+
+def _sliding_layers(full: dict, window, where: str) -> list | None:
+    """`sliding_window_layers` ("0,2,4" or a list): the layers --window-size applies to (None: all)."""
+    value = full.get("sliding_window_layers")
+    if value in (None, "", "None") or window is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        return [int(i) for i in items]
+    except (TypeError, ValueError):
+        raise InteropError(f"{where}: sliding_window_layers={value!r} is not a list of layer numbers") from None
 
 
 def moe_from_args(full: dict, where: str) -> dict:
@@ -217,10 +252,12 @@ def model_args(spec: ModelSpec) -> dict:
     if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
         raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
     model = {dest: getattr(spec, field) for field, dest in SPEC_NUMBERS.items()}
+    llama3 = spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3"  # the only one Megatron has
     model |= {
         "group_query_attention": spec.kv_groups != spec.heads, "normalization": NORMS_OUT[spec.norm],
         "swiglu": spec.activation == "swiglu",
-        "openai_gelu": spec.activation == "gelu_tanh",
+        "openai_gelu": spec.activation in ("gelu_tanh", "geglu_tanh"),
+        "layernorm_zero_centered_gamma": spec.norm_zero_centered,
         # the fused bias-GeLU is the tanh form: on only when that is the model's GeLU
         "bias_gelu_fusion": spec.activation == "gelu_tanh" and spec.linear_bias,
         "bias_swiglu_fusion": spec.activation == "swiglu",
@@ -230,12 +267,35 @@ def model_args(spec: ModelSpec) -> dict:
         "rotary_percent": 1.0, "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not spec.tied_embeddings,
         "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm,
-        "use_rope_scaling": spec.rope_scaling is not None,
-        "rope_scaling_factor": spec.rope_scaling["factor"] if spec.rope_scaling else 8.0,
+        "use_rope_scaling": llama3,
+        "rope_scaling_factor": spec.rope_scaling["factor"] if llama3 else 8.0,
         "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
     }
+    if _bridge_facts(spec):  # no Megatron-LM flag: said only when so
+        model |= layer_spec_args(spec)
     return model
+
+
+def layer_spec_args(spec: ModelSpec) -> dict:
+    """The facts megatron-core states by a layer spec or a Megatron-Bridge provider field, not an argument
+    (megatron_args' origin "bridge" rows)."""
+    return {"pre_norm": spec.pre_norm, "post_norm": spec.post_norm, "qk_layernorm_scope": spec.qk_norm_scope,
+            "gated_linear_unit": spec.activation == "geglu_tanh", "embedding_scale": spec.embed_scale,
+            "softmax_scale": spec.softmax_scale, "attn_logit_softcapping": spec.attn_softcap,
+            "final_logit_softcapping": spec.logit_softcap,
+            "sliding_window_layers": None if spec.sliding_layers is None else ",".join(map(str, spec.sliding_layers)),
+            "rotary_base_local": spec.rope_local_base,
+            "rope_linear_factor": spec.rope_scaling["factor"] if spec.rope_scaling is not None
+            and spec.rope_scaling["type"] == "linear" else None}
+
+
+def _bridge_facts(spec: ModelSpec) -> bool:
+    """Whether the model has a fact only `layer_spec_args` can say (map-args then says them too)."""
+    return (not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head" or spec.activation == "geglu_tanh"
+            or spec.embed_scale or spec.softmax_scale is not None or spec.attn_softcap is not None
+            or spec.logit_softcap is not None or spec.sliding_layers is not None or spec.rope_local_base is not None
+            or (spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear"))
 
 
 def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = None,
@@ -257,6 +317,8 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     }
     args = M.complete({}) if base is None else dict(base)
     args.update(model)
+    args.update(layer_spec_args(spec))  # a checkpoint's args always say them (a base may hold another model's)
+    args.pop("use_sandwich_norm", None)  # MindSpeed's spelling of pre + post norms: post_norm says it here
     args.pop("activation", None)  # derived by interop's table, not a Megatron argument
     args.pop("hidden_act", None)
     args.pop("compute_dtype", None)
@@ -268,7 +330,12 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
 def args_losses(spec: ModelSpec) -> list[str]:
     """What Megatron args cannot say about `spec`: summary notes, so the loss is never silent."""
     notes = []
-    if spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear":
+        pass  # rope_linear_factor (Megatron-Bridge's Gemma 3) carries it
+    elif spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
+        notes.append("Megatron's args have no longrope scaling (llama3's --use-rope-scaling only): this model's "
+                     "short / long factors and attention factor are not in the args (the interop format keeps them)")
+    elif spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
         notes.append(f"Megatron's --use-rope-scaling fixes low_freq_factor 1, high_freq_factor 4 and "
                      f"original_max_position_embeddings 8192; this model's {spec.rope_scaling} is not in the args")
     return notes

@@ -26,7 +26,8 @@ from interop.spec import ModelSpec
 
 from .grid import Grid
 from .moe import MoE
-from .tp import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, vocab_parallel_cross_entropy
+from .tp import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, reduce_from_tp,
+                 vocab_parallel_cross_entropy)
 
 
 class RMSNorm(nn.Module):
@@ -36,33 +37,70 @@ class RMSNorm(nn.Module):
     gradient is partial; copy_to_tp sums them in the backward pass, keeping the copies identical.
     """
 
-    def __init__(self, hidden: int, eps: float, tp_group=None):
+    def __init__(self, hidden: int, eps: float, tp_group=None, zero_centered: bool = False):
         super().__init__()
-        self.eps, self.tp_group = eps, tp_group
+        self.eps, self.tp_group, self.zero_centered = eps, tp_group, zero_centered
         self.weight = nn.Parameter(torch.ones(hidden))
 
     def forward(self, x):
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return copy_to_tp(self.weight, self.tp_group) * x.to(dtype)
+        weight = copy_to_tp(self.weight, self.tp_group)
+        if self.zero_centered:  # Gemma: (1 + w) in fp32, then the model's dtype (Gemma2RMSNorm)
+            return (x * (1.0 + weight.float())).to(dtype)
+        return weight * x.to(dtype)
+
+
+class ProjectionRMSNorm(nn.Module):
+    """RMSNorm over a whole q or k projection that tensor parallelism splits by heads (OLMo 2's q/k norms,
+    `qk_norm_scope` "projection"): this rank holds its heads' values and their weights; the mean of squares
+    is over all `size` values, so the ranks' sums of squares are added (forward and backward)."""
+
+    def __init__(self, size: int, eps: float, tp: int, tp_group=None):
+        super().__init__()
+        self.size, self.eps, self.tp_group = size, eps, tp_group
+        self.weight = nn.Parameter(torch.ones(size // tp))
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        squares = copy_to_tp(reduce_from_tp(x.pow(2).sum(-1, keepdim=True), self.tp_group), self.tp_group)
+        return self.weight * (x * torch.rsqrt(squares / self.size + self.eps)).to(dtype)
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
-        return RMSNorm(spec.hidden, spec.norm_eps)
+        return RMSNorm(spec.hidden, spec.norm_eps, zero_centered=spec.norm_zero_centered)
     return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
 
 
 def rope_tables(spec: ModelSpec, seq: int, device=None):
     """cos/sin [seq, head_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default)."""
     d = spec.head_dim
+    scaling = spec.rope_scaling
+    if scaling is not None and scaling["type"] == "longrope":
+        return longrope_tables(spec, seq, device)
     inv_freq = 1.0 / (spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
-    if spec.rope_scaling is not None:
-        inv_freq = llama3_inv_freq(inv_freq, spec.rope_scaling)
+    if scaling is not None and scaling["type"] == "linear":  # Gemma 3's global layers: positions / factor
+        inv_freq = inv_freq / scaling["factor"]
+    elif scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
+
+
+def longrope_tables(spec: ModelSpec, seq: int, device=None):
+    """LongRoPE (Phi-3): each base frequency divided by its short factor (sequences up to the original context)
+    or long factor (longer ones), cos and sin multiplied by the attention factor (transformers' longrope)."""
+    d, scaling = spec.head_dim, spec.rope_scaling
+    factors = scaling["long_factor"] if seq > scaling["original_max_positions"] else scaling["short_factor"]
+    ext = torch.tensor(factors, dtype=torch.float32, device=device)
+    inv_freq = 1.0 / (ext * spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos() * scaling["attention_factor"], angles.sin() * scaling["attention_factor"]
 
 
 def llama3_inv_freq(inv_freq, scaling: dict):
@@ -111,24 +149,48 @@ class Attention(nn.Module):
         self.v = ColumnParallelLinear(h, spec.kv_groups * d, spec.qkv_bias, tp, g)
         self.o = RowParallelLinear(spec.heads * d, h, spec.linear_bias, tp, g)
         self.window = spec.sliding_window
-        if spec.qk_norm:  # Qwen3: RMSNorm over each head's d values, before the rotation
-            self.q_norm = RMSNorm(d, spec.norm_eps, g)
-            self.k_norm = RMSNorm(d, spec.norm_eps, g)
+        self.scale, self.softcap = spec.softmax_scale, spec.attn_softcap
+        # q/k norms, before the rotation: over each head's d values (Qwen3), applied to [.., heads, d]; or over
+        # the whole projection (OLMo 2), applied to [.., heads * d] before it is cut into heads
+        self.qk_norm_scope = spec.qk_norm_scope if spec.qk_norm else None
+        if self.qk_norm_scope == "head":
+            self.q_norm = RMSNorm(d, spec.norm_eps, g, spec.norm_zero_centered)
+            self.k_norm = RMSNorm(d, spec.norm_eps, g, spec.norm_zero_centered)
+        elif self.qk_norm_scope == "projection":
+            self.q_norm = ProjectionRMSNorm(spec.heads * d, spec.norm_eps, tp, g)
+            self.k_norm = ProjectionRMSNorm(spec.kv_groups * d, spec.norm_eps, tp, g)
 
     def forward(self, x, rope, mask=None):
         b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.heads, self.d)
-        k = self.k(x).view(b, s, self.groups, self.d)
-        if hasattr(self, "q_norm"):
+        q, k = self.q(x), self.k(x)
+        if self.qk_norm_scope == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.view(b, s, self.heads, self.d), k.view(b, s, self.groups, self.d)
+        if self.qk_norm_scope == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(b, s, self.groups, self.d).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        # GQA: each kv head serves heads/groups query heads (enable_gqa repeats them without a copy)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           enable_gqa=self.groups != self.heads)
+        if self.softcap is not None:
+            y = softcapped_attention(q, k, v, mask, self.scale, self.softcap)
+        else:  # GQA: each kv head serves heads/groups query heads (enable_gqa repeats them without a copy)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                               enable_gqa=self.groups != self.heads)
         return self.o(y.transpose(1, 2).reshape(b, s, self.heads * self.d))
+
+
+def softcapped_attention(q, k, v, mask, scale, cap):
+    """Attention whose scores are capped (Gemma 2's attn_logit_softcapping): cap * tanh(q k^T * scale / cap),
+    then the causal (or window) mask and a softmax in fp32, as transformers' eager Gemma 2 attention."""
+    repeat = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = torch.tanh(scores / cap) * cap
+    seq = q.shape[2]
+    allowed = mask if mask is not None else torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 class MLP(nn.Module):
@@ -150,6 +212,8 @@ class MLP(nn.Module):
     def forward(self, x):
         if self.activation == "swiglu":
             y = F.silu(self.gate(x)) * self.up(x)
+        elif self.activation == "geglu_tanh":
+            y = F.gelu(self.gate(x), approximate="tanh") * self.up(x)
         elif self.activation == "gelu_tanh":
             y = F.gelu(self.up(x), approximate="tanh")
         else:
@@ -158,11 +222,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """x + post(attn(pre(x))), then the same around the MLP; each of pre and post is a norm where the spec has
+    it (`pre_norm`: GPT2, Llama; `post_norm`: OLMo 2 alone, Gemma's sandwich with both), else the identity."""
+
     def __init__(self, spec: ModelSpec, grid: Grid, moe: bool = False):
         super().__init__()
-        self.attn_norm = make_norm(spec)
+        identity = nn.Identity()
+        self.attn_norm = make_norm(spec) if spec.pre_norm else identity
         self.attn = Attention(spec, grid)
-        self.mlp_norm = make_norm(spec)
+        self.attn_post_norm = make_norm(spec) if spec.post_norm else identity
+        self.mlp_norm = make_norm(spec) if spec.pre_norm else identity
+        self.mlp_post_norm = make_norm(spec) if spec.post_norm else identity
         if moe:
             shared = spec.shared_expert_ffn_hidden
             self.mlp = MoE(spec, grid, MLP(spec, grid, shared, bias=False) if shared is not None else None)
@@ -170,19 +240,22 @@ class Block(nn.Module):
             self.mlp = MLP(spec, grid)
 
     def forward(self, x, rope, mask=None):
-        x = x + self.attn(self.attn_norm(x), rope, mask)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.attn_post_norm(self.attn(self.attn_norm(x), rope, mask))
+        return x + self.mlp_post_norm(self.mlp(self.mlp_norm(x)))
 
 
 class Embeddings(nn.Module):
     def __init__(self, spec: ModelSpec, grid: Grid, with_position: bool):
         super().__init__()
         self.word = VocabParallelEmbedding(spec.padded_vocab, spec.hidden, grid.tp, grid.tp_rank, grid.tp_group)
+        self.scale = spec.hidden ** 0.5 if spec.embed_scale else None
         if with_position:
             self.position = nn.Embedding(spec.max_positions, spec.hidden)
 
     def forward(self, tokens):
         x = self.word(tokens)
+        if self.scale is not None:  # Gemma: sqrt(hidden) rounded to the model's dtype first
+            x = x * torch.tensor(self.scale, dtype=x.dtype)
         if hasattr(self, "position"):
             x = x + self.position.weight[: tokens.shape[1]]
         return x
@@ -215,18 +288,35 @@ class Stage(nn.Module):
         """x: token ids [b, s] on the first stage, else hidden states [b, s, h] from the previous stage."""
         if self.first:
             x = self.embed(x)
-        rope = rope_tables(self.spec, x.shape[1], x.device) if self.spec.position == "rope" else None
-        mask = attention_mask(self.spec, x.shape[1], x.device)
-        for block in self.layers.values():
-            x = block(x, rope, mask)
+        x = self.blocks(x)
         if not self.last:
             return x
         return self.loss(self.final_norm(x), targets)
 
-    def loss(self, x, targets):
+    def blocks(self, x):
+        """This stage's layers on hidden states [b, s, h], each with its mask (a window on sliding layers)."""
+        spec = self.spec
+        rope = rope_tables(spec, x.shape[1], x.device) if spec.position == "rope" else None
+        local = rope  # Gemma 3: the sliding layers' rope has its own base and no scaling
+        if spec.rope_local_base is not None:
+            local = rope_tables(spec.replace(rope_base=spec.rope_local_base, rope_scaling=None), x.shape[1], x.device)
+        mask = attention_mask(spec, x.shape[1], x.device)
+        for i, block in self.layers.items():
+            sliding = spec.is_sliding_layer(int(i))
+            x = block(x, local if sliding else rope, mask if sliding else None)
+        return x
+
+    def logits(self, x):
+        """This rank's vocabulary shard of the logits of final-normed hidden states (soft-capped where the model is)."""
         weight = self.embed.word.weight if self.spec.tied_embeddings else self.lm_head.weight
         logits = F.linear(copy_to_tp(x, self.grid.tp_group), weight)
-        part = weight.shape[0]
+        if self.spec.logit_softcap is not None:  # Gemma 2's final_logit_softcapping (element-wise: any vocab shard)
+            logits = torch.tanh(logits / self.spec.logit_softcap) * self.spec.logit_softcap
+        return logits
+
+    def loss(self, x, targets):
+        logits = self.logits(x)
+        part = logits.shape[-1]
         return vocab_parallel_cross_entropy(logits.reshape(-1, part), targets.reshape(-1),
                                             self.grid.tp_rank * part, self.spec.vocab, self.grid.tp_group)
 

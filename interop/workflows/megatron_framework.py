@@ -169,6 +169,25 @@ def moe_config(spec: ModelSpec, router_bias_update_rate: float = 1e-3) -> dict:
         moe_grouped_gemm=False, moe_token_dispatcher_type="allgather")
 
 
+def cannot_build(spec: ModelSpec) -> str | None:
+    """Why megatron-core's own GPTModel (local layer spec) cannot compute `spec`, or None."""
+    facts = [f for f, has in (("post_norm", spec.post_norm or not spec.pre_norm),
+                              ("qk_norm_scope", spec.qk_norm_scope != "head"),
+                              ("activation", spec.activation == "geglu_tanh"), ("embed_scale", spec.embed_scale),
+                              ("norm_zero_centered", spec.norm_zero_centered),
+                              ("attn_softcap", spec.attn_softcap is not None),
+                              ("logit_softcap", spec.logit_softcap is not None),
+                              ("softmax_scale", spec.softmax_scale is not None),
+                              ("sliding_layers", spec.sliding_layers is not None),
+                              ("rope_local_base", spec.rope_local_base is not None),
+                              ("rope_scaling", spec.rope_scaling is not None
+                               and spec.rope_scaling["type"] != "llama3")) if has]
+    if facts:
+        return (f"megatron-core's own GPT model (local layer spec) cannot compute this model's {', '.join(facts)} "
+                "(Megatron-Bridge's layer specs and providers do)")
+    return None
+
+
 def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: int = 1):
     """An mcore GPTModel for `spec` with every fused kernel off (plain torch ops, any device); a
     mixture-of-experts spec gets megatron-core's MoE layers where `spec.is_moe_layer` (`moe_config`)."""
@@ -176,6 +195,9 @@ def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: 
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
     norm = "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm"
+    why = cannot_build(spec)
+    if why:
+        raise InteropError(why)
     act = {"swiglu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[spec.activation]
     config = TransformerConfig(
         num_layers=spec.num_layers, hidden_size=spec.hidden, num_attention_heads=spec.heads,
@@ -187,7 +209,7 @@ def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: 
         persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
         qk_layernorm=spec.qk_norm, expert_model_parallel_size=ep, **moe_config(spec, router_bias_update_rate))
     scaling = spec.rope_scaling
-    if scaling is not None and scaling != llama3_rope_scaling(scaling["factor"]):
+    if scaling is not None and scaling != llama3_rope_scaling(scaling.get("factor", 0)):
         raise InteropError(f"megatron-core's rope scaling fixes low_freq_factor 1, high_freq_factor 4 and "
                            f"original_max_position_embeddings 8192; this model has {scaling}")
     if spec.is_moe:

@@ -159,7 +159,12 @@ def _rope(spec: ModelSpec, x, seq: int):
     import mindspore.ops as ops
     d = spec.head_dim
     inv = 1.0 / (spec.rope_base ** (np.arange(0, d, 2, dtype=np.float32) / d))
-    if spec.rope_scaling is not None:  # Llama-3.x: the same rule as trainer/model.py llama3_inv_freq
+    scale = 1.0
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":  # trainer/model.py longrope_tables
+        r = spec.rope_scaling
+        ext = np.array(r["long_factor"] if seq > r["original_max_positions"] else r["short_factor"], dtype=np.float32)
+        inv, scale = (inv / ext).astype(np.float32), r["attention_factor"]
+    elif spec.rope_scaling is not None:  # Llama-3.x: the same rule as trainer/model.py llama3_inv_freq
         r = spec.rope_scaling
         context, low, high, factor = r["original_max_positions"], r["low_freq_factor"], r["high_freq_factor"], r["factor"]
         wavelen = 2 * math.pi / inv
@@ -169,7 +174,7 @@ def _rope(spec: ModelSpec, x, seq: int):
         inv = np.where((wavelen >= context / high) & (wavelen <= context / low), blended, scaled).astype(np.float32)
     freqs = np.outer(np.arange(seq, dtype=np.float32), inv)
     emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = ms.Tensor(np.cos(emb)), ms.Tensor(np.sin(emb))
+    cos, sin = ms.Tensor(np.cos(emb) * scale), ms.Tensor(np.sin(emb) * scale)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + ops.cat([-x2, x1], axis=-1) * sin
 

@@ -131,12 +131,11 @@ def lm_loss(logits, tokens) -> float:
 def reference_logits(store, tokens):
     """The trainer's decoder (tp 1, pp 1, one process, no process group) on a common-format checkpoint."""
     import torch
-    import torch.nn.functional as F
     from ..layout import ParallelLayout
     from ..store import StoreReader
     from ..trainer.checkpoint import load_weights
     from ..trainer.grid import Grid
-    from ..trainer.model import Stage, attention_mask, rope_tables
+    from ..trainer.model import Stage
     reader = StoreReader(store)  # checksums verified: a corrupt file is an error, not a difference
     try:
         spec = reader.spec.replace(dtype="float32")
@@ -147,13 +146,7 @@ def reference_logits(store, tokens):
         reader.close()
     stage.eval()
     with torch.no_grad():
-        x = stage.embed(tokens)
-        rope = rope_tables(spec, tokens.shape[1]) if spec.position == "rope" else None
-        mask = attention_mask(spec, tokens.shape[1])  # a sliding window, when the model has one
-        for block in stage.layers.values():
-            x = block(x, rope, mask)
-        head = stage.embed.word.weight if spec.tied_embeddings else stage.lm_head.weight
-        return F.linear(stage.final_norm(x), head)[..., :spec.vocab].float()
+        return stage.logits(stage.final_norm(stage.blocks(stage.embed(tokens))))[..., :spec.vocab].float()
 
 
 class FrameworkUnavailable(Exception):
@@ -214,6 +207,11 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
 def _megatron_logits(store, tokens, tmp: Path):
     from . import megatron_framework
     why = megatron_framework.available()
+    if not why:
+        from ..store import StoreReader
+        reader = StoreReader(store)
+        why = megatron_framework.cannot_build(reader.spec)
+        reader.close()
     if why:
         raise FrameworkUnavailable(f"{why}; the Megatron checkpoint ran in the reference model only")
     return megatron_framework.forward_logits(store, tokens)

@@ -1,4 +1,4 @@
-"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral models built with transformers' own classes (nothing downloaded)."""
+"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 / Gemma 2 / Gemma 3 models built with transformers' own classes (nothing downloaded)."""
 from __future__ import annotations
 
 import torch
@@ -35,13 +35,42 @@ def build(kind: str, seed: int = 0):
         config = transformers.MistralConfig(**COMMON, sliding_window=SLIDING_WINDOW, tie_word_embeddings=False,
                                             rope_theta=7000.0)
         model = transformers.MistralForCausalLM(config)
+    elif kind == "olmo2":  # post norms only, q/k norms over the whole projection; pad_token_id None: Olmo2Config's
+        # default 1 would make embedding row 1 a padding row (zero gradient), which no other trainer has
+        config = transformers.Olmo2Config(**COMMON, tie_word_embeddings=False, rope_theta=7000.0, pad_token_id=None)
+        model = transformers.Olmo2ForCausalLM(config)
+    elif kind in ("phi3", "phi3-longrope"):  # fused qkv_proj / gate_up_proj; a window on every layer, or longrope
+        # whose original context (8) is shorter than the test sequences, so both factor lists are used
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.2, 1.3],
+                "long_factor": [2.0, 2.5, 3.0, 3.5], "original_max_position_embeddings": 8}
+        extra = {"rope_parameters": rope} if kind == "phi3-longrope" else {"sliding_window": SLIDING_WINDOW}
+        config = transformers.Phi3Config(**{**COMMON, "head_dim": 8}, tie_word_embeddings=False, pad_token_id=None,
+                                         original_max_position_embeddings=8, **extra)
+        model = transformers.Phi3ForCausalLM(config)
+    elif kind == "gemma2":  # sandwich norms, (1 + w), sqrt(hidden) embedding scale, GeGLU, soft-capping, a window on
+        # every other layer, query_pre_attn_scalar unlike head_dim; caps small enough to bite on these logits
+        config = transformers.Gemma2Config(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=16, sliding_window=SLIDING_WINDOW,
+                                           query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
+                                           final_logit_softcapping=5.0, pad_token_id=None)
+        model = transformers.Gemma2ForCausalLM(config)
+    elif kind == "gemma3":  # Gemma 2's facts with q/k norms, 5 sliding layers to 1 full, the sliding layers' own rope
+        # base and linear scaling on the full ones (rope_parameters per layer type), no soft-capping
+        rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 7000.0}}
+        config = transformers.Gemma3TextConfig(**{**COMMON, "rms_norm_eps": 1e-6, "num_hidden_layers": 6}, head_dim=16,
+                                               sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=24,
+                                               rope_parameters=rope, pad_token_id=None)
+        model = transformers.Gemma3ForCausalLM(config)
     else:
         raise ValueError(kind)
     # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.
+    # Gemma's norms store w of (1 + w): centred on 0 like theirs (1 + (1 + noise) would double every norm, and
+    # 4 norms per layer make the training curve sensitive enough for rounding to show by step 10).
+    one = 0.0 if kind.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+                p.copy_(torch.randn_like(p) * 0.1 + (one if name.endswith("weight") else 0.0))
     return model.eval()
 
 

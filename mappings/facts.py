@@ -1,0 +1,28 @@
+"""Which ModelSpec fact brings a canonical tensor, and which formats can hold that fact: the one line a
+format says when its names have no place for a tensor (`no_place`).
+
+Kept as data beside the name tables it summarises; a fact added to `interop.spec` with tensors of its own adds
+one row here.
+"""
+from __future__ import annotations
+
+# canonical name suffix -> (ModelSpec fact, the formats whose tables hold its tensors)
+FACT_OF_TENSOR = {
+    ".attn_post_norm.weight": ("post_norm", "hf (olmo2, gemma2), megatron (megatron-core names), interop"),
+    ".attn_post_norm.bias": ("post_norm", "megatron (megatron-core names), interop"),
+    ".mlp_post_norm.weight": ("post_norm", "hf (olmo2, gemma2), megatron (megatron-core names), interop"),
+    ".mlp_post_norm.bias": ("post_norm", "megatron (megatron-core names), interop"),
+    ".attn.q_norm.weight": ("qk_norm", "hf (qwen3, qwen3_moe, olmo2), megatron (megatron-core names), "
+                                       "mindspore --dialect mindformers-mcore, interop"),
+    ".attn.k_norm.weight": ("qk_norm", "hf (qwen3, qwen3_moe, olmo2), megatron (megatron-core names), "
+                                       "mindspore --dialect mindformers-mcore, interop"),
+}
+
+
+def no_place(where: str, name: str) -> str | None:
+    """`where` (e.g. "MindSpore mindspeed names") has no row for canonical tensor `name`: the line that says the
+    fact and its holders, or None for a tensor no fact here brings."""
+    for suffix, (fact, holders) in FACT_OF_TENSOR.items():
+        if name.endswith(suffix):
+            return f"{where} have no place for {name}: the model's {fact} is held by {holders}"
+    return None
