@@ -75,6 +75,8 @@ CASES = {  # target: (source, convert flags)
     "moe-mindspore-tp2pp2ep2": ("mixtral", ["--to", "mindspore", "--tp", "2", "--pp", "2", "--ep", "2"]),
     "interop-store-tp2pp2": ("hf", ["--to", "interop", "--tp", "2", "--pp", "2"]),
     "hf-sharded": ("mixtral", ["--to", "hf", "--max-shard-size", "100KB"]),
+    "megatron-torch-one-file": ("hf", ["--to", "megatron"]),  # one unit: rank 1 has nothing to write
+    "hf-one-file": ("mixtral", ["--to", "hf"]),
 }
 
 
