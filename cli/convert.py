@@ -11,7 +11,7 @@ from .common import ProgressBar, user_errors
 
 # The engine (and torch) is imported inside the commands: `interop --help` starts without it.
 FORMAT_CHOICE = click.Choice(format_names())
-DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
+DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16", "fp8")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
 CLICK_TYPES = {"int": int, "path": click.Path()}
 
 
@@ -46,7 +46,7 @@ def format_options(command: str):
 @click.option("--first-stage-layers", type=int, help="Layers on the first pipeline stage (uneven pipelines).")
 @click.option("--last-stage-layers", type=int, help="Layers on the last pipeline stage (uneven pipelines).")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
-              help="Cast the weights (optimizer state keeps its dtype).")
+              help="Cast the weights (optimizer state keeps its dtype); fp8: block-scaled FP8 projections (hf).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @format_options("convert")
 @click.option("--verify", "then_verify", is_flag=True,

@@ -22,13 +22,14 @@ from ..io.small_files import read_json_object
 from ..memory import BufferPool
 from ..mappings.hf_config import MOE_TRAINING_KEYS, hf_config_from_spec, hf_family, spec_from_hf_config
 from ..hf_named import hf_rows, hf_table
-from ..mappings.hf_names import IGNORED_SUFFIXES, STACKED_EXPERT_SUFFIXES
-from ..params import TensorKey, param_table
-from ..rows import RowCollector
+from ..mappings.hf_names import FP8_KEEP, IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES
+from ..params import TensorKey, param_index, param_table
+from ..rows import Row, RowCollector
 from ..spec import ModelSpec
 from ..state import TrainingState
+from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ..transforms import Transform
+from ..transforms import BlockScaledFP8, Transform
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DEFAULT_SHARD_BYTES = 5 << 30
@@ -60,6 +61,14 @@ def parse_size(size) -> int:
 def detect(path) -> bool:
     root = Path(path)
     return (root / "config.json").is_file() and any((root / f).is_file() for f in WEIGHT_FILES)
+
+
+def hf_mirrors(spec: ModelSpec) -> list[tuple[str, str]]:
+    """(HF name, canonical name) of the tensors HF stores twice: DeepSeek-V3's MTP modules' copies of the
+    embedding and head (`hf_names.MIRRORS`)."""
+    present = param_index(spec)
+    return [(hf.format(m=spec.num_layers + k), name) for hf, name in MIRRORS.get(hf_table(spec), [])
+            for k in range(spec.mtp_layers) if name in present]
 
 
 def _to_hf(transform: Transform, parts: list[torch.Tensor], empty) -> torch.Tensor:
@@ -137,8 +146,41 @@ class _BinFile:
         return self.tensors[key].clone()
 
 
+SCALE_SUFFIX = "_scale_inv"  # `X.weight_scale_inv` scales block-scaled FP8 `X.weight`
+
+
+def fp8_stored(hf_key: str, shape) -> bool:
+    """Which tensors --dtype fp8 stores block-scaled: the projections, as DeepSeek-V3's release (`hf_names.FP8_KEEP`
+    stay bf16: embeddings, heads, the router)."""
+    return len(shape) == 2 and hf_key.endswith(".weight") and not any(k in hf_key for k in FP8_KEEP)
+FP8_FORMATS = {"e4m3": "float8_e4m3fn"}
+
+
+def fp8_layout(config: dict, where: str) -> BlockScaledFP8 | None:
+    """The block-scaled FP8 layout config.json's quantization_config states (None: not quantised)."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return None
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise InteropError(f"{where}: quantization_config quant_method {method!r} is not supported (fp8, block-scaled "
+                           "as DeepSeek-V3 and transformers' fine-grained FP8, is)")
+    if quant.get("fmt", "e4m3") not in FP8_FORMATS:
+        raise InteropError(f"{where}: fp8 fmt {quant['fmt']!r} is not supported (e4m3 is)")
+    if quant.get("scale_fmt") not in (None, "float32"):
+        raise InteropError(f"{where}: fp8 scale_fmt {quant['scale_fmt']!r} is not supported (float32 scales are)")
+    try:
+        return BlockScaledFP8(quant.get("weight_block_size", [128, 128]))  # FineGrainedFP8Config's default
+    except InteropError as exc:
+        raise InteropError(f"{where}: {exc}") from None
+
+
 class Reader(BaseReader):
-    def __init__(self, path):
+    options = ("dequantize_to",)  # convert's --dtype, for block-scaled FP8 sources
+
+    def __init__(self, path, dequantize_to: str | None = None):
+        """`dequantize_to`: the dtype block-scaled FP8 weights are dequantised to (bfloat16 by default; convert's
+        --dtype)."""
         root = Path(path)
         if not detect(root):
             raise InteropError(f"{root}: not a Hugging Face checkpoint (needs config.json and model weights)")
@@ -150,9 +192,23 @@ class Reader(BaseReader):
         if ignored:
             notes.append(f"dropped {len(ignored)} buffers that are not parameters "
                          f"({'; '.join(sorted(set(ignored.values())))})")
+        self.fp8 = self._fp8_scales(root, config, keys, notes, dequantize_to or "bfloat16")
         float_dtypes = [self.files.meta(k)[0] for k in keys if self.files.meta(k)[0].is_floating_point]
         dtype = NAME_OF_DTYPE.get(float_dtypes[0], "float32") if float_dtypes else "float32"
+        if self.fp8:
+            dtype = self.fp8_dtype
         spec = spec_from_hf_config(config, dtype, where=str(root / "config.json"))
+        carried_config = {}
+        if spec.mtp_layers and not any(k.startswith(f"model.layers.{spec.num_layers + j}.")
+                                       for k in keys for j in range(spec.mtp_layers)):
+            # transformers' DeepseekV3ForCausalLM has no MTP module: a checkpoint it saved states
+            # num_nextn_predict_layers and holds no MTP weights.  Kept for HF output, said so.
+            key = "num_nextn_predict_layers"
+            carried_config[key] = spec.mtp_layers
+            notes.append(f"config.json's {key}={spec.mtp_layers} but the checkpoint holds no MTP module weights "
+                         f"(model.layers.{spec.num_layers}.*, as transformers saves it): read as a model without "
+                         f"MTP; {key} kept for HF output")
+            spec = spec.replace(mtp_layers=0)
         stacked = spec.is_moe and any(k.endswith(STACKED_EXPERT_SUFFIXES) for k in keys)
         self.model_type = config.get("model_type")  # its family's names (phi3's fused qkv_proj, ...)
         self.rows = hf_rows(spec, stacked, self.model_type)
@@ -169,6 +225,19 @@ class Reader(BaseReader):
             keys.discard(hf_key)
             for i, p in enumerate(parts):
                 self.part_of[p] = (hf_key, transform, parts, i)
+        self.mirrors: dict[str, list[str]] = {}  # canonical -> HF copies checked equal to it on read
+        for hf_key, name in hf_mirrors(spec):
+            if hf_key not in keys:
+                raise InteropError(f"{root}: tensor {hf_key} is missing (the MTP module's copy of {name})")
+            if self.files.meta(hf_key)[1] != param_index(spec)[name].shape:
+                raise InteropError(f"{root}: {hf_key} has shape {list(self.files.meta(hf_key)[1])}, "
+                                   f"config.json implies {list(param_index(spec)[name].shape)}")
+            keys.discard(hf_key)
+            self.mirrors.setdefault(name, []).append(hf_key)
+        if self.mirrors:
+            notes.append(f"{sum(map(len, self.mirrors.values()))} MTP copies of the embedding / head "
+                         f"({', '.join(sorted(k for v in self.mirrors.values() for k in v))}) checked equal to "
+                         "the model's on read and written from them")
         if spec.tied_embeddings and "lm_head.weight" in keys:
             keys.discard("lm_head.weight")
             notes.append("dropped lm_head.weight: the model ties it to the input embedding")
@@ -180,6 +249,9 @@ class Reader(BaseReader):
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         self.carried = {"files": {name: root / name for name in MODEL_FILES if (root / name).is_file()},
                         "config": {k: config[k] for k in TOKEN_ID_KEYS if config.get(k) is not None}}
+        self.carried["config"].update(carried_config)
+        if self.fp8:
+            self.carried["raw_fp8"] = self.stored_fp8
         if spec.is_moe:  # router training settings: not part of the model, kept for HF output and named
             training = {k: config[k] for k, default in MOE_TRAINING_KEYS[hf_family(spec)].items()
                         if config.get(k, default) != default}
@@ -188,18 +260,72 @@ class Reader(BaseReader):
                 notes.append(f"{', '.join(f'{k}={v}' for k, v in training.items())}: router training settings "
                              "outside the model description, kept for HF output only")
 
+    def _fp8_scales(self, root: Path, config: dict, keys: set, notes: list, dequantize_to: str) -> dict:
+        """{fp8 weight key: its scale key}; the scales leave `keys`.  Every float8 weight has its scale of the
+        right grid and every scale its float8 weight, or the checkpoint is refused (never read unscaled)."""
+        layout = fp8_layout(config, str(root / "config.json"))
+        fp8_keys = sorted(k for k in keys if self.files.meta(k)[0] == torch.float8_e4m3fn)
+        scales = {k for k in keys if k.endswith(SCALE_SUFFIX)}
+        if layout is None:
+            if fp8_keys or scales:
+                raise InteropError(f"{root}: {(fp8_keys or sorted(scales))[0]} is block-scaled FP8 but config.json has "
+                                   "no quantization_config (quant_method fp8, weight_block_size)")
+            return {}
+        out = {}
+        for key in fp8_keys:
+            scale = key + SCALE_SUFFIX
+            layout.check(key, self.files.meta(key)[1], scale, self.files.meta(scale)[1] if scale in scales else None)
+            out[key] = scale
+        stray = sorted(scales - set(out.values()))
+        if stray:
+            raise InteropError(f"{root}: {stray[0]} scales no float8_e4m3fn weight "
+                               f"({stray[0][:-len(SCALE_SUFFIX)]} is missing or not FP8)")
+        if dequantize_to not in DTYPE_OF_NAME:
+            raise InteropError(f"dequantize_to must be one of {', '.join(DTYPE_OF_NAME)}, got {dequantize_to!r}")
+        keys -= scales
+        self.fp8_layout, self.fp8_dtype = layout, dequantize_to
+        if out:
+            notes.append(f"dequantised {len(out)} block-scaled FP8 weights (float8_e4m3fn x weight_scale_inv per "
+                         f"{layout.block[0]}x{layout.block[1]} block, in float32) to {dequantize_to}, as transformers' "
+                         "fine-grained FP8 and DeepSeek's weight_dequant do"
+                         + ("" if dequantize_to == "float32" else "; --dtype fp32 keeps more of each product"))
+        return out
+
+    def stored_fp8(self, hf_key: str, layout: BlockScaledFP8):
+        """(fp8 weight, scale) as stored, for an FP8 target in the same block layout; None otherwise."""
+        if hf_key not in self.fp8 or layout != self.fp8_layout:
+            return None
+        return self.files.read(hf_key), self.files.read(self.fp8[hf_key])
+
+    def _read_hf(self, hf_key: str) -> torch.Tensor:
+        """An HF tensor as the model uses it: a block-scaled FP8 weight dequantised."""
+        if hf_key in self.fp8:
+            return self.fp8_layout.dequantize(self.files.read(hf_key), self.files.read(self.fp8[hf_key]),
+                                              DTYPE_OF_NAME[self.fp8_dtype])
+        return self.files.read(hf_key)
+
     def metas(self) -> list[TensorMeta]:
-        return [TensorMeta(p.name, self.files.meta(self.part_of[p.name][0])[0], p.shape) for p in param_table(self.spec)]
+        def dtype(hf_key):
+            return DTYPE_OF_NAME[self.fp8_dtype] if hf_key in self.fp8 else self.files.meta(hf_key)[0]
+        return [TensorMeta(p.name, dtype(self.part_of[p.name][0]), p.shape) for p in param_table(self.spec)]
 
     def read(self, name: str) -> torch.Tensor:
         hf_key, transform, parts, i = self.part_of[name]
+        if name in self.mirrors:
+            value = transform.split(self._read_hf(hf_key))[0]
+            for copy in self.mirrors[name]:
+                if not torch.equal(self._read_hf(copy), value):
+                    raise InteropError(f"{self.files.root}: {copy} differs from {hf_key}: the MTP module has its own "
+                                       f"{'embedding' if 'embed' in copy else 'head'}, which interop holds once "
+                                       "(as DeepSeek-V3 and megatron-core share it); refused")
+            return value
         if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
-            return transform.split(self.files.read(hf_key))[0]
+            return transform.split(self._read_hf(hf_key))[0]
         if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
             # two held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order
             while len(self._cached) >= 2:
                 del self._cached[next(iter(self._cached))]
-            self._cached[hf_key] = transform.split(self.files.read(hf_key))
+            self._cached[hf_key] = transform.split(self._read_hf(hf_key))
         return self._cached[hf_key][i]
 
     def native_name(self, name: str) -> str:
@@ -210,7 +336,7 @@ class Reader(BaseReader):
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
         hf_key, transform, _, _ = self.part_of[name]
-        if not transform.unchanged:
+        if not transform.unchanged or name in self.mirrors or hf_key in self.fp8:  # checked / decoded in read()
             return False
         self.files.read_into(hf_key, out)
         return True
@@ -221,7 +347,8 @@ class Reader(BaseReader):
 
 class Writer(BaseWriter):
     """Writes HF safetensors (sharded past `max_shard_bytes`) and config.json."""
-    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk", "family")
+    options = ("max_shard_size", "max_shard_bytes", "tokenizer", "renormalize_topk", "family",
+               "quantize_to")  # quantize_to: convert's --dtype fp8
     splits = True
     holds_moe = True  # Mixtral and Qwen2-MoE (mappings.hf_config.MOE_KEYS)
 
@@ -231,8 +358,10 @@ class Writer(BaseWriter):
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], max_shard_size=None,
                  max_shard_bytes: int | None = None, tokenizer=None, renormalize_topk: bool = False, only=None,
-                 family: str | None = None):
+                 family: str | None = None, quantize_to: str | None = None):
         """`max_shard_size`: bytes per weight file ("5GB" style or an int; `max_shard_bytes` is the older name).
+        `quantize_to="fp8"` (convert's --dtype fp8): the projections as block-scaled FP8 (128x128 blocks, as
+        DeepSeek-V3's release); an FP8 HF source's weights and scales are kept byte-identical (`carry`).
         `tokenizer`: a tokenizer directory (its tokenizer files are copied), or one tokenizer file
         (`tokenizer.model` of sentencepiece, as Megatron's --tokenizer-model names, or a `tokenizer.json`).
         `renormalize_topk`: write a MoE model whose top-k probabilities are not renormalised (megatron-core's
@@ -262,7 +391,16 @@ class Writer(BaseWriter):
                                       f"intermediate_size is the experts' {spec.moe_ffn_hidden}")
         meta_of = {m.name: m for m in metas}
         position = {m.name: i for i, m in enumerate(metas)}
-        rows = sorted(hf_rows(spec, model_type=family), key=lambda row: max(position[p] for p in row.parts))
+        rows = hf_rows(spec, model_type=family)
+        bound = {row.parts[0]: row.transform for row in rows if len(row.parts) == 1}
+        rows += [Row(hf_key, bound[name], [name]) for hf_key, name in hf_mirrors(spec)]  # right after their source
+        rows = sorted(rows, key=lambda row: max(position[p] for p in row.parts))
+        if quantize_to not in (None, "fp8"):
+            raise InteropError(f"quantize_to must be fp8, got {quantize_to!r}")
+        self.fp8 = BlockScaledFP8() if quantize_to else None
+        self.quantized = {row.key for row in rows
+                          if self.fp8 and row.transform.unchanged and fp8_stored(row.key, row.transform.rank_shape())}
+        self.fp8_counts = {"kept": 0, "quantised": 0}
         self.row_of, self.pending = {}, RowCollector()
         self.dropped_optim = {key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
@@ -271,14 +409,19 @@ class Writer(BaseWriter):
             hf_key, transform, parts = row.key, row.transform, row.parts
             first = meta_of[parts[0]]
             shape = transform.rank_shape()
-            nbytes = TensorMeta(hf_key, first.dtype, shape).nbytes
+            if hf_key in self.quantized:  # the fp8 weight, then its scale
+                entries = [(hf_key, torch.float8_e4m3fn, shape),
+                           (hf_key + SCALE_SUFFIX, torch.float32, self.fp8.scale_shape(shape))]
+            else:
+                entries = [(hf_key, first.dtype, shape)]
+            nbytes = sum(TensorMeta(*entry).nbytes for entry in entries)
             if shards[-1] and size + nbytes > max_shard_bytes:
                 shards.append([])
                 size = 0
-            shards[-1].append((hf_key, first.dtype, shape))
+            shards[-1] += entries
             size += nbytes
             for p in parts:
-                self.row_of[p] = (hf_key, transform, parts)
+                self.row_of.setdefault(p, []).append((hf_key, transform, parts))
         if len(shards) == 1:
             names = ["model.safetensors"]
         else:
@@ -291,32 +434,53 @@ class Writer(BaseWriter):
                 self.writers[name] = SafetensorsWriter(self.root / name, entries, {"format": "pt"}, checksum=False)
             for key, _, _ in entries:
                 self.file_of[key] = name
+        self.raw_fp8 = None  # an FP8 HF source's stored (weight, scale) by HF key (`carry`)
 
     def wants(self, name: str) -> bool:
-        return not TensorKey.parse(name).is_optim and self.file_of[self.row_of[name][0]] in self.writers
+        return not TensorKey.parse(name).is_optim and any(self.file_of[row[0]] in self.writers
+                                                           for row in self.row_of[name])
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         if TensorKey.parse(name).is_optim:  # HF checkpoints hold weights only (a note says so)
             return
-        hf_key, transform, parts = self.row_of[name]
-        tensors = self.pending.add(hf_key, parts, name, tensor)
-        if tensors is not None:
-            self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
+        for hf_key, transform, parts in self.row_of[name]:  # more than one: DeepSeek-V3's MTP copies
+            if self.file_of[hf_key] not in self.writers:
+                continue
+            tensors = self.pending.add(hf_key, parts, name, tensor)
+            if tensors is None:
+                continue
+            if hf_key in self.quantized:
+                self._write_fp8(hf_key, tensors[0])
+            else:
+                self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
+
+    def _write_fp8(self, hf_key: str, tensor: torch.Tensor) -> None:
+        """The weight and its scale: the FP8 source's own bytes when it stores this weight so, else quantised."""
+        raw = self.raw_fp8(hf_key, self.fp8) if self.raw_fp8 is not None else None
+        q, scale = raw if raw is not None else self.fp8.quantize(tensor)
+        self.fp8_counts["kept" if raw is not None else "quantised"] += 1
+        writer = self.writers[self.file_of[hf_key]]
+        writer.write(hf_key, q)
+        writer.write(hf_key + SCALE_SUFFIX, scale)
 
     def write_ranges(self, name: str, ranges) -> bool:
         """Write `name` straight from byte ranges of the source's files when HF stores it unchanged
         (a single-tensor row, not transposed); False when it must come through `write`."""
         if TensorKey.parse(name).is_optim:
             return True  # not kept: no need to read it
-        hf_key, transform, _ = self.row_of[name]
-        if not transform.unchanged:
+        rows = self.row_of[name]
+        if not all(transform.unchanged and hf_key not in self.quantized for hf_key, transform, _ in rows):
             return False
-        self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
+        for hf_key, _, _ in rows:
+            if self.file_of[hf_key] in self.writers:
+                self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
         return True
 
     def carry(self, carried) -> bool:
-        """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids."""
+        """What an HF source holds besides weights (`Reader.carried`): files to copy, config.json token ids,
+        and its block-scaled FP8 weights as stored (kept as they are under --dtype fp8)."""
         self.carried = carried
+        self.raw_fp8 = carried.get("raw_fp8")
         return True
 
     def _model_files(self) -> dict:
@@ -374,6 +538,9 @@ class Writer(BaseWriter):
             self.written_notes.append("output has no tokenizer: pass --tokenizer DIR_OR_FILE (an HF tokenizer "
                                       "directory, or the tokenizer.model Megatron's --tokenizer-model names)")
         config = {**hf_config_from_spec(self.spec, model_type=self.family), **self.carried.get("config", {})}
+        if self.fp8:
+            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                             "weight_block_size": list(self.fp8.block)}
         (self.root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if len(self.shard_files) > 1:
             index = {"metadata": {"total_size": total},
@@ -383,6 +550,14 @@ class Writer(BaseWriter):
     @property
     def notes(self) -> list[str]:
         notes = list(self.written_notes)
+        if self.fp8 and self.writers:
+            kept, made = self.fp8_counts["kept"], self.fp8_counts["quantised"]
+            notes.append(f"block-scaled FP8 (float8_e4m3fn + weight_scale_inv per 128x128 block): {kept} weights and "
+                         f"scales kept byte-identical from the FP8 source, {made} quantised (transformers' rule); "
+                         "the other tensors keep their dtype")
+        elif self.fp8:
+            notes.append("block-scaled FP8 written by the workers: weights the source stores as FP8 are re-quantised "
+                         "there, not kept byte-identical (--workers 1 keeps them)")
         if self.dropped_optim:
             notes.append(f"optimizer state not written ({', '.join(sorted(self.dropped_optim))}): "
                          "a Hugging Face checkpoint holds weights only")

@@ -28,7 +28,8 @@ from .progress import Progress
 from .tensors import DTYPE_NAMES, TensorMeta
 from .weights_on_disk import check_weights_on_disk
 
-DTYPE_CHOICES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# fp8: block-scaled float8_e4m3fn projections (the writer quantises, `quantize_to`), every other tensor kept
+DTYPE_CHOICES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": None}
 
 
 @dataclass
@@ -218,6 +219,12 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         raise InteropError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     reader_cls, writer_cls = reader_of(src_format), writer_of(dst_format)
     reader_options, writer_options = split_options(reader_cls, writer_cls, options, src_format, dst_format)
+    if DTYPE_CHOICES[dtype]:  # a reader that decodes stored values (block-scaled FP8) decodes straight to --dtype
+        reader_options.update(_accepted(reader_cls, {"dequantize_to": DTYPE_CHOICES[dtype]}))
+    if dtype == "fp8":  # only a writer that stores block-scaled FP8 weights takes it
+        if not _accepted(writer_cls, {"quantize_to": "fp8"}):
+            raise InteropError(f"--dtype fp8: a {dst_format} target cannot store block-scaled FP8 weights yet (hf can)")
+        writer_options["quantize_to"] = "fp8"
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
@@ -239,7 +246,7 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         metas_out = []
         for m in metas_in:
             param = index[base_param_name(m.name)]
-            cast = DTYPE_NAMES[out_dtype] if dtype != "keep" and not TensorKey.parse(m.name).is_optim else m.dtype
+            cast = DTYPE_NAMES[out_dtype] if DTYPE_CHOICES[dtype] and not TensorKey.parse(m.name).is_optim else m.dtype
             metas_out.append(TensorMeta(m.name, cast, param.shape))
         if progress:
             progress.start(sum(m.nbytes for m in metas_in))
@@ -271,7 +278,7 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
                     raise
     finally:
         reader.close()
-    if dtype != "keep" and out_dtype != spec.dtype:
+    if DTYPE_CHOICES[dtype] and out_dtype != spec.dtype:
         summary.notes.append(f"cast weights from {spec.dtype} to {out_dtype}")
     summary.seconds = time.perf_counter() - started
     return summary

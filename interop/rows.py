@@ -9,6 +9,8 @@ A name table (`mappings/*_names.py`) lists (native template, transform class, ca
     global number, `{j}` its number on its expert-parallel rank), or, when the transform stores every
     expert in one tensor (`Transform.every_expert`), one row per expert-parallel rank listing its
     experts' parts expert by expert;
+  - `{m}` is a multi-token-prediction module (native layer num_layers + k, canonical `mtp.{k}.`): the row
+    repeats per module;
   - a row whose canonical tensors the model lacks (a bias, an untied head) is skipped, and the first row
     that claims a native name wins (so a gated fc1 row comes before the plain one).
 
@@ -53,6 +55,17 @@ def _expanded(key: str, transform, parts, i, local, spec: ModelSpec, ep: int):
         yield key.format(i=local, j=e % per_rank, e=e), [n.format(i=i, e=e) for n in parts], e // per_rank
 
 
+def _mtp_modules(template, spec: ModelSpec):
+    """A row of an MTP module (`{m}`: its native layer number, num_layers + k; `{k}` in the canonical parts:
+    its module number, DeepSeek-V3) once per module; any other row as it is."""
+    key, transform, parts = template
+    if "{m}" not in key:
+        yield template
+        return
+    for k in range(spec.mtp_layers):
+        yield key.replace("{m}", str(spec.num_layers + k)), transform, [p.replace("{k}", str(k)) for p in parts]
+
+
 def expand(table, spec: ModelSpec, *, layers=None, first: int = 0, ep: int = 1, keep=None, stage: int = 0,
            chunk: int = 0, present: dict | None = None) -> list[Row]:
     """`table`'s rows for `spec`, in table order, then layer, then expert.
@@ -63,7 +76,7 @@ def expand(table, spec: ModelSpec, *, layers=None, first: int = 0, ep: int = 1, 
     present = present if present is not None else param_index(spec)
     layers = range(spec.num_layers) if layers is None else layers
     rows, taken = [], set()
-    for key, transform, parts in table:
+    for key, transform, parts in (row for template in table for row in _mtp_modules(template, spec)):
         for i in (layers if "{i}" in key else [None]):
             if keep is not None and not keep(key, i):
                 continue

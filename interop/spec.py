@@ -76,6 +76,31 @@ class ModelSpec:
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight, Switch/Megatron style
     shared_expert_ffn_hidden: int | None = None  # intermediate size of the shared expert(s), summed
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared expert's output
+    # Group-limited routing (DeepSeek-V2/V3): the experts form `moe_groups` equal groups, each token first keeps
+    # the `moe_group_topk` best groups (by `moe_group_score`: "top2", the sum of a group's two best scores,
+    # DeepSeek-V3 / megatron-core with topk // group_topk = 2; "max", its best score, DeepSeek-V2) and picks its
+    # `moe_topk` experts among theirs.  `moe_routed_scaling` multiplies the routed experts' weights.
+    moe_groups: int | None = None
+    moe_group_topk: int | None = None
+    moe_group_score: str | None = None
+    moe_routed_scaling: float = 1.0
+    # Multi-latent attention (DeepSeek-V2/V3; present when kv_lora_rank is set): q comes from a rank-`q_lora_rank`
+    # compression (down, RMSNorm, up; absent = one q projection, DeepSeek-V2-Lite), k and v from a rank-
+    # `kv_lora_rank` compression plus one decoupled rope key of `qk_rope_head_dim` shared by the heads.  With MLA
+    # `head_dim` is the q/k head (qk_nope_head_dim + qk_rope_head_dim), `kv_groups` = heads, and each value head is
+    # `v_head_dim` wide.  `rope_interleave`: the rope part rotates interleaved pairs (x0, x1), (x2, x3), ... as
+    # DeepSeek's weights are laid out, instead of the two halves.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rope_interleave: bool = False
+    # Multi-token prediction (DeepSeek-V3): `mtp_layers` modules after the decoder, module k predicting token
+    # t + k + 2 from norm(embed(t + k + 1)) and the previous hidden state (enorm, hnorm, eh_proj, one decoder
+    # layer like the last one, its final norm; the embedding and output head are the model's); training adds
+    # `mtp_loss_weight` times their mean loss.
+    mtp_layers: int = 0
+    mtp_loss_weight: float = 0.1
     # Where a layer's norms sit.  pre_norm: before attention and before the MLP (`attn_norm`, `mlp_norm`: GPT2,
     # Llama); post_norm: on the attention's and the MLP's output, before the residual add (`attn_post_norm`,
     # `mlp_post_norm`).  OLMo 2 has only post norms; Gemma 2/3 and the MindSpeed sandwich norm have both.
@@ -115,6 +140,24 @@ class ModelSpec:
     def is_moe_layer(self, i: int) -> bool:
         """Whether global layer `i` holds experts instead of a dense MLP."""
         return self.is_moe and (self.moe_layers is None or i in self.moe_layers)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_nope_head_dim(self) -> int:
+        """MLA: the part of each q/k head without rope (head_dim is the whole q/k head)."""
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of the attention output before o: heads * the value head."""
+        return self.heads * (self.v_head_dim if self.is_mla else self.head_dim)
+
+    def is_mtp_moe(self) -> bool:
+        """An MTP module's decoder layer is built like the model's last layer (megatron-core, DeepSeek-V3)."""
+        return self.is_moe_layer(self.num_layers - 1)
 
     @property
     def has_mlp_bias(self) -> bool:
@@ -238,6 +281,8 @@ def _problems(spec: ModelSpec):
     if spec.pre_norm is False and spec.post_norm is False:
         yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
     yield from moe_problems(spec)
+    yield from mla_problems(spec)
+    yield from mtp_problems(spec)
     if spec.rope_scaling is not None:
         if spec.position != "rope":
             yield "rope_scaling needs position=rope"
@@ -249,10 +294,14 @@ OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sl
                    "num_experts": None, "moe_topk": None, "moe_ffn_hidden": None, "moe_layers": None,
                    "moe_router_score": "softmax", "moe_norm_topk": True, "moe_router_bias": False,
                    "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False,
+                   "moe_groups": None, "moe_group_topk": None, "moe_group_score": None, "moe_routed_scaling": 1.0,
+                   "q_lora_rank": None, "kv_lora_rank": None, "qk_rope_head_dim": None, "v_head_dim": None,
+                   "rope_interleave": False, "mtp_layers": 0, "mtp_loss_weight": 0.1,
                    "pre_norm": True, "post_norm": False, "qk_norm_scope": "head", "norm_zero_centered": False,
                    "embed_scale": False, "softmax_scale": None, "attn_softcap": None, "logit_softcap": None,
                    "sliding_layers": None, "rope_local_base": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
+MOE_GROUP_SCORES = ("top2", "max")
 
 
 def moe_problems(spec: ModelSpec):
@@ -261,6 +310,9 @@ def moe_problems(spec: ModelSpec):
     if spec.num_experts is None:
         named = [f for f in moe_fields if getattr(spec, f) is not None] + \
             [f for f in ("moe_router_bias", "shared_expert_gate") if getattr(spec, f)]
+        named += [f for f in ("moe_groups", "moe_group_topk", "moe_group_score") if getattr(spec, f) is not None]
+        if spec.moe_routed_scaling != 1.0:
+            named.append("moe_routed_scaling")
         if named:
             yield f"{named[0]} needs num_experts"
         return
@@ -286,11 +338,87 @@ def moe_problems(spec: ModelSpec):
     for name in ("moe_norm_topk", "moe_router_bias", "shared_expert_gate"):
         if not isinstance(getattr(spec, name), bool):
             yield f"{name} must be true or false, got {getattr(spec, name)!r}"
-ROPE_SCALING_TYPES = ("llama3", "longrope", "linear")
+    if not _is_number(spec.moe_routed_scaling) or spec.moe_routed_scaling <= 0:
+        yield f"moe_routed_scaling must be a positive number, got {spec.moe_routed_scaling!r}"
+    yield from group_problems(spec)
+
+
+def group_problems(spec: ModelSpec):
+    """Group-limited routing: groups, how many a token keeps and how a group is scored, all or none."""
+    fields = ("moe_groups", "moe_group_topk", "moe_group_score")
+    named = [f for f in fields if getattr(spec, f) is not None]
+    if not named:
+        return
+    if len(named) < 3:
+        yield f"group-limited routing needs {', '.join(fields)} together, got only {', '.join(named)}"
+        return
+    for name in fields[:2]:
+        value = getattr(spec, name)
+        if not _is_int(value) or not 1 <= value <= MAX_SIZE:
+            yield f"{name} must be a positive integer, got {value!r}"
+            return
+    if spec.moe_group_score not in MOE_GROUP_SCORES:
+        yield f"moe_group_score must be one of {MOE_GROUP_SCORES}, got {spec.moe_group_score!r}"
+    elif spec.num_experts % spec.moe_groups:
+        yield f"moe_groups ({spec.moe_groups}) must divide num_experts ({spec.num_experts})"
+    elif spec.moe_group_topk > spec.moe_groups:
+        yield f"moe_group_topk ({spec.moe_group_topk}) must not exceed moe_groups ({spec.moe_groups})"
+    elif spec.moe_topk > spec.moe_group_topk * (spec.num_experts // spec.moe_groups):
+        yield (f"moe_topk ({spec.moe_topk}) exceeds the experts of the {spec.moe_group_topk} groups a token keeps "
+               f"({spec.moe_group_topk * (spec.num_experts // spec.moe_groups)})")
+    elif spec.moe_group_score == "top2" and spec.num_experts // spec.moe_groups < 2:
+        yield "moe_group_score top2 needs at least 2 experts per group"
+
+
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
+
+
+def mla_problems(spec: ModelSpec):
+    """Multi-latent attention: its ranks and head widths together, on a Llama-style rope model."""
+    if not isinstance(spec.rope_interleave, bool):
+        yield f"rope_interleave must be true or false, got {spec.rope_interleave!r}"
+    elif spec.rope_interleave and spec.position != "rope":
+        yield "rope_interleave needs position=rope"
+    if spec.kv_lora_rank is None:
+        named = [f for f in MLA_FIELDS if getattr(spec, f) is not None]
+        if named:
+            yield f"{named[0]} needs kv_lora_rank (multi-latent attention)"
+        return
+    for name in MLA_FIELDS:
+        value = getattr(spec, name)
+        if (value is not None or name != "q_lora_rank") and not (_is_int(value) and 1 <= value <= MAX_SIZE):
+            yield f"{name} must be a positive integer for multi-latent attention, got {value!r}"
+            return
+    if spec.arch != "llama" or spec.position != "rope" or spec.norm != "rmsnorm":
+        yield "multi-latent attention needs arch=llama, position=rope and norm=rmsnorm"
+    elif spec.kv_groups != spec.heads:
+        yield f"multi-latent attention has one k/v per head: kv_groups ({spec.kv_groups}) must equal heads ({spec.heads})"
+    elif not spec.qk_rope_head_dim < spec.head_dim:
+        yield (f"multi-latent attention: head_dim ({spec.head_dim}) is qk_nope_head_dim + qk_rope_head_dim and must "
+               f"exceed qk_rope_head_dim ({spec.qk_rope_head_dim})")
+    elif spec.qk_rope_head_dim % 2:
+        yield f"qk_rope_head_dim must be even (rope rotates pairs), got {spec.qk_rope_head_dim}"
+    elif spec.qkv_bias or spec.qk_norm:
+        yield "multi-latent attention has no q/k/v biases or q/k norms (its compressions are normed)"
+
+
+def mtp_problems(spec: ModelSpec):
+    if not _is_int(spec.mtp_layers) or not 0 <= spec.mtp_layers <= MAX_LAYERS:
+        yield f"mtp_layers must be an integer between 0 and {MAX_LAYERS:,}, got {spec.mtp_layers!r}"
+    elif not _is_number(spec.mtp_loss_weight) or spec.mtp_loss_weight < 0:
+        yield f"mtp_loss_weight must be a number >= 0, got {spec.mtp_loss_weight!r}"
+    elif spec.mtp_layers and spec.arch != "llama":
+        yield "multi-token prediction needs arch=llama"
+
+
+ROPE_SCALING_TYPES = ("llama3", "longrope", "linear", "yarn")
 ROPE_SCALING_KEYS = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_max_positions")
 # LongRoPE (Phi-3): per-frequency divisors of the base frequencies, `short_factor` for sequences up to
 # `original_max_positions`, `long_factor` beyond, and cos / sin multiplied by `attention_factor`.
 LONGROPE_KEYS = ("type", "short_factor", "long_factor", "original_max_positions", "attention_factor")
+# YaRN (DeepSeek-V2/V3 long context): frequencies interpolated between beta_fast and beta_slow rotations, the
+# attention scaled by mscale / mscale_all_dim (0: not given; transformers' yarn rope and DeepSeek's yarn_get_mscale)
+YARN_KEYS = ("type", "factor", "original_max_positions", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
 
 def rope_scaling_problems(scaling, head_dim: int | None = None):
@@ -299,6 +427,13 @@ def rope_scaling_problems(scaling, head_dim: int | None = None):
     elif isinstance(scaling, dict) and scaling.get("type") == "linear":  # positions divided by factor (Gemma 3)
         if sorted(scaling) != ["factor", "type"] or not (_is_number(scaling["factor"]) and scaling["factor"] > 0):
             yield f"linear rope_scaling must be {{type, factor > 0}}, got {scaling!r}"
+    elif isinstance(scaling, dict) and scaling.get("type") == "yarn":
+        if sorted(scaling) != sorted(YARN_KEYS):
+            yield f"rope_scaling must have exactly the keys {list(YARN_KEYS)}, got {scaling!r}"
+        elif not all(_is_number(scaling[k]) and scaling[k] > 0 for k in YARN_KEYS[1:5]):
+            yield f"yarn rope_scaling factor, original_max_positions and betas must be positive numbers, got {scaling!r}"
+        elif not all(_is_number(scaling[k]) and scaling[k] >= 0 for k in YARN_KEYS[5:]):
+            yield f"yarn rope_scaling mscale and mscale_all_dim must be numbers >= 0, got {scaling!r}"
     elif not isinstance(scaling, dict) or sorted(scaling) != sorted(ROPE_SCALING_KEYS):
         yield f"rope_scaling must have exactly the keys {list(ROPE_SCALING_KEYS)}, got {scaling!r}"
     elif scaling["type"] not in ROPE_SCALING_TYPES:
@@ -307,6 +442,14 @@ def rope_scaling_problems(scaling, head_dim: int | None = None):
         yield f"rope_scaling values must be positive numbers, got {scaling!r}"
     elif scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         yield "rope_scaling high_freq_factor must exceed low_freq_factor"
+
+
+def yarn_rope_scaling(factor: float, original_max_positions: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                      mscale: float = 0.0, mscale_all_dim: float = 0.0) -> dict:
+    """A YaRN rope_scaling fact; the betas default to the paper's (and transformers') 32 and 1."""
+    return {"type": "yarn", "factor": float(factor), "original_max_positions": int(original_max_positions),
+            "beta_fast": float(beta_fast), "beta_slow": float(beta_slow), "mscale": float(mscale),
+            "mscale_all_dim": float(mscale_all_dim)}
 
 
 def _longrope_problems(scaling: dict, head_dim: int | None):

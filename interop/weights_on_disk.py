@@ -2,8 +2,9 @@
 
 A config (or a manifest) that asks for far more weights than the checkpoint's files can hold is
 wrong or hostile: converting it would allocate what it asks (tens of GB for 100,000,000 layers)
-before failing.  Every weight is stored at least once in at least 2 bytes (fp16/bf16, the
-narrowest dtype the formats here hold), so the files must hold at least 2 bytes per parameter.
+before failing.  Every weight is stored at least once in at least 1 byte (block-scaled float8, the
+narrowest dtype the formats here hold: DeepSeek-V3's release), so the files must hold at least 1 byte
+per parameter.
 """
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ from .errors import InteropError
 from .params import layer_params
 from .spec import ModelSpec
 
-MIN_BYTES_PER_WEIGHT = 2
+MIN_BYTES_PER_WEIGHT = 1
 
 
 def min_parameter_count(spec: ModelSpec) -> int:
     """Parameters every checkpoint of `spec` stores at least once (tied output counted once, the true
     vocabulary without padding rows), computed from one layer, not a table of all of them."""
     h = spec.hidden
-    per_layer = sum(math.prod(p.shape) for p in layer_params(spec, 0))
+    kinds = {0, spec.num_layers - 1}  # a dense first layer and a MoE last one (DeepSeek): the smaller counts
+    per_layer = min(sum(math.prod(p.shape) for p in layer_params(spec, i)) for i in kinds)
     embeddings = spec.vocab * h * (1 if spec.tied_embeddings else 2)
     positions = spec.max_positions * h if spec.position == "learned" else 0
     final_norm = h * (2 if spec.norm == "layernorm" else 1)

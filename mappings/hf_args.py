@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..errors import InteropError
 from ..layout import ParallelLayout
 from .hf_config import HF_FAMILIES, MOE_TRAINING_KEYS, config_keys, hf_config_from_spec, spec_from_hf_config
+from .hf_deepseek import COMMON as DEEPSEEK_TYPES
 from .megatron_args import ARGS, LISTS
 from .megatron_spec import (SPEC_NUMBERS, UNSUPPORTED_ARGS, UNSUPPORTED_MOE_ARGS, args_losses, model_args, moe_args,
                             sliding_window_of, spec_from_args)
@@ -28,7 +29,12 @@ FIELD_ARGS = {**SPEC_NUMBERS, "norm": "normalization", "activation": "activation
               "mlp_bias": "add_bias_linear", "qk_norm": "qk_layernorm", "sliding_window": "window_size",
               "moe_router_score": "moe_router_score_function", "moe_router_bias": "moe_router_enable_expert_bias",
               "moe_norm_topk": "moe_router_pre_softmax", "moe_layers": "moe_layer_freq",
-              "shared_expert_gate": "moe_shared_expert_gate"}
+              "shared_expert_gate": "moe_shared_expert_gate", "q_lora_rank": "q_lora_rank",
+              "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_pos_emb_head_dim", "v_head_dim": "v_head_dim",
+              "rope_interleave": "multi_latent_attention", "moe_groups": "moe_router_num_groups",
+              "moe_group_topk": "moe_router_group_topk", "moe_group_score": "moe_router_group_topk",
+              "moe_routed_scaling": "moe_router_topk_scaling_factor", "mtp_layers": "mtp_num_layers",
+              "rope_scaling": "rope_type"}
 
 # Training values a config.json carries beside the model: (Megatron dest, config key) per architecture.
 TRAINING_KEYS = {
@@ -106,6 +112,12 @@ def _describable(full: dict) -> tuple[dict, dict]:
         for dest in UNSUPPORTED_MOE_ARGS:
             if full.get(dest) is not None:
                 drop(dest, None, f"the HF routers have no {dest}")
+        groups, group_topk = full.get("moe_router_num_groups"), full.get("moe_router_group_topk")
+        if (groups is None) != (group_topk is None) or (
+                group_topk and int(full.get("moe_router_topk") or 2) != 2 * int(group_topk)):
+            for dest in ("moe_router_num_groups", "moe_router_group_topk"):
+                drop(dest, None, "the HF routers score a group by the sum of its two best experts "
+                                 "(megatron-core: moe_router_topk // moe_router_group_topk of them)")
         coeffs = full.get("moe_aux_loss_coeff")
         if isinstance(coeffs, list) and len(set(coeffs)) > 1:
             drop("moe_aux_loss_coeff", coeffs[:1], f"one aux loss coefficient in HF, Megatron gives {len(coeffs)}")
@@ -118,9 +130,9 @@ def from_hf(doc: dict, where: str) -> tuple[dict, list[tuple]]:
     """(Megatron values, [(config key, value, why)]) from a config.json: its model through ModelSpec,
     its training values, and what Megatron cannot say or nothing reads."""
     model_type = doc.get("model_type")
-    if model_type != "gpt2" and model_type not in HF_FAMILIES:
+    if model_type != "gpt2" and model_type not in HF_FAMILIES and model_type not in DEEPSEEK_TYPES:
         raise InteropError(f"{where}: model_type {model_type!r} is not supported "
-                           f"(gpt2, {', '.join(HF_FAMILIES)} are)")
+                           f"(gpt2, {', '.join([*HF_FAMILIES, *DEEPSEEK_TYPES])} are)")
     doc, notes = _readable(doc, model_type)
     dtype = doc.get("torch_dtype") or doc.get("dtype")
     spec = spec_from_hf_config(doc, dtype if dtype in ("float32", "bfloat16", "float16") else "float32", where)
@@ -160,7 +172,7 @@ def _readable(doc: dict, model_type: str) -> tuple[dict, list[tuple]]:
     doc, notes = dict(doc), []
     rope = doc.get("rope_parameters") if isinstance(doc.get("rope_parameters"), dict) else doc.get("rope_scaling")
     kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if kind not in ("default", "llama3"):
+    if kind not in ("default", "llama3") and not (kind == "yarn" and model_type in DEEPSEEK_TYPES):
         notes.append(("rope_parameters", rope, f"rope type {kind!r} has no Megatron equivalent"))
         doc.pop("rope_scaling", None)
         doc["rope_parameters"] = {k: v for k, v in rope.items() if k == "rope_theta"}

@@ -11,6 +11,7 @@ import math
 
 from ..errors import InteropError
 from ..spec import ModelSpec, llama3_rope_scaling, longrope_scaling
+from . import hf_deepseek
 
 # (spec field, config key, default)
 GPT2_KEYS = [
@@ -172,7 +173,8 @@ MOE_KEYS = {
 }
 # MoE config keys that describe training, not the model: kept for HF output (Reader.carried), named otherwise.
 MOE_TRAINING_KEYS = {"mixtral": {"output_router_logits": False, "router_jitter_noise": 0.0},
-                     "qwen2_moe": {"output_router_logits": False}, "qwen3_moe": {"output_router_logits": False}}
+                     "qwen2_moe": {"output_router_logits": False}, "qwen3_moe": {"output_router_logits": False},
+                     **{model_type: hf_deepseek.TRAINING_KEYS for model_type in hf_deepseek.COMMON}}
 # HF rope_parameters keys of the llama3 rope type <-> ModelSpec.rope_scaling keys.
 LLAMA3_ROPE_KEYS = {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
                     "original_max_position_embeddings": "original_max_positions"}
@@ -189,6 +191,8 @@ def config_keys(model_type: str) -> set:
     """Every config.json key that `spec_from_hf_config` reads for this model_type."""
     if model_type == "gpt2":
         return {key for _, key, _ in GPT2_KEYS} | set(GPT2_READS)
+    if model_type in hf_deepseek.COMMON:
+        return hf_deepseek.config_keys(model_type)
     moe = MOE_KEYS.get(HF_FAMILIES[model_type].get("moe"), [])
     return {key for _, key, _ in LLAMA_KEYS + moe} | set(LLAMA_READS)
 
@@ -199,8 +203,10 @@ def spec_from_hf_config(config: dict, dtype: str = "float32", where: str = "conf
         return _gpt2_spec(config, dtype, where)
     if model_type in HF_FAMILIES:
         return _llama_spec(config, model_type, dtype, where)
+    if model_type in hf_deepseek.COMMON:
+        return hf_deepseek.spec_from_config(config, dtype, where, _read_table, _rope_scaling)
     raise InteropError(f"{where}: model_type {model_type!r} is not supported "
-                       f"(gpt2, {', '.join(HF_FAMILIES)} are)")
+                       f"(gpt2, {', '.join([*HF_FAMILIES, *hf_deepseek.COMMON])} are)")
 
 
 def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
@@ -226,6 +232,8 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
+    if kind == "yarn" and config.get("model_type") in hf_deepseek.COMMON:
+        return hf_deepseek.yarn_from_config(scaling, where)
     if kind == "linear":
         factor = scaling.get("factor")
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
@@ -234,7 +242,7 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     if kind in ("longrope", "su"):  # "su": older Phi-3 configs' name for it (Phi3Config renames it)
         return _longrope(config, scaling, where)
     if kind != "llama3":
-        raise InteropError(f"{where}: rope type {kind!r} is not supported (default, linear, llama3 and longrope are)")
+        raise InteropError(f"{where}: rope type {kind!r} is not supported (default, linear, llama3 and longrope are; yarn for DeepSeek)")
     missing = [k for k in LLAMA3_ROPE_KEYS if scaling.get(k) is None]
     if missing:
         raise InteropError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
@@ -404,6 +412,8 @@ def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
 
 def hf_family(spec: ModelSpec) -> str:
     """The HF model_type that holds this Llama-style model: the one whose facts match it."""
+    if spec.is_mla:
+        return hf_deepseek.family(spec)
     if spec.is_moe:
         if spec.shared_expert_ffn_hidden is not None:
             return "qwen2_moe"
@@ -462,9 +472,17 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
                   "activation_function": GPT2_ACTIVATION_OUT.get(spec.activation, "gelu_new"),
                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         table = GPT2_KEYS
+    elif spec.is_mla:
+        config, table = hf_deepseek.config_from_spec(spec, refuse), []
     else:
         model_type = model_type or hf_family(spec)
         family = HF_FAMILIES[model_type]
+        for field, absent in (("mtp_layers", 0), ("moe_groups", None), ("moe_routed_scaling", 1.0),
+                              ("rope_interleave", False)):  # DeepSeek's facts, held by its classes only
+            if getattr(spec, field) != absent:
+                refuse(field, f"HF {model_type} cannot hold {field}={getattr(spec, field)}")
+        if spec.rope_scaling is not None and spec.rope_scaling["type"] == "yarn":
+            refuse("rope_scaling", f"HF {model_type} cannot hold yarn rope scaling (DeepSeek's classes do)")
         config = {**family.get("unset", {}), "architectures": [family["architecture"]], "model_type": model_type,
                   "hidden_act": "silu",
                   "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
@@ -583,7 +601,7 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
 
 
 def _rope_parameters(spec: ModelSpec) -> dict:
-    if spec.rope_scaling is None:
+    if spec.rope_scaling is None or spec.rope_scaling["type"] == "yarn":  # yarn: DeepSeek's classes only
         return {"rope_theta": spec.rope_base, "rope_type": "default"}
     if spec.rope_scaling["type"] == "linear":
         return {"rope_theta": spec.rope_base, "rope_type": "linear", "factor": spec.rope_scaling["factor"]}

@@ -106,9 +106,53 @@ QWEN2_MOE = [
     ("model.layers.{i}.mlp.shared_expert_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
 ]
 
+# DeepSeek-V2 / V3 (transformers 5.24 models/deepseek_v3, deepseek_v2; the hub checkpoints): multi-latent
+# attention (q_proj without q compression, else q_a_proj / q_a_layernorm / q_b_proj; kv_a_proj_with_mqa holds the
+# latent then the shared rope key), `mlp.gate` the router with its `e_score_correction_bias` (V3), one tensor per
+# expert, `shared_experts` (all n_shared_experts in one MLP), dense layers' MLP as Llama's.
+DEEPSEEK_LAYER = [
+    ("model.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    ("model.layers.{i}.self_attn.q_proj.weight", Copy, ["layers.{i}.attn.q.weight"]),
+    ("model.layers.{i}.self_attn.q_a_proj.weight", Copy, ["layers.{i}.attn.q_down.weight"]),
+    ("model.layers.{i}.self_attn.q_a_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
+    ("model.layers.{i}.self_attn.q_b_proj.weight", Copy, ["layers.{i}.attn.q_up.weight"]),
+    ("model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight", Copy, ["layers.{i}.attn.kv_down.weight"]),
+    ("model.layers.{i}.self_attn.kv_a_layernorm.weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),
+    ("model.layers.{i}.self_attn.kv_b_proj.weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
+    ("model.layers.{i}.self_attn.o_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    ("model.layers.{i}.post_attention_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"]),
+    ("model.layers.{i}.mlp.gate_proj.weight", Copy, ["layers.{i}.mlp.gate.weight"]),
+    ("model.layers.{i}.mlp.up_proj.weight", Copy, ["layers.{i}.mlp.up.weight"]),
+    ("model.layers.{i}.mlp.down_proj.weight", Copy, ["layers.{i}.mlp.down.weight"]),
+    ("model.layers.{i}.mlp.gate.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.mlp.gate.e_score_correction_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
+    ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.gate.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.up_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("model.layers.{i}.mlp.experts.{e}.down_proj.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.mlp.shared_experts.gate_proj.weight", Copy, ["layers.{i}.mlp.shared.gate.weight"]),
+    ("model.layers.{i}.mlp.shared_experts.up_proj.weight", Copy, ["layers.{i}.mlp.shared.up.weight"]),
+    ("model.layers.{i}.mlp.shared_experts.down_proj.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
+]
+# DeepSeek-V3's MTP modules as its public release stores them (transformers ignores them on load): module {k} is
+# `model.layers.{m}` with m = num_layers + k, its decoder layer named like the others.  `embed_tokens` and
+# `shared_head.head` there are copies of the model's embedding and head (MIRRORS: written from them, checked
+# equal to them on read; megatron-core shares them too).
+DEEPSEEK_MTP = [
+    ("model.layers.{m}.enorm.weight", Copy, ["mtp.{k}.enorm.weight"]),
+    ("model.layers.{m}.hnorm.weight", Copy, ["mtp.{k}.hnorm.weight"]),
+    ("model.layers.{m}.eh_proj.weight", Copy, ["mtp.{k}.eh_proj.weight"]),
+    *[(hf.replace("model.layers.{i}.", "model.layers.{m}."), t, [c.replace("layers.{i}.", "mtp.{k}.layer.")
+                                                                  for c in parts]) for hf, t, parts in DEEPSEEK_LAYER],
+    ("model.layers.{m}.shared_head.norm.weight", Copy, ["mtp.{k}.final_norm.weight"]),
+]
+MIRRORS = {"deepseek_v3": [("model.layers.{m}.embed_tokens.weight", "embed.word.weight"),
+                           ("model.layers.{m}.shared_head.head.weight", "lm_head.weight")]}
+DEEPSEEK = [("model.embed_tokens.weight", Copy, ["embed.word.weight"]), *DEEPSEEK_LAYER,
+            ("model.norm.weight", Copy, ["final_norm.weight"]), ("lm_head.weight", Copy, ["lm_head.weight"])]
+
 # Qwen3-MoE (transformers 5.23 models/qwen3_moe: Qwen3MoeSparseMoeBlock): Qwen2-MoE's router and experts, no shared one.
 TABLES = {"gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "gemma2": POST_NORMS, "gemma3_text": POST_NORMS, "phi3": PHI3, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
-          "qwen3_moe": LLAMA + QWEN2_MOE[:4]}
+          "qwen3_moe": LLAMA + QWEN2_MOE[:4], "deepseek_v3": DEEPSEEK + DEEPSEEK_MTP, "deepseek_v2": DEEPSEEK}
 
 # transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with
 # each expert's gate rows then its up rows, down_proj [E, hidden, ffn]; Mixtral's router renamed to mlp.gate),
@@ -119,9 +163,15 @@ STACKED_EXPERTS = [
      ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
     ("model.layers.{i}.mlp.experts.down_proj", Stack, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
+_DEEPSEEK_UNSTACKED = [row for row in DEEPSEEK if ".experts.{e}." not in row[0] and ".mlp.gate.weight" not in row[0]]
 STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:],
-                  "qwen3_moe": LLAMA + STACKED_EXPERTS}
+                  "qwen3_moe": LLAMA + STACKED_EXPERTS, "deepseek_v2": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS,
+                  "deepseek_v3": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS + DEEPSEEK_MTP}
 STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart
+
+# What `--dtype fp8` keeps in bf16 (DeepSeek-V3's release: embeddings, output heads and the router; norms and
+# biases are 1-D and never quantised): HF name fragments.
+FP8_KEEP = ("embed_tokens", "lm_head", "shared_head.head", ".mlp.gate.weight", "wte", "wpe")
 
 # Buffers some HF checkpoints carry that are not parameters: dropped with this reason.
 IGNORED_SUFFIXES = {

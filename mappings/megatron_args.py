@@ -782,6 +782,15 @@ MINDSPEED = [
     A("moe_alltoall_overlap_comm", TRUE, False, origin="mindspeed"),
     A("moe_tp_extend_ep", TRUE, False, origin="mindspeed"),
     A("first_k_dense_replace", INT, None, origin="mindspeed"),
+    # MindSpeed-LLM's YaRN spellings (examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh: --rope-scaling-type
+    # yarn with --rope-scaling-factor 40, --rope-scaling-mscale(-all-dim), --rope-scaling-original-max-position-
+    # embeddings, --beta-fast / --beta-slow): derived into megatron-core's rope_type / rotary_scaling_factor / mscale
+    A("rope_scaling_type", STR, None, origin="mindspeed"),
+    A("rope_scaling_mscale", FLOAT, None, origin="mindspeed"),
+    A("rope_scaling_mscale_all_dim", FLOAT, None, origin="mindspeed"),
+    A("rope_scaling_original_max_position_embeddings", INT, None, origin="mindspeed"),
+    A("beta_fast", FLOAT, None, origin="mindspeed"),
+    A("beta_slow", FLOAT, None, origin="mindspeed"),
     A("n_shared_experts", INT, None, origin="mindspeed"),
     A("shared_expert_gate", TRUE, False, origin="mindspeed"),
     A("norm_topk_prob", TRUE, False, origin="mindspeed"),
@@ -985,6 +994,14 @@ DERIVED = [
     Derived("moe_shared_expert_intermediate_size", _shared_experts, fill=False,
             why="MindSpeed's --n-shared-experts times the expert size"),
     Derived("moe_layer_freq", _first_dense, fill=False, why="MindSpeed's --first-k-dense-replace: the first K layers dense"),
+    Derived("rope_type", lambda a: "yarn" if a["rope_scaling_type"] == "yarn" else a["rope_type"], fill=False,
+            why="MindSpeed's --rope-scaling-type yarn"),
+    Derived("rotary_scaling_factor", lambda a: a["rope_scaling_factor"] if a["rope_scaling_type"] == "yarn"
+            else a["rotary_scaling_factor"], fill=False, why="MindSpeed's --rope-scaling-factor under yarn"),
+    Derived("mscale", lambda a: a["mscale"] if a["rope_scaling_mscale"] is None else a["rope_scaling_mscale"],
+            fill=False, why="MindSpeed's --rope-scaling-mscale"),
+    Derived("mscale_all_dim", lambda a: a["mscale_all_dim"] if a["rope_scaling_mscale_all_dim"] is None
+            else a["rope_scaling_mscale_all_dim"], fill=False, why="MindSpeed's --rope-scaling-mscale-all-dim"),
 ]
 DERIVED_BY_DEST = {d.dest: d for d in DERIVED}
 
@@ -1146,6 +1163,14 @@ SAME_MEANING = {
     "n_shared_experts": lambda a, b: bool(a["moe_shared_expert_intermediate_size"]) and
     a["moe_shared_expert_intermediate_size"] == b["moe_shared_expert_intermediate_size"],
     "first_k_dense_replace": lambda a, b: SAME_MEANING["moe_layer_freq"](a, b),
+    **{dest: lambda a, b, d=derived: a[d] == b[d] for dest, derived in (
+        ("rope_scaling_type", "rope_type"), ("rope_scaling_mscale", "mscale"),
+        ("rope_scaling_mscale_all_dim", "mscale_all_dim"))},
+    "rope_scaling_factor": lambda a, b: a["rope_scaling_type"] == "yarn" and
+    a["rotary_scaling_factor"] == b["rotary_scaling_factor"],
+    **{dest: lambda a, b, d=dest, fixed=fixed: (a[d] if a[d] is not None else fixed) ==
+       (b[d] if b[d] is not None else fixed) for dest, fixed in (
+        ("beta_fast", 32.0), ("beta_slow", 1.0), ("rope_scaling_original_max_position_embeddings", 4096))},
     "moe_layer_freq": lambda a, b: moe_layer_pattern(a["moe_layer_freq"], a["num_layers"]) is not None and
     moe_layer_pattern(a["moe_layer_freq"], a["num_layers"]) == moe_layer_pattern(b["moe_layer_freq"], b["num_layers"]),
 }

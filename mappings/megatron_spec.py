@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 
 from ..errors import InteropError
-from ..io.safe_pickle import to_plain
 from ..layout import ParallelLayout
 from ..spec import ModelSpec, llama3_rope_scaling
 from . import megatron_args as M
+from . import megatron_deepseek as DS
 
 # ModelSpec field -> Megatron argument (dest), for the numbers that carry over as they are.
 SPEC_NUMBERS = {
@@ -38,6 +38,7 @@ MODEL_NUMBERS = {**dict.fromkeys(
 
 def explicit_args(stored: dict) -> dict:
     """Stored checkpoint args in the shared table's terms (plain values, known dests only)."""
+    from ..io.safe_pickle import to_plain  # torch: map-args imports this module and must start without it
     out = {}
     for key, value in stored.items():
         dest = M.CHECKPOINT_ALIASES.get(key, key)
@@ -66,13 +67,12 @@ def check_args(stored: dict | None, where) -> None:
 
 
 UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
-    "rotary_interleaved": False, "multi_latent_attention": False,
+    "rotary_interleaved": False,
     "apply_residual_connection_post_layernorm": False, "squared_relu": False,
 }
 
 
-UNSUPPORTED_MOE_ARGS = ("moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk",
-                        "moe_latent_size")  # set (not None): a router our ModelSpec cannot describe
+UNSUPPORTED_MOE_ARGS = ("moe_latent_size",)  # set (not None): a router our ModelSpec cannot describe
 
 
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
@@ -106,7 +106,11 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     if not padded:
         raise InteropError(f"{where}: the vocabulary size is unknown (no padded_vocab_size or vocab_size)")
     linear_bias = bool(full.get("add_bias_linear", True))
-    qk_norm = bool(full.get("qk_layernorm"))
+    # with multi-latent attention --qk-layernorm builds the q / kv compression norms (gpt_layer_specs.py)
+    qk_norm = bool(full.get("qk_layernorm")) and not full.get("multi_latent_attention")
+    if full.get("multi_latent_attention") and not full.get("qk_layernorm"):
+        raise InteropError(f"{where}: multi_latent_attention without qk_layernorm has no q / kv compression norms "
+                           "(megatron-core builds IdentityOp); the model description has DeepSeek's, which have them")
     if qk_norm and norm != "rmsnorm":
         raise InteropError(f"{where}: qk_layernorm with normalization={full.get('normalization')!r} is not supported "
                            "(RMSNorm is)")
@@ -114,17 +118,19 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     pre_norm, post_norm = bool(full.get("pre_norm", True)), bool(full.get("post_norm"))
     if full.get("use_sandwich_norm"):  # MindSpeed's: a norm before and after attention and MLP
         pre_norm, post_norm = True, True
-    rope_scaling = None
+    rope_scaling = DS.yarn_from_args(full, where) if position == "rope" else None
     linear = _optional_float(full, "rope_linear_factor", where)
     if linear is not None and position == "rope":
         rope_scaling = {"type": "linear", "factor": linear}
     elif full.get("use_rope_scaling") and position == "rope":
         rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
+    deepseek = {**DS.mla_from_args(full, where), **DS.mtp_from_args(full)}  # MLA: head_dim, kv_groups its own
     arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
+    plain = dict(kv_groups=groups, head_dim=int(full.get("kv_channels") or hidden // heads))
     return ModelSpec(
         arch=arch, num_layers=int(full["num_layers"]), hidden=hidden,
-        ffn_hidden=int(full.get("ffn_hidden_size") or 4 * hidden), heads=heads, kv_groups=groups,
-        head_dim=int(full.get("kv_channels") or hidden // heads), vocab=int(vocab), padded_vocab=int(padded),
+        ffn_hidden=int(full.get("ffn_hidden_size") or 4 * hidden), heads=heads, **{**plain, **deepseek},
+        vocab=int(vocab), padded_vocab=int(padded),
         max_positions=int(full.get("max_position_embeddings") or full.get("seq_length") or 0) or 2048,
         norm=norm, norm_eps=float(full.get("norm_epsilon") or 1e-5), activation=activation, position=position,
         rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
@@ -184,7 +190,7 @@ def moe_from_args(full: dict, where: str) -> dict:
             raise InteropError(f"{where}: moe_aux_loss_coeff={coeff!r} (one per loss type) is not supported")
         coeff = coeff[0] if coeff else 0.0
     shared = full.get("moe_shared_expert_intermediate_size")
-    return dict(num_experts=int(experts), moe_topk=topk,
+    return dict(num_experts=int(experts), moe_topk=topk, **DS.routing_from_args(full, topk, where),
                 moe_ffn_hidden=int(full.get("moe_ffn_hidden_size") or full.get("ffn_hidden_size") or 4 * int(full["hidden_size"])),
                 moe_layers=_moe_layers(full.get("moe_layer_freq", 1), int(full["num_layers"]), where),
                 moe_router_score=score, moe_norm_topk=bool(norm),
@@ -217,7 +223,7 @@ def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
         "moe_router_pre_softmax": spec.moe_router_score == "softmax" and not spec.moe_norm_topk,
         "moe_router_enable_expert_bias": spec.moe_router_bias, "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
         "moe_shared_expert_intermediate_size": spec.shared_expert_ffn_hidden,
-        "moe_shared_expert_gate": spec.shared_expert_gate,
+        "moe_shared_expert_gate": spec.shared_expert_gate, **DS.routing_args(spec),
         "expert_model_parallel_size": layout.ep, "expert_tensor_parallel_size": layout.etp,
         # Megatron-LM's arguments.py: MoE with tensor parallelism requires sequence parallelism
         **({"sequence_parallel": True} if layout.tp > 1 else {}),
@@ -251,6 +257,8 @@ def model_args(spec: ModelSpec) -> dict:
     Torch-free: map-args writes a config.json's model through here."""
     if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
         raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
+    for why in DS.refusals(spec):
+        raise InteropError(why)
     model = {dest: getattr(spec, field) for field, dest in SPEC_NUMBERS.items()}
     llama3 = spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3"  # the only one Megatron has
     model |= {
@@ -266,11 +274,12 @@ def model_args(spec: ModelSpec) -> dict:
         "rotary_base": int(spec.rope_base) if float(spec.rope_base).is_integer() else spec.rope_base,
         "rotary_percent": 1.0, "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not spec.tied_embeddings,
-        "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm,
+        "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm or spec.is_mla,
         "use_rope_scaling": llama3,
         "rope_scaling_factor": spec.rope_scaling["factor"] if llama3 else 8.0,
         "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
+        **DS.deepseek_args(spec),
     }
     if _bridge_facts(spec):  # no Megatron-LM flag: said only when so
         model |= layer_spec_args(spec)
@@ -335,10 +344,11 @@ def args_losses(spec: ModelSpec) -> list[str]:
     elif spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":
         notes.append("Megatron's args have no longrope scaling (llama3's --use-rope-scaling only): this model's "
                      "short / long factors and attention factor are not in the args (the interop format keeps them)")
-    elif spec.rope_scaling is not None and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
+    elif spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3" and \
+            spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
         notes.append(f"Megatron's --use-rope-scaling fixes low_freq_factor 1, high_freq_factor 4 and "
                      f"original_max_position_embeddings 8192; this model's {spec.rope_scaling} is not in the args")
-    return notes
+    return notes + DS.losses(spec)
 
 
 def layout_from_args(full: dict, num_layers: int) -> ParallelLayout:

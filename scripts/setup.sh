@@ -25,7 +25,8 @@ echo "setup: installing DeepSpeed 0.19.8 (CPU build, no native ops)"
 DS_BUILD_OPS=0 .venv/bin/python -m pip install --disable-pip-version-check --no-deps --no-build-isolation \
     deepspeed==0.19.8 hjson py-cpuinfo msgpack einops
 # ColossalAI's own config loader (colossalai.context.Config) for `map-args --to colossalai` (tests) and its
-# checkpoint IO (tests: its load_model reads model.pt); no dependencies but peft, which its checkpoint IO imports.
-echo "setup: installing ColossalAI 0.5.0 (its config loader and checkpoint IO, no dependencies) and peft"
-.venv/bin/python -m pip install --disable-pip-version-check --no-deps colossalai==0.5.0 peft==0.21.2
+# checkpoint IO (tests: its load_model reads model.pt; the FSDP2 load of the DCP target); no dependencies but peft,
+# which its checkpoint IO imports, and accelerate, which peft imports.
+echo "setup: installing ColossalAI 0.5.0 (its config loader and checkpoint IO, no dependencies), peft and accelerate"
+.venv/bin/python -m pip install --disable-pip-version-check --no-deps colossalai==0.5.0 peft==0.21.2 accelerate==1.15.0
 echo "setup: done (.venv/bin/interop --help)"

@@ -25,6 +25,7 @@ from interop.layout import ParallelLayout
 from interop.spec import ModelSpec
 
 from .grid import Grid
+from .mla import MLAttention, yarn_inv_freq
 from .moe import MoE
 from .tp import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, reduce_from_tp,
                  vocab_parallel_cross_entropy)
@@ -76,19 +77,24 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 
 
 def rope_tables(spec: ModelSpec, seq: int, device=None):
-    """cos/sin [seq, head_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default)."""
-    d = spec.head_dim
+    """cos/sin [seq, head_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default);
+    multi-latent attention rotates its qk_rope_head_dim part only, YaRN scales cos / sin by its attention factor."""
+    d = spec.qk_rope_head_dim if spec.is_mla else spec.head_dim
     scaling = spec.rope_scaling
     if scaling is not None and scaling["type"] == "longrope":
         return longrope_tables(spec, seq, device)
-    inv_freq = 1.0 / (spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
-    if scaling is not None and scaling["type"] == "linear":  # Gemma 3's global layers: positions / factor
-        inv_freq = inv_freq / scaling["factor"]
-    elif scaling is not None:
-        inv_freq = llama3_inv_freq(inv_freq, scaling)
+    attention = 1.0
+    if scaling is not None and scaling["type"] == "yarn":
+        inv_freq, attention = yarn_inv_freq(d, spec.rope_base, scaling, device)
+    else:
+        inv_freq = 1.0 / (spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+        if scaling is not None and scaling["type"] == "linear":  # Gemma 3's global layers: positions / factor
+            inv_freq = inv_freq / scaling["factor"]
+        elif scaling is not None:
+            inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
+    return angles.cos() * attention, angles.sin() * attention
 
 
 def longrope_tables(spec: ModelSpec, seq: int, device=None):
@@ -229,7 +235,7 @@ class Block(nn.Module):
         super().__init__()
         identity = nn.Identity()
         self.attn_norm = make_norm(spec) if spec.pre_norm else identity
-        self.attn = Attention(spec, grid)
+        self.attn = MLAttention(spec, grid) if spec.is_mla else Attention(spec, grid)
         self.attn_post_norm = make_norm(spec) if spec.post_norm else identity
         self.mlp_norm = make_norm(spec) if spec.pre_norm else identity
         self.mlp_post_norm = make_norm(spec) if spec.post_norm else identity
@@ -341,7 +347,10 @@ def check_model_layout(spec: ModelSpec, layout: ParallelLayout) -> None:
         raise InteropError("the reference trainer runs one chunk per pipeline stage (no virtual pipeline)")
     if layout.num_layers != spec.num_layers:
         raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
-    if spec.position == "rope" and spec.head_dim % 2:
+    if spec.position == "rope" and spec.head_dim % 2 and not spec.is_mla:
         raise InteropError(f"rotary embeddings need an even head_dim (got {spec.head_dim})")
+    if spec.mtp_layers:
+        raise InteropError(f"the reference trainer does not run multi-token prediction modules yet (the model has "
+                           f"{spec.mtp_layers}): train the checkpoint without them")
     spec.check_ep(layout.ep)
 

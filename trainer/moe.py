@@ -46,12 +46,31 @@ def route(logits: torch.Tensor, spec: ModelSpec, expert_bias: torch.Tensor | Non
     else:
         scores = torch.sigmoid(logits.float())
     choice = scores if expert_bias is None else scores + expert_bias.float()
+    if spec.moe_groups is not None:
+        choice = limit_groups(choice, spec)
     experts = torch.topk(choice, k, dim=-1).indices
     weights = scores.gather(1, experts)
     if spec.moe_norm_topk and (spec.moe_router_score == "softmax" or k > 1):
         # Megatron adds 1e-20 to the sigmoid sum (a no-op in fp32 for any real sum)
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if spec.moe_routed_scaling != 1.0:  # DeepSeek's routed_scaling_factor
+        weights = weights * spec.moe_routed_scaling
     return weights.to(logits.dtype), experts
+
+
+def limit_groups(choice: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """Group-limited routing: experts outside each token's `moe_group_topk` best groups made unchoosable.
+    A group scores the sum of its two best choice scores ("top2": DeepSeek-V3, transformers' and megatron-core's
+    group_limited_topk with topk / group_topk = 2) or its best ("max": DeepSeek-V2's group_limited_greedy)."""
+    T, E = choice.shape
+    grouped = choice.view(T, spec.moe_groups, E // spec.moe_groups)
+    if spec.moe_group_score == "top2":
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    else:
+        group_scores = grouped.max(dim=-1).values
+    kept = torch.topk(group_scores, spec.moe_group_topk, dim=-1).indices
+    mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+    return choice.masked_fill(~mask.repeat_interleave(E // spec.moe_groups, dim=1), float("-inf"))
 
 
 def load_balancing_loss(logits: torch.Tensor, spec: ModelSpec) -> torch.Tensor:

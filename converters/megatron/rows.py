@@ -67,7 +67,9 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
                 embedding = present["embed.word.weight"]
                 rows.append(Row(TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name], p, v))
-    check_placed(rows, spec, f"Megatron's {scheme}", "e.g. q/k norms need megatron-core, not the legacy model")
+    why = ("multi-latent attention and MTP modules have no Megatron names in interop yet: --to hf or --to interop "
+           "hold them" if spec.is_mla or spec.mtp_layers else "e.g. q/k norms need megatron-core, not the legacy model")
+    check_placed(rows, spec, f"Megatron's {scheme}", why)
     return rows
 
 

@@ -30,6 +30,7 @@ DTYPE_CODES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
     "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,  # block-scaled FP8 weights (DeepSeek-V3; transformers fine-grained FP8)
 }
 CODE_OF_DTYPE = {v: k for k, v in DTYPE_CODES.items()}
 MAX_HEADER = 100 << 20

@@ -8,6 +8,7 @@ from .base import Transform
 from .concat import GatedMLP, PlainConcat
 from .copy import Copy, Tied
 from .experts import GroupedExperts
+from .fp8 import BlockScaledFP8
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
 from .rope_pairs import RopePairs
@@ -15,4 +16,4 @@ from .stack import Stack
 from .transpose import Transpose
 
 __all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "RopePairs", "Stack",
-           "GroupedExperts"]
+           "GroupedExperts", "BlockScaledFP8"]

@@ -238,8 +238,11 @@ def test_moe_args_round_trip_through_the_spec(tmp_path):
     full = M.complete({k: v for k, v in args.items() if k in M.ARGS})
     assert spec_from_args(full, "test", "float32") == spec
     assert spec_from_args(dict(full, moe_layer_freq="([0]*1+[1]*1)"), "test", "float32").moe_layers == [1]
-    with pytest.raises(InteropError, match="moe_router_topk_scaling_factor"):
-        spec_from_args(dict(full, moe_router_topk_scaling_factor=2.5), "test", "float32")
+    # DeepSeek's routed scaling is a fact now (mappings/megatron_deepseek.py); a group score other than
+    # megatron-core's sum of two is refused
+    assert spec_from_args(dict(full, moe_router_topk_scaling_factor=2.5), "test", "float32").moe_routed_scaling == 2.5
+    with pytest.raises(InteropError, match="moe_router_topk // moe_router_group_topk"):
+        spec_from_args(dict(full, moe_router_num_groups=2, moe_router_group_topk=2), "test", "float32")
     assert isinstance(argparse.Namespace(**args), argparse.Namespace)
 
 

@@ -165,19 +165,15 @@ def test_mixtral_script_to_hf_and_back(tmp_path):
     assert "--moe-layer-freq" not in {e.flag for e in mapargs.map_args(MIXTRAL, "hf", env=ENV).entries if e.lost}
 
 
-def test_deepseek_script_to_hf_says_what_qwen2_moe_cannot_hold(tmp_path):
-    """A shared expert makes it Qwen2-MoE (the HF family with one); its dense first layers become
-    mlp_only_layers; the sigmoid router and the ungated shared expert are named as losses."""
-    from transformers import Qwen2MoeConfig
-
+def test_deepseek_script_to_hf_is_deepseek_v3(tmp_path):
+    """Multi-latent attention, the sigmoid router with its expert bias and grouped routing make it HF's
+    DeepSeek-V3 (tests/mapargs/test_map_args_deepseek.py checks every value); its dense first layers become
+    first_k_dense_replace, its shared expert n_shared_experts."""
     result = mapargs.map_args(DEEPSEEK, "hf", env=ENV)
     doc = json.loads(result.text)
-    assert doc["model_type"] == "qwen2_moe" and doc["mlp_only_layers"] == [0, 1, 2]
-    config = Qwen2MoeConfig(**{k: v for k, v in doc.items() if k not in ("model_type", "architectures")})
-    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (256, 8, 2048)
-    why = {e.flag: e.why for e in result.entries if e.lost}
-    assert "softmax" in why["--moe-router-score-function"]
-    assert "--moe-router-enable-expert-bias" in why and "--moe-router-num-groups" in why
+    assert doc["model_type"] == "deepseek_v3" and doc["first_k_dense_replace"] == 3 and doc["n_shared_experts"] == 1
+    lost = {e.flag for e in result.entries if e.lost}
+    assert not {"--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-num-groups"} & lost
 
 
 def _tiny(config_cls, **kw):
