@@ -11,7 +11,7 @@ import traceback
 
 import click
 
-from ..errors import InteropError
+from ..errors import InteropError, RankStopped
 
 # Signals that end a command the way Ctrl-C does: its temporary output is removed on the way out.
 STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
@@ -82,6 +82,8 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except RankStopped:  # a rank of a distributed conversion that another's failure stopped: that one says it
+            sys.exit(2)
         except InteropError as exc:
             _traceback()
             click.echo(f"error: {exc}", err=True)

@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
 from ..formats import names as format_names
+from ..formats import target_names
 from ..formats import options as declared_options
-from .common import ProgressBar, user_errors
+from .common import VERBOSE, ProgressBar, user_errors
 
 # The engine (and torch) is imported inside the commands: `interop --help` starts without it.
 FORMAT_CHOICE = click.Choice(format_names())
+# --to offers only the formats interop writes; naming a source-only one (deepspeed) still gets its one error line
+TARGETS_METAVAR = f"[{'|'.join(target_names())}]"
 DTYPE_CHOICES = ("keep", "fp32", "bf16", "fp16", "fp8")  # interop.convert.DTYPE_CHOICES (a test keeps them equal)
 CLICK_TYPES = {"int": int, "path": click.Path()}
 
@@ -37,7 +41,7 @@ def format_options(command: str):
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
 @click.option("--from", "src_format", type=FORMAT_CHOICE, help="Source format (detected when omitted).")
-@click.option("--to", "dst_format", type=FORMAT_CHOICE, required=True, help="Target format.")
+@click.option("--to", "dst_format", type=FORMAT_CHOICE, metavar=TARGETS_METAVAR, required=True, help="Target format.")
 @click.option("--tp", default=1, show_default=True, help="Target tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, help="Target pipeline-parallel size.")
 @click.option("--vpp", default=1, show_default=True, help="Virtual pipeline chunks per stage.")
@@ -76,12 +80,20 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
                               dtype=dtype, force=force, progress=bar, workers=workers, options=options)
     finally:
         bar.close()
-    click.echo("\n".join(summary.lines()))
+    click.echo("\n".join(summary.lines(verbose=VERBOSE["level"] > 0)))
     if then_verify:
+        from ..errors import InteropError
         from ..workflows.verify import verify
-        from .verify import report
-        report(verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
-                      model_config=options.get("model_config"), iteration=options.get("iteration")))
+        from .verify import progress_line, report
+        try:
+            result = verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
+                            model_config=options.get("model_config"), iteration=options.get("iteration"),
+                            log=progress_line)
+        except InteropError as exc:  # the conversion is done and stays; its check failed: exit 1, as a FAIL does
+            click.echo(f"error: verification failed: {exc}; the converted output is kept at {dst} "
+                       "(delete it, or convert again with --force)", err=True)
+            sys.exit(1)
+        report(result, kept=str(dst))
 
 
 @click.command()

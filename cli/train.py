@@ -60,8 +60,9 @@ def _failed(exc) -> None:
 @click.option("--stop-at", type=int, help="Stop after this update (saving first), as if interrupted.")
 @click.option("--log-interval", type=int, help="Print a line every N updates. [1]")
 @click.option("--bf16", is_flag=True, default=None, help="Compute in bfloat16 (autocast; fp32 weights and Adam).")
+@click.option("--plot", type=click.Path(), help="Write a PNG of the loss curve here.")
 @user_errors
-def train(config_path, **flags):
+def train(config_path, plot, **flags):
     """Train with tensor/pipeline/data parallelism on torch.distributed; checkpoints in the common format.
 
     Launches dp x tp x pp processes itself (gloo on CPU, NCCL on GPU), or runs as one
@@ -74,9 +75,12 @@ def train(config_path, **flags):
     """
     from ..trainer.launch import TrainingFailed, train as run_train
     try:
-        run_train(_config(config_path, **flags))
+        metrics = run_train(_config(config_path, **flags))
     except TrainingFailed as exc:
         _failed(exc)
+    if plot and metrics:
+        from ..workflows.parity import plot_training
+        click.echo(f"loss curve: {plot_training(metrics, plot)}")
 
 
 @click.command()

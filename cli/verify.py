@@ -11,11 +11,20 @@ from .common import user_errors
 FORMAT_CHOICE = click.Choice(format_names())
 
 
-def report(result) -> None:
-    """Print a verification's lines; exit 1 when it failed."""
+def report(result, kept: str | None = None) -> None:
+    """Print a verification's lines; exit 1 when it failed (`kept`: the conversion's output, which stays)."""
     click.echo("\n".join(result.lines()))
     if not result.ok:
+        if kept:
+            click.echo(f"error: verification failed; the converted output is kept at {kept} "
+                       "(delete it, or convert again with --force)", err=True)
         sys.exit(1)
+
+
+def progress_line(line: str) -> None:
+    """A stage of the verification, on stderr as soon as it ends (stdout keeps the result)."""
+    click.echo(line, err=True)
+    sys.stderr.flush()
 
 
 @click.command()
@@ -27,14 +36,15 @@ def report(result) -> None:
 @click.option("--dst-model-config", type=click.Path(), help="Model description for a DST that carries none "
               "(e.g. MindSpeed rank_N/ files).")
 @click.option("--iteration", type=int, help="Megatron iteration of SRC to read (default: the tracker's).")
-@click.option("--tolerance", type=float, help="Largest allowed |logit difference| [1e-5 fp32, 1e-2 fp16, 5e-2 bf16].")
+@click.option("--tolerance", type=float, help="Largest allowed |logit difference| [1e-5; after a cast to fp16 1e-2, to bf16 5e-2].")
 @click.option("--reference-only", is_flag=True, help="Skip the checkpoints' own frameworks (transformers, "
               "mindspore, megatron-core); run the reference model only.")
 @user_errors
 def verify(src, dst, src_format, dst_format, model_config, dst_model_config, iteration, tolerance, reference_only):
-    """Prove DST holds the model SRC holds: one fixed batch through both, in the reference model and in
-    each checkpoint's own framework where installed.  Prints both losses and the largest logit
-    difference; exits 1 over the tolerance.
+    """Prove DST holds the model SRC holds: their weights compared tensor by tensor (bit-identical where the
+    dtype is the same), then one fixed batch through both, in the reference model and in each checkpoint's
+    own framework where installed.  Prints the losses and the largest logit difference (the stages, with
+    their times, on stderr); exits 1 when a weight differs or a difference is over the tolerance.
 
     \b
     Example:
@@ -44,4 +54,4 @@ def verify(src, dst, src_format, dst_format, model_config, dst_model_config, ite
     from ..workflows.verify import verify as run_verify
     report(run_verify(src, dst, src_format=src_format, dst_format=dst_format, tolerance=tolerance,
                       frameworks=not reference_only, dst_model_config=dst_model_config, model_config=model_config,
-                      iteration=iteration))
+                      iteration=iteration, log=progress_line))

@@ -508,7 +508,8 @@ class Writer(BaseWriter):
             return files
         files = {k: v for k, v in files.items() if k not in TOKENIZER_FILES}  # --tokenizer replaces the source's
         if tok.is_dir():
-            files.update({name: tok / name for name in TOKENIZER_FILES if (tok / name).is_file()})
+            files.update({name: tok / name for name in MODEL_FILES if (tok / name).is_file()
+                          and (name in TOKENIZER_FILES or name not in files)})  # its generation config too
         elif tok.name.endswith(".json"):
             files["tokenizer.json"] = tok
         else:  # a sentencepiece model, as Megatron's --tokenizer-model names it
@@ -527,6 +528,31 @@ class Writer(BaseWriter):
                                       "(LlamaTokenizer, <s> </s> <unk>): check its special tokens")
         (self.root / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
+    def _token_ids(self, files: dict) -> dict:
+        """bos / eos / pad ids from what `--tokenizer` brings: its folder's generation_config.json or config.json,
+        or a sentencepiece model's own ids (sentencepiece installed); {} without --tokenizer."""
+        tok = self.tokenizer
+        if tok is None:
+            return {}
+        for source in ([files.get("generation_config.json"), tok / "config.json"] if tok.is_dir() else []):
+            if source is not None and Path(source).is_file():
+                found = {k: v for k, v in read_json_object(Path(source), "HF config").items()
+                         if k in TOKEN_ID_KEYS and isinstance(v, int)}
+                if found:
+                    return found
+        model = files.get("tokenizer.model")
+        if model is not None:
+            try:
+                import sentencepiece
+            except ImportError:
+                self.written_notes.append("no bos/eos ids in config.json: reading them from tokenizer.model needs "
+                                          "sentencepiece (pip install sentencepiece)")
+                return {}
+            sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
+            ids = {"bos_token_id": sp.bos_id(), "eos_token_id": sp.eos_id(), "pad_token_id": sp.pad_id()}
+            return {k: v for k, v in ids.items() if v >= 0}
+        return {}
+
     def finish_units(self, state: dict | None = None) -> dict:
         """Close this writer's shard files: {file: bytes}."""
         return {name: writer.close()[0] for name, writer in self.writers.items()}
@@ -542,7 +568,11 @@ class Writer(BaseWriter):
         if not ({"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt"} & set(files)):
             self.written_notes.append("output has no tokenizer: pass --tokenizer DIR_OR_FILE (an HF tokenizer "
                                       "directory, or the tokenizer.model Megatron's --tokenizer-model names)")
-        config = {**hf_config_from_spec(self.spec, model_type=self.family), **self.carried.get("config", {})}
+        ids = {**self._token_ids(files), **self.carried.get("config", {})}
+        if ids and "generation_config.json" not in files and self.tokenizer is not None:
+            generation = {k: ids[k] for k in TOKEN_ID_KEYS if k in ids}
+            (self.root / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        config = {**hf_config_from_spec(self.spec, model_type=self.family), **ids}
         if self.fp8:
             config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                              "weight_block_size": list(self.fp8.block)}

@@ -5,18 +5,21 @@ engine in this process or over workers (`interop.workers`), inside an atomic out
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from . import distributed
 from . import workers as parallel
 from .atomic import atomic_directory, check_destination
 from .engine import Task, one_torch_thread, split_units, stream
-from .formats import detect_format, reader_of, writer_of
+from .workers import merge_notes
+from .formats import detect_format, looks_like, reader_of, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
@@ -45,12 +48,20 @@ class Summary:
     bytes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    rank: int = 0  # of a distributed conversion (`interop.distributed`): rank 0 reports the job, the others nothing
 
-    def lines(self) -> list[str]:
+    def lines(self, verbose: bool = False) -> list[str]:
+        """The CLI text.  A note is one line; what follows a note's first newline is its detail, shown with
+        `verbose` (the CLI's -v) and otherwise announced by "(-v: more)"."""
+        if self.rank:
+            return []
         rate = self.bytes / max(self.seconds, 1e-9) / 1e6
         out = [f"converted {self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}, {self.layout})",
                f"  {self.tensors} tensors, {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s ({rate:.1f} MB/s)"]
-        out += [f"  note: {n}" for n in self.notes]
+        for note in self.notes:
+            first, _, detail = note.partition("\n")
+            out.append(f"  note: {first}" + (" (-v: more)" if detail and not verbose else ""))
+            out += [f"    {line}" for line in detail.splitlines()] if verbose else []
         return out
 
 
@@ -92,20 +103,118 @@ def without_gc_pauses(fn):
     return wrapper
 
 
-def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict):
+def _writer_and_parts(writer_cls, requested: int | None, total: int, args: tuple, options: dict, notes: list[str]):
     """The writer, and the unit sets of the workers (`interop.workers`); one part: convert in this process.
-    With workers, this process's writer owns no unit: it writes only the files describing the whole."""
-    if requested == 1 or not writer_cls.splits or parallel.worker_count(requested, total, 2) < 2:
+    With workers, this process's writer owns no unit: it writes only the files describing the whole.
+    `--workers N` (N > 1) that ends in one process says so, and why, in `notes`."""
+    def one_process(units):
+        if requested is not None and requested > 1:
+            why = parallel.one_process_reason(requested, total, units, parallel.available_cores())
+            notes.append(f"--workers {requested}: converted in one process ({why})")
         return writer_cls(*args, **options), [None]
+
+    if requested == 1:
+        return writer_cls(*args, **options), [None]
+    if not writer_cls.splits:
+        return one_process(None)
+    if parallel.worker_count(requested, total, 2) < 2:
+        return one_process(2)
     planner = writer_cls(*args, **options, only=frozenset())
     n = parallel.worker_count(requested, total, len(planner.units))
     if n < 2:
-        return writer_cls(*args, **options), [None]
+        return one_process(len(planner.units))
     return planner, split_units(list(planner.units), n)
 
 
+def _carry(writer, reader, dst_format: str, src, notes: list[str], tokenizer_given: bool = False) -> None:
+    # e.g. an HF source's tokenizer and generation config; a tokenizer the checkpoint names, from inside it only
+    carried, named_note = with_named_tokenizer(reader.carried, reader.source.state, src, tokenizer_given)
+    notes += [named_note] if named_note else []
+    if not writer.carry(carried) and carried.get("files"):
+        notes.append(f"not carried: {', '.join(sorted(carried['files']))} (--tokenizer SRC when "
+                     f"converting to hf)\na {dst_format} checkpoint holds weights and the model's "
+                     f"shape only; give --tokenizer {src} when converting it to hf")
+
+
+def _convert_ranks(group, reader, task: Task, workers: int | None, dst, force: bool, inputs, summary: Summary,
+                   progress) -> None:
+    """This process's part of a distributed conversion (`interop.distributed`): the units of its rank (split
+    again over `--workers` processes), and on rank 0 the describing files and the rename."""
+    stack = contextlib.ExitStack()
+    holder = []  # rank 0's writer of the describing files
+
+    def tmp_of():
+        return stack.enter_context(atomic_directory(dst, force, inputs, summary.notes))
+
+    def work(tmp):
+        job = replace(task, dst=str(tmp))
+        args = (str(tmp), job.spec, job.layout, list(job.metas_out))
+        if not job.writer_cls.splits:  # one file: rank 0 writes it all
+            if group.rank:
+                return {"results": {}, "notes": []}
+            writer = job.writer_cls(*args, **job.writer_options)
+            mine = None
+        else:
+            planner = job.writer_cls(*args, **job.writer_options, only=frozenset())
+            units = list(planner.units)
+            share = split_units(units, group.world)[group.rank]
+            mine = [u for u in units if u in share]
+            writer = planner  # rank 0's writes the describing files
+        if group.rank == 0:
+            _carry(writer, reader, summary.dst_format, summary.src, summary.notes,
+                   task.writer_options.get("tokenizer") is not None)
+            holder.append(writer)
+        notes: list[str] = []
+        if mine is None:
+            with one_torch_thread(), background_writes():
+                stream(reader, writer, job.metas_in, job.metas_out, param_index(job.spec), job.true_vocab, job.src,
+                       notes, progress)
+                reader.confirm()
+                return {"results": writer.finish_units(reader.source.state), "notes": notes}
+        n = parallel.worker_count(workers, sum(m.nbytes for m in job.metas_in), len(mine)) if mine else 1
+        if n > 1:
+            done = parallel.run([job.for_part(w, p) for w, p in enumerate(split_units(mine, n))])
+            return {"results": {k: v for d in done for k, v in d["results"].items()},
+                    "notes": merge_notes(d["notes"] for d in done),
+                    "writer_notes": merge_notes(d["writer_notes"] for d in done)}
+        part = job.for_part(group.rank, frozenset(mine))
+        with one_torch_thread(), background_writes():
+            unit_writer = part.open_writer()
+            try:
+                stream(reader, unit_writer, job.metas_in, job.metas_out, param_index(job.spec),
+                                         job.true_vocab, job.src, notes, progress, wants=unit_writer.wants)
+                reader.confirm()
+                results = unit_writer.finish_units(reader.source.state)
+            except BaseException:
+                unit_writer.abort()
+                raise
+        return {"results": results, "notes": notes, "writer_notes": list(unit_writer.notes)}
+
+    def finish(tmp, done):
+        writer = holder[0]
+        summary.notes += [n for n in merge_notes(d["notes"] for d in done) if n not in summary.notes]
+        writer.finish_global(reader.source.state, {k: v for d in done for k, v in d["results"].items()})
+        summary.notes += merge_notes([*(d.get("writer_notes", []) for d in done), writer.notes])
+        summary.tensors, summary.bytes = len(task.metas_out), sum(m.nbytes for m in task.metas_out)
+        stack.close()  # fsync and the atomic rename
+
+    with stack:
+        distributed.run(group, tmp_of, work, finish)
+
+
+def convert(src, dst, **kwargs) -> Summary:
+    """Convert checkpoint `src` into `dst` (`convert_here`'s arguments); under torchrun (WORLD_SIZE > 1) this
+    process is one rank of a distributed conversion (`interop.distributed`)."""
+    group = distributed.from_env()
+    if group is None:
+        return convert_here(src, dst, **kwargs)
+    with distributed.guarded(group):
+        distributed.check_paths(group, src, dst)
+        return convert_here(src, dst, group=group, **kwargs)
+
+
 @without_gc_pauses
-def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
+def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
             force: bool = False, options: dict | None = None, progress=None, ep: int = 1, workers: int | None = 1,
             etp: int | None = None, **format_options) -> Summary:
@@ -124,6 +233,7 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     started = time.perf_counter()
     options = {**(options or {}), **format_options}
     progress = Progress(progress) if progress is not None else None
+    named_format = src_format is not None
     src_format = src_format or detect_format(src)
     if not Path(src).exists():
         raise InteropError(f"{src}: no such file or directory")
@@ -140,7 +250,10 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
-    reader = reader_cls(src, **reader_options)
+    try:
+        reader = reader_cls(src, **reader_options)
+    except InteropError as exc:  # with --from naming another format than the files': say what they look like
+        raise (looks_like(src, src_format) if named_format else None) or exc from None
     try:
         spec = reader.source.spec
         check_weights_on_disk(spec, src)
@@ -164,31 +277,31 @@ def convert(src, dst, *, dst_format: str, src_format: str | None = None, tp: int
             progress.start(sum(m.nbytes for m in metas_in))
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.tp, layout.pp, layout.vpp,
                           layout.describe(), notes=list(reader.source.notes))
-        with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
-            writer, parts = _writer_and_parts(writer_cls, workers, sum(m.nbytes for m in metas_in),
-                                              (tmp, out_spec, layout, metas_out), writer_options)
-            task = Task(src, reader_cls, writer_cls, reader_options, writer_options, tmp, out_spec, layout,
-                        tuple(metas_in), tuple(metas_out), spec.vocab)
-            carried, named_note = with_named_tokenizer(reader.carried, reader.source.state, src,
-                                                       writer_options.get("tokenizer") is not None)
-            summary.notes += [named_note] if named_note else []
-            if not writer.carry(carried) and carried.get("files"):
-                summary.notes.append(f"not carried: {', '.join(sorted(carried['files']))} (a {dst_format} checkpoint "
-                                     f"holds weights and the model's shape only; give --tokenizer {src} when "
-                                     f"converting to hf)")
-            try:
-                if len(parts) > 1:  # workers write the units' files, this process the describing ones
-                    summary.tensors, summary.bytes = parallel.convert_split(task, parts, reader, writer, progress,
-                                                                            summary.notes)
-                else:
-                    summary.tensors, summary.bytes = stream(reader, writer, metas_in, metas_out, index, spec.vocab,
-                                                            src, summary.notes, progress)
-                    reader.confirm()  # e.g. checksums verified in the background while we read
-                    writer.finish(reader.source.state)
-                    summary.notes += writer.notes  # what the writer could not write, and why
-            except BaseException:
-                writer.abort()
-                raise
+        task = Task(str(src), reader_cls, writer_cls, reader_options, writer_options, "", out_spec, layout,
+                    tuple(metas_in), tuple(metas_out), spec.vocab)
+        if group is not None:
+            summary.rank = group.rank
+            _convert_ranks(group, reader, task, workers, dst, force, inputs, summary, progress)
+        else:
+            with atomic_directory(dst, force, inputs, summary.notes) as tmp, one_torch_thread(), background_writes():
+                writer, parts = _writer_and_parts(writer_cls, workers, sum(m.nbytes for m in metas_in),
+                                                  (tmp, out_spec, layout, metas_out), writer_options,
+                                                  summary.notes)
+                task = replace(task, dst=str(tmp))
+                _carry(writer, reader, dst_format, src, summary.notes, writer_options.get("tokenizer") is not None)
+                try:
+                    if len(parts) > 1:  # workers write the units' files, this process the describing ones
+                        summary.tensors, summary.bytes = parallel.convert_split(task, parts, reader, writer, progress,
+                                                                                summary.notes)
+                    else:
+                        summary.tensors, summary.bytes = stream(reader, writer, metas_in, metas_out, index, spec.vocab,
+                                                                src, summary.notes, progress)
+                        reader.confirm()  # e.g. checksums verified in the background while we read
+                        writer.finish(reader.source.state)
+                        summary.notes += writer.notes  # what the writer could not write, and why
+                except BaseException:
+                    writer.abort()
+                    raise
     finally:
         reader.close()
     if DTYPE_CHOICES[dtype] and out_dtype != spec.dtype:

@@ -25,6 +25,7 @@ from pathlib import Path
 from .errors import InteropError
 
 GROUP = "interop.formats"
+SOURCE_ONLY_GROUP = "interop.source_only_formats"  # formats with a Reader and no Writer, declared in the metadata
 OPTIONS_GROUP = "interop.format_options"
 OPTION_KINDS = ("text", "int", "path", "flag", "switch")
 
@@ -41,6 +42,12 @@ def _registered() -> dict[str, str]:
 def names() -> tuple[str, ...]:
     """Every registered format's name, in detection order."""
     return tuple(_registered())
+
+
+def target_names() -> tuple[str, ...]:
+    """The formats interop writes (`--to`): every registered one but those declared a source only."""
+    source_only = {ep.name for ep in entry_points(group=SOURCE_ONLY_GROUP)}
+    return tuple(name for name in names() if name not in source_only)
 
 
 def converter(name: str):
@@ -73,6 +80,31 @@ def detect_format(path) -> str:
         if converter(name).detect(path):
             return name
     raise InteropError(f"{path}: cannot tell its format (known: {', '.join(names())}); name it with --from")
+
+
+def looks_like(path, named: str) -> InteropError | None:
+    """When the reader of `--from named` refused `path`: if another format claims it and reads it, the one line
+    saying it is not a `named` checkpoint and what it looks like (its first entries); else None (keep the reader's
+    own error)."""
+    try:
+        found = detect_format(path)
+    except InteropError:
+        return None
+    if found == named:
+        return None
+    try:  # the files must open as `found` too: a damaged `named` checkpoint (a DeepSpeed save whose tag folder is
+        reader_of(found)(path).close()  # missing also holds Megatron's tracker) keeps its reader's own error
+    except InteropError:
+        return None
+    path = Path(path)
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()) if path.is_dir() else [path.name]
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    return InteropError(f"{path}: not {_a(named)} checkpoint; it looks like {_a(found)} checkpoint ({shown}): "
+                        f"pass --from {found}, or leave --from out")
+
+
+def _a(name: str) -> str:
+    return f"an {name}" if name[0] in "aeiou" or name == "hf" else f"a {name}"
 
 
 # ---------------------------------------------------------------- the formats' own options

@@ -101,6 +101,10 @@ class ModelSpec:
     # `mtp_loss_weight` times their mean loss.
     mtp_layers: int = 0
     mtp_loss_weight: float = 0.1
+    # Training dropouts, carried from the source so that no target invents its framework's defaults (None: the
+    # source does not say).  Not the model's identity: two specs that differ only here are equal.
+    attention_dropout: float | None = dataclasses.field(default=None, compare=False)
+    hidden_dropout: float | None = dataclasses.field(default=None, compare=False)
     # Where a layer's norms sit.  pre_norm: before attention and before the MLP (`attn_norm`, `mlp_norm`: GPT2,
     # Llama); post_norm: on the attention's and the MLP's output, before the residual add (`attn_post_norm`,
     # `mlp_post_norm`).  OLMo 2 has only post norms; Gemma 2/3 and the MindSpeed sandwich norm have both.
@@ -192,7 +196,8 @@ class ModelSpec:
         """(field, this value, other's) where two descriptions of one model disagree; the dtype and the
         padded rows are the files' facts, not a description's."""
         mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
-        return [(k, v, theirs[k]) for k, v in mine.items() if k not in ignore and theirs[k] != v]
+        identity = {f.name for f in dataclasses.fields(self) if f.compare}  # not the carried training dropouts
+        return [(k, v, theirs[k]) for k, v in mine.items() if k in identity and k not in ignore and theirs[k] != v]
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
@@ -260,6 +265,10 @@ def _problems(spec: ModelSpec):
         yield f"padded_vocab ({spec.padded_vocab}) must be >= vocab ({spec.vocab})"
     if spec.sliding_window is not None and not (_is_int(spec.sliding_window) and spec.sliding_window > 0):
         yield f"sliding_window must be a positive integer or None, got {spec.sliding_window!r}"
+    for name in ("attention_dropout", "hidden_dropout"):
+        value = getattr(spec, name)
+        if value is not None and not (_is_number(value) and 0 <= value < 1):
+            yield f"{name} must be a number in [0, 1) or None, got {value!r}"
     if spec.qk_norm and spec.norm != "rmsnorm":
         yield "qk_norm is an RMSNorm: it needs norm=rmsnorm"
     if spec.qk_norm_scope not in QK_NORM_SCOPES:
@@ -299,7 +308,8 @@ OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sl
                    "rope_interleave": False, "mtp_layers": 0, "mtp_loss_weight": 0.1,
                    "pre_norm": True, "post_norm": False, "qk_norm_scope": "head", "norm_zero_centered": False,
                    "embed_scale": False, "softmax_scale": None, "attn_softcap": None, "logit_softcap": None,
-                   "sliding_layers": None, "rope_local_base": None}
+                   "sliding_layers": None, "rope_local_base": None,
+                   "attention_dropout": None, "hidden_dropout": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_GROUP_SCORES = ("top2", "max")
 

@@ -12,7 +12,7 @@ depend on this module.  `TrainingState.of(state)` is its typed form, for code th
   who may read each: Megatron-LM's loop state (its args, `OptimizerParamScheduler` state, optimizer
   param groups) is read by the Megatron format and by MindSpore's MindSpeed dialect, which runs the
   same loop and stores the same state; MindSpeed's epoch counter by MindSpore only.
-  `tests/test_architecture.py` holds every other module to the neutral fields.
+  `tests/core/test_architecture.py` holds every other module to the neutral fields.
 """
 from __future__ import annotations
 

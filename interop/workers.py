@@ -56,6 +56,19 @@ def worker_count(requested: int | None, total_bytes: int, units: int) -> int:
     return max(1, min(wanted, units, total_bytes // max(MIN_BYTES_PER_WORKER, 1)))
 
 
+def one_process_reason(requested: int, total_bytes: int, units: int | None, cores: int | None = None) -> str:
+    """Why `--workers requested` (> 1) runs in one process, as the note says it."""
+    if units is None:
+        return "the target is not split into files workers could share"
+    if units < 2:
+        return "the target is one file"
+    wanted = min(requested, cores or requested)
+    if total_bytes // max(MIN_BYTES_PER_WORKER, 1) < 2:
+        return (f"{total_bytes / 2**20:.0f} MiB of source, under the {MIN_BYTES_PER_WORKER >> 20} MiB per worker "
+                f"that pays for a worker's start")
+    return f"{wanted} core{'s' if wanted > 1 else ''} available"
+
+
 def merge_notes(lists) -> list[str]:
     """Every note once, in first-seen order (each worker repeats the notes all of them make)."""
     out: list[str] = []

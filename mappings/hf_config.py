@@ -220,7 +220,8 @@ def _gpt2_spec(config: dict, dtype: str, where: str) -> ModelSpec:
     return _spec(
         where, arch="gpt2", ffn_hidden=_optional_int(config, "n_inner", where) or 4 * f["hidden"], kv_groups=f["heads"],
         head_dim=_head_dim({}, f, where), padded_vocab=f["vocab"], norm="layernorm",
-        activation=GPT2_ACTIVATIONS[act], position="learned", qkv_bias=True, linear_bias=True, dtype=dtype, **f)
+        activation=GPT2_ACTIVATIONS[act], position="learned", qkv_bias=True, linear_bias=True, dtype=dtype,
+        attention_dropout=config.get("attn_pdrop", 0.1), hidden_dropout=config.get("resid_pdrop", 0.1), **f)
 
 
 def _rope_scaling(config: dict, rope: dict, where: str):
@@ -377,7 +378,13 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         rope_scaling=_rope_scaling(config, rope, where),
         rope_local_base=None if local_base is None else float(local_base),
         **({} if family.get("gemma") else {"sliding_window": _sliding_window(config, family, where)}),
+        attention_dropout=config.get("attention_dropout", 0.0), hidden_dropout=0.0,  # no other dropout in these
         dtype=dtype, **f, **moe, **gemma)
+
+
+def _dropout(value: float | None) -> float:
+    """A dropout the source stated, else 0.0 (the value for inference, as interop wrote before carrying them)."""
+    return 0.0 if value is None else value
 
 
 def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
@@ -470,7 +477,8 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
             refuse("linear_bias", "HF GPT2 has biases on every linear layer; this model has none")
         config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_inner": spec.ffn_hidden,
                   "activation_function": GPT2_ACTIVATION_OUT.get(spec.activation, "gelu_new"),
-                  "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+                  "resid_pdrop": _dropout(spec.hidden_dropout), "embd_pdrop": _dropout(spec.hidden_dropout),
+                  "attn_pdrop": _dropout(spec.attention_dropout)}
         table = GPT2_KEYS
     elif spec.is_mla:
         config, table = hf_deepseek.config_from_spec(spec, refuse), []
@@ -486,7 +494,8 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
         config = {**family.get("unset", {}), "architectures": [family["architecture"]], "model_type": model_type,
                   "hidden_act": "silu",
                   "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
-                  "rope_theta": spec.rope_base, "rope_parameters": _rope_parameters(spec), "attention_dropout": 0.0}
+                  "rope_theta": spec.rope_base, "rope_parameters": _rope_parameters(spec),
+                  "attention_dropout": _dropout(spec.attention_dropout)}
         if family["biases"] == "attention_bias":
             if spec.qkv_bias != spec.linear_bias:
                 refuse("linear_bias", f"HF {model_type}'s attention_bias puts biases on q, k, v and o together; "

@@ -22,7 +22,7 @@ _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.at
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
 
 # --qk-layernorm (Qwen3): one [head_dim] norm each for q and k, the same on every TP rank (megatron-core
-# SelfAttention builds them after linear_qkv: transformer/attention.py; MEGATRON-LAYOUTS.md).  Legacy
+# SelfAttention builds them after linear_qkv: transformer/attention.py; docs/megatron-layouts.md).  Legacy
 # megatron/model has no such norm: a model with them has no place there and is refused.
 _QK_NORM = [
     ("decoder.layers.{i}.self_attention.q_layernorm.weight", Copy, ["layers.{i}.attn.q_norm.weight"]),
@@ -58,7 +58,7 @@ def _mlp(prefix: str, fc1: str, fc2: str) -> list:
 # A MoE layer's MLP (megatron-core transformer/moe/: router.py TopKRouter, experts.py SequentialMLP /
 # GroupedMLP, shared_experts.py SharedExpertMLP), in the state-dict order of a real 0.16.1 model.
 # `expert_bias` is the router's persistent buffer (--moe-router-enable-expert-bias); `gate_weight` exists only
-# with --moe-shared-expert-gate (MEGATRON-LAYOUTS.md section 3).
+# with --moe-shared-expert-gate (docs/megatron-layouts.md section 3).
 _EXPERT = ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]
 _SHARED = ["layers.{i}.mlp.shared.gate.weight", "layers.{i}.mlp.shared.up.weight"]
 ROUTER = [
@@ -175,7 +175,7 @@ LEGACY = [
 ]
 
 # The TE spec's separate pre-MLP norm of MoE layers, and the fused one it replaces there
-# (megatron/core/models/gpt/gpt_layer_specs.py: a MoE layer's `pre_mlp_layernorm` is TENorm; MEGATRON-LAYOUTS.md s.4).
+# (megatron/core/models/gpt/gpt_layer_specs.py: a MoE layer's `pre_mlp_layernorm` is TENorm; docs/megatron-layouts.md s.4).
 # megatron-core's local spec renames its pre_mlp_layernorm to the fused name in torch_dist, MoE layers too.
 TE_MOE_NORM = {"decoder.layers.{i}.pre_mlp_layernorm.weight", "decoder.layers.{i}.pre_mlp_layernorm.bias"}
 TE_FUSED_MLP_NORM = {"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias"}

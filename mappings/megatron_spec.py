@@ -42,7 +42,7 @@ def explicit_args(stored: dict) -> dict:
     out = {}
     for key, value in stored.items():
         dest = M.CHECKPOINT_ALIASES.get(key, key)
-        if dest in M.ARGS and value is not None:
+        if (dest in M.ARGS or dest == CARRIED_ROPE_SCALING) and value is not None:  # and interop's own carry
             out[dest] = to_plain(value)
     return out
 
@@ -74,6 +74,11 @@ UNSUPPORTED_ARGS = {  # dest: the value our ModelSpec can describe
 
 UNSUPPORTED_MOE_ARGS = ("moe_latent_size",)  # set (not None): a router our ModelSpec cannot describe
 
+
+# A checkpoint's args attribute (Megatron ignores one it does not know) holding the model's whole Llama-3 rope
+# scaling where megatron-core's --use-rope-scaling cannot state it (it fixes low / high frequency factors 1 / 4 and
+# the original context 8192): interop reads it back, so a round trip never changes the model.
+CARRIED_ROPE_SCALING = "interop_rope_scaling"
 
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 NORMS_OUT = {v: k for k, v in NORMS.items()}
@@ -123,7 +128,10 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     if linear is not None and position == "rope":
         rope_scaling = {"type": "linear", "factor": linear}
     elif full.get("use_rope_scaling") and position == "rope":
-        rope_scaling = llama3_rope_scaling(float(full.get("rope_scaling_factor") or 8.0))  # core's fixed 1 / 4 / 8192
+        factor = float(full.get("rope_scaling_factor") or 8.0)
+        carried = full.get(CARRIED_ROPE_SCALING)  # what interop wrote beside core's flags
+        rope_scaling = (dict(carried) if isinstance(carried, dict) and carried.get("type") == "llama3"
+                        and carried.get("factor") == factor else llama3_rope_scaling(factor))  # else core's 1 / 4 / 8192
     deepseek = {**DS.mla_from_args(full, where), **DS.mtp_from_args(full)}  # MLA: head_dim, kv_groups its own
     arch = "gpt2" if (norm == "layernorm" and position == "learned" and activation != "swiglu") else "llama"
     plain = dict(kv_groups=groups, head_dim=int(full.get("kv_channels") or hidden // heads))
@@ -136,6 +144,8 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
+        attention_dropout=_float_or_none(full.get("attention_dropout")),
+        hidden_dropout=_float_or_none(full.get("hidden_dropout")),
         pre_norm=pre_norm, post_norm=post_norm, qk_norm_scope=full.get("qk_layernorm_scope") or "head",
         norm_zero_centered=bool(full.get("layernorm_zero_centered_gamma")), embed_scale=bool(full.get("embedding_scale")),
         softmax_scale=_optional_float(full, "softmax_scale", where),
@@ -166,6 +176,13 @@ def _sliding_layers(full: dict, window, where: str) -> list | None:
         return [int(i) for i in items]
     except (TypeError, ValueError):
         raise InteropError(f"{where}: sliding_window_layers={value!r} is not a list of layer numbers") from None
+
+
+def _float_or_none(value):
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return value  # ModelSpec names what is wrong with it
 
 
 def moe_from_args(full: dict, where: str) -> dict:
@@ -326,6 +343,13 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     }
     args = M.complete({}) if base is None else dict(base)
     args.update(model)
+    for field in ("attention_dropout", "hidden_dropout"):  # the source's, not Megatron's default 0.1
+        if getattr(spec, field) is not None:
+            args[field] = getattr(spec, field)
+    args.pop(CARRIED_ROPE_SCALING, None)
+    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3" \
+            and spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
+        args[CARRIED_ROPE_SCALING] = dict(spec.rope_scaling)
     args.update(layer_spec_args(spec))  # a checkpoint's args always say them (a base may hold another model's)
     args.pop("use_sandwich_norm", None)  # MindSpeed's spelling of pre + post norms: post_norm says it here
     args.pop("activation", None)  # derived by interop's table, not a Megatron argument
@@ -346,8 +370,9 @@ def args_losses(spec: ModelSpec) -> list[str]:
                      "short / long factors and attention factor are not in the args (the interop format keeps them)")
     elif spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3" and \
             spec.rope_scaling != llama3_rope_scaling(spec.rope_scaling["factor"]):
-        notes.append(f"Megatron's --use-rope-scaling fixes low_freq_factor 1, high_freq_factor 4 and "
-                     f"original_max_position_embeddings 8192; this model's {spec.rope_scaling} is not in the args")
+        notes.append(f"rope scaling {spec.rope_scaling} kept in the args as {CARRIED_ROPE_SCALING} for interop; "
+                     "megatron-core's --use-rope-scaling itself computes with low_freq_factor 1, high_freq_factor 4, "
+                     "original_max_position_embeddings 8192")
     return notes + DS.losses(spec)
 
 

@@ -10,7 +10,31 @@ import types
 
 from ...mappings import megatron_args as M
 from ...mappings.megatron_spec import check_args, explicit_args  # noqa: F401 (this package's readers import them here)
+from ...errors import InteropError
 from ...spec import ModelSpec, padded_vocab_size
+
+# The model's shape: what a --model-config given beside a checkpoint's own args must agree with.
+SHAPE_ARGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels", "num_experts",
+              "moe_ffn_hidden_size")
+
+
+def check_model_config(stored: dict | None, full: dict, model_config, where) -> None:
+    """One line listing the fields that differ when `--model-config` (`full`, in Megatron's terms) describes
+    another model than the checkpoint's own args (`stored`), instead of the first contradiction a spec meets."""
+    if not stored or not stored.get("num_layers"):
+        return
+    own = M.complete(explicit_args(stored))
+    differ = [f"{key} {full[key]} vs {own[key]}" for key in SHAPE_ARGS
+              if full.get(key) is not None and own.get(key) is not None and full[key] != own[key]]
+    if full.get("group_query_attention") and own.get("group_query_attention") \
+            and full.get("num_query_groups") != own.get("num_query_groups"):
+        differ.append(f"num_query_groups {full.get('num_query_groups')} vs {own.get('num_query_groups')}")
+    vocab, padded = full.get("vocab_size") or full.get("padded_vocab_size"), stored.get("padded_vocab_size")
+    if vocab and padded and int(vocab) > int(padded):
+        differ.append(f"vocab_size {vocab} vs the checkpoint's padded_vocab_size {padded}")
+    if differ:
+        raise InteropError(f"--model-config {model_config} describes another model than {where}'s args "
+                           f"(--model-config vs checkpoint): {', '.join(differ)}")
 
 
 def vocab_divisor(vocab: int, padded: int, tp: int, default: int = 128) -> int | None:

@@ -15,7 +15,7 @@ from ...mappings.megatron_spec import spec_from_args
 from ...model_config import megatron_args_from_file
 from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE
-from .args import explicit_args
+from .args import check_model_config, explicit_args
 from .model_state import ModelState
 from .rank_files import RankFiles
 
@@ -27,6 +27,7 @@ def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[
     if model_config is not None:
         notes.append(f"model description taken from {model_config}")
         full = megatron_args_from_file(model_config)
+        check_model_config(stored, full, model_config, ranks.files[(0, 0)].path)
         # the layout and the padded vocab are facts of the files, not of the model description
         full.update(tensor_model_parallel_size=ranks.tp, pipeline_model_parallel_size=ranks.pp)
         return full

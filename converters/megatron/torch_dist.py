@@ -45,7 +45,7 @@ from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
 from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
-from .args import args_dict, check_args, base_args, explicit_args, padded_vocab, vocab_divisor
+from .args import args_dict, check_args, check_model_config, base_args, explicit_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, final_iteration
 from . import distrib
@@ -68,7 +68,7 @@ def stacked_key(key: str, homogeneous: bool = True) -> tuple[str, int | tuple | 
     `decoder.layers.3.mlp.linear_fc2.weight` -> (`decoder.layers.mlp.linear_fc2.weight`, 3); a routed expert's
     `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` (expert numbers global at ep 1) ->
     (`decoder.layers.mlp.experts.experts.linear_fc1.weight`, (3, 5)): megatron-core stacks experts on a
-    second axis over ALL experts, whatever the expert parallelism (MEGATRON-LAYOUTS.md s.3.3).
+    second axis over ALL experts, whatever the expert parallelism (docs/megatron-layouts.md s.3.3).
     A model that mixes dense and MoE layers (`homogeneous` False) is not layer-stacked: megatron-core keeps the
     global layer number in every key (transformer_block.py sharded_state_dict, `non_homogeneous_layers` when
     moe_layer_freq is a list or > 1), and the experts are stacked alone: (`decoder.layers.3.mlp.experts.experts.
@@ -147,6 +147,7 @@ class Reader(BaseReader):
         check_args(stored, self.dir / dist.COMMON_PT)
         if model_config is not None:
             full = megatron_args_from_file(model_config)
+            check_model_config(stored, full, model_config, self.dir / dist.COMMON_PT)
             notes.append(f"model description taken from {model_config}")
         elif stored and stored.get("num_layers"):
             full = M.complete(explicit_args(stored))

@@ -80,7 +80,13 @@ class Dialect:
 
         `qkv_layout` / `qkv_bias_layout` (qkv_concat only): "plain" stores the fused tensor as [q; k; v] /
         [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights unless
-        `qkv_bias_layout` says otherwise."""
+        `qkv_bias_layout` says otherwise.  A tensor the names cannot hold is refused in one line naming the
+        formats and dialects that hold it (`interop.rows.check_placed`)."""
+        rows = self._expanded(spec, qkv_concat, qkv_layout, qkv_bias_layout)
+        check_placed(rows, spec, f"MindSpore {self.name}")  # names the formats that hold what this cannot
+        return rows
+
+    def _expanded(self, spec: ModelSpec, qkv_concat: bool, qkv_layout: str, qkv_bias_layout: str | None) -> list[Row]:
         table = self.table(spec, qkv_concat)
         for layout in (qkv_layout, qkv_bias_layout):
             if layout is not None and layout not in names.QKV_LAYOUTS:
@@ -90,7 +96,6 @@ class Dialect:
         rows = expand(table, spec)
         for row in rows:
             row.key = self.model_name(row.key, spec)
-        check_placed(rows, spec, f"MindSpore {self.name}")  # e.g. Qwen3's q/k norms outside mindformers-mcore
         return rows
 
     def converter_names(self, rows: list[Row], spec: ModelSpec) -> dict[str, str]:

@@ -79,6 +79,8 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
     args = {**M.defaults(), **source}
     # every fact of the model in Megatron's words (rope base, q/k norms, window, ...), so that the args describe it
     args.update({k: v for k, v in model_args(spec).items() if k not in ("activation", "hidden_act", "compute_dtype")})
+    # the source's dropouts, not Megatron's default 0.1 (issue 27 item 10)
+    args.update({f: getattr(spec, f) for f in ("attention_dropout", "hidden_dropout") if getattr(spec, f) is not None})
     args.update({
         "num_layers": spec.num_layers, "hidden_size": spec.hidden, "ffn_hidden_size": spec.ffn_hidden,
         "num_attention_heads": spec.heads, "num_query_groups": spec.kv_groups,
@@ -132,9 +134,12 @@ def write(root: Path, spec: ModelSpec, layout: ParallelLayout, rows, plain_of: d
     if not all(len({b - a for a, b in chunks}) == 1 for chunks in layout.stages) or \
             len({sum(b - a for a, b in chunks) for chunks in layout.stages}) != 1:
         notes.append("uneven pipeline stages, which that tool (cal_corr_vpp_layers splits evenly) cannot map back")
-    return [f"{PT_META}/: Megatron args and parameter names for MindSpeed's convert_ckpt2pt.py (--convert-param-only "
-            f"--param-map-path <this>/{PT_META}); Megatron's param_map_buffer*.json (its DDP bucket layout) are not "
-            "written, so that tool's optimizer mode cannot run" + "".join("; " + n for n in notes)]
+    # One short line; the detail (after the newline) with -v
+    return [f"{PT_META}/ written for MindSpeed's convert_ckpt2pt.py --convert-param-only"
+            + (f", with {len(notes)} caveat{'s' if len(notes) > 1 else ''}" if notes else "") + "\n"
+            + f"Megatron args and parameter names per (tp rank, stage), for convert_ckpt2pt.py --convert-param-only "
+            f"--param-map-path <this>/{PT_META}; Megatron's param_map_buffer*.json (its DDP bucket layout) are not "
+            "written, so that tool's optimizer mode cannot run" + "".join("\n" + n for n in notes)]
 
 
 def read(root: Path) -> tuple[dict[tuple[int, int], dict], int, int, int] | None:

@@ -53,7 +53,7 @@ def state_to_scalars(state: dict) -> tuple[dict[str, torch.Tensor], list[str]]:
             continue
         dtype = _DTYPES.get(SCHEDULER_TYPES.get(key), torch.float32)
         out[key] = torch.tensor(int(value) if dtype == torch.int32 else float(value), dtype=dtype)
-    if not scheduler:
+    if not scheduler and (isinstance(iteration, int) or hyper):  # a training state without its scheduler
         notes.append("no LR-scheduler state in the source: MindSpeed training resuming from this checkpoint "
                      "needs override_opt_param_scheduler (its scheduler checks max_lr, num_steps, ...)")
     return out, notes

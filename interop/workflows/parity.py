@@ -225,32 +225,60 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     return result
 
 
-def plot_losses(result: ParityResult, path, title: str = "parity", marks: dict | None = None) -> Path:
-    """Loss curves of every run (top) and each run's |difference| from the reference (bottom, log scale).
-    `marks` {step: label} draws a labelled vertical line on both (e.g. where a run stopped and resumed)."""
+def plot_training(metrics: list[dict], path, title: str = "train") -> Path:
+    """A training run's loss per step (`interop train --plot`), from the metrics the trainer returns."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    fig, ax = plt.subplots(figsize=(9, 5))
+    steps, losses = [m["step"] for m in metrics], [m["loss"] for m in metrics]
+    ax.plot(steps, losses, marker="o", markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{title}: steps {steps[0]}..{steps[-1]}, final loss {losses[-1]:.6f}" if steps else title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_losses(result: ParityResult, path, title: str = "parity", marks: dict | None = None) -> Path:
+    """Loss curves of every run (top) and each run's |difference| from the reference (bottom, log scale; a run
+    equal to the reference at a step is drawn in the shaded band at the bottom, on a row of its own), with a
+    table of each run's largest difference beside the legend.  `marks` {step: label} draws a labelled vertical
+    line on both (e.g. where a run stopped and resumed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     styles = ["-", "--", ":", "-."]
     color = {label: f"C{i % 10}" for i, label in enumerate(result.runs)}  # one colour per run on both plots
     for i, (label, losses) in enumerate(result.runs.items()):
         steps = range(1, len(losses) + 1)
         top.plot(steps, losses, styles[i % len(styles)], marker="o", markersize=3, label=label, color=color[label])
-    floor = 1e-12  # a log axis has no 0: exactly equal losses are drawn on this line
+    # A log axis has no 0: a step whose loss equals the reference's exactly is drawn in the band below 1e-11,
+    # each run on a row of its own (floor x 2^k) with a marker of its own, so identical runs never hide each other.
+    floor = 1e-12
+    markers = "os^vD<>pPX*h"
     exact = False
-    for label, diffs in result.diffs().items():
-        if label != result.reference:
-            exact = exact or any(d == 0 for d in diffs)
-            bottom.semilogy(range(1, len(diffs) + 1), [max(d, floor) for d in diffs], marker=".", label=label,
-                            color=color[label])
+    others = [(label, diffs) for label, diffs in result.diffs().items() if label != result.reference]
+    for k, (label, diffs) in enumerate(others):
+        exact = exact or any(d == 0 for d in diffs)
+        row = floor * 2 ** k
+        bottom.semilogy(range(1, len(diffs) + 1), [d if d > 0 else row for d in diffs], linestyle=styles[k % len(styles)],
+                        marker=markers[k % len(markers)], markersize=5, label=label, color=color[label])
     bottom.axhline(result.tolerance, color="red", linewidth=1, label=f"tolerance {result.tolerance:.0e}")
+    table = "\n".join(f"{label:<12} {max(diffs, default=0.0):.2e}" for label, diffs in others)
+    fig.text(0.80, 0.04, f"largest |diff| per run\n{table}", family="monospace", fontsize="small", va="bottom")
     for i, (at, text) in enumerate(sorted((marks or {}).items())):
         for ax in (top, bottom):
             ax.axvline(at, color="black", linewidth=1, linestyle="--" if i % 2 == 0 else "-.",
                        label=text if ax is top else None)
     if exact:
-        bottom.axhline(floor, color="gray", linewidth=0.8, linestyle=":", label="exactly 0 (drawn at 1e-12)")
+        bottom.axhspan(floor / 2, floor * 2 ** len(others), color="gray", alpha=0.15,
+                       label="exactly 0 (a row per run in this band)")
     top.set_ylabel("loss")
     title_text = f"{title}: largest difference {result.max_diff:.2e}"
     if result.failed:

@@ -6,18 +6,27 @@ first), and each also runs in its own framework where that is installed: transfo
 `AutoModelForCausalLM` for HF, MindSpore ops over `mindspore.load_checkpoint` for MindSpore
 (`mindspore_model.py`), megatron-core's `GPTModel` for Megatron
 (`megatron_framework.py`).  Every run's logits are compared with the reference
-model's on the source; the largest difference must stay within the tolerance (1e-5 for
-fp32; the rounding of a bf16 or fp16 checkpoint's weights allows more, see TOLERANCE).
+model's on the source; the largest difference must stay within the tolerance (1e-5, and more
+only where a real cast rounded the weights: fp32 -> bf16 or fp16, see TOLERANCE).
 
-Everything computes in fp32 on the CPU; the batch is fixed (seeded), so two calls agree.
+Before any model runs, the two checkpoints' weights are compared tensor by tensor: a tensor of
+the same dtype on both sides must be bit-identical (an honest conversion moves bytes, it does not
+change them: one altered element fails, however small its effect on the logits), and a NaN or Inf
+in any weight or logit is a failure.  Only a tensor whose dtype changed is left to the logit
+tolerance.
+
+Everything computes in fp32 on the CPU; the batch is fixed (seeded), so two calls agree.  Each
+stage reports a line with its time through `log` as it ends, after an estimate of the whole.
 """
 from __future__ import annotations
 
+import math
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..formats import detect_format
+from ..formats import detect_format, reader_of, writer_of
 from ..errors import InteropError
 from ..io.small_files import read_json_object
 from .tolerance import check_tolerance
@@ -27,6 +36,12 @@ from .tolerance import check_tolerance
 # logits by ~1e-3..1e-2 (bf16 keeps 8 mantissa bits, fp16 11).
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
 BATCH, SEQ, SEED = 2, 32, 0
+# For the estimate printed before starting: seconds per GB of fp32 weights for one run (loading the weights and
+# the forward pass), measured on a 2-core VM (a 1.9 GB bf16 Llama: 194 s for six runs).
+SECONDS_PER_FP32_GB_RUN = 8.5
+# A framework's start before its first forward pass (importing it; megatron-core in a child process of its own),
+# measured on the same VM under load with tiny models.
+FRAMEWORK_START_SECONDS = {"hf": 12, "mindspore": 10, "megatron": 20}
 
 
 @dataclass
@@ -44,39 +59,151 @@ class VerifyResult:
     tolerance: float
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # frameworks skipped, and why
+    tensors: "TensorComparison | None" = None  # the weights compared before any model ran
 
     @property
     def max_diff(self) -> float:
-        return max((c.max_diff for c in self.checks), default=0.0)
+        diffs = [c.max_diff for c in self.checks]
+        return math.nan if any(not math.isfinite(d) for d in diffs) else max(diffs, default=0.0)
 
     @property
     def ok(self) -> bool:
-        return self.max_diff <= self.tolerance
+        """Every logit difference finite and within the tolerance, and no weight changed that kept its dtype."""
+        tensors_ok = self.tensors is None or self.tensors.ok
+        return tensors_ok and math.isfinite(self.max_diff) and self.max_diff <= self.tolerance
 
     def lines(self) -> list[str]:
         width = max(len(c.label) for c in self.checks)
         out = [f"verify {self.src} -> {self.dst}: {BATCH} x {SEQ} tokens (seed {SEED}), fp32 on CPU"]
         out += [f"  {c.label:<{width}}  loss {c.loss:.7f}  max |logit diff| {c.max_diff:.2e}" for c in self.checks]
         out += [f"  note: {n}" for n in self.notes]
+        if self.tensors is not None:
+            out.append(f"  {self.tensors.line()}")
         verdict = "OK" if self.ok else "FAIL"
         out.append(f"  largest logit difference {self.max_diff:.2e} (tolerance {self.tolerance:.0e}): {verdict}")
         return out
 
 
+@dataclass
+class TensorComparison:
+    """The weights of both checkpoints, compared before any model runs (see the module docstring)."""
+    exact: int = 0  # tensors of one dtype on both sides: all bit-identical when `changed` is empty
+    cast: int = 0  # tensors whose dtype differs: left to the logit tolerance
+    changed: list[str] = field(default_factory=list)  # "name (max |diff| D)" of same-dtype tensors that differ
+    not_finite: list[str] = field(default_factory=list)  # "name (side)" holding NaN or Inf
+
+    @property
+    def ok(self) -> bool:
+        return not self.changed and not self.not_finite
+
+    def line(self) -> str:
+        if self.not_finite:
+            return f"weights: NaN or Inf in {', '.join(self.not_finite[:3])}" + _more(self.not_finite)
+        if self.changed:
+            return (f"weights: {len(self.changed)} of {self.exact} tensors of one dtype differ: "
+                    f"{', '.join(self.changed[:3])}" + _more(self.changed))
+        cast = f"; {self.cast} cast (compared by their logits)" if self.cast else ""
+        return f"weights: {self.exact} tensors of one dtype bit-identical{cast}"
+
+
+def _more(items: list) -> str:
+    return f" and {len(items) - 3} more" if len(items) > 3 else ""
+
+
+def compare_tensors(source, converted) -> TensorComparison:
+    """Both common-format copies' weights, one tensor at a time (vocab rows beyond the true vocabulary are
+    padding and not compared)."""
+    import torch
+    from ..params import base_param_name
+    from ..store import StoreReader
+    result = TensorComparison()
+    a, b = StoreReader(source, verify=False), StoreReader(converted, verify=False)
+    try:
+        vocab = a.spec.vocab
+        theirs = {m.name: m for m in b.metas()}
+        for meta in a.metas():
+            if base_param_name(meta.name) != meta.name:
+                continue  # optimizer state: not part of the model
+            if meta.name not in theirs:
+                result.changed.append(f"{meta.name} (missing)")
+                continue
+            x, y = a.read(meta.name), b.read(meta.name)
+            if a.manifest["tensors"][meta.name].get("split") == "vocab":
+                x, y = x[:vocab], y[:vocab]
+            for side, t in (("source", x), ("converted", y)):
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    result.not_finite.append(f"{meta.name} ({side})")
+            if x.dtype != y.dtype:
+                result.cast += 1
+                continue
+            result.exact += 1
+            if x.shape != y.shape:
+                result.changed.append(f"{meta.name} (shape {list(x.shape)} vs {list(y.shape)})")
+            elif not torch.equal(x.view(torch.uint8) if x.dim() else x, y.view(torch.uint8) if y.dim() else y):
+                diff = float((x.double() - y.double()).abs().max())
+                result.changed.append(f"{meta.name} (max |diff| {diff:.2e})")
+    finally:
+        a.close()
+        b.close()
+    return result
+
+
+def estimate(spec, frameworks: list[str]) -> tuple[float, float]:
+    """(seconds, bytes of memory at the peak) this verification should take, before the models run: two
+    reference runs and one per framework in `frameworks` (formats), each loading the model in fp32 (see
+    SECONDS_PER_FP32_GB_RUN) after its framework starts (FRAMEWORK_START_SECONDS).  The peak is the model in
+    fp32 as a framework loads it: its weights and the state dict they came from."""
+    from ..params import param_index
+    fp32 = 4 * sum(math.prod(p.shape) for p in param_index(spec).values())
+    runs = 2 + len(frameworks)
+    seconds = runs * fp32 / 1e9 * SECONDS_PER_FP32_GB_RUN + sum(FRAMEWORK_START_SECONDS[f] for f in frameworks)
+    return seconds, 2 * fp32
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.0f} MB"
+
+
+class _Stages:
+    """One line per stage through `log`, with the stage's time, as each ends."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, what: str, fn):
+        started = time.perf_counter()
+        out = fn()
+        self.log(f"  {what}: {time.perf_counter() - started:.1f} s")
+        return out
+
+
 def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = None, tolerance: float | None = None,
-           frameworks: bool = True, dst_model_config=None, options: dict | None = None,
+           frameworks: bool = True, dst_model_config=None, options: dict | None = None, log=None,
            **format_options) -> VerifyResult:
     """Run the fixed batch through `src` and `dst`; see the module docstring.  Reader options for the
     source (`model_config=`, `iteration=`) as keywords or in `options`; `dst_model_config` describes a
-    destination that carries no model description."""
+    destination that carries no model description.  `log(line)` gets the estimate (before anything is
+    converted or run) and a line per stage as it ends (the CLI prints them on stderr)."""
     check_tolerance(tolerance)
     import torch
-    from ..convert import convert
+    from ..convert import convert, split_options
     from ..store import StoreReader, is_store
+    stages = _Stages(log or (lambda line: None))
     src_options = {k: v for k, v in {**(options or {}), **format_options}.items() if v is not None}
     src_format = src_format or detect_format(src)
     dst_format = dst_format or detect_format(dst)
     dst_options = {"model_config": dst_model_config} if dst_model_config else {}
+    reader_cls = reader_of(src_format)
+    reader = reader_cls(src, **split_options(reader_cls, writer_of("interop"), src_options, src_format, "interop")[0])
+    # ^ the model's size, for the estimate (headers only)
+    try:
+        first_spec = reader.source.spec
+    finally:
+        reader.close()
+    ran = [fmt for fmt in (src_format, dst_format) if frameworks and fmt in FRAMEWORK_NAMES]
+    seconds, peak = estimate(first_spec, ran)
+    stages.log(f"verify: {2 + len(ran)} runs of the model in fp32 ({_size(peak / 2)} each), one at a time; "
+               f"estimated {seconds:.0f} s, peak memory about {_size(peak)}")
     with tempfile.TemporaryDirectory(prefix="interop-verify-") as tmp:
         stores = {}
         for which, path, fmt, opts in (("source", src, src_format, src_options),
@@ -85,7 +212,9 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
                 stores[which] = Path(path)
             else:
                 stores[which] = Path(tmp) / which
-                convert(path, stores[which], src_format=fmt, dst_format="interop", **opts)
+                stages.run(f"read the {which} ({fmt}) into a common-format copy",
+                           lambda path=path, which=which, fmt=fmt, opts=opts:
+                           convert(path, stores[which], src_format=fmt, dst_format="interop", **opts))
         specs = {which: StoreReader(p, verify=False).spec for which, p in stores.items()}
         if _spec_difference(specs["source"], specs["converted"]):
             raise InteropError(f"{dst} describes another model than {src}: "
@@ -94,25 +223,34 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
         rule_notes = [f"the converted model computes {k}={y}, the source {k}={x} (a rule the target's class "
                       "imposes): the logits show what it changes" for k, x, y in ruled if k in RULES]
         spec = specs["source"]
-        lowest = max((s.dtype for s in specs.values()), key=lambda d: TOLERANCE[d])
-        tol = tolerance if tolerance is not None else TOLERANCE[lowest]
+        dtypes = {s.dtype for s in specs.values()}
+        lowest = max(dtypes, key=lambda d: TOLERANCE[d])
+        # No cast between the two: the weights are the same numbers, so only summation order separates the runs.
+        tol = tolerance if tolerance is not None else TOLERANCE[lowest if len(dtypes) > 1 else "float32"]
+        result = VerifyResult(str(src), str(dst), tol)
+        result.tensors = stages.run("compared the weights tensor by tensor",
+                                    lambda: compare_tensors(stores["source"], stores["converted"]))
         tokens = torch.randint(0, spec.vocab, (BATCH, min(SEQ, spec.max_positions)),
                                generator=torch.Generator().manual_seed(SEED))
-        reference = reference_logits(stores["source"], tokens)
-        result = VerifyResult(str(src), str(dst), tol, notes=rule_notes)
+        reference = stages.run("reference model, source", lambda: reference_logits(stores["source"], tokens))
+        result.notes += rule_notes
         runs = [(f"reference model, source ({src_format})", reference),
-                (f"reference model, converted ({dst_format})", reference_logits(stores["converted"], tokens))]
+                (f"reference model, converted ({dst_format})",
+                 stages.run("reference model, converted", lambda: reference_logits(stores["converted"], tokens)))]
         if frameworks:
             for which, path, fmt in (("source", src, src_format), ("converted", dst, dst_format)):
+                if fmt not in FRAMEWORK_NAMES:
+                    continue
                 try:
-                    logits = framework_logits(fmt, path, stores[which], tokens, Path(tmp) / f"fw-{which}")
+                    logits = stages.run(f"{FRAMEWORK_NAMES[fmt]}, {which}",
+                                        lambda path=path, which=which, fmt=fmt:
+                                        framework_logits(fmt, path, stores[which], tokens, Path(tmp) / f"fw-{which}"))
                 except FrameworkUnavailable as exc:
                     result.notes.append(f"{which}: {exc}")
                     continue
-                if logits is not None:
-                    runs.append((f"{FRAMEWORK_NAMES[fmt]}, {which} ({fmt})", logits))
+                runs.append((f"{FRAMEWORK_NAMES[fmt]}, {which} ({fmt})", logits))
         for label, logits in runs:
-            result.checks.append(Check(label, lm_loss(logits, tokens), float((logits - reference).abs().max())))
+            result.checks.append(Check(label, lm_loss(logits, tokens), _max_diff(logits, reference)))
         if spec.mtp_layers:
             count, diff = mtp_difference(stores["source"], stores["converted"])
             result.checks.append(Check(f"MTP modules ({count} tensors, no logits; loss n/a)", float("nan"), diff))
@@ -137,7 +275,16 @@ def mtp_difference(source, converted) -> tuple[int, float]:
 RULES = ("moe_norm_topk",)
 
 
+def _max_diff(logits, reference) -> float:
+    """Largest |difference|; NaN when either side holds a NaN or Inf (a failure, never a pass)."""
+    import torch
+    if not (bool(torch.isfinite(logits).all()) and bool(torch.isfinite(reference).all())):
+        return math.nan
+    return float((logits - reference).abs().max())
+
+
 def _spec_difference(a, b) -> str:
+    """The model facts that differ (not the dtype, the padding or a RULE)."""
     return ", ".join(f"{k} {x} vs {y}" for k, x, y in a.differences(b, ignore=("dtype", "padded_vocab", *RULES)))
 
 
@@ -173,7 +320,10 @@ class FrameworkUnavailable(Exception):
     """The checkpoint's own framework cannot run here (not installed): noted, not a failure."""
 
 
-FRAMEWORK_NAMES = {"hf": "transformers", "mindspore": "mindspore", "megatron": "megatron-core"}
+# What runs each format's own check, as each row names it: transformers and megatron-core are those frameworks'
+# own models; for MindSpore (MindSpeed or MindFormers files alike) it is interop's model written in MindSpore ops
+# over `mindspore.load_checkpoint` (MindFormers' own forward pass does not run on CPU: mindspore_model.py).
+FRAMEWORK_NAMES = {"hf": "transformers", "mindspore": "interop's model in mindspore ops", "megatron": "megatron-core"}
 
 
 def framework_logits(fmt: str, path, store, tokens, tmp: Path):

@@ -108,6 +108,7 @@ def test_inspect_model_config_and_state(hf_checkpoints, tmp_path):
     from interop.cli.main import main
     convert(hf_checkpoints["llama"], tmp_path / "ms", dst_format="mindspore")
     (tmp_path / "ms" / "mindspore_model.json").unlink()  # a bare .ckpt: no model description beside it
+    shutil.rmtree(tmp_path / "ms" / "pt_meta")  # nor MindSpeed's saved Megatron args (they describe it: issue 22)
     bare = CliRunner().invoke(main, ["inspect", str(tmp_path / "ms"), "--no-tensors"])
     assert bare.exit_code == 2 and "--model-config" in bare.output
     ok = CliRunner().invoke(main, ["inspect", str(tmp_path / "ms"), "--no-tensors", "--model-config",

@@ -63,7 +63,9 @@ def test_megatron_to_hf_with_tokenizer_dir(complete_hf, tmp_path):
                                        "--tokenizer", str(complete_hf)])
     assert result.exit_code == 0, result.output
     assert "no tokenizer" not in result.output
-    assert not (tmp_path / "hf" / "generation_config.json").exists()  # only tokenizer files come from --tokenizer
+    # the tokenizer folder's generation config comes too, as the README promises (issue 27 item 5; was: not)
+    assert (tmp_path / "hf" / "generation_config.json").read_bytes() == \
+        (complete_hf / "generation_config.json").read_bytes()
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert tok.eos_token == "</s>" and tok("w7").input_ids == [7]
 

@@ -23,7 +23,7 @@ def test_convert_verify_to_mindspore(hf_checkpoints, tmp_path):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "reference model, converted (mindspore)" in out and "transformers, source (hf)" in out
-    assert "mindspore, converted (mindspore)" in out  # mindspore itself loaded the converted files
+    assert "interop's model in mindspore ops, converted (mindspore)" in out  # mindspore loaded the files
     assert "tolerance 1e-05): OK" in out
 
 
@@ -34,7 +34,7 @@ def test_verify_mindspeed_files_without_interop_sidecar(hf_checkpoints, tmp_path
     result = cli("verify", hf_checkpoints["llama"], tmp_path / "ms", "--dst-model-config",
                  hf_checkpoints["llama"] / "config.json")
     assert result.exit_code == 0, result.output
-    assert "mindspore, converted (mindspore)" in result.output and "OK" in result.output
+    assert "interop's model in mindspore ops, converted (mindspore)" in result.output and "OK" in result.output
 
 
 def test_verify_megatron_in_megatron_core(hf_checkpoints, tmp_path):

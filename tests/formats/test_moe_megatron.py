@@ -176,7 +176,7 @@ def test_mixtral_shaped_ep2_tp2_to_ep1_is_bit_exact(tmp_path, src_fmt, dst_fmt):
 
 
 def test_two_part_folder_names_are_pp_or_ep_as_the_args_say(tmp_path):
-    """TP 2 PP 1 EP 2 and TP 2 PP 2 EP 1 give the same folder names (MEGATRON-LAYOUTS.md s.1)."""
+    """TP 2 PP 1 EP 2 and TP 2 PP 2 EP 1 give the same folder names (docs/megatron-layouts.md s.1)."""
     spec = ModelSpec(**MIXTRAL)
     tensors = _write(tmp_path / "ep", spec, ParallelLayout.build(2, tp=2, ep=2), "torch")
     _write(tmp_path / "pp", spec, ParallelLayout.build(2, tp=2, pp=2), "torch")
@@ -188,7 +188,7 @@ def test_two_part_folder_names_are_pp_or_ep_as_the_args_say(tmp_path):
 
 
 def test_te_spec_with_te_grouped_experts_reads_like_sequential(tmp_path):
-    """A Transformer-Engine-spec MoE checkpoint (what Megatron-LM's convert.py writes for MoE, MEGATRON-LAYOUTS.md
+    """A Transformer-Engine-spec MoE checkpoint (what Megatron-LM's convert.py writes for MoE, docs/megatron-layouts.md
     s.4 and s.6.2): the input norm fused into `linear_qkv.layer_norm_weight`, a MoE layer's `pre_mlp_layernorm`
     apart, and TEGroupedMLP's keys (`linear_fc1.weight<j>`, local j) holding what SequentialMLP's
     `local_experts.<j>.linear_fc1.weight` hold (transformer_engine.py TEGroupedLinear, sharded dict interchangeable)."""
