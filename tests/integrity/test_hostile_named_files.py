@@ -67,10 +67,12 @@ def test_named_tokenizer_through_the_common_format_is_not_copied(tmp_path, secre
 
 def test_named_tokenizer_given_by_the_user_is_copied(tmp_path, secret):
     """--tokenizer is the user's word: the same file named on the command line is taken."""
-    src = _megatron(tmp_path / "meg", secret)
-    code, output = run("convert", src, tmp_path / "hf", "--to", "hf", "--tokenizer", secret)
+    named = tmp_path / "secret.json"  # (a .json: a sentencepiece .model would be parsed for its token ids)
+    named.write_bytes(SECRET)
+    src = _megatron(tmp_path / "meg", named)
+    code, output = run("convert", src, tmp_path / "hf", "--to", "hf", "--tokenizer", named)
     assert code == 0, output
-    assert (tmp_path / "hf" / "tokenizer.model").read_bytes() == SECRET
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == SECRET
 
 
 def test_hf_tokenizer_symlink_out_of_the_checkpoint_is_not_copied(hf_checkpoints, tmp_path, secret):
