@@ -548,7 +548,10 @@ class Writer(BaseWriter):
                 self.written_notes.append("no bos/eos ids in config.json: reading them from tokenizer.model needs "
                                           "sentencepiece (pip install sentencepiece)")
                 return {}
-            sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
+            try:
+                sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
+            except (RuntimeError, OSError) as exc:  # not a sentencepiece model: one line, not a traceback
+                raise InteropError(f"--tokenizer {model}: not a sentencepiece tokenizer.model ({exc})") from None
             ids = {"bos_token_id": sp.bos_id(), "eos_token_id": sp.eos_id(), "pad_token_id": sp.pad_id()}
             return {k: v for k, v in ids.items() if v >= 0}
         return {}

@@ -72,3 +72,16 @@ def test_hf_to_mindspeed_notes_are_short(hf_checkpoints, tmp_path):
     details = verbose.stdout.split("with 3 caveats\n", 1)[1].splitlines()[:4]
     assert all(line.startswith("    ") for line in details) and "param_map_buffer" in details[0]
     assert any("global_batch_size" in line for line in details)
+
+
+def test_a_tokenizer_model_that_is_not_sentencepiece_is_one_line(hf_checkpoints, tmp_path):
+    """--tokenizer naming a file that sentencepiece cannot parse: one error line, exit 2, no output left."""
+    convert(hf_checkpoints["llama"], tmp_path / "meg", dst_format="megatron")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.model").write_text("not a model")
+    result = cli("convert", tmp_path / "meg", tmp_path / "out", "--to", "hf", "--tokenizer",
+                 tmp_path / "tok" / "tokenizer.model")
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "not a sentencepiece tokenizer.model" in errors[0]
+    assert not (tmp_path / "out").exists()
