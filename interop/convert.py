@@ -12,12 +12,11 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import torch
 
 from . import distributed
 from . import workers as parallel
 from .atomic import atomic_directory, check_destination
-from .engine import Task, one_torch_thread, split_units, stream
+from .engine import Task, one_torch_thread, split_units, stream, write_units
 from .workers import merge_notes
 from .formats import detect_format, looks_like, reader_of, writer_of
 from .errors import InteropError
@@ -180,14 +179,7 @@ def _convert_ranks(group, reader, task: Task, workers: int | None, dst, force: b
         part = job.for_part(group.rank, frozenset(mine))
         with one_torch_thread(), background_writes():
             unit_writer = part.open_writer()
-            try:
-                stream(reader, unit_writer, job.metas_in, job.metas_out, param_index(job.spec),
-                                         job.true_vocab, job.src, notes, progress, wants=unit_writer.wants)
-                reader.confirm()
-                results = unit_writer.finish_units(reader.source.state)
-            except BaseException:
-                unit_writer.abort()
-                raise
+            results = write_units(reader, unit_writer, job, notes, progress)
         return {"results": results, "notes": notes, "writer_notes": list(unit_writer.notes)}
 
     def finish(tmp, done):

@@ -22,7 +22,7 @@ from . import memory
 from .contract import BaseReader, BaseWriter
 from .errors import InteropError
 from .layout import ParallelLayout
-from .params import base_param_name
+from .params import base_param_name, param_index
 from .spec import ModelSpec
 from .tensors import TensorMeta
 
@@ -186,3 +186,17 @@ def stream(reader, writer, metas_in, metas_out, index: dict, true_vocab: int, sr
         if progress:
             progress.update(m_in.nbytes)
     return tensors, nbytes
+
+
+def write_units(reader, writer, task: Task, notes: list[str], progress=None) -> dict:
+    """One process's share of a split conversion (a `--workers` worker, a torchrun rank): stream the tensors the
+    writer's units want, confirm the source, finish the units' files; the writer is aborted on any failure.
+    Returns the units' results, which the describing files need (`BaseWriter.finish_global`)."""
+    try:
+        stream(reader, writer, task.metas_in, task.metas_out, param_index(task.spec), task.true_vocab, task.src,
+               notes, progress, wants=writer.wants)
+        reader.confirm()
+        return writer.finish_units(reader.source.state)
+    except BaseException:
+        writer.abort()
+        raise

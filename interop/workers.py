@@ -26,10 +26,9 @@ import os
 import queue as queues
 import traceback
 
-from .engine import Task, one_torch_thread, stream
+from .engine import Task, one_torch_thread, write_units
 from .errors import InteropError
 from .io.background import background_writes
-from .params import param_index
 
 # Below this much source per worker, a worker's start-up (fork server: ~0.1 s per fork after a one-time
 # ~1.5 s torch import; measured in tests/formats/test_workers.py's docstring) costs more than it saves.
@@ -213,14 +212,7 @@ def _work(task: Task, messages) -> None:
                 writer = task.open_writer()
                 notes: list[str] = []
                 progress = _Progress(messages, w)
-                try:
-                    stream(reader, writer, task.metas_in, task.metas_out, param_index(task.spec),
-                           task.true_vocab, task.src, notes, progress, wants=writer.wants)
-                    reader.confirm()
-                    results = writer.finish_units(reader.source.state)
-                except BaseException:
-                    writer.abort()
-                    raise
+                results = write_units(reader, writer, task, notes, progress)
                 progress.flush()
         finally:
             reader.close()

@@ -43,7 +43,7 @@ def _patch() -> None:
                     time.sleep(600)
                 raise InteropError("injected fault")
 
-            conversion.stream = failing
+            conversion.stream = conversion.write_units = failing
 
 
 if __name__ == "__main__":
