@@ -30,7 +30,7 @@ def check_model_config(stored: dict | None, full: dict, model_config, where) -> 
             and full.get("num_query_groups") != own.get("num_query_groups"):
         differ.append(f"num_query_groups {full.get('num_query_groups')} vs {own.get('num_query_groups')}")
     vocab, padded = full.get("vocab_size") or full.get("padded_vocab_size"), stored.get("padded_vocab_size")
-    if vocab and padded and int(vocab) > int(padded):
+    if differ and vocab and padded and int(vocab) > int(padded):  # alone: the rows' own line says it (issue 22)
         differ.append(f"vocab_size {vocab} vs the checkpoint's padded_vocab_size {padded}")
     if differ:
         raise InteropError(f"--model-config {model_config} describes another model than {where}'s args "

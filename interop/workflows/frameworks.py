@@ -27,8 +27,8 @@ from ..trainer.optim import clip_grad_norm, lr_at, make_adamw, set_lr
 
 
 def _convert(ckpt, dst, fmt: str, **options):
-    from interop.convert import convert
-    convert(ckpt, dst, dst_format=fmt, src_format="interop", options=options or None)
+    from interop.convert import convert_here  # one process, also inside a framework's ranks
+    convert_here(ckpt, dst, dst_format=fmt, src_format="interop", options=options or None)
 
 
 def hf_losses(ckpt, cfg: TrainConfig) -> list[float]:

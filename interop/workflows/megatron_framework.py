@@ -245,7 +245,7 @@ def _loaded_model(ckpt: str, purpose: str, padded_vocab, router_bias_update_rate
     import shutil
     import torch.distributed as dist
     from megatron.core import parallel_state
-    from interop.convert import convert
+    from interop.convert import convert_here  # one process: this runs inside megatron-core's own ranks
     from interop.io.safe_pickle import safe_torch_load
     if not torch.cuda.is_available():
         _patch_cpu()
@@ -257,7 +257,7 @@ def _loaded_model(ckpt: str, purpose: str, padded_vocab, router_bias_update_rate
     try:
         dist.broadcast_object_list(tmp, src=0)
         if rank == 0:
-            convert(ckpt, Path(tmp[0]) / "meg", src_format="interop", dst_format="megatron", tp=1, ep=ep,
+            convert_here(ckpt, Path(tmp[0]) / "meg", src_format="interop", dst_format="megatron", tp=1, ep=ep,
                     **convert_options)
         dist.barrier()
         # Megatron-LM's get_checkpoint_name: mp_rank_TT, with expert parallelism mp_rank_TT_EEE
