@@ -30,13 +30,19 @@ OPTIONS_GROUP = "interop.format_options"
 OPTION_KINDS = ("text", "int", "path", "flag", "switch")
 
 
-@functools.lru_cache(maxsize=1)
-def _registered() -> dict[str, str]:
-    found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
+@functools.lru_cache(maxsize=None)
+def registered(group: str, what: str) -> dict[str, str]:
+    """{name: module} of an entry-point group, by name, read from the installed metadata without importing
+    anything; an empty group is an install that predates it, said in one line."""
+    found = {ep.name: ep.value for ep in entry_points(group=group)}
     if not found:
-        raise InteropError(f"no checkpoint formats are registered (entry point group {GROUP!r}): reinstall "
+        raise InteropError(f"no {what} are registered (entry point group {group!r}): reinstall "
                            "interop (`pip install -e .` or `bash scripts/setup.sh`) so its metadata lists them")
     return dict(sorted(found.items()))
+
+
+def _registered() -> dict[str, str]:
+    return registered(GROUP, "checkpoint formats")
 
 
 def names() -> tuple[str, ...]:

@@ -24,12 +24,12 @@ import functools
 import importlib
 import json
 import re
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import yaml
 
 from ..errors import InteropError
+from ..formats import registered
 from ..io.small_files import read_small_text, require_small_file
 from ..argtable import MISSING, Unmapped, get_path, read_table, typed, write_table
 from ..mappings import megatron_args as M
@@ -206,13 +206,8 @@ class JsonTarget(TableTarget):
 
 # ---------------------------------------------------------------- the registry
 
-@functools.lru_cache(maxsize=1)
 def _registered() -> dict[str, str]:
-    found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
-    if not found:
-        raise InteropError(f"no map-args targets are registered (entry point group {GROUP!r}): reinstall "
-                           "interop (`pip install -e .` or `bash scripts/setup.sh`) so its metadata lists them")
-    return dict(sorted(found.items()))
+    return registered(GROUP, "map-args targets")
 
 
 @functools.lru_cache(maxsize=None)
