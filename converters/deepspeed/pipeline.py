@@ -34,7 +34,7 @@ from ...mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
 from ...params import TensorKey, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .zero import GRADIENT_CLIPPING_DEFAULT
+from .zero import GRADIENT_CLIPPING_DEFAULT, update_rule
 
 LATEST = "latest"
 LAYER_FILE = re.compile(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt")
@@ -167,7 +167,7 @@ class Reader(BaseReader):
                  "deepspeed": {"tag": self.dir.name, "ds_version": to_plain(engine.get("ds_version")),
                                "ds_config": to_plain(engine.get("ds_config")), "args": args}}
         if self.moments:
-            state["optimizer"] = {"type": str(opt.get("type", "adam")).lower(), "step": self.step,
+            state["optimizer"] = {"type": update_rule(opt), "step": self.step,
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
                                   "clip_grad": (engine.get("ds_config") or {}).get("gradient_clipping",
