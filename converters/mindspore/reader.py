@@ -214,7 +214,6 @@ class Reader(BaseReader):
         if model_config is not None:
             spec, stated = _spec_from_config(model_config, dtype), None
             described = ((from_meta[0], where, f"{PT_META}/") if from_meta is not None else
-            described = ((from_meta[0], where, f"{PT_META}/") if from_meta is not None else
                          (ModelSpec.from_dict(sidecar["spec"]), path / SIDECAR, SIDECAR) if sidecar is not None
                          else None)
             if described is not None:
