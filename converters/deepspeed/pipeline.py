@@ -30,10 +30,9 @@ import torch
 
 from ...contract import BaseReader
 from ...errors import InteropError
-from ...io.small_files import read_small_text
-from ...io.safe_pickle import to_plain
 from ...hf_named import hf_table
-from ...io.small_files import read_json_object
+from ...io.safe_pickle import to_plain
+from ...io.small_files import read_json_object, read_small_text
 from ...io.torch_file import LazyTorchFile
 from ...layout import ParallelLayout
 from ...mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, hf_module_tables, kind_of

@@ -115,26 +115,26 @@ TINY_SCRIPT = """#!/bin/bash
 # the tiny Llama's launch script (Megatron-LM flags)
 torchrun --nproc_per_node 8 pretrain_gpt.py \\
     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \\
-    --num-layers 8 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8 \\
+    --num-layers 12 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8 \\
     --group-query-attention --num-query-groups 8 --seq-length 32 --max-position-embeddings 64 \\
     --micro-batch-size 1 --global-batch-size 8 --lr 1e-3 --train-iters 100 --lr-decay-style cosine \\
     --untie-embeddings-and-output-weights --disable-bias-linear --position-embedding-type rope \\
-    --normalization RMSNorm --norm-epsilon 1e-5 --swiglu --vocab-size 250 --make-vocab-size-divisible-by 1
+    --normalization RMSNorm --norm-epsilon 1e-5 --swiglu --vocab-size 256 --make-vocab-size-divisible-by 1
 """
 
 
 def _tiny_llama(path: Path) -> None:
-    """8 layers (pp 4, pp 2 x vpp 2, an uneven pp 3), 8 heads in 8 KV groups and ffn 128 (tp 8), vocab 250;
-    with a word-level tokenizer."""
+    """12 layers (pp 4, pp 3, pp 2 x vpp 2), 8 heads in 8 KV groups and ffn 128 (tp 8), vocab 256 (parity's
+    megatron-core counts padded rows in its loss: a multiple of 128); with a word-level tokenizer."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=8,
-                                      num_hidden_layers=8, intermediate_size=128, vocab_size=250,
+                                      num_hidden_layers=12, intermediate_size=128, vocab_size=256,
                                       max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
     transformers.LlamaForCausalLM(config).save_pretrained(path)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, 250)}}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, 256)}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
