@@ -15,7 +15,9 @@ On disk (accelerate utils/fsdp_utils.py `save_fsdp_model` / `save_fsdp_optimizer
 torchtitan (`--dcp-layout torchtitan`): its `step-N/` folder, the model's own names at the top level
 (`tok_embeddings`, `layers.N.attention.qkv_linear.wq`, ...: `mappings/torchtitan_names.py`) beside
 `optimizer.*`, `lr_scheduler`, `dataloader`, `train_state` (torchtitan components/checkpointer/dcp.py);
-q / k stored for interleaved rope.  No description is stored: config.json beside, or --model-config.
+q / k stored for interleaved rope; its optimizer state flattened per parameter (`optimizer.state.<name>.exp_avg`,
+`optimizer.param_groups.<name>.lr`, 0.3's fused `qkv_linear.wqkv` split as its state dict hook splits the
+weight).  No description is stored: config.json beside, or --model-config.
 
 As a target: the same layouts (`pytorch_model_fsdp_0/` of `model.<HF name>` global tensors and config.json),
 which `torch.distributed.checkpoint.load` reads into an FSDP / FSDP2 model at any data parallelism and
@@ -28,6 +30,7 @@ torch_dist folder (with metadata.json) is not this format.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +50,13 @@ from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..state import TrainingState
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
+from ..transforms import GroupedQKV
 
 OPTIM_DIR = "optimizer_0"  # accelerate: beside the model folder
+# torchtitan 0.3's attention trains one fused `qkv_linear.wqkv` ([q heads; k; v] per KV head: models/common/
+# attention.py `_split_qkv_on_save`) that its state dict hook splits into wq / wk / wv: the optimizer state is the
+# fused parameter's
+FUSED_QKV = re.compile(r"(.*\.qkv_linear\.)w([qkv])\.(weight|bias)")
 OPTIM_PREFIX = "optimizer.state."
 EMBEDDING = "embed.word.weight"
 
@@ -154,10 +162,30 @@ class Reader(BaseReader):
         moments: tuple[str, ...] = ()
         state: dict = {}
         optim_dir = base / OPTIM_DIR
+        self.fused_qkv: dict[str, tuple[str, int]] = {}  # torchtitan: wq/wk/wv -> (its fused wqkv, part)
         if self.layout.table is not None:
-            if any(k.startswith("optimizer.") for k in self.model.keys()):
-                notes.append("optimizer state not converted (torchtitan's flattened optimizer state is not read); "
-                             "weights converted")
+            held = {k[len(OPTIM_PREFIX):] for k in self.model.keys() if k.startswith(OPTIM_PREFIX)}
+            if held:
+                self.optim = self.model
+                for key in keys:
+                    m = FUSED_QKV.fullmatch(key)
+                    if m and f"{m[1]}wqkv.{m[3]}.exp_avg" in held:
+                        self.fused_qkv[key] = (f"{m[1]}wqkv.{m[3]}", "qkv".index(m[2]))
+                trained = [self._param(k) for k in keys
+                           if not (self.spec.tied_embeddings and k == self.layout.tied_head)]
+                if dtype != "float32":
+                    notes.append(f"optimizer state not converted (weights are {dtype}: the fp32 masters are not "
+                                 "in the checkpoint); weights converted")
+                elif all(f"{p}.{m}" in held for p in trained for m in ("exp_avg", "exp_avg_sq")):
+                    moments = ("exp_avg", "exp_avg_sq", "fp32_param")
+                    step = self.model.read(f"{OPTIM_PREFIX}{trained[0]}.step")
+                    hyper = self._hyper(f"optimizer.param_groups.{trained[0]}")
+                    state["optimizer"] = {"type": hyper.pop("type"), "step": int(step.item()), **hyper}
+                    notes.append("converted torchtitan's optimizer state (exp_avg, exp_avg_sq, per parameter; the "
+                                 f"fp32 weights are the masters), step {state['optimizer']['step']}")
+                else:
+                    notes.append("optimizer state not converted (torchtitan's holds no Adam moments for every "
+                                 "parameter); weights converted")
         elif (optim_dir / DCP_METADATA).is_file():
             self.optim = DcpCheckpoint(optim_dir)
             held = set(self.optim.keys())
@@ -168,7 +196,8 @@ class Reader(BaseReader):
                      if not (self.spec.tied_embeddings and k == self.layout.tied_head)):
                 moments = ("exp_avg", "exp_avg_sq", "fp32_param")
                 step = self.optim.read(f"{OPTIM_PREFIX}{next(iter(keys))}.step")
-                state["optimizer"] = {"type": "adamw", "step": int(step.item()), **self._hyper()}
+                hyper = self._hyper("optimizer.param_groups.0")
+                state["optimizer"] = {"type": hyper.pop("type"), "step": int(step.item()), **hyper}
                 notes.append(f"converted the optimizer state (exp_avg, exp_avg_sq; the fp32 weights are the "
                              f"masters) from {OPTIM_DIR}/, step {state['optimizer']['step']}")
             else:
@@ -180,20 +209,31 @@ class Reader(BaseReader):
                                         rows=self.layout.rows(self.spec), tied_head=self.layout.tied_head)
         self.source = Source(self.spec, None, state, notes + self.state_names.notes)
 
-    def _hyper(self) -> dict:
-        """lr, betas, eps, weight_decay of the first param group (byte objects of the optimizer folder)."""
-        out = {}
-        for key in ("betas", "eps", "weight_decay", "lr"):
-            full = f"optimizer.param_groups.0.{key}"
+    def _hyper(self, group: str) -> dict:
+        """The update rule and lr, betas, eps, weight_decay of param group `group` (accelerate's first group;
+        torchtitan flattens one per parameter), byte objects of the optimizer's DCP folder."""
+        out = {"type": "adamw"}  # torch's AdamW, unless the group says its weight decay is not decoupled
+        for key in ("decoupled_weight_decay", "betas", "eps", "weight_decay", "lr"):
+            full = f"{group}.{key}"
             if full in self.optim.objects():
                 value = self.optim.read_object(full)
                 out[key] = list(value) if isinstance(value, (tuple, list)) else value
+        if out.pop("decoupled_weight_decay", True) is False:
+            out["type"] = "adam"
         return out
+
+    def _param(self, key: str) -> str:
+        """The optimizer's name for the parameter holding `key` (torchtitan 0.3 trains q, k, v fused)."""
+        return self.fused_qkv[key][0] if key in self.fused_qkv else key
 
     def _fetch(self, kind: str, key: str) -> torch.Tensor:
         if kind in ("", "fp32_param"):
             return self.model.read(self.layout.prefix + key)
-        return self.optim.read(f"{OPTIM_PREFIX}{key}.{kind}")
+        if key not in self.fused_qkv:
+            return self.optim.read(f"{OPTIM_PREFIX}{key}.{kind}")
+        fused, part = self.fused_qkv[key]
+        qkv = [self.model.meta(self.layout.prefix + FUSED_QKV.sub(rf"\1w{p}.\3", key))[1] for p in "qkv"]
+        return GroupedQKV(qkv, 0, self.spec.kv_groups).split(self.optim.read(f"{OPTIM_PREFIX}{fused}.{kind}"))[part]
 
     def metas(self):
         return self.state_names.metas(lambda key: self.model.meta(self.layout.prefix + key)[0])
