@@ -3,9 +3,11 @@
 `dcp.load` + `set_optimizer_state_dict` (as accelerate's load_fsdp_optimizer does) and resumes from.
 
 Sources: FSDP2's own checkpoint (tests/fixtures/fsdp_dcp, written by scripts/make_fsdp_dcp_fixtures.py), the
-same after a trip through Megatron (tp 2), and the HF Trainer's DeepSpeed ZeRO-2 (tied, tests/fixtures/deepspeed_zero).
+same after a trip through Megatron (tp 2), the HF Trainer's DeepSpeed ZeRO-2 (tied, tests/fixtures/deepspeed_zero)
+and torchtitan 0.3.0's own save (tests/fixtures/torchtitan).
 """
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from interop.params import TensorKey
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 FSDP2 = FIXTURES / "fsdp_dcp"
 ZERO2 = FIXTURES / "deepspeed_zero" / "z2_fp32" / "checkpoint-2"
+TITAN = FIXTURES / "torchtitan"  # torchtitan 0.3.0's own save (scripts/make_torchtitan_fixture.py)
 HYPER = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay")
 
 
@@ -45,11 +48,16 @@ def resumed(tmp_path_factory):
     run("convert", FSDP2, tmp / "meg", "--to", "megatron", "--tp", "2")
     notes["megatron"] = run("convert", tmp / "meg", tmp / "megatron", "--to", "dcp")
     notes["zero2"] = run("convert", ZERO2, tmp / "zero2", "--to", "dcp")
+    notes["titan"] = run("convert", TITAN / "step-2", tmp / "titan", "--to", "dcp", "--model-config",
+                         TITAN / "config.json")
     folders = {"fsdp2": FSDP2, "direct": tmp / "direct", "megatron": tmp / "megatron", "zero2": tmp / "zero2",
-               "trainer": f"{tmp / 'direct'}#trainer"}
+               "trainer": f"{tmp / 'direct'}#trainer", "titan": tmp / "titan"}
     helper = Path(__file__).parents[1] / "helpers" / "fsdp2_resume.py"
+    with socket.socket() as probe:  # a free port: other test runs on this machine use theirs
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           "29693", str(helper), str(tmp / "out.pt"), *map(str, folders.values())],
+                           str(port), str(helper), str(tmp / "out.pt"), *map(str, folders.values())],
                           env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = torch.load(tmp / "out.pt", weights_only=False)
@@ -126,3 +134,23 @@ def test_hf_trainer_param_groups_load(resumed):
     assert (decay["weight_decay"], no_decay["weight_decay"], decay["lr"], no_decay["betas"]) == (
         0.01, 0.0, 0.01, (0.9, 0.95))
     assert ours["loss"] == own["loss"]
+
+
+def test_torchtitan_to_fsdp2(resumed):
+    """torchtitan's step-2 (its names, fused wqkv moments, interleaved rope) to accelerate's layout: FSDP2 holds
+    torchtitan's own HF export of the weights, and the moments, step and lr its AdamW had."""
+    from safetensors.torch import load_file
+    from interop.converters import dcp
+    got, _, _ = resumed
+    ours = got["titan"]
+    expected = load_file(TITAN / "expected_hf.safetensors")
+    assert set(ours["model"]) == set(expected) and all(torch.equal(ours["model"][k], expected[k]) for k in expected)
+    reader = dcp.Reader(TITAN / "step-2", model_config=TITAN / "config.json")
+    for i in range(2):
+        for hf, canonical in (("self_attn.q_proj", "attn.q"), ("self_attn.k_proj", "attn.k"),
+                              ("self_attn.v_proj", "attn.v"), ("mlp.down_proj", "mlp.down")):
+            for kind in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(moments(ours)[(f"model.layers.{i}.{hf}.weight", kind)],
+                                   reader.read(f"optim.{kind}.layers.{i}.{canonical}.weight")), (i, hf, kind)
+    assert moments(ours)[("lm_head.weight", "step")].item() == 2.0
+    assert ours["optimizer"]["param_groups"][0]["lr"] == 0.01 * 8 / 9
