@@ -107,6 +107,7 @@ class BaseWriter(abc.ABC):
     options: tuple[str, ...] = ()  # the format keywords __init__ takes (`--max-shard-size`, ...)
     holds_moe = False  # whether it can hold a mixture-of-experts model
     splits = False  # whether it takes `only=` and finishes in two halves (`--workers`)
+    holds_adapter = False  # whether it can hold a LoRA adapter (`interop.adapter`): __init__ then takes `adapter=`
     units: tuple = ()  # the target files a conversion split over processes divides, stage by stage
     notes: tuple = ()  # what it could not write, and why (read after finishing; a list in most writers)
 
