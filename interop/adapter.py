@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import InteropError
-from .params import Param, param_table
+from .params import Param, param_index, param_table
 from .spec import ModelSpec
 
 LORA_A, LORA_B = "lora_a", "lora_b"
@@ -175,8 +175,71 @@ class AdapterSpec:
             raise InteropError(f"{prefix}{exc}") from None
 
 
+def tensor_index(spec: ModelSpec, adapter: AdapterSpec | None = None) -> dict[str, Param]:
+    """The parameters a checkpoint holds: the model's, or (`adapter`) that LoRA adapter's on base model `spec`."""
+    return param_index(spec) if adapter is None else adapter.index(spec)
+
+
 def merged(weight, a, b, scaling: float, dtype=None):
     """W + scaling * B A computed in fp32 and cast once (to `dtype`, default W's)."""
     import torch
     out = torch.addmm(weight.float(), b.float(), a.float(), alpha=scaling)
     return out.to(dtype or weight.dtype)
+
+
+# ---------------------------------------------------------------- a format's adapter names, from its weight names
+
+@dataclass(frozen=True)
+class LoraNames:
+    """How a format names the A and B of the weight it stores as `<stem>.weight`: `prefix + stem + a`
+    (PEFT: `base_model.model.` + stem + `.lora_A.weight`; Megatron-Bridge: stem + `.adapter.linear_in.weight`)."""
+
+    a: str
+    b: str
+    prefix: str = ""
+
+    def of(self, key: str) -> tuple[str, str] | None:
+        """The native names of A and B for a weight stored under `key` (None: `key` is not a `.weight`)."""
+        if not key.endswith(WEIGHT):
+            return None
+        stem = self.prefix + key[:-len(WEIGHT)]
+        return stem + self.a, stem + self.b
+
+
+def _b_layouts():
+    from .transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Transpose
+    # B's rows are the weight's output rows, so B is stored as the weight's rows are; a weight stored transposed
+    # (GPT2's Conv1D) still has a Linear B (PEFT fan_in_fan_out transposes only the delta)
+    return {Copy: Copy, PlainConcat: PlainConcat, GatedMLP: GatedMLP, GroupedQKV: GroupedQKV, Interleave: Interleave,
+            Transpose: PlainConcat}
+
+
+def adapter_table(table, names: LoraNames) -> list[tuple]:
+    """A format's weight name table -> its LoRA name table: per weight row (key, transform, parts) whose layout
+    a LoRA can follow, an A row (one part: `Copy`; a fused weight: `SharedInput`, one A for all parts) and a B
+    row (the weight's row layout).  Rows are expanded for an adapter with `adapter_rows`."""
+    from .transforms import Copy, SharedInput
+    layouts, out = _b_layouts(), []
+    for key, transform, parts in table:
+        native = names.of(key)
+        if native is None or transform not in layouts or not all(p.endswith(WEIGHT) for p in parts):
+            continue
+        out.append((native[0], SharedInput if len(parts) > 1 else Copy, [lora_names(p)[0] for p in parts]))
+        out.append((native[1], layouts[transform], [lora_names(p)[1] for p in parts]))
+    return out
+
+
+def adapter_rows(table, names: LoraNames, base: ModelSpec, adapter: AdapterSpec, what: str, **expand_args):
+    """The LoRA rows of format table `table` for `adapter` on `base` (`interop.rows.expand`'s keywords pass
+    through); every adapter tensor must have a row, else one line naming the first (a fused target whose parts
+    the adapter does not all adapt: q alone where the format fuses q, k and v)."""
+    from .rows import expand
+    rows = expand(adapter_table(table, names), base, present=adapter.index(base), **expand_args)
+    if "layers" not in expand_args:
+        held = {n for row in rows for n in row.parts}
+        for name in adapter.index(base):
+            if name not in held:
+                raise InteropError(f"{what} has no place for LoRA tensor {name}: it stores one adapter for a fused "
+                                   "weight, so the adapter must adapt all of that weight's parts (q, k and v; "
+                                   "gate and up)")
+    return rows

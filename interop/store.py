@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .adapter import AdapterSpec
+from .adapter import AdapterSpec, tensor_index
 from .contract import BaseReader, BaseWriter
 from .errors import InteropError
 from .io.small_files import read_json
@@ -33,7 +33,7 @@ from .io.paths import inside
 from .layout import ParallelLayout
 from .manifest import FORMAT, VERSION, check_files_exist, check_manifest
 from .memory import BufferPool
-from .params import TensorKey, base_param_name, param_index
+from .params import TensorKey, base_param_name
 from .shards import Box, assemble, shard_box
 from .spec import ModelSpec, padded_to_tp
 from .tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
@@ -176,11 +176,6 @@ class StoreReader(BaseReader):
 def file_name(kind: str, tp_rank: int, pp_rank: int, ep_rank: int | None = None) -> str:
     ep = "" if ep_rank is None else f"-ep{ep_rank:02d}"
     return f"{kind}-tp{tp_rank:02d}-pp{pp_rank:02d}{ep}.safetensors"
-
-
-def tensor_index(spec: ModelSpec, adapter: AdapterSpec | None = None) -> dict:
-    """The parameters a store holds: the model's, or a LoRA adapter's on that base model."""
-    return param_index(spec) if adapter is None else adapter.index(spec)
 
 
 def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], adapter: AdapterSpec | None = None):
