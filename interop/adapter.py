@@ -126,7 +126,7 @@ class AdapterSpec:
 
     def check_base(self, base: ModelSpec, where: str = "") -> None:
         """One line naming the first target (or layer) the base model does not have."""
-        found = {target_of(p.name) for p in param_table(base)} - {None}
+        found = {target_of(p.name) for p in param_table(base) if len(p.shape) == 2} - {None}  # linear weights
         targets, layers = {t for _, t in found}, {i for i, _ in found}
         for t in self.targets:
             if t not in targets:

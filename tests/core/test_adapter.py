@@ -126,3 +126,33 @@ def test_a_store_missing_an_adapter_tensor_is_refused(tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(InteropError, match="target module attn.qq is not in the base model"):
         StoreReader(tmp_path / "a", verify=False)
+
+
+def test_shared_input_one_a_for_a_fused_weight():
+    from interop.transforms import SharedInput
+    t = SharedInput([(4, 32)] * 3, None)
+    a = torch.randn(4, 32)
+    assert torch.equal(t.fuse([a, a.clone(), a.clone()]), a)
+    assert all(torch.equal(x, a) for x in t.split(a))
+    assert t.rank_shape(1, 2) == (4, 32) and torch.equal(t.to_rank([a] * 3, 1, 2), a)  # replicated
+    with pytest.raises(InteropError, match="LoRA A of part 2 differs"):
+        t.fuse([a, a, a + 1])
+    row = SharedInput([(4, 32)], 1)  # one part of a row-parallel weight: cut on columns like a Copy
+    assert torch.equal(row.to_rank([a], 1, 2), a[:, 16:])
+    assert torch.equal(row.from_ranks([a[:, :16], a[:, 16:]])[0], a)
+
+
+def test_adapter_rows_follow_the_weight_rows():
+    """Megatron's fused linear_qkv (GroupedQKV) gives one shared A and a grouped B; q alone has no place there."""
+    from interop.adapter import LoraNames, adapter_rows
+    from interop.mappings.megatron_names import MCORE
+    from interop.transforms import GroupedQKV, SharedInput
+    names = LoraNames(".adapter.linear_in.weight", ".adapter.linear_out.weight")
+    rows = adapter_rows(MCORE, names, BASE, AdapterSpec(4, 8, ("attn.q", "attn.k", "attn.v")), "Megatron")
+    by_key = {r.key: r for r in rows}
+    a = by_key["decoder.layers.0.self_attention.linear_qkv.adapter.linear_in.weight"]
+    b = by_key["decoder.layers.0.self_attention.linear_qkv.adapter.linear_out.weight"]
+    assert isinstance(a.transform, SharedInput) and isinstance(b.transform, GroupedQKV)
+    assert b.transform.rank_shape(0, 2) == (32, 4) and a.transform.rank_shape(0, 2) == (4, 32)
+    with pytest.raises(InteropError, match="no place for LoRA tensor layers.0.attn.q.lora_a"):
+        adapter_rows(MCORE, names, BASE, AdapterSpec(4, 8, ("attn.q",)), "Megatron")
