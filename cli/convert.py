@@ -52,6 +52,11 @@ def format_options(command: str):
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
               help="Cast the weights (optimizer state keeps its dtype); fp8: block-scaled FP8 projections (hf).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
+@click.option("--base", type=click.Path(), help="A LoRA adapter source's base model checkpoint (a PEFT adapter "
+              "needs it; default: the base the adapter names, when that is a folder here).")
+@click.option("--adapter", type=click.Path(), help="A LoRA adapter (PEFT folder or interop adapter) to merge into "
+              "SRC's weights (with --merge).")
+@click.option("--merge", is_flag=True, help="Write SRC with --adapter merged in: W + alpha/r B A in fp32, cast once.")
 @format_options("convert")
 @click.option("--verify", "then_verify", is_flag=True,
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
@@ -60,7 +65,7 @@ def format_options(command: str):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_layers, last_stage_layers, dtype, force,
-            then_verify, workers, quiet, **options):
+            base, adapter, merge, then_verify, workers, quiet, **options):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     The options from --tokenizer to --src-qkv-bias-layout are the formats' own (each format declares
@@ -71,13 +76,16 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
       interop convert ./llama-hf ./llama-tp2pp2 --from hf --to interop --tp 2 --pp 2
       interop convert ./llama-tp2pp2 ./llama-hf-again --to hf
       interop convert ./llama-hf ./llama-mf --to mindspore --dialect mindformers --qkv-concat
+      interop convert ./lora-peft ./lora-tp2 --base ./llama-hf --to interop --tp 2
+      interop convert ./llama-hf ./llama-merged --adapter ./lora-peft --merge --to hf
     """
     from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                              dtype=dtype, force=force, progress=bar, workers=workers, options=options)
+                              dtype=dtype, force=force, progress=bar, workers=workers, base=base, adapter=adapter,
+                              merge=merge, options=options)
     finally:
         bar.close()
     click.echo("\n".join(summary.lines(verbose=VERBOSE["level"] > 0)))

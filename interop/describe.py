@@ -123,12 +123,15 @@ def _describe_store(root: Path) -> Description:
     from .manifest import check_files_exist, check_manifest
     manifest_path = root / MANIFEST
     manifest = read_json(manifest_path, "manifest", MANIFEST_LIMIT)
-    spec, layout = check_manifest(root, manifest, manifest_path)
+    spec, layout, adapter = check_manifest(root, manifest, manifest_path)
     check_files_exist(root, manifest["files"], manifest_path)
+    notes = [] if adapter is None else [
+        f"a LoRA adapter (rank {adapter.rank}, alpha {adapter.alpha}, targets {', '.join(adapter.targets)}) "
+        "on the model described"]
     tensors = [TensorInfo(name, list(t["shape"]), t["dtype"], _numel(t["shape"]) * ITEMSIZE[t["dtype"]])
                for name, t in manifest["tensors"].items()]
     return Description(str(root), "interop", spec.to_dict(), layout.tp, layout.pp, layout.vpp, layout.describe(),
-                       state=manifest.get("state") or {}, tensors=tensors, ep=layout.ep)
+                       state=manifest.get("state") or {}, notes=notes, tensors=tensors, ep=layout.ep)
 
 
 def _numel(shape) -> int:
