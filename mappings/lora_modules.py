@@ -23,6 +23,9 @@ HF = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
 MINDFORMERS = {"linear_qkv": ("linear_qkv",), "linear_proj": ("linear_proj",), "linear_fc1": ("linear_fc1",),
                "linear_fc2": ("linear_fc2",)}
 MODULES = tuple(HF)  # the Megatron-core modules, in model order
+# ... and the canonical modules (`interop.adapter` targets) each is; a model without a gate has linear_fc1 = mlp.up
+CANONICAL = {"linear_qkv": ("attn.q", "attn.k", "attn.v"), "linear_proj": ("attn.o",),
+             "linear_fc1": ("mlp.gate", "mlp.up"), "linear_fc2": ("mlp.down",)}
 
 # Other spellings of the same modules, read (never written).
 MEGATRON_ALIASES = {"query_key_value": "linear_qkv", "dense": "linear_proj", "dense_h_to_4h": "linear_fc1",
