@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import shutil
 import sys
@@ -169,7 +170,7 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
                 None if adapter_start is None else str(adapter_start))
 
 
-def _lora_flags(cfg: TrainConfig, spec: ModelSpec) -> AdapterSpec | None:
+def lora_flags(cfg: TrainConfig, spec: ModelSpec) -> AdapterSpec | None:
     """The adapter --lora-rank / --lora-alpha / --lora-targets / --lora-dropout describe (None: not given); rank,
     alpha and targets are all required, never defaulted."""
     given = {"--lora-rank": cfg.lora_rank, "--lora-alpha": cfg.lora_alpha, "--lora-targets": cfg.lora_targets}
@@ -185,7 +186,7 @@ def _lora_flags(cfg: TrainConfig, spec: ModelSpec) -> AdapterSpec | None:
 def _adapter(cfg: TrainConfig, spec: ModelSpec, layout: ParallelLayout, resumed_from, resumed_reader, fresh):
     """(adapter, the common-format adapter it starts from) of a LoRA run, or (None, None): resumed, given with
     --adapter, or fresh from the --lora-* flags (drawn from --seed into the run's scratch directory)."""
-    flags = _lora_flags(cfg, spec)
+    flags = lora_flags(cfg, spec)
     if resumed_reader is not None or cfg.adapter:
         if resumed_reader is None:
             resumed_reader = open_checkpoint(cfg.adapter, "adapter")
@@ -235,6 +236,11 @@ def describe_plan(plan: Plan) -> list[str]:
              f"{params / 1e6:.2f}M parameters ({'bf16 autocast' if cfg.bf16 else 'fp32'})"
              + (f"; {spec.num_experts} experts, top-{spec.moe_topk}" if spec.is_moe else ""),
              f"layout: {plan.layout.describe()} dp={cfg.dp}, {plan.world} process(es)"]
+    if plan.adapter is not None:
+        lora = plan.adapter
+        trained = sum(math.prod(p.shape) for p in lora.params(spec))
+        lines.append(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(lora.targets)}: {trained:,} trained "
+                     f"parameters, the base frozen; from {plan.adapter_start}")
     if plan.resumed:
         trainer = {}
         try:
