@@ -104,3 +104,18 @@ def test_bad_lora_input_is_one_line(base, tmp_path):
         gpt2 = dict(LLAMA, activation="gelu")
         gpt2_base = init_checkpoint(read_spec(write_spec(tmp_path / "g.yaml", gpt2)), tmp_path / "g", seed=1)
         prepare(TrainConfig(load=str(gpt2_base), lora_rank=2, lora_alpha=2, lora_targets="attn.q,mlp.gate"))
+
+
+def test_a_mindspeed_llm_script_or_a_peft_config_configures_the_lora_run(tmp_path):
+    """--config reads LoRA settings through map-args: MindSpeed-LLM's flags (its defaults r 16, alpha 32 where
+    --lora-target-modules is given alone), a PEFT adapter_config.json."""
+    from interop.trainer.config import load_config
+    script = tmp_path / "finetune.sh"
+    script.write_text("python posttrain_gpt.py --lora-target-modules linear_qkv linear_fc2 --lora-alpha 8 --lr 1e-4\n")
+    cfg = load_config(script)
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lr) == (16, 8.0, "linear_qkv,linear_fc2", 1e-4)
+    peft_config = tmp_path / "adapter_config.json"
+    peft_config.write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+                                       "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}))
+    cfg = load_config(peft_config)
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) == (4, 8.0, "linear_qkv,linear_proj")
