@@ -179,6 +179,7 @@ def _weight_key(key: str) -> str | None:
 class Writer(BaseWriter):
     """A LoRA adapter as MindSpeed-LLM's rank files hold it (adapter only, args with its lora_* settings)."""
 
+    options = ("iteration",)
     holds_adapter = True
     padded_vocab = staticmethod(padded_vocab)
 
