@@ -116,7 +116,7 @@ class Reader(BaseReader):
             for key in models[(0, p)]:
                 if key.endswith("_extra_state"):
                     continue
-                module = _weight_key(key)
+                module = LORA_NAMES.weight_key(key)
                 if module is None or module not in weights:
                     raise InteropError(f"{ranks.files[(0, p)].path}: {key} is not a LoRA tensor of a megatron-core "
                                        f"linear weight of this model")
@@ -167,13 +167,6 @@ class Reader(BaseReader):
 
     def native_name(self, name: str) -> str | None:
         return self.part_of[name][0].key
-
-
-def _weight_key(key: str) -> str | None:
-    for suffix in (LORA_NAMES.a, LORA_NAMES.b):
-        if key.endswith(suffix):
-            return key[:-len(suffix)] + ".weight"
-    return None
 
 
 class Writer(BaseWriter):
