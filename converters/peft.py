@@ -36,14 +36,6 @@ def _table(base: ModelSpec) -> list:
     return TABLES[hf_table(base)]
 
 
-def _module_of(key: str, names: LoraNames) -> str | None:
-    """`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` -> `model.layers.0.self_attn.q_proj.weight`."""
-    for suffix in (names.a, names.b):
-        if key.startswith(names.prefix) and key.endswith(suffix):
-            return key[len(names.prefix):-len(suffix)] + ".weight"
-    return None
-
-
 class Reader(BaseReader):
     """A PEFT LoRA adapter as canonical `lora_a` / `lora_b` tensors of base model `base`."""
 
@@ -71,7 +63,7 @@ class Reader(BaseReader):
         keys = set(self.file.keys())
         modules = {}
         for key in sorted(keys):
-            module = _module_of(key, LORA_NAMES)
+            module = LORA_NAMES.weight_key(key)
             if module is None:
                 raise InteropError(f"{root / WEIGHTS}: {key} is not a LoRA A or B under peft's names "
                                    f"({LORA_NAMES.prefix}<module>{LORA_NAMES.a})")
@@ -180,6 +172,6 @@ class Writer(BaseWriter):
         return {WEIGHTS: {"bytes": nbytes, "crc32": crc}}
 
     def finish_global(self, state: dict | None, results: dict) -> None:
-        modules = sorted({_module_of(row.key, LORA_NAMES)[:-len(".weight")].rsplit(".", 1)[-1] for row in self.rows})
+        modules = sorted({LORA_NAMES.weight_key(row.key)[:-len(".weight")].rsplit(".", 1)[-1] for row in self.rows})
         config = config_of(self.adapter, modules, self.fan_in_fan_out)
         (self.root / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))

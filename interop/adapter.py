@@ -205,6 +205,15 @@ class LoraNames:
         stem = self.prefix + key[:-len(WEIGHT)]
         return stem + self.a, stem + self.b
 
+    def weight_key(self, native: str) -> str | None:
+        """The inverse of `of`: the key of the weight a native A or B name adapts (None: not such a name)."""
+        if not native.startswith(self.prefix):
+            return None
+        for suffix in (self.a, self.b):
+            if native.endswith(suffix):
+                return native[len(self.prefix):-len(suffix)] + WEIGHT
+        return None
+
 
 def _b_layouts():
     from .transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Transpose

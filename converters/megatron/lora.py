@@ -1,0 +1,222 @@
+"""Megatron LoRA adapters in the `torch` format, as MindSpeed-LLM saves them (`--lora-r`, `--lora-alpha`,
+`--lora-target-modules`, `--lora-ckpt-filter`: the rank files' `model` holds the adapter only).
+
+MindSpeed-LLM wraps megatron-core's parallel linears with peft's `LoraParallelLinear` (peft/tuners/lora/
+tp_layer.py), so each adapted module `M` of a megatron-core state dict gains `M.lora_A.default.weight` and
+`M.lora_B.default.weight`, cut over tensor parallelism exactly as the common format cuts them: a column-parallel
+M (linear_qkv, linear_fc1) has A as an `nn.Linear` (whole on every rank) and B a ColumnParallelLinear (rows cut,
+in M's fused row order: grouped q/k/v, [gate_t; up_t]); a row-parallel M (linear_proj, linear_fc2) has A a
+RowParallelLinear (columns cut) and B an `nn.Linear`.  MindSpeed-LLM's own converter reads them so
+(mindspeed_llm/tasks/checkpoint/convert_mg2hf.py `set_model_layer_mlp_lora`: fc1 A from tp rank 0, fc1 B
+gathered and split into gate and up, fc2 A gathered over tp, fc2 B from tp rank 0; gate and up get the same A).
+
+The rows are the megatron-core weight table's (`mappings/megatron_names.py` MCORE) through
+`interop.adapter.adapter_table`; the base model's description is the args (with `lora_r`, `lora_alpha`,
+`lora_dropout`, `lora_target_modules`, MindSpeed-LLM's spellings).
+"""
+from __future__ import annotations
+
+import argparse
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from ...adapter import AdapterSpec, adapter_rows, target_of
+from ...contract import BaseReader, BaseWriter
+from ...errors import InteropError
+from ...io.megatron_save import iteration_name, write_tracker
+from ...io.torch_file import LazyTorchFile
+from ...layout import ParallelLayout
+from ...mappings.megatron_names import LORA_ARGS, LORA_NAMES, MCORE
+from ...mappings.megatron_spec import args_from_spec, layout_from_args, spec_from_args
+from ...rows import RowCollector, expand
+from ...spec import ModelSpec
+from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
+from .args import args_dict, check_args, padded_vocab
+from .checkpoint import CHECKPOINT_VERSION, RANK_FILE, final_iteration, iteration_dir, rank_dir_name
+from .model_spec import model_args
+from .rank_files import RankFiles
+
+
+def _stage_rows(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayout) -> list:
+    rows = []
+    for p, chunks in enumerate(layout.stages):
+        (start, stop), = chunks
+        rows += adapter_rows(MCORE, LORA_NAMES, spec, adapter, "Megatron", layers=range(start, stop), first=start,
+                             stage=p)
+    held = {n for row in rows for n in row.parts}
+    for name in adapter.index(spec):
+        if name not in held:
+            raise InteropError(f"Megatron has no place for LoRA tensor {name}: megatron-core fuses that weight with "
+                               "others (q, k, v in linear_qkv; gate, up in linear_fc1), and the adapter must adapt "
+                               "all of its parts")
+    return rows
+
+
+def _check_layout(layout: ParallelLayout) -> None:
+    if layout.vpp > 1 or layout.ep > 1:
+        raise InteropError("Megatron LoRA adapters are written at tp and pp only (no --vpp, --ep)")
+
+
+def holds_adapter(path, iteration: int | None = None) -> bool:
+    """Whether the torch-format checkpoint at `path` is a LoRA adapter (its first rank file's model holds only
+    `lora_A` / `lora_B` tensors)."""
+    try:
+        folder, _ = iteration_dir(Path(path), iteration)
+        first = next(iter(sorted(folder.glob(f"mp_rank_*/{RANK_FILE}"))), None)
+        model = LazyTorchFile(first).obj.get("model") if first is not None else None
+    except (InteropError, OSError, AttributeError):
+        return False
+    keys = [k for k in model if not k.endswith("_extra_state")] if isinstance(model, dict) else []
+    return bool(keys) and all(k.endswith((LORA_NAMES.a, LORA_NAMES.b)) for k in keys)
+
+
+class Reader(BaseReader):
+    """A MindSpeed-LLM LoRA checkpoint (torch format, adapter only) as canonical `lora_a` / `lora_b` tensors."""
+
+    options = ("iteration", "model_config", "vocab_size")
+
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
+        self.root = Path(path)
+        self.dir, it = iteration_dir(self.root, iteration)
+        ranks = RankFiles(self.dir)
+        self.ranks, self.tp = ranks, ranks.tp
+        where = ranks.files[(0, 0)].path
+        first = ranks.files[(0, 0)].obj
+        stored = args_dict(first.get("args"))
+        check_args(stored, where)
+        notes: list[str] = []
+        full = model_args(stored, model_config, ranks, notes)
+        if vocab_size:
+            full = dict(full, vocab_size=vocab_size)
+        lora = {}
+        for ours, theirs in LORA_ARGS.items():
+            lora[ours] = (stored or {}).get(theirs)
+        for key, what in (("rank", "rank"), ("alpha", "alpha")):
+            if lora[key] is None:
+                raise InteropError(f"{where}: the args carry no {LORA_ARGS[key]} (the LoRA {what}): refused, never "
+                                   "defaulted")
+        models = {k: f.obj.get("model") for k, f in ranks.files.items()}
+        for k, model in models.items():
+            if not isinstance(model, dict):
+                raise InteropError(f"{ranks.files[k].path}: no model state dict")
+        dtype = next(v.dtype for v in models[(0, 0)].values() if isinstance(v, torch.Tensor))
+        full = dict(full, padded_vocab_size=full.get("padded_vocab_size") or full.get("vocab_size"))
+        spec = spec_from_args(full, str(where), NAME_OF_DTYPE.get(dtype, "float32"))
+        layout = layout_from_args(full, spec.num_layers)
+        if (layout.tp, layout.pp) != (ranks.tp, ranks.pp):
+            raise InteropError(f"{self.dir}: the args say tp={layout.tp} pp={layout.pp}, the rank folders "
+                               f"tp={ranks.tp} pp={ranks.pp}")
+        _check_layout(layout)
+        found = set()
+        for p, chunks in enumerate(layout.stages):
+            (start, stop), = chunks
+            weights = {row.key: row for row in expand(MCORE, spec, layers=range(start, stop), first=start)}
+            for key in models[(0, p)]:
+                if key.endswith("_extra_state"):
+                    continue
+                module = LORA_NAMES.weight_key(key)
+                if module is None or module not in weights:
+                    raise InteropError(f"{ranks.files[(0, p)].path}: {key} is not a LoRA tensor of a megatron-core "
+                                       f"linear weight of this model")
+                found |= {target_of(n) for n in weights[module].parts}
+        found.discard(None)
+        if not found:
+            raise InteropError(f"{self.dir}: the rank files hold no LoRA tensor")
+        layers = sorted({i for i, _ in found})
+        try:
+            self.adapter = AdapterSpec(lora["rank"], lora["alpha"], tuple(sorted({t for _, t in found})),
+                                       lora["dropout"] or 0.0,
+                                       None if layers == list(range(spec.num_layers)) else tuple(layers))
+        except InteropError as exc:
+            raise InteropError(f"{where}: {exc}") from None
+        self.rows = _stage_rows(spec, self.adapter, layout)
+        self.part_of = {}
+        for row in self.rows:
+            for t in range(self.tp):
+                model, path = models[(t, row.stage)], ranks.files[(t, row.stage)].path
+                if row.key not in model:
+                    raise InteropError(f"{path}: {row.key} is missing")
+                got, want = tuple(model[row.key].shape), row.transform.rank_shape(t, self.tp)
+                if got != want:
+                    raise InteropError(f"{path}: {row.key} has shape {list(got)}; the args' model and "
+                                       f"{LORA_ARGS['rank']}={self.adapter.rank} need {list(want)} at tp={self.tp}")
+            for i, n in enumerate(row.parts):
+                self.part_of[n] = (row, i)
+        extra = {k for p in range(ranks.pp) for k in models[(0, p)] if not k.endswith("_extra_state")} - \
+            {row.key for row in self.rows}
+        if extra:
+            raise InteropError(f"{self.dir}: {sorted(extra)[0]} is not a tensor of this adapter")
+        self.models = models
+        self.source = Source(spec, layout, {"iteration": first.get("iteration") if isinstance(
+            first.get("iteration"), int) else it}, notes, adapter=self.adapter)
+        self._cached: tuple | None = None
+
+    def metas(self) -> list[TensorMeta]:
+        return [TensorMeta(p.name, self.models[(0, self.part_of[p.name][0].stage)][self.part_of[p.name][0].key].dtype,
+                           p.shape) for p in self.adapter.params(self.source.spec)]
+
+    def read(self, name: str) -> torch.Tensor:
+        row, i = self.part_of[name]
+        if self._cached is None or self._cached[0] is not row:
+            shards = [self.ranks.files[(t, row.stage)].read(self.models[(t, row.stage)][row.key])
+                      for t in range(self.tp)]
+            self._cached = (row, row.transform.from_ranks(shards))
+        return self._cached[1][i]
+
+    def native_name(self, name: str) -> str | None:
+        return self.part_of[name][0].key
+
+
+class Writer(BaseWriter):
+    """A LoRA adapter as MindSpeed-LLM's rank files hold it (adapter only, args with its lora_* settings)."""
+
+    options = ("iteration",)
+    holds_adapter = True
+    padded_vocab = staticmethod(padded_vocab)
+
+    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], adapter: AdapterSpec,
+                 iteration: int | None = None):
+        _check_layout(layout)
+        spec.check_tp(layout.tp)
+        self.root, self.spec, self.layout, self.adapter, self.iteration = Path(root), spec, layout, adapter, iteration
+        self.rows = _stage_rows(spec, adapter, layout)
+        self.row_of = {n: row for row in self.rows for n in row.parts}
+        self.collector = RowCollector()
+        self.models = {(t, p): OrderedDict() for t, p in layout.ranks()}
+        self.notes = []
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        row = self.row_of[name]
+        parts = self.collector.add(row.key, row.parts, name, tensor)
+        if parts is None:
+            return
+        for t in range(self.layout.tp):
+            try:
+                self.models[(t, row.stage)][row.key] = row.transform.to_rank(parts, t, self.layout.tp).clone()
+            except InteropError as exc:
+                raise InteropError(f"Megatron {row.key}: {exc} ({', '.join(row.parts)}): megatron-core's fused "
+                                   "linear holds one LoRA A for them all, so this adapter has no exact Megatron form; "
+                                   "merge it into the base instead (interop convert BASE DST --adapter ADAPTER "
+                                   "--merge --to megatron)") from None
+
+    def finish_units(self, state: dict | None = None) -> dict:
+        self.collector.check_done("Megatron LoRA adapter: ")
+        iteration = final_iteration(self.iteration, state or {})
+        args = args_from_spec(self.spec, self.layout)
+        modules = sorted({row.key.split(".")[-4] for row in self.rows})  # linear_qkv, linear_proj, ...
+        args |= {LORA_ARGS["rank"]: self.adapter.rank, LORA_ARGS["alpha"]: self.adapter.alpha,
+                 LORA_ARGS["dropout"]: self.adapter.dropout, "lora_target_modules": modules,
+                 "iteration": 0 if iteration == "release" else iteration}
+        folder = self.root / iteration_name(iteration)
+        for (t, p), model in self.models.items():
+            path = folder / rank_dir_name(t, p, self.layout.pp) / RANK_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"args": argparse.Namespace(**args), "checkpoint_version": CHECKPOINT_VERSION,
+                        "iteration": args["iteration"], "model": model}, path)
+        self._iteration = iteration
+        return {}
+
+    def finish_global(self, state: dict | None, results: dict) -> None:
+        write_tracker(self.root, self._iteration)
