@@ -20,6 +20,7 @@ from ..errors import InteropError
 from ..hf_named import hf_rows, hf_table
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
+from ..params import TensorKey
 from ..mappings.hf_names import TABLES
 from ..mappings.peft_names import CONFIG, LORA_NAMES, REFUSED, WEIGHTS, config_of
 from ..rows import RowCollector
@@ -151,9 +152,13 @@ class Writer(BaseWriter):
                                   if any(adapter.adapts(p) for p in row.parts))  # GPT2's Conv1D
         self.collector = RowCollector()
         self.stored: dict[str, torch.Tensor] = {}
-        self.notes = []
+        optim = sorted({key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim})
+        self.notes = [f"optimizer state ({', '.join(optim)}) not written: a PEFT adapter holds weights only"] \
+            if optim else []
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if TensorKey.parse(name).is_optim:  # a trained adapter's AdamW moments (noted above)
+            return
         row = self.row_of[name]
         parts = self.collector.add(row.key, row.parts, name, tensor)
         if parts is not None:

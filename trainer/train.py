@@ -239,8 +239,9 @@ def describe_plan(plan: Plan) -> list[str]:
     if plan.adapter is not None:
         lora = plan.adapter
         trained = sum(math.prod(p.shape) for p in lora.params(spec))
+        fresh = plan.fresh_dir is not None and str(plan.adapter_start).startswith(plan.fresh_dir)
         lines.append(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(lora.targets)}: {trained:,} trained "
-                     f"parameters, the base frozen; from {plan.adapter_start}")
+                     f"parameters, the base frozen; adapter {f'fresh (seed {cfg.seed})' if fresh else plan.adapter_start}")
     if plan.resumed:
         trainer = {}
         try:
@@ -250,7 +251,7 @@ def describe_plan(plan: Plan) -> list[str]:
         was = f"tp={trainer.get('tp')} pp={trainer.get('pp')} dp={trainer.get('dp')}" if trainer else "an unknown layout"
         was += f" ep={trainer['ep']}" if trainer.get("ep", 1) > 1 else ""
         lines.append(f"start: resumed from step {plan.start_step} at {was} ({plan.start}), continuing at {layout}")
-    elif plan.fresh_dir:
+    elif plan.fresh_dir and cfg.init_spec:
         lines.append(f"start: fresh random weights for {cfg.init_spec} (seed {cfg.seed})")
     else:
         lines.append(f"start: weights of {plan.start}")

@@ -89,6 +89,24 @@ def test_lora_saves_the_adapter_alone_and_resumes_at_another_layout(base, tmp_pa
     json.loads((tmp_path / "run" / "step_000006" / "interop.json").read_text())["adapter"]  # saved as an adapter
 
 
+def test_a_trained_adapter_exports_to_peft_with_its_moments_noted(base, tmp_path):
+    """The trainer's checkpoint (adapter + AdamW moments) converts to PEFT's files (the moments noted, not
+    written) and PEFT's own loader takes them onto transformers' model of the base, weights equal."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from interop.convert import convert
+    train(TrainConfig(load=str(base), steps=2, save=str(tmp_path / "run"), **RUN, lora_rank=2, lora_alpha=4.0,
+                      lora_targets="attn.q,attn.v"))
+    summary = convert(tmp_path / "run" / "step_000002", tmp_path / "peft", dst_format="peft")
+    assert any("optimizer state (exp_avg, exp_avg_sq) not written" in n for n in summary.notes)
+    convert(base, tmp_path / "hf", dst_format="hf")
+    model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf"),
+                                           tmp_path / "peft")
+    trained = StoreReader(tmp_path / "run" / "step_000002").read("layers.1.attn.v.lora_b")
+    loaded = model.base_model.model.model.layers[1].self_attn.v_proj.lora_B["default"].weight
+    assert trained.abs().sum() > 0 and torch.equal(loaded.detach(), trained)
+
+
 def test_bad_lora_input_is_one_line(base, tmp_path):
     with pytest.raises(InteropError, match="--lora-alpha"):
         prepare(TrainConfig(load=str(base), lora_rank=4, lora_targets="attn.q"))  # alpha never defaulted
