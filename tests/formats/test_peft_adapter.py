@@ -204,8 +204,8 @@ def test_an_adapter_for_another_base_names_the_first_mismatch(llama, tmp_path):
     assert_refused(cli("convert", lora, tmp_path / "out", "--to", "interop"), tmp_path / "out", "--base BASE")
     assert_refused(cli("convert", base, tmp_path / "out", "--adapter", lora, "--to", "hf"), tmp_path / "out",
                    "needs --merge")
-    assert_refused(cli("convert", lora, tmp_path / "out", "--base", base, "--to", "mindspore"), tmp_path / "out",
-                   "cannot hold a LoRA adapter")
+    assert_refused(cli("convert", lora, tmp_path / "out", "--base", base, "--to", "dcp"), tmp_path / "out",
+                   "cannot hold a LoRA adapter yet (interop, megatron, mindspore, peft can)")
 
 
 def test_a_store_adapter_on_another_base_is_refused_at_merge(llama, tmp_path):
@@ -215,3 +215,11 @@ def test_a_store_adapter_on_another_base_is_refused_at_merge(llama, tmp_path):
     build("gpt2").save_pretrained(gpt2)
     assert_refused(cli("convert", gpt2, tmp_path / "out", "--adapter", tmp_path / "i", "--merge", "--to", "hf"),
                    tmp_path / "out", "LoRA target module mlp.gate is not in the base model")
+
+
+def test_inspect_describes_a_peft_adapter_on_its_base(llama):
+    base, lora = llama
+    code, err, out = cli("inspect", lora, "--base", base, "--no-tensors")
+    assert code == 0, err
+    assert "peft checkpoint" in out and "a LoRA adapter (rank 4, alpha 8, targets attn.k" in out and "84 tensors" in out
+    assert_refused(cli("inspect", lora), None, "--base BASE")
