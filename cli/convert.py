@@ -96,7 +96,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
         try:
             result = verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
                             model_config=options.get("model_config"), iteration=options.get("iteration"),
-                            log=progress_line)
+                            log=progress_line, adapter=adapter if merge else None)
         except InteropError as exc:  # the conversion is done and stays; its check failed: exit 1, as a FAIL does
             click.echo(f"error: verification failed: {exc}; the converted output is kept at {dst} "
                        "(delete it, or convert again with --force)", err=True)

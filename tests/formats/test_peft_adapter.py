@@ -223,3 +223,19 @@ def test_inspect_describes_a_peft_adapter_on_its_base(llama):
     assert code == 0, err
     assert "peft checkpoint" in out and "a LoRA adapter (rank 4, alpha 8, targets attn.k" in out and "84 tensors" in out
     assert_refused(cli("inspect", lora), None, "--base BASE")
+
+
+def test_verify_shows_the_merge_equals_base_plus_adapter(llama, tmp_path):
+    """`interop verify BASE MERGED --adapter A`: the source run is base + adapter (merged in the source's copy);
+    a merge into bf16 Megatron passes within bf16's tolerance, the base alone (no merge) fails."""
+    from interop.workflows.verify import verify
+    base, lora = llama
+    convert(base, tmp_path / "m", dst_format="megatron", tp=2, adapter=lora, merge=True, dtype="bf16")
+    result = verify(base, tmp_path / "m", adapter=lora, frameworks=False)
+    assert result.ok, "\n".join(result.lines())
+    assert all(c.max_diff <= 5e-2 for c in result.checks)
+    convert(base, tmp_path / "exact", dst_format="hf", adapter=lora, merge=True)
+    result = verify(base, tmp_path / "exact", adapter=lora, frameworks=False)
+    assert result.ok and max(c.max_diff for c in result.checks) == 0.0, "\n".join(result.lines())
+    convert(base, tmp_path / "plain", dst_format="hf")
+    assert not verify(base, tmp_path / "plain", adapter=lora, frameworks=False).ok
