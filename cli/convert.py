@@ -96,7 +96,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
         try:
             result = verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
                             model_config=options.get("model_config"), iteration=options.get("iteration"),
-                            log=progress_line)
+                            log=progress_line, adapter=adapter if merge else None)
         except InteropError as exc:  # the conversion is done and stays; its check failed: exit 1, as a FAIL does
             click.echo(f"error: verification failed: {exc}; the converted output is kept at {dst} "
                        "(delete it, or convert again with --force)", err=True)
@@ -111,9 +111,11 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
 @click.option("--no-tensors", is_flag=True, help="Leave out the per-tensor table.")
 @click.option("--native", is_flag=True, help="Show each tensor's name in the checkpoint's own format next to "
               "its canonical name.")
+@click.option("--base", type=click.Path(), help="A PEFT adapter's base model checkpoint (default: the base the "
+              "adapter names, when that is a folder here).")
 @format_options("inspect")
 @user_errors
-def inspect(path, fmt, as_json, no_tensors, native, **options):
+def inspect(path, fmt, as_json, no_tensors, native, base, **options):
     """Describe a checkpoint: format, model, layout, tensors and totals.
 
     \b
@@ -121,6 +123,6 @@ def inspect(path, fmt, as_json, no_tensors, native, **options):
       interop inspect ./llama-tp2pp2
     """
     from ..describe import describe, render
-    info = describe(path, fmt, native=native, **options)
+    info = describe(path, fmt, native=native, base=base, **options)
     click.echo(json.dumps(info.to_dict(), indent=1) if as_json
                else render(info, show_tensors=not no_tensors, native=native))

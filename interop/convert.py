@@ -18,7 +18,7 @@ from . import workers as parallel
 from .atomic import atomic_directory, check_destination
 from .engine import Task, one_torch_thread, split_units, stream, write_units
 from .workers import merge_notes
-from .formats import detect_format, looks_like, reader_of, writer_of
+from .formats import base_spec_of, detect_format, looks_like, reader_of, target_names, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
@@ -270,7 +270,8 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         if lora is None:
             check_weights_on_disk(spec, src)
         elif not writer_cls.holds_adapter:
-            raise InteropError(f"a {dst_format} target cannot hold a LoRA adapter yet (peft and interop can); or merge "
+            holders = ", ".join(n for n in target_names() if writer_of(n).holds_adapter)
+            raise InteropError(f"a {dst_format} target cannot hold a LoRA adapter yet ({holders} can); or merge "
                                f"it into its base: interop convert BASE DST --adapter {src} --merge --to {dst_format}")
         else:
             writer_options = {**writer_options, "adapter": lora}
@@ -328,18 +329,6 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
                              f"on a base model of {spec.num_layers} layers, hidden {spec.hidden}")
     summary.seconds = time.perf_counter() - started
     return summary
-
-
-def base_spec_of(src, base) -> "ModelSpec":
-    """The ModelSpec of an adapter source's base model, from the base's own checkpoint (any format)."""
-    if base is None:
-        raise InteropError(f"{src}: a LoRA adapter needs its base model: give --base BASE (a checkpoint of the model "
-                           "it was trained on)")
-    reader = reader_of(detect_format(base))(base)
-    try:
-        return reader.source.spec
-    finally:
-        reader.close()
 
 
 def open_adapter(path, base_spec):

@@ -204,8 +204,8 @@ def test_an_adapter_for_another_base_names_the_first_mismatch(llama, tmp_path):
     assert_refused(cli("convert", lora, tmp_path / "out", "--to", "interop"), tmp_path / "out", "--base BASE")
     assert_refused(cli("convert", base, tmp_path / "out", "--adapter", lora, "--to", "hf"), tmp_path / "out",
                    "needs --merge")
-    assert_refused(cli("convert", lora, tmp_path / "out", "--base", base, "--to", "mindspore"), tmp_path / "out",
-                   "cannot hold a LoRA adapter")
+    assert_refused(cli("convert", lora, tmp_path / "out", "--base", base, "--to", "dcp"), tmp_path / "out",
+                   "cannot hold a LoRA adapter yet (interop, megatron, mindspore, peft can)")
 
 
 def test_a_store_adapter_on_another_base_is_refused_at_merge(llama, tmp_path):
@@ -215,3 +215,27 @@ def test_a_store_adapter_on_another_base_is_refused_at_merge(llama, tmp_path):
     build("gpt2").save_pretrained(gpt2)
     assert_refused(cli("convert", gpt2, tmp_path / "out", "--adapter", tmp_path / "i", "--merge", "--to", "hf"),
                    tmp_path / "out", "LoRA target module mlp.gate is not in the base model")
+
+
+def test_inspect_describes_a_peft_adapter_on_its_base(llama):
+    base, lora = llama
+    code, err, out = cli("inspect", lora, "--base", base, "--no-tensors")
+    assert code == 0, err
+    assert "peft checkpoint" in out and "a LoRA adapter (rank 4, alpha 8, targets attn.k" in out and "84 tensors" in out
+    assert_refused(cli("inspect", lora), None, "--base BASE")
+
+
+def test_verify_shows_the_merge_equals_base_plus_adapter(llama, tmp_path):
+    """`interop verify BASE MERGED --adapter A`: the source run is base + adapter (merged in the source's copy);
+    a merge into bf16 Megatron passes within bf16's tolerance, the base alone (no merge) fails."""
+    from interop.workflows.verify import verify
+    base, lora = llama
+    convert(base, tmp_path / "m", dst_format="megatron", tp=2, adapter=lora, merge=True, dtype="bf16")
+    result = verify(base, tmp_path / "m", adapter=lora, frameworks=False)
+    assert result.ok, "\n".join(result.lines())
+    assert all(c.max_diff <= 5e-2 for c in result.checks)
+    convert(base, tmp_path / "exact", dst_format="hf", adapter=lora, merge=True)
+    result = verify(base, tmp_path / "exact", adapter=lora, frameworks=False)
+    assert result.ok and max(c.max_diff for c in result.checks) == 0.0, "\n".join(result.lines())
+    convert(base, tmp_path / "plain", dst_format="hf")
+    assert not verify(base, tmp_path / "plain", adapter=lora, frameworks=False).ok
