@@ -84,12 +84,13 @@ CELL = re.compile(r"^\^?(?:\.\*)?(\w+)\$?$")  # one alternative of MindFormers' 
 def mindformers_targets_back(value, doc):
     if value == L.MINDFORMERS_DEFAULT:
         return {"lora_target_modules": list(L.MODULES),
-                "_said": f"{value!r} (MindFormers' default pattern) matches its mcore-style models' four cells"}
+                "_said": f"{value!r} (MindFormers' default pattern) matches its mcore-style models' four cells (and no "
+                         "cell of its Llama)"}
     names, unread = [], []
     for alt in str(value).split("|"):
         found = CELL.match(alt.strip())
         (names if found else unread).append(found.group(1) if found else alt)
-    out = _read_names(names, L.MINDFORMERS_LEGACY, L.MINDFORMERS_FUSED, "MindFormers")
+    out = _read_names(names, L.MINDFORMERS, L.MINDFORMERS_FUSED, "MindFormers")
     if unread:  # a cell's own name with a wildcard in it: which cells it matches depends on the model
         note = f"{', '.join(map(repr, unread))}: not a cell name (interop reads alternatives like '.*linear_qkv')"
         out["_note"] = f"{out['_note']}; {note}" if "_note" in out else note

@@ -11,17 +11,18 @@ into one `linear_qkv` and gate and up into one `linear_fc1`, so one Megatron tar
   `down_proj` (Llama, Mistral, Qwen2/3, Gemma, OLMo 2 and their MoE models); Phi-3's fused `qkv_proj` /
   `gate_up_proj` and GPT2's `c_attn` / `c_fc` are read too.
 - MindFormers (`pet_config.target_modules`, a regular expression `re.match`ed against each cell's own name,
-  mindformers/pet/tuners/lora_adapter.py in 2.1.0): its mcore-style models (parallel_core) name the cells as
-  Megatron-core does; its older Llama `wq` / `wk` / `wv` / `wo` / `w1` / `w3` / `w2` (`w_qkv` / `w_gate_hidden`
-  with qkv_concat) are read too.
+  mindformers/pet/tuners/lora_adapter.py in 2.1.0): written with its Llama cells `wq` / `wk` / `wv` / `wo` /
+  `w1` / `w3` / `w2` (models/llama/llama_transformer.py, llama_layer.py; MindFormers' own LoRA examples,
+  '.*wq|.*wk|.*wv|.*wo', and interop's MindFormers adapters use them); read also with `w_qkv` / `w_gate_hidden`
+  (qkv_concat) and its mcore-style models' cells, named as Megatron-core's (parallel_core: `linear_qkv`, ...).
 """
 from __future__ import annotations
 
 # Megatron-core module -> the modules it is in each framework (written in this order).
 HF = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
       "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
-MINDFORMERS = {"linear_qkv": ("linear_qkv",), "linear_proj": ("linear_proj",), "linear_fc1": ("linear_fc1",),
-               "linear_fc2": ("linear_fc2",)}
+MINDFORMERS = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",), "linear_fc1": ("w1", "w3"),
+               "linear_fc2": ("w2",)}
 MODULES = tuple(HF)  # the Megatron-core modules, in model order
 # ... and the canonical modules (`interop.adapter` targets) each is; a model without a gate has linear_fc1 = mlp.up
 CANONICAL = {"linear_qkv": ("attn.q", "attn.k", "attn.v"), "linear_proj": ("attn.o",),
@@ -31,12 +32,10 @@ CANONICAL = {"linear_qkv": ("attn.q", "attn.k", "attn.v"), "linear_proj": ("attn
 MEGATRON_ALIASES = {"query_key_value": "linear_qkv", "dense": "linear_proj", "dense_h_to_4h": "linear_fc1",
                     "dense_4h_to_h": "linear_fc2"}
 HF_FUSED = {"qkv_proj": "linear_qkv", "gate_up_proj": "linear_fc1", "c_attn": "linear_qkv", "c_fc": "linear_fc1"}
-MINDFORMERS_LEGACY = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",), "linear_fc1": ("w1", "w3"),
-                      "linear_fc2": ("w2",)}
 MINDFORMERS_FUSED = {"w_qkv": "linear_qkv", "w_gate_hidden": "linear_fc1"}
 
 # MindFormers' target when pet_config gives none (LoraAdapter.get_pet_model): every cell named *dense* / *linear*,
-# which in its mcore-style models is the four modules above.
+# which in its mcore-style models is the four modules above (its Llama's wq ... w3 match none of it).
 MINDFORMERS_DEFAULT = r".*dense*|.*linear*"
 
 

@@ -21,10 +21,10 @@ SCRIPT = """torchrun --nproc_per_node 8 posttrain_gpt.py \\
   --lora-r 8 --lora-alpha 16 --lora-target-modules {targets} --lr 1e-4
 """
 ALL = "linear_qkv linear_proj linear_fc1 linear_fc2"
-# MindFormers 2.1.0's mcore-style cells (parallel_core/training_graph/transformer/attention.py self.linear_qkv /
-# self.linear_proj, mlp.py self.linear_fc1 / self.linear_fc2) and others of the same models
-MINDFORMERS_CELLS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "q_layernorm", "input_layernorm",
-                     "embedding", "output_layer"]
+# MindFormers 2.1.0's Llama cells (models/llama/llama_transformer.py self.wq / wk / wv / wo, llama_layer.py
+# FeedForward self.w1 / w2 / w3) and others of the same model
+MINDFORMERS_CELLS = ["wq", "wk", "wv", "wo", "w1", "w2", "w3", "attention_norm", "ffn_norm", "tok_embeddings",
+                     "lm_head"]
 
 
 def _script(tmp_path, targets=ALL, extra=""):
@@ -89,7 +89,7 @@ def test_pet_config_loads_in_mindformers_and_matches_its_cells(tmp_path):
     pet = mindformer_config(out).model.model_config.pet_config  # MindFormerConfig: raises on a key it does not know
     assert (pet.pet_type, pet.lora_rank, pet.lora_alpha, pet.lora_dropout) == ("lora", 8, 16, 0.05)
     matched = [name for name in MINDFORMERS_CELLS if re.match(pet.target_modules, name)]  # LoraAdapter's own test
-    assert matched == ["linear_qkv", "linear_proj"]
+    assert matched == ["wq", "wk", "wv", "wo"]
     assert not {f for f in _lost(result) if f.startswith("--lora")}
     # MindFormers' own LoraConfig takes the section (mindformers/pet/pet_config.py, built by get_pet_model)
     code = ("import json,sys; from mindformers.pet.pet_config import LoraConfig; d=json.load(sys.stdin); "
@@ -109,7 +109,9 @@ def test_pet_config_in_mindformers_legacy_cell_names_and_its_defaults(tmp_path):
     assert back["lora_target_modules"] == ["linear_qkv", "linear_proj", "linear_fc2"]
     assert (back["lora_r"], back["lora_alpha"], back["lora_dropout"]) == (8, 32, 0.01)  # MindFormers' defaults
     assert not [e for e in entries if "pet_config" in e.flag]
-    doc["model"]["model_config"]["pet_config"]["target_modules"] = ".*w1|.*mapping"  # w1 without w3; not a LoRA cell
+    doc["model"]["model_config"]["pet_config"]["target_modules"] = ".*linear_qkv|.*w1|.*mapping"  # mcore cells too
+    back, _, _ = mapargs.read_target(yaml.safe_dump(doc), "mindformers-legacy")
+    assert back["lora_target_modules"] == ["linear_qkv", "linear_fc1"]
     _, entries, _ = mapargs.read_target(yaml.safe_dump(doc), "mindformers-legacy")
     [note] = [e for e in entries if e.flag.endswith("target_modules")]
     assert note.lost and "w1 without w3" in note.why and "mapping: no Megatron-core module" in note.why
@@ -123,7 +125,7 @@ def test_peft_to_pet_config_and_back_keeps_the_adapter(tmp_path):
     assert code == 0, err
     pet = yaml.safe_load((tmp_path / "m.yaml").read_text())["model"]["model_config"]["pet_config"]
     assert pet == {"pet_type": "lora", "lora_rank": 16, "lora_alpha": 32, "lora_dropout": 0.0,
-                   "target_modules": ".*linear_proj|.*linear_fc1|.*linear_fc2"}
+                   "target_modules": ".*wo|.*w1|.*w3|.*w2"}
     code, out, err = run(tmp_path / "m.yaml", "--to", "peft", "-o", tmp_path / "again.json")
     assert code == 0, err
     again = json.loads((tmp_path / "again.json").read_text())
