@@ -20,6 +20,7 @@ from interop.trainer.launch import train
 from interop.trainer.lora import LoRAColumnParallelLinear, LoRARowParallelLinear, init_adapter
 from interop.trainer.tp import ColumnParallelLinear, RowParallelLinear
 from interop.trainer.train import prepare
+from helpers.moe_models import MIXTRAL
 from helpers.specs import LLAMA, write_spec
 
 LORA = dict(lora_rank=4, lora_alpha=8.0, lora_targets="linear_qkv,linear_proj,linear_fc1,linear_fc2")
@@ -122,6 +123,9 @@ def test_bad_lora_input_is_one_line(base, tmp_path):
         gpt2 = dict(LLAMA, activation="gelu")
         gpt2_base = init_checkpoint(read_spec(write_spec(tmp_path / "g.yaml", gpt2)), tmp_path / "g", seed=1)
         prepare(TrainConfig(load=str(gpt2_base), lora_rank=2, lora_alpha=2, lora_targets="attn.q,mlp.gate"))
+    moe = init_checkpoint(read_spec(write_spec(tmp_path / "moe.yaml", MIXTRAL)), tmp_path / "moe", seed=1)
+    with pytest.raises(InteropError, match="LoRA adapters on dense models"):
+        prepare(TrainConfig(load=str(moe), lora_rank=2, lora_alpha=2, lora_targets="attn.q"))
 
 
 def test_a_mindspeed_llm_script_or_a_peft_config_configures_the_lora_run(tmp_path):
