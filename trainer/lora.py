@@ -67,7 +67,8 @@ class LoRARowParallelLinear(_LoRALinear):
 
     def forward(self, x_split):
         b = copy_to_tp(self.lora_b, self.group)
-        partial = F.linear(x_split, self.weight) + self.scaling * F.linear(F.linear(self.dropout(x_split), self.lora_a), b)
+        lora = F.linear(F.linear(self.dropout(x_split), self.lora_a), b)
+        partial = F.linear(x_split, self.weight) + self.scaling * lora
         y = reduce_from_tp(partial, self.group)
         return y if self.bias is None else y + self.bias
 

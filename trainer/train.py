@@ -240,8 +240,9 @@ def describe_plan(plan: Plan) -> list[str]:
         lora = plan.adapter
         trained = sum(math.prod(p.shape) for p in lora.params(spec))
         fresh = plan.fresh_dir is not None and str(plan.adapter_start).startswith(plan.fresh_dir)
+        origin = f"fresh (seed {cfg.seed})" if fresh else plan.adapter_start
         lines.append(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(lora.targets)}: {trained:,} trained "
-                     f"parameters, the base frozen; adapter {f'fresh (seed {cfg.seed})' if fresh else plan.adapter_start}")
+                     f"parameters, the base frozen; adapter {origin}")
     if plan.resumed:
         trainer = {}
         try:

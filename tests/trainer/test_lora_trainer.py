@@ -37,7 +37,8 @@ def test_lora_linears_compute_w_x_plus_scaled_b_a_x():
     torch.manual_seed(0)
     adapter = AdapterSpec(rank=3, alpha=6.0, targets=("attn.q",))
     x = torch.randn(2, 5, 8)
-    for base_cls, lora_cls in ((ColumnParallelLinear, LoRAColumnParallelLinear), (RowParallelLinear, LoRARowParallelLinear)):
+    for base_cls, lora_cls in ((ColumnParallelLinear, LoRAColumnParallelLinear),
+                               (RowParallelLinear, LoRARowParallelLinear)):
         linear = base_cls(8, 6, True, 1, None)
         for p in linear.parameters():
             torch.nn.init.normal_(p)
