@@ -77,10 +77,16 @@ def load_weights(stage, reader: StoreReader, grid) -> None:
 
 def load_adapter(stage, reader: StoreReader, grid, names: list[str]) -> None:
     """The adapter's tensors `names` (this stage's) from a common-format adapter, at this rank's slices."""
-    index, params = reader.source.adapter.index(stage.spec), dict(stage.named_parameters())
+    index, params = reader.source.adapter.index(stage.spec), dict(stage.named_parameters(remove_duplicate=False))
+    loaded = {}  # Parameter -> the first name it was read as: a shared A (--lora-shared-a) is read once per part
     with torch.no_grad():
         for name in names:
-            params[name].copy_(reader.read(name, _box(index, name, grid)).to(params[name].dtype))
+            tensor = reader.read(name, _box(index, name, grid)).to(params[name].dtype)
+            first = loaded.setdefault(params[name], name)
+            if first != name and not torch.equal(params[name], tensor):
+                raise InteropError(f"{reader.root}: {name} differs from {first}; a fused module's parts share one A "
+                                   "only in an adapter trained so (drop --lora-shared-a)")
+            params[name].copy_(tensor)
 
 
 def has_moments(reader: StoreReader) -> bool:

@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from interop.adapter import AdapterSpec
+from interop.adapter import AdapterSpec, target_of
 from interop.atomic import atomic_directory
 from interop.errors import InteropError
 from interop.layout import ParallelLayout
 from interop.mappings.lora_modules import CANONICAL, megatron_module
+from interop.params import param_table
 from interop.spec import ModelSpec
 from interop.store import StoreWriter
 from interop.tensors import TensorMeta
@@ -35,6 +36,9 @@ from .tp import ColumnParallelLinear, RowParallelLinear, copy_to_tp, reduce_from
 
 # The modules of the trainer's dense decoder layer that hold a tensor-parallel linear (the targets it adapts).
 TARGETS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
+# The modules other frameworks fuse into one linear (Megatron-core's linear_qkv / linear_fc1, GPT2's c_attn): with
+# `shared_a` their adapters share one A, as a LoRA on the fused linear has (MindSpeed-LLM's, PEFT's on GPT2).
+FUSED = (("attn.q", "attn.k", "attn.v"), ("mlp.gate", "mlp.up"))
 
 
 class _LoRALinear(nn.Module):
@@ -86,9 +90,27 @@ def lora_targets(text: str, spec: ModelSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
-def check_trainable(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayout) -> None:
+def shared_groups(spec: ModelSpec, adapter: AdapterSpec) -> list[tuple[str, ...]]:
+    """The fused modules' parts the adapter adapts (those the base has), for one A each; a fused module adapted
+    in part is refused (one A for q alone is no fused LoRA)."""
+    have = {found[1] for found in map(target_of, (p.name for p in param_table(spec))) if found}
+    groups = []
+    for group in FUSED:
+        present = tuple(t for t in group if t in have)
+        adapted = tuple(t for t in present if t in adapter.targets)
+        if adapted and adapted != present:
+            raise InteropError(f"--lora-shared-a: {', '.join(present)} are one fused linear with one A; the adapter "
+                               f"adapts only {', '.join(adapted)} (adapt all of them, or drop --lora-shared-a)")
+        if len(adapted) > 1:
+            groups.append(adapted)
+    return groups
+
+
+def check_trainable(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayout, shared_a: bool = False) -> None:
     """Refuse, in one line, an adapter the trainer cannot train on this base and layout."""
     adapter.check_base(spec)
+    if shared_a:
+        shared_groups(spec, adapter)
     if spec.is_moe or spec.is_mla:
         raise InteropError("the reference trainer trains LoRA adapters on dense models with multi-head attention "
                            f"(this {spec.arch} model has {'experts' if spec.is_moe else 'multi-latent attention'})")
@@ -100,21 +122,27 @@ def check_trainable(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayou
                            "a frozen first stage has nothing to train; adapt one of its layers or use fewer stages")
 
 
-def attach(stage: nn.Module, adapter: AdapterSpec) -> list[str]:
+def attach(stage: nn.Module, adapter: AdapterSpec, shared_a: bool = False) -> list[str]:
     """Swap the stage's adapted linears for LoRA ones and freeze everything else; returns the adapter's tensor
-    names on this stage (its trainable parameters, in the stage's parameter order)."""
+    names on this stage (its trainable parameters, in the stage's parameter order; with `shared_a` the parts of a
+    fused module name one A Parameter)."""
     for name, module in list(stage.named_modules()):
         if not isinstance(module, (ColumnParallelLinear, RowParallelLinear)) or not adapter.adapts(name + ".weight"):
             continue
         kind = LoRAColumnParallelLinear if isinstance(module, ColumnParallelLinear) else LoRARowParallelLinear
         parent, _, child = name.rpartition(".")
         setattr(stage.get_submodule(parent), child, kind(module, adapter))
+    for group in shared_groups(stage.spec, adapter) if shared_a else ():
+        for i in stage.layers:
+            first, *others = (stage.get_submodule(f"layers.{i}.{t}") for t in group)
+            for module in others:
+                module.lora_a = first.lora_a
     trainable = set()
     for name in adapter.index(stage.spec):
         if name.startswith(tuple(f"layers.{i}." for i in stage.layers)):
             trainable.add(name)
     names = []
-    for name, p in stage.named_parameters():
+    for name, p in stage.named_parameters(remove_duplicate=False):
         p.requires_grad_(name in trainable)
         if name in trainable:
             names.append(name)
@@ -124,9 +152,10 @@ def attach(stage: nn.Module, adapter: AdapterSpec) -> list[str]:
     return names
 
 
-def fresh_tensors(spec: ModelSpec, adapter: AdapterSpec, seed: int) -> dict[str, torch.Tensor]:
+def fresh_tensors(spec: ModelSpec, adapter: AdapterSpec, seed: int, shared_a: bool = False) -> dict[str, torch.Tensor]:
     """A new adapter, drawn whole in canonical order from `seed`: A uniform in +-1/sqrt(in) (PEFT's
-    kaiming_uniform_(a=sqrt(5))), B zero (the adapted model starts equal to the base)."""
+    kaiming_uniform_(a=sqrt(5))), B zero (the adapted model starts equal to the base); with `shared_a` a fused
+    module's parts take its first part's A."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for p in adapter.params(spec):
@@ -135,13 +164,18 @@ def fresh_tensors(spec: ModelSpec, adapter: AdapterSpec, seed: int) -> dict[str,
             out[p.name] = (torch.rand(p.shape, generator=gen) * 2 - 1) * bound
         else:
             out[p.name] = torch.zeros(p.shape)
+    for group in shared_groups(spec, adapter) if shared_a else ():
+        for i in range(spec.num_layers):
+            first = f"layers.{i}.{group[0]}.lora_a"
+            for t in group[1:] if first in out else ():
+                out[f"layers.{i}.{t}.lora_a"] = out[first].clone()
     return out
 
 
-def init_adapter(spec: ModelSpec, adapter: AdapterSpec, dst, seed: int = 1234) -> Path:
+def init_adapter(spec: ModelSpec, adapter: AdapterSpec, dst, seed: int = 1234, shared_a: bool = False) -> Path:
     """Write a fresh adapter (`fresh_tensors`) for base `spec` as a common-format adapter at tp 1, pp 1."""
     layout = ParallelLayout.build(spec.num_layers)
-    tensors = fresh_tensors(spec, adapter, seed)
+    tensors = fresh_tensors(spec, adapter, seed, shared_a)
     metas = [TensorMeta(name, torch.float32, tuple(t.shape)) for name, t in tensors.items()]
     with atomic_directory(dst) as tmp:
         writer = StoreWriter(tmp, spec, layout, metas, adapter=adapter)

@@ -201,14 +201,14 @@ def _adapter(cfg: TrainConfig, spec: ModelSpec, layout: ParallelLayout, resumed_
                                                                                 adapter.targets):
             raise InteropError(f"--lora-* describe another adapter than {where} (rank {adapter.rank}, alpha "
                                f"{adapter.alpha:g}, {', '.join(adapter.targets)}): drop them, or start a new adapter")
-        check_trainable(spec, adapter, layout)
+        check_trainable(spec, adapter, layout, cfg.lora_shared_a)
         return adapter, where
     if flags is None:
         return None, None
-    check_trainable(spec, flags, layout)
+    check_trainable(spec, flags, layout, cfg.lora_shared_a)
     if not fresh:
         fresh.append(tempfile.mkdtemp(prefix="interop-init-"))
-    return flags, init_adapter(spec, flags, Path(fresh[0]) / "adapter", seed=cfg.seed)
+    return flags, init_adapter(spec, flags, Path(fresh[0]) / "adapter", seed=cfg.seed, shared_a=cfg.lora_shared_a)
 
 
 def check_config_model(cfg: TrainConfig, spec: ModelSpec, start) -> None:
@@ -313,7 +313,7 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     reader = open_checkpoint(plan.start)
     load_weights(stage, reader, grid)
     if plan.adapter is not None:  # LoRA: the base frozen, the adapter (and its optimizer state) from its own checkpoint
-        names = attach(stage, plan.adapter)
+        names = attach(stage, plan.adapter, cfg.lora_shared_a)
         reader.close()
         reader = open_checkpoint(plan.adapter_start, "adapter")
         load_adapter(stage, reader, grid, names)

@@ -30,6 +30,7 @@ from ...io.torch_file import LazyTorchFile
 from ...layout import ParallelLayout
 from ...mappings.megatron_names import LORA_ARGS, LORA_NAMES, MCORE
 from ...mappings.megatron_spec import args_from_spec, layout_from_args, spec_from_args
+from ...params import TensorKey
 from ...rows import RowCollector, expand
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -185,9 +186,13 @@ class Writer(BaseWriter):
         self.row_of = {n: row for row in self.rows for n in row.parts}
         self.collector = RowCollector()
         self.models = {(t, p): OrderedDict() for t, p in layout.ranks()}
-        self.notes = []
+        optim = sorted({key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim})
+        self.notes = [f"optimizer state ({', '.join(optim)}) not written: the adapter's rank files hold its weights "
+                      "only"] if optim else []
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if TensorKey.parse(name).is_optim:  # a trained adapter's AdamW moments (noted above)
+            return
         row = self.row_of[name]
         parts = self.collector.add(row.key, row.parts, name, tensor)
         if parts is None:

@@ -21,7 +21,7 @@ from interop.trainer.lora import LoRAColumnParallelLinear, LoRARowParallelLinear
 from interop.trainer.tp import ColumnParallelLinear, RowParallelLinear
 from interop.trainer.train import prepare
 from helpers.moe_models import MIXTRAL
-from helpers.specs import LLAMA, write_spec
+from helpers.specs import GPT2, LLAMA, write_spec
 
 LORA = dict(lora_rank=4, lora_alpha=8.0, lora_targets="linear_qkv,linear_proj,linear_fc1,linear_fc2")
 RUN = dict(micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-2, quiet=True)
@@ -142,3 +142,24 @@ def test_a_mindspeed_llm_script_or_a_peft_config_configures_the_lora_run(tmp_pat
                                        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}))
     cfg = load_config(peft_config)
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) == (4, 8.0, "linear_qkv,linear_proj")
+
+
+def test_shared_a_trains_a_fused_linears_lora_as_peft_on_gpt2_and_megatron_hold_it(tmp_path):
+    """--lora-shared-a: q, k, v (and gate, up) share one A, as a LoRA on a fused linear has: the same training as
+    PEFT's LoRA on GPT2's fused c_attn at 1x1 and 2x1, and the trained adapter (moments noted) is written as
+    MindSpeed-LLM's Megatron rank files (one A per linear_qkv) at tp 2."""
+    pytest.importorskip("peft")
+    from interop.convert import convert
+    from interop.workflows.parity import parity
+    gpt2 = init_checkpoint(read_spec(write_spec(tmp_path / "g.yaml", GPT2)), tmp_path / "gpt2", seed=5)
+    cfg = TrainConfig(steps=4, **RUN, lora_rank=4, lora_alpha=8.0, lora_targets="linear_qkv,linear_fc1",
+                      lora_shared_a=True)
+    result = parity(gpt2, cfg, layouts=[(1, 1, 1), (2, 1, 1)], frameworks=["torch", "hf"], log=None)
+    assert list(result.runs) == ["torch 1x1", "torch 2x1", "hf"] and result.max_diff < 1e-5, result.table()
+    train(cfg.replace(load=str(gpt2), steps=2, tp=2, save=str(tmp_path / "run")))
+    saved = StoreReader(tmp_path / "run" / "step_000002")
+    assert torch.equal(saved.read("layers.1.attn.q.lora_a"), saved.read("layers.1.attn.v.lora_a"))
+    summary = convert(tmp_path / "run" / "step_000002", tmp_path / "megatron", dst_format="megatron", tp=2)
+    assert any("optimizer state" in n for n in summary.notes)
+    with pytest.raises(InteropError, match="attn.q, attn.k, attn.v are one fused linear"):
+        prepare(cfg.replace(load=str(gpt2), lora_targets="attn.q,attn.v"))
