@@ -22,6 +22,7 @@ from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..mappings.hf_names import TABLES
 from ..mappings.peft_names import CONFIG, LORA_NAMES, REFUSED, WEIGHTS, config_of
+from ..params import TensorKey
 from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..tensors import Source, TensorMeta
@@ -152,8 +153,17 @@ class Writer(BaseWriter):
         self.collector = RowCollector()
         self.stored: dict[str, torch.Tensor] = {}
         self.notes = []
+        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
+        if dropped:
+            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
+                              f"a PEFT adapter holds weights only")
+
+    def wants(self, name: str) -> bool:
+        return not TensorKey.parse(name).is_optim
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
+            return
         row = self.row_of[name]
         parts = self.collector.add(row.key, row.parts, name, tensor)
         if parts is not None:

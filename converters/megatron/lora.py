@@ -30,6 +30,7 @@ from ...io.torch_file import LazyTorchFile
 from ...layout import ParallelLayout
 from ...mappings.megatron_names import LORA_ARGS, LORA_NAMES, MCORE
 from ...mappings.megatron_spec import args_from_spec, layout_from_args, spec_from_args
+from ...params import TensorKey
 from ...rows import RowCollector, expand
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -186,8 +187,17 @@ class Writer(BaseWriter):
         self.collector = RowCollector()
         self.models = {(t, p): OrderedDict() for t, p in layout.ranks()}
         self.notes = []
+        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
+        if dropped:
+            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
+                              f"interop writes Megatron LoRA adapters without an optimizer")
+
+    def wants(self, name: str) -> bool:
+        return not TensorKey.parse(name).is_optim
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
+            return
         row = self.row_of[name]
         parts = self.collector.add(row.key, row.parts, name, tensor)
         if parts is None:
