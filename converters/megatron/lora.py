@@ -51,7 +51,7 @@ def _stage_rows(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayout) -
         if name not in held:
             raise InteropError(f"Megatron has no place for LoRA tensor {name}: megatron-core fuses that weight with "
                                "others (q, k, v in linear_qkv; gate, up in linear_fc1), and the adapter must adapt "
-                               "all of its parts")
+                               "all of its parts (--lora-stack-ranks gives the others a zero adapter)")
     return rows
 
 
@@ -208,8 +208,8 @@ class Writer(BaseWriter):
             except InteropError as exc:
                 raise InteropError(f"Megatron {row.key}: {exc} ({', '.join(row.parts)}): megatron-core's fused "
                                    "linear holds one LoRA A for them all, so this adapter has no exact Megatron form; "
-                                   "merge it into the base instead (interop convert BASE DST --adapter ADAPTER "
-                                   "--merge --to megatron)") from None
+                                   "--lora-stack-ranks writes it exactly at a higher rank, or merge it into the base "
+                                   "(interop convert BASE DST --adapter ADAPTER --merge --to megatron)") from None
 
     def finish_units(self, state: dict | None = None) -> dict:
         self.collector.check_done("Megatron LoRA adapter: ")
