@@ -61,13 +61,16 @@ def shared_a(tmp_path_factory):
 
 def _rank(root, t, p):
     folder = next(p for p in root.iterdir() if p.is_dir())  # iter_NNNNNNN or release
-    return LazyTorchFile(folder / f"mp_rank_{t:02d}_{p:03d}" / "model_optim_rng.pt")
+    name = f"mp_rank_{t:02d}_{p:03d}" if (folder / f"mp_rank_{t:02d}_{p:03d}").is_dir() else f"mp_rank_{t:02d}"
+    return LazyTorchFile(folder / name / "model_optim_rng.pt")
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 2), (1, 3), (4, 1)])
-def test_round_trip_at_any_tp_pp(shared_a, tmp_path, tp, pp):
+@pytest.mark.parametrize("tp,pp,vpp", [(2, 2, 1), (1, 3, 1), (4, 1, 1), (2, 3, 2)])
+def test_round_trip_at_any_tp_pp(shared_a, tmp_path, tp, pp, vpp):
     root, tensors = shared_a
-    convert(root / "a", tmp_path / "m", dst_format="megatron", tp=tp, pp=pp)
+    convert(root / "a", tmp_path / "m", dst_format="megatron", tp=tp, pp=pp, vpp=vpp)
+    obj = _rank(tmp_path / "m", 0, pp - 1).obj
+    assert sorted(k for k in obj if k.startswith("model")) == (["model"] if vpp == 1 else ["model0", "model1"])
     convert(tmp_path / "m", tmp_path / "back", dst_format="interop")
     reader = StoreReader(tmp_path / "back")
     assert reader.source.adapter == AdapterSpec(rank=4, alpha=8, targets=ALL, dropout=0.1)
