@@ -75,7 +75,11 @@ class Reader(BaseReader):
             if module not in weights or not module.endswith(".weight"):
                 raise InteropError(f"{root / WEIGHTS}: {key} adapts {module[:-len('.weight')]}, which is not a "
                                    f"weight of the base model ({hf_table(base)}, {base.num_layers} layers)")
-            found |= {target_of(p) for p in weights[module].parts}
+            targets = {target_of(p) for p in weights[module].parts}
+            if None in targets:
+                raise InteropError(f"{root / WEIGHTS}: {key} adapts {module[:-len('.weight')]}, outside the decoder "
+                                   "layers: LoRA on embeddings or the output head is not held by interop's adapters")
+            found |= targets
         found.discard(None)
         if not found:
             raise InteropError(f"{root / WEIGHTS}: holds no LoRA tensor of a decoder layer")

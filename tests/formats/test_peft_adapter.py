@@ -264,3 +264,9 @@ def test_an_adapters_optimizer_state_is_kept_in_the_common_format_and_noted_else
     for fmt in ("peft", "megatron", "mindspore"):
         notes = convert(tmp_path / "tp2", tmp_path / fmt, dst_format=fmt).notes
         assert any("optimizer state not written (exp_avg, exp_avg_sq)" in n for n in notes), (fmt, notes)
+
+
+def test_lora_on_the_output_head_is_refused_in_one_line(tmp_path):
+    base, lora = _peft_adapter("llama", tmp_path, ["q_proj", "lm_head"])
+    assert_refused(cli("convert", lora, tmp_path / "out", "--base", base, "--to", "interop"), tmp_path / "out",
+                   "lm_head", "outside the decoder layers")
