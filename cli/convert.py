@@ -57,6 +57,8 @@ def format_options(command: str):
 @click.option("--adapter", type=click.Path(), help="A LoRA adapter (PEFT folder or interop adapter) to merge into "
               "SRC's weights (with --merge).")
 @click.option("--merge", is_flag=True, help="Write SRC with --adapter merged in: W + alpha/r B A in fp32, cast once.")
+@click.option("--lora-stack-ranks", is_flag=True, help="A LoRA adapter SRC rewritten exactly with one A for q, k, v "
+              "(gate, up) at a higher rank, for targets that fuse them (Megatron's linear_qkv).")
 @format_options("convert")
 @click.option("--verify", "then_verify", is_flag=True,
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
@@ -65,7 +67,7 @@ def format_options(command: str):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_layers, last_stage_layers, dtype, force,
-            base, adapter, merge, then_verify, workers, quiet, **options):
+            base, adapter, merge, lora_stack_ranks, then_verify, workers, quiet, **options):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     The options from --tokenizer to --src-qkv-bias-layout are the formats' own (each format declares
@@ -85,7 +87,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                               dtype=dtype, force=force, progress=bar, workers=workers, base=base, adapter=adapter,
-                              merge=merge, options=options)
+                              merge=merge, lora_stack_ranks=lora_stack_ranks, options=options)
     finally:
         bar.close()
     click.echo("\n".join(summary.lines(verbose=VERBOSE["level"] > 0)))

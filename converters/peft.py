@@ -20,9 +20,9 @@ from ..errors import InteropError
 from ..hf_named import hf_rows, hf_table
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
-from ..params import TensorKey
 from ..mappings.hf_names import TABLES
 from ..mappings.peft_names import CONFIG, LORA_NAMES, REFUSED, WEIGHTS, config_of
+from ..params import TensorKey
 from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..tensors import Source, TensorMeta
@@ -75,7 +75,11 @@ class Reader(BaseReader):
             if module not in weights or not module.endswith(".weight"):
                 raise InteropError(f"{root / WEIGHTS}: {key} adapts {module[:-len('.weight')]}, which is not a "
                                    f"weight of the base model ({hf_table(base)}, {base.num_layers} layers)")
-            found |= {target_of(p) for p in weights[module].parts}
+            targets = {target_of(p) for p in weights[module].parts}
+            if None in targets:
+                raise InteropError(f"{root / WEIGHTS}: {key} adapts {module[:-len('.weight')]}, outside the decoder "
+                                   "layers: LoRA on embeddings or the output head is not held by interop's adapters")
+            found |= targets
         found.discard(None)
         if not found:
             raise InteropError(f"{root / WEIGHTS}: holds no LoRA tensor of a decoder layer")
@@ -152,12 +156,17 @@ class Writer(BaseWriter):
                                   if any(adapter.adapts(p) for p in row.parts))  # GPT2's Conv1D
         self.collector = RowCollector()
         self.stored: dict[str, torch.Tensor] = {}
-        optim = sorted({key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim})
-        self.notes = [f"optimizer state ({', '.join(optim)}) not written: a PEFT adapter holds weights only"] \
-            if optim else []
+        self.notes = []
+        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
+        if dropped:
+            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
+                              f"a PEFT adapter holds weights only")
+
+    def wants(self, name: str) -> bool:
+        return not TensorKey.parse(name).is_optim
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if TensorKey.parse(name).is_optim:  # a trained adapter's AdamW moments (noted above)
+        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
             return
         row = self.row_of[name]
         parts = self.collector.add(row.key, row.parts, name, tensor)

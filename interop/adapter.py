@@ -31,6 +31,9 @@ LORA_A, LORA_B = "lora_a", "lora_b"
 WEIGHT = ".weight"
 # TP split of (A, B) by the split of the weight they adapt
 SPLITS = {"column": ("replicated", "column"), "row": ("row", "replicated"), "replicated": ("replicated", "replicated")}
+# Projections that read the same input, which a format may fuse into one weight with ONE LoRA A (Megatron's
+# linear_qkv, linear_fc1): `interop.lora_stack` stacks their A's when asked (--lora-stack-ranks)
+INPUT_GROUPS = (("attn.q", "attn.k", "attn.v"), ("mlp.gate", "mlp.up"), ("mlp.shared.gate", "mlp.shared.up"))
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)\.weight$")
 _EXPERT = re.compile(r"experts\.\d+\.")
 

@@ -24,6 +24,7 @@ from .io.background import background_writes
 from .layout import ParallelLayout
 from .named_tokenizer import with_named_tokenizer
 from .adapter import tensor_index
+from .lora_stack import StackedReader
 from .merge import MergedReader, check_merge_args
 from .params import TensorKey, base_param_name
 from .progress import Progress
@@ -211,7 +212,8 @@ def convert(src, dst, **kwargs) -> Summary:
 def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
             force: bool = False, options: dict | None = None, progress=None, ep: int = 1, workers: int | None = 1,
-            etp: int | None = None, base=None, adapter=None, merge: bool = False, **format_options) -> Summary:
+            etp: int | None = None, base=None, adapter=None, merge: bool = False, lora_stack_ranks: bool = False,
+            **format_options) -> Summary:
     """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp, and `ep` expert-parallel
     ranks for a mixture-of-experts model). Returns a Summary.
 
@@ -223,7 +225,9 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
     `workers`: processes to split the writing over by target files (`interop.workers`; None: the
     cores available); small jobs and targets of one file stay in this process.
     `base`: the base model's checkpoint of a LoRA adapter source that needs it (PEFT); `adapter` with `merge`:
-    a LoRA adapter merged into `src`'s weights (W + alpha/r B A in fp32, cast once; `interop.merge`).
+    a LoRA adapter merged into `src`'s weights (W + alpha/r B A in fp32, cast once; `interop.merge`);
+    `lora_stack_ranks`: an adapter source rewritten exactly with one A per group of projections that read the
+    same input, at a higher rank (`interop.lora_stack`), for targets that fuse them (Megatron's linear_qkv).
     `dst` appears only when complete.
     """
     started = time.perf_counter()
@@ -266,6 +270,8 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         if adapter is not None:
             reader = MergedReader(reader, open_adapter(adapter, reader.source.spec),
                                   DTYPE_NAMES[DTYPE_CHOICES[dtype]] if DTYPE_CHOICES[dtype] else None, str(adapter))
+        if lora_stack_ranks:
+            reader = StackedReader(reader)
         spec, lora = reader.source.spec, reader.source.adapter
         if lora is None:
             check_weights_on_disk(spec, src)

@@ -43,21 +43,26 @@ from .rank_files import RankFiles
 def _stage_rows(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayout) -> list:
     rows = []
     for p, chunks in enumerate(layout.stages):
-        (start, stop), = chunks
-        rows += adapter_rows(MCORE, LORA_NAMES, spec, adapter, "Megatron", layers=range(start, stop), first=start,
-                             stage=p)
+        for v, (start, stop) in enumerate(chunks):  # layers numbered from each virtual chunk's first
+            rows += adapter_rows(MCORE, LORA_NAMES, spec, adapter, "Megatron", layers=range(start, stop),
+                                 first=start, stage=p, chunk=v)
     held = {n for row in rows for n in row.parts}
     for name in adapter.index(spec):
         if name not in held:
             raise InteropError(f"Megatron has no place for LoRA tensor {name}: megatron-core fuses that weight with "
                                "others (q, k, v in linear_qkv; gate, up in linear_fc1), and the adapter must adapt "
-                               "all of its parts")
+                               "all of its parts (--lora-stack-ranks gives the others a zero adapter)")
     return rows
 
 
 def _check_layout(layout: ParallelLayout) -> None:
-    if layout.vpp > 1 or layout.ep > 1:
-        raise InteropError("Megatron LoRA adapters are written at tp and pp only (no --vpp, --ep)")
+    if layout.ep > 1:
+        raise InteropError("Megatron LoRA adapters are written at tp, pp and vpp only (no --ep)")
+
+
+def _chunk_key(v: int, vpp: int) -> str:
+    """The rank file's key of virtual chunk v: `model`, or `model0..N-1` with virtual pipeline chunks."""
+    return "model" if vpp == 1 else f"model{v}"
 
 
 def holds_adapter(path, iteration: int | None = None) -> bool:
@@ -66,7 +71,8 @@ def holds_adapter(path, iteration: int | None = None) -> bool:
     try:
         folder, _ = iteration_dir(Path(path), iteration)
         first = next(iter(sorted(folder.glob(f"mp_rank_*/{RANK_FILE}"))), None)
-        model = LazyTorchFile(first).obj.get("model") if first is not None else None
+        obj = LazyTorchFile(first).obj if first is not None else None
+        model = obj.get("model", obj.get("model0")) if isinstance(obj, dict) else None
     except (InteropError, OSError, AttributeError):
         return False
     keys = [k for k in model if not k.endswith("_extra_state")] if isinstance(model, dict) else []
@@ -98,11 +104,12 @@ class Reader(BaseReader):
             if lora[key] is None:
                 raise InteropError(f"{where}: the args carry no {LORA_ARGS[key]} (the LoRA {what}): refused, never "
                                    "defaulted")
-        models = {k: f.obj.get("model") for k, f in ranks.files.items()}
-        for k, model in models.items():
+        vpp = int(full.get("virtual_pipeline_model_parallel_size") or 1)
+        models = {(t, p, v): f.obj.get(_chunk_key(v, vpp)) for (t, p), f in ranks.files.items() for v in range(vpp)}
+        for (t, p, v), model in models.items():
             if not isinstance(model, dict):
-                raise InteropError(f"{ranks.files[k].path}: no model state dict")
-        dtype = next(v.dtype for v in models[(0, 0)].values() if isinstance(v, torch.Tensor))
+                raise InteropError(f"{ranks.files[(t, p)].path}: no {_chunk_key(v, vpp)} state dict")
+        dtype = next(x.dtype for x in models[(0, 0, 0)].values() if isinstance(x, torch.Tensor))
         full = dict(full, padded_vocab_size=full.get("padded_vocab_size") or full.get("vocab_size"))
         spec = spec_from_args(full, str(where), NAME_OF_DTYPE.get(dtype, "float32"))
         layout = layout_from_args(full, spec.num_layers)
@@ -112,16 +119,16 @@ class Reader(BaseReader):
         _check_layout(layout)
         found = set()
         for p, chunks in enumerate(layout.stages):
-            (start, stop), = chunks
-            weights = {row.key: row for row in expand(MCORE, spec, layers=range(start, stop), first=start)}
-            for key in models[(0, p)]:
-                if key.endswith("_extra_state"):
-                    continue
-                module = LORA_NAMES.weight_key(key)
-                if module is None or module not in weights:
-                    raise InteropError(f"{ranks.files[(0, p)].path}: {key} is not a LoRA tensor of a megatron-core "
-                                       f"linear weight of this model")
-                found |= {target_of(n) for n in weights[module].parts}
+            for v, (start, stop) in enumerate(chunks):
+                weights = {row.key: row for row in expand(MCORE, spec, layers=range(start, stop), first=start)}
+                for key in models[(0, p, v)]:
+                    if key.endswith("_extra_state"):
+                        continue
+                    module = LORA_NAMES.weight_key(key)
+                    if module is None or module not in weights:
+                        raise InteropError(f"{ranks.files[(0, p)].path}: {key} is not a LoRA tensor of a "
+                                           "megatron-core linear weight of this model")
+                    found |= {target_of(n) for n in weights[module].parts}
         found.discard(None)
         if not found:
             raise InteropError(f"{self.dir}: the rank files hold no LoRA tensor")
@@ -136,7 +143,7 @@ class Reader(BaseReader):
         self.part_of = {}
         for row in self.rows:
             for t in range(self.tp):
-                model, path = models[(t, row.stage)], ranks.files[(t, row.stage)].path
+                model, path = models[(t, row.stage, row.chunk)], ranks.files[(t, row.stage)].path
                 if row.key not in model:
                     raise InteropError(f"{path}: {row.key} is missing")
                 got, want = tuple(model[row.key].shape), row.transform.rank_shape(t, self.tp)
@@ -145,24 +152,27 @@ class Reader(BaseReader):
                                        f"{LORA_ARGS['rank']}={self.adapter.rank} need {list(want)} at tp={self.tp}")
             for i, n in enumerate(row.parts):
                 self.part_of[n] = (row, i)
-        extra = {k for p in range(ranks.pp) for k in models[(0, p)] if not k.endswith("_extra_state")} - \
-            {row.key for row in self.rows}
+        extra = {(p, v, k) for (t, p, v), model in models.items() for k in model if t == 0
+                 and not k.endswith("_extra_state")} - {(row.stage, row.chunk, row.key) for row in self.rows}
         if extra:
-            raise InteropError(f"{self.dir}: {sorted(extra)[0]} is not a tensor of this adapter")
+            raise InteropError(f"{self.dir}: {sorted(extra)[0][2]} is not a tensor of this adapter")
         self.models = models
         self.source = Source(spec, layout, {"iteration": first.get("iteration") if isinstance(
             first.get("iteration"), int) else it}, notes, adapter=self.adapter)
         self._cached: tuple | None = None
 
     def metas(self) -> list[TensorMeta]:
-        return [TensorMeta(p.name, self.models[(0, self.part_of[p.name][0].stage)][self.part_of[p.name][0].key].dtype,
-                           p.shape) for p in self.adapter.params(self.source.spec)]
+        return [TensorMeta(p.name, self._stored(0, self.part_of[p.name][0]).dtype, p.shape)
+                for p in self.adapter.params(self.source.spec)]
+
+    def _stored(self, t: int, row):
+        """Rank t's stored tensor of `row` (a meta tensor, read on demand)."""
+        return self.models[(t, row.stage, row.chunk)][row.key]
 
     def read(self, name: str) -> torch.Tensor:
         row, i = self.part_of[name]
         if self._cached is None or self._cached[0] is not row:
-            shards = [self.ranks.files[(t, row.stage)].read(self.models[(t, row.stage)][row.key])
-                      for t in range(self.tp)]
+            shards = [self.ranks.files[(t, row.stage)].read(self._stored(t, row)) for t in range(self.tp)]
             self._cached = (row, row.transform.from_ranks(shards))
         return self._cached[1][i]
 
@@ -185,13 +195,18 @@ class Writer(BaseWriter):
         self.rows = _stage_rows(spec, adapter, layout)
         self.row_of = {n: row for row in self.rows for n in row.parts}
         self.collector = RowCollector()
-        self.models = {(t, p): OrderedDict() for t, p in layout.ranks()}
-        optim = sorted({key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim})
-        self.notes = [f"optimizer state ({', '.join(optim)}) not written: the adapter's rank files hold its weights "
-                      "only"] if optim else []
+        self.models = {(t, p, v): OrderedDict() for t, p in layout.ranks() for v in range(layout.vpp)}
+        self.notes = []
+        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
+        if dropped:
+            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
+                              f"interop writes Megatron LoRA adapters without an optimizer")
+
+    def wants(self, name: str) -> bool:
+        return not TensorKey.parse(name).is_optim
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        if TensorKey.parse(name).is_optim:  # a trained adapter's AdamW moments (noted above)
+        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
             return
         row = self.row_of[name]
         parts = self.collector.add(row.key, row.parts, name, tensor)
@@ -199,12 +214,12 @@ class Writer(BaseWriter):
             return
         for t in range(self.layout.tp):
             try:
-                self.models[(t, row.stage)][row.key] = row.transform.to_rank(parts, t, self.layout.tp).clone()
+                self.models[(t, row.stage, row.chunk)][row.key] = row.transform.to_rank(parts, t, self.layout.tp).clone()
             except InteropError as exc:
                 raise InteropError(f"Megatron {row.key}: {exc} ({', '.join(row.parts)}): megatron-core's fused "
                                    "linear holds one LoRA A for them all, so this adapter has no exact Megatron form; "
-                                   "merge it into the base instead (interop convert BASE DST --adapter ADAPTER "
-                                   "--merge --to megatron)") from None
+                                   "--lora-stack-ranks writes it exactly at a higher rank, or merge it into the base "
+                                   "(interop convert BASE DST --adapter ADAPTER --merge --to megatron)") from None
 
     def finish_units(self, state: dict | None = None) -> dict:
         self.collector.check_done("Megatron LoRA adapter: ")
@@ -215,11 +230,13 @@ class Writer(BaseWriter):
                  LORA_ARGS["dropout"]: self.adapter.dropout, "lora_target_modules": modules,
                  "iteration": 0 if iteration == "release" else iteration}
         folder = self.root / iteration_name(iteration)
-        for (t, p), model in self.models.items():
+        vpp = self.layout.vpp
+        for t, p in self.layout.ranks():
             path = folder / rank_dir_name(t, p, self.layout.pp) / RANK_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"args": argparse.Namespace(**args), "checkpoint_version": CHECKPOINT_VERSION,
-                        "iteration": args["iteration"], "model": model}, path)
+                        "iteration": args["iteration"],
+                        **{_chunk_key(v, vpp): self.models[(t, p, v)] for v in range(vpp)}}, path)
         self._iteration = iteration
         return {}
 

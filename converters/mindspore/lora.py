@@ -34,6 +34,7 @@ from ...io.ms_ckpt import CkptFile, save_ckpt
 from ...io.small_files import read_json_object, require_small_file
 from ...mappings.mindspore_names import LORA_NAMES, PET_CONFIG, TABLES
 from ...model_config import spec_from_file
+from ...params import TensorKey
 from ...rows import expand
 from ...spec import ModelSpec, padded_to_tp
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -168,8 +169,17 @@ class Writer(BaseWriter):
         self.notes = [] if adapter.layers is None else [
             f"MindFormers' pet_config adapts every layer its target_modules match: layers other than "
             f"{', '.join(map(str, adapter.layers))} have no LoRA tensors in model.ckpt (a run would start them new)"]
+        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
+        if dropped:
+            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
+                              f"interop writes MindFormers LoRA adapters without an optimizer")
+
+    def wants(self, name: str) -> bool:
+        return not TensorKey.parse(name).is_optim
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
+        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
+            return
         self.got[name] = tensor
 
     def finish_units(self, state: dict | None = None) -> dict:

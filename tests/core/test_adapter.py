@@ -156,3 +156,31 @@ def test_adapter_rows_follow_the_weight_rows():
     assert b.transform.rank_shape(0, 2) == (32, 4) and a.transform.rank_shape(0, 2) == (4, 32)
     with pytest.raises(InteropError, match="no place for LoRA tensor layers.0.attn.q.lora_a"):
         adapter_rows(MCORE, names, BASE, AdapterSpec(4, 8, ("attn.q",)), "Megatron")
+
+
+def test_stacked_ranks_share_one_a_and_keep_every_delta(tmp_path):
+    from interop.lora_stack import StackedReader
+    adapter = AdapterSpec(rank=2, alpha=3, targets=("attn.q", "attn.k", "mlp.down"))  # v left out: a zero B
+    params = adapter.params(BASE)
+    torch.manual_seed(7)
+    tensors = {p.name: torch.randn(p.shape) for p in params}
+    (tmp_path / "a").mkdir()
+    writer = StoreWriter(tmp_path / "a", BASE, ParallelLayout.build(BASE.num_layers),
+                         [TensorMeta(p.name, torch.float32, p.shape) for p in params], adapter=adapter)
+    for name, t in tensors.items():
+        writer.write(name, t)
+    writer.finish({})
+    stacked = StackedReader(StoreReader(tmp_path / "a"))
+    new = stacked.source.adapter
+    assert (new.rank, new.alpha, new.targets) == (6, 9, ("attn.k", "attn.q", "attn.v", "mlp.down"))
+    assert {m.name for m in stacked.metas()} == set(new.index(BASE))
+    a = [stacked.read(f"layers.1.attn.{x}.lora_a") for x in "qkv"]
+    assert torch.equal(a[0], a[1]) and torch.equal(a[0], a[2]) and a[0].shape == (6, 32)
+    for x in "qk":
+        want = adapter.scaling * tensors[f"layers.1.attn.{x}.lora_b"] @ tensors[f"layers.1.attn.{x}.lora_a"]
+        got = new.scaling * stacked.read(f"layers.1.attn.{x}.lora_b") @ a[0]
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert not stacked.read("layers.1.attn.v.lora_b").any()
+    down_a = stacked.read("layers.3.mlp.down.lora_a")  # a lone projection: [A; 0; 0]
+    assert torch.equal(down_a[:2], tensors["layers.3.mlp.down.lora_a"]) and not down_a[2:].any()
+    stacked.close()

@@ -61,13 +61,16 @@ def shared_a(tmp_path_factory):
 
 def _rank(root, t, p):
     folder = next(p for p in root.iterdir() if p.is_dir())  # iter_NNNNNNN or release
-    return LazyTorchFile(folder / f"mp_rank_{t:02d}_{p:03d}" / "model_optim_rng.pt")
+    name = f"mp_rank_{t:02d}_{p:03d}" if (folder / f"mp_rank_{t:02d}_{p:03d}").is_dir() else f"mp_rank_{t:02d}"
+    return LazyTorchFile(folder / name / "model_optim_rng.pt")
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 2), (1, 3), (4, 1)])
-def test_round_trip_at_any_tp_pp(shared_a, tmp_path, tp, pp):
+@pytest.mark.parametrize("tp,pp,vpp", [(2, 2, 1), (1, 3, 1), (4, 1, 1), (2, 3, 2)])
+def test_round_trip_at_any_tp_pp(shared_a, tmp_path, tp, pp, vpp):
     root, tensors = shared_a
-    convert(root / "a", tmp_path / "m", dst_format="megatron", tp=tp, pp=pp)
+    convert(root / "a", tmp_path / "m", dst_format="megatron", tp=tp, pp=pp, vpp=vpp)
+    obj = _rank(tmp_path / "m", 0, pp - 1).obj
+    assert sorted(k for k in obj if k.startswith("model")) == (["model"] if vpp == 1 else ["model0", "model1"])
     convert(tmp_path / "m", tmp_path / "back", dst_format="interop")
     reader = StoreReader(tmp_path / "back")
     assert reader.source.adapter == AdapterSpec(rank=4, alpha=8, targets=ALL, dropout=0.1)
@@ -128,11 +131,12 @@ def test_distinct_q_k_v_a_has_no_megatron_form(tmp_path):
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"], init_lora_weights=False)
     peft.get_peft_model(model, lora).save_pretrained(tmp_path / "lora")
     assert_refused(cli("convert", tmp_path / "lora", tmp_path / "out", "--base", tmp_path / "base", "--to",
-                       "megatron", "--tp", "2"), tmp_path / "out", "linear_qkv", "--merge")
+                       "megatron", "--tp", "2"), tmp_path / "out", "linear_qkv", "--lora-stack-ranks", "--merge")
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False)
     peft.get_peft_model(build("llama"), lora).save_pretrained(tmp_path / "q-only")
     assert_refused(cli("convert", tmp_path / "q-only", tmp_path / "out", "--base", tmp_path / "base", "--to",
-                       "megatron"), tmp_path / "out", "no place for LoRA tensor layers.0.attn.q.lora_a")
+                       "megatron"), tmp_path / "out", "no place for LoRA tensor layers.0.attn.q.lora_a",
+                   "--lora-stack-ranks")
 
 
 def test_rank_missing_from_the_args_is_refused(shared_a, tmp_path):
@@ -144,3 +148,28 @@ def test_rank_missing_from_the_args_is_refused(shared_a, tmp_path):
     torch.save(obj, path)
     assert_refused(cli("convert", tmp_path / "m", tmp_path / "out", "--to", "peft"), tmp_path / "out",
                    "no lora_r", "never defaulted")
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                     ["q_proj", "v_proj"]])
+def test_stacked_ranks_write_a_peft_adapter_to_megatron_exactly(tmp_path, targets):
+    """--lora-stack-ranks: peft's adapter (an A per projection; or q and v only) becomes one A per fused module
+    at rank 3r, alpha 3 alpha, zero B blocks; back in peft it computes the original adapter's logits."""
+    model = build("llama")
+    model.save_pretrained(tmp_path / "base")
+    torch.manual_seed(4)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
+    peft.get_peft_model(model, lora).save_pretrained(tmp_path / "lora")
+    summary = convert(tmp_path / "lora", tmp_path / "m", dst_format="megatron", base=tmp_path / "base", tp=2, pp=2,
+                      lora_stack_ranks=True)
+    assert any("rank 12 (alpha 24)" in n for n in summary.notes), summary.notes
+    args = _rank(tmp_path / "m", 0, 0).obj["args"]
+    assert (args.lora_r, args.lora_alpha) == (12, 24)
+    convert(tmp_path / "m", tmp_path / "p", dst_format="peft")
+    tokens = torch.tensor([[3, 14, 15, 92, 65, 35, 249]])
+    with torch.no_grad():
+        want = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+                                              tmp_path / "lora").eval()(tokens).logits
+        got = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+                                             tmp_path / "p").eval()(tokens).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

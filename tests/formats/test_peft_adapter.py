@@ -239,3 +239,36 @@ def test_verify_shows_the_merge_equals_base_plus_adapter(llama, tmp_path):
     assert result.ok and max(c.max_diff for c in result.checks) == 0.0, "\n".join(result.lines())
     convert(base, tmp_path / "plain", dst_format="hf")
     assert not verify(base, tmp_path / "plain", adapter=lora, frameworks=False).ok
+
+
+def test_an_adapters_optimizer_state_is_kept_in_the_common_format_and_noted_elsewhere(tmp_path):
+    """A trained adapter's Adam moments (the trainer's optim.exp_avg.* of lora_a / lora_b) reshard with it in the
+    common format; PEFT, Megatron and MindFormers adapters are written without them, each with a note."""
+    build("llama").save_pretrained(tmp_path / "base")
+    convert(tmp_path / "base", tmp_path / "base-i", dst_format="interop")
+    spec = StoreReader(tmp_path / "base-i").spec
+    adapter = AdapterSpec(rank=2, alpha=4, targets=("attn.o", "mlp.down"))
+    params = adapter.params(spec)
+    names = [p.name for p in params] + [f"optim.{k}.{p.name}" for k in ("exp_avg", "exp_avg_sq") for p in params]
+    shapes = {p.name: p.shape for p in params}
+    (tmp_path / "a").mkdir()
+    metas = [TensorMeta(n, torch.float32, shapes[n.split(".", 2)[-1] if n.startswith("optim.") else n]) for n in names]
+    writer = StoreWriter(tmp_path / "a", spec, ParallelLayout.build(spec.num_layers), metas, adapter=adapter)
+    for m in metas:
+        writer.write(m.name, torch.rand(m.shape))
+    writer.finish({"iteration": 10})
+    convert(tmp_path / "a", tmp_path / "tp2", dst_format="interop", tp=2, pp=3)
+    kept = StoreReader(tmp_path / "tp2")
+    for n in names:
+        assert torch.equal(kept.read(n), StoreReader(tmp_path / "a").read(n)), n
+    for fmt in ("peft", "megatron", "mindspore"):
+        notes = convert(tmp_path / "tp2", tmp_path / fmt, dst_format=fmt).notes
+        assert any("optimizer state not written (exp_avg, exp_avg_sq)" in n for n in notes), (fmt, notes)
+
+
+def test_lora_on_the_output_head_is_refused_in_one_line(tmp_path):
+    """peft 0.21 saves lm_head's base weight beside its LoRA (`lm_head.base_layer.weight`): the first key met is
+    named; either way one line, nothing written."""
+    base, lora = _peft_adapter("llama", tmp_path, ["q_proj", "lm_head"])
+    assert_refused(cli("convert", lora, tmp_path / "out", "--base", base, "--to", "interop"), tmp_path / "out",
+                   "base_model.model.lm_head.")
