@@ -100,7 +100,7 @@ def test_a_trained_adapter_exports_to_peft_with_its_moments_noted(base, tmp_path
     train(TrainConfig(load=str(base), steps=2, save=str(tmp_path / "run"), **RUN, lora_rank=2, lora_alpha=4.0,
                       lora_targets="attn.q,attn.v"))
     summary = convert(tmp_path / "run" / "step_000002", tmp_path / "peft", dst_format="peft")
-    assert any("optimizer state (exp_avg, exp_avg_sq) not written" in n for n in summary.notes)
+    assert any("optimizer state not written (exp_avg, exp_avg_sq)" in n for n in summary.notes)
     convert(base, tmp_path / "hf", dst_format="hf")
     model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf"),
                                            tmp_path / "peft")
