@@ -59,7 +59,9 @@ class TrainConfig:
     lora_alpha: float | None = None
     lora_targets: str | None = None
     lora_dropout: float = 0.0
-    lora_shared_a: bool = False  # q/k/v (gate/up) share one A, as a LoRA on Megatron's fused linear_qkv / GPT2's c_attn
+    # q/k/v (gate/up) share one A, as a LoRA on Megatron's fused linear_qkv / GPT2's c_attn; None: as the adapter
+    # resumed or given says (its `shared_a`), separate for a fresh one
+    lora_shared_a: bool | None = None
     config_file: str | None = None  # the --config file read, and the model it describes ({ModelSpec field: value}):
     config_model: dict | None = None  # checked against the checkpoint's model, which is the one trained
 

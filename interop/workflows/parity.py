@@ -184,8 +184,7 @@ def _with_adapter(start, cfg: TrainConfig, tmp: Path) -> TrainConfig:
     from ..trainer.lora import init_adapter
     from ..trainer.train import lora_flags
     spec = StoreReader(start, verify=False).spec
-    return cfg.replace(adapter=str(init_adapter(spec, lora_flags(cfg, spec), tmp / "adapter", seed=cfg.seed,
-                                                shared_a=cfg.lora_shared_a)))
+    return cfg.replace(adapter=str(init_adapter(spec, lora_flags(cfg, spec), tmp / "adapter", seed=cfg.seed)))
 
 
 def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)),
