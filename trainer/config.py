@@ -170,6 +170,10 @@ def from_file(path) -> dict:
         value = explicit.get(dest)
         if value is not None and value != "":
             out[field] = _typed(field, value, f"{path}: {dest}")
+    modules = explicit.get("lora_target_modules") or []
+    modules = modules if isinstance(modules, list) else str(modules).replace(",", " ").split()
+    if source.format == "megatron" and {"linear_qkv", "linear_fc1"} & set(map(str, modules)):
+        out["lora_shared_a"] = True  # MindSpeed-LLM's LoRA on megatron-core's fused linears: one A per linear
     if explicit.get("micro_batch_num"):
         out["_micro_batch_num"] = int(explicit["micro_batch_num"])
     out["config_model"] = _config_model(explicit, source.format)

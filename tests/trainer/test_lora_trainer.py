@@ -138,11 +138,14 @@ def test_a_mindspeed_llm_script_or_a_peft_config_configures_the_lora_run(tmp_pat
     script.write_text("python posttrain_gpt.py --lora-target-modules linear_qkv linear_fc2 --lora-alpha 8 --lr 1e-4\n")
     cfg = load_config(script)
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lr) == (16, 8.0, "linear_qkv,linear_fc2", 1e-4)
+    assert cfg.lora_shared_a is True  # its linear_qkv is one fused linear with one A
+    assert load_config(script, lora_shared_a=False).lora_shared_a is False  # a flag overrides the file
     peft_config = tmp_path / "adapter_config.json"
     peft_config.write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
                                        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}))
     cfg = load_config(peft_config)
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) == (4, 8.0, "linear_qkv,linear_proj")
+    assert cfg.lora_shared_a is None  # PEFT's q_proj, k_proj, v_proj: the adapter's own description decides
 
 
 def test_shared_a_trains_a_fused_linears_lora_as_peft_on_gpt2_and_megatron_hold_it(tmp_path):
