@@ -38,6 +38,12 @@ def _table(base: ModelSpec) -> list:
     return TABLES[hf_table(base)]
 
 
+def shares_a(base: ModelSpec, adapter: AdapterSpec) -> bool | None:
+    """Whether PEFT's LoRA on transformers' model of `base` holds `adapter`'s fused groups as one A (GPT2's
+    c_attn: True; Llama's q_proj, k_proj, v_proj: False), as `stated_shared_a` says."""
+    return stated_shared_a(adapter_rows(_table(base), LORA_NAMES, base, adapter, "PEFT"), base, adapter)
+
+
 class Reader(BaseReader):
     """A PEFT LoRA adapter as canonical `lora_a` / `lora_b` tensors of base model `base`."""
 

@@ -217,3 +217,13 @@ def test_shared_a_is_the_adapters_fact_a_resume_takes_it_and_a_contradicting_fla
     with pytest.raises(InteropError, match="--lora-shared-a contradicts .*layers.0.attn.k.lora_a differs from "
                                            "layers.0.attn.q.lora_a"):
         prepare(sep)
+
+
+def test_parity_refuses_hf_where_peft_ties_a_otherwise_than_the_adapter(base):
+    """PEFT's LoRA on Llama's q_proj, k_proj, v_proj has an A each: a shared-A run has no PEFT twin there, and
+    parity says so before any run (one line) rather than report a loss gap."""
+    from interop.workflows.parity import parity
+    cfg = TrainConfig(steps=2, **RUN, lora_rank=2, lora_alpha=4.0, lora_targets="linear_qkv", lora_shared_a=True)
+    with pytest.raises(InteropError, match="framework hf: PEFT's LoRA on transformers' .* an A per projection .*"
+                                           "--no-lora-shared-a"):
+        parity(base, cfg, layouts=[(1, 1, 1)], frameworks=["torch", "hf"], log=None)
