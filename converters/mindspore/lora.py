@@ -171,8 +171,9 @@ class Reader(BaseReader):
 
 
 class Writer(BaseWriter):
-    """A LoRA adapter as MindFormers' LoRA model names it (tp 1, the legacy Llama names)."""
+    """A LoRA adapter as MindFormers' LoRA model names it (tp 1; `dialect` mindformers or mindformers-mcore)."""
 
+    options = ("dialect",)
     holds_adapter = True
     padded_vocab = staticmethod(padded_to_tp)
 
