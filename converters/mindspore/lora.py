@@ -67,6 +67,17 @@ def holds_adapter(path) -> bool:
     return path.is_dir() and (path / PET_CONFIG).is_file() and (path / SINGLE_FILE).is_file()
 
 
+def states_pet_config(model_config) -> bool:
+    """Whether a --model-config is a MindFormers YAML with a pet_config (a run that trained an adapter): a look at
+    its text, so that a plain model description costs nothing more."""
+    if model_config is None or Path(model_config).suffix.lower() not in (".yaml", ".yml"):
+        return False
+    try:
+        return "pet_config" in require_small_file(model_config, "model config").read_text(errors="replace")
+    except (InteropError, OSError):
+        return False
+
+
 def names_adapter(path) -> bool:
     """A `.ckpt` (or a folder's model.ckpt) holding LoRA tensors only: a MindFormers run's adapter."""
     path = Path(path)
@@ -88,7 +99,14 @@ def _pet_config(path: Path) -> dict:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise InteropError(f"{path}: not YAML ({type(exc).__name__})") from None
-    pet = (((doc or {}).get("model") or {}).get("model_config") or {}).get("pet_config") if isinstance(doc, dict) else None
+    pet = None
+    if isinstance(doc, dict):  # a run YAML nests it under model: (mindformers/models/build_model.py build_network
+        #                        reads config.model_config.pet_config of the `model` section); a bare model_config too
+        for section in (doc.get("model"), doc):
+            config = section.get("model_config") if isinstance(section, dict) else None
+            if isinstance(config, dict) and isinstance(config.get("pet_config"), dict):
+                pet = config["pet_config"]
+                break
     if not isinstance(pet, dict):
         raise InteropError(f"{path}: no model.model_config.pet_config (the LoRA rank and alpha)")
     if pet.get("pet_type") != "lora":

@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers.hf_models import build
-from helpers.hostile import assert_refused, cli
+from helpers.hostile import assert_refused, cli, run
 from interop.convert import convert
 from interop.io.ms_ckpt import CkptFile
 
@@ -167,3 +167,20 @@ def test_mcore_style_lora_strict_loads_into_mindformers_lora_model(tmp_path, mon
     assert back.source.adapter == adapter
     for name, t in tensors.items():
         assert torch.equal(back.read(name), t), name
+
+
+def test_a_runs_adapter_reads_with_the_runs_yaml(adapter, tmp_path):
+    """A MindFormers run's `.ckpt` of LoRA tensors alone, described by the run's YAML (`--model-config`: its
+    model_config and pet_config; written here by `interop map-args` from the base's config.json)."""
+    code, out = run("map-args", adapter / "base" / "config.json", "--to", "mindformers", "-o", tmp_path / "run.yaml")
+    assert code == 0, out
+    doc = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    doc["model_config"]["pet_config"] = {"pet_type": "lora", "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.05,
+                                         "target_modules": ".*wq|.*wk|.*wv|.*wo|.*w1|.*w2|.*w3"}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "run").mkdir()
+    shutil.copy(adapter / "mf" / "model.ckpt", tmp_path / "run" / "model.ckpt")
+    convert(tmp_path / "run", tmp_path / "back", dst_format="peft", model_config=tmp_path / "run.yaml")
+    x = load_file(adapter / "lora" / "adapter_model.safetensors")
+    y = load_file(tmp_path / "back" / "adapter_model.safetensors")
+    assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)
