@@ -53,9 +53,10 @@ def test_written_as_mindformers_lora_model_names_it_and_back(adapter, tmp_path):
     assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def test_mindpets_lora_dense_computes_the_adapter(adapter):
+def test_mindpets_lora_dense_computes_the_adapter(adapter, tmp_path, monkeypatch):
     """mindpet's LoRADense (what MindFormers' LoRA model is made of) loads wq's weight and interop's LoRA tensors
     by their names, strictly, and computes W x + alpha/r B A x."""
+    monkeypatch.chdir(tmp_path)  # mindpet imports MindFormers, which writes ./output/log
     ms = pytest.importorskip("mindspore")
     from mindpet.delta.lora import LoRADense
 
