@@ -98,6 +98,8 @@ class AdapterSpec:
             raise InteropError(f"a LoRA adapter needs target modules, got {self.targets!r}")
         object.__setattr__(self, "targets", tuple(sorted(set(self.targets))))
         if self.layers is not None:
+            if not self.layers or not all(type(i) is int and i >= 0 for i in self.layers):
+                raise InteropError(f"LoRA layers must be layer numbers (or none: every layer), got {self.layers!r}")
             object.__setattr__(self, "layers", tuple(sorted(set(self.layers))))
         if self.shared_a is not None and not isinstance(self.shared_a, bool):
             raise InteropError(f"LoRA shared_a must be true, false or absent, got {self.shared_a!r}")

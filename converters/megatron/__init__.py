@@ -52,9 +52,14 @@ class Reader(BaseReader):
     options = ("iteration", "model_config", "vocab_size")
 
     def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
-        picked = _torch_dist().Reader if _is_torch_dist(path, iteration) else \
-            lora.Reader if lora.holds_adapter(path, iteration) else torch_format.Reader
-        return picked(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+        if _is_torch_dist(path, iteration):
+            return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+        try:
+            return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+        except InteropError:  # a LoRA adapter's rank files (no embedding, no base weights) are not a model's
+            if not lora.holds_adapter(path, iteration):
+                raise
+        return lora.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
 
 
 class Writer(BaseWriter):

@@ -33,7 +33,7 @@ from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile, save_ckpt
 from ...io.small_files import read_json_object, require_small_file
-from ...mappings.mindspore_names import LORA_NAMES, PET_CONFIG, TABLES
+from ...mappings.mindspore_names import LORA_DIALECTS, PET_CONFIG, TABLES
 from ...model_config import spec_from_file
 from ...params import TensorKey
 from ...rows import expand
@@ -44,17 +44,39 @@ from .files import SIDECAR, SINGLE_FILE
 FORMAT = "mindformers-lora"
 
 
-def _table(spec: ModelSpec) -> list:
-    key = ("mindformers", spec.arch, False)
-    if key not in TABLES:
-        raise InteropError(f"no MindFormers name table for {spec.arch} LoRA adapters")
-    return TABLES[key]
+def _names(dialect: str, spec: ModelSpec):
+    """(name table, LoRA names) of a MindFormers dialect's LoRA model."""
+    if dialect not in LORA_DIALECTS:
+        raise InteropError(f"MindSpore LoRA adapters are MindFormers' ({', '.join(LORA_DIALECTS)}), not {dialect}'s")
+    key, names = LORA_DIALECTS[dialect]
+    if key[1] != spec.arch:
+        raise InteropError(f"no MindFormers {dialect} name table for {spec.arch} LoRA adapters")
+    return TABLES[key], names
+
+
+def _dialect_of(keys) -> str | None:
+    """The dialect whose LoRA names every key has (None: no such dialect)."""
+    for dialect, (_, names) in LORA_DIALECTS.items():
+        if keys and all(names.weight_key(k) is not None for k in keys):
+            return dialect
+    return None
 
 
 def holds_adapter(path) -> bool:
     """A folder with MindFormers' pet_config beside a `.ckpt`: a LoRA adapter."""
     path = Path(path)
     return path.is_dir() and (path / PET_CONFIG).is_file() and (path / SINGLE_FILE).is_file()
+
+
+def states_pet_config(model_config) -> bool:
+    """Whether a --model-config is a MindFormers YAML with a pet_config (a run that trained an adapter): a look at
+    its text, so that a plain model description costs nothing more."""
+    if model_config is None or Path(model_config).suffix.lower() not in (".yaml", ".yml"):
+        return False
+    try:
+        return "pet_config" in require_small_file(model_config, "model config").read_text(errors="replace")
+    except (InteropError, OSError):
+        return False
 
 
 def names_adapter(path) -> bool:
@@ -68,7 +90,7 @@ def names_adapter(path) -> bool:
             keys = f.keys()
     except InteropError:
         return False
-    return bool(keys) and all(LORA_NAMES.weight_key(k) is not None for k in keys)
+    return _dialect_of(keys) is not None
 
 
 def _pet_config(path: Path) -> dict:
@@ -78,7 +100,14 @@ def _pet_config(path: Path) -> dict:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise InteropError(f"{path}: not YAML ({type(exc).__name__})") from None
-    pet = (((doc or {}).get("model") or {}).get("model_config") or {}).get("pet_config") if isinstance(doc, dict) else None
+    pet = None
+    if isinstance(doc, dict):  # a run YAML nests it under model: (mindformers/models/build_model.py build_network
+        #                        reads config.model_config.pet_config of the `model` section); a bare model_config too
+        for section in (doc.get("model"), doc):
+            config = section.get("model_config") if isinstance(section, dict) else None
+            if isinstance(config, dict) and isinstance(config.get("pet_config"), dict):
+                pet = config["pet_config"]
+                break
     if not isinstance(pet, dict):
         raise InteropError(f"{path}: no model.model_config.pet_config (the LoRA rank and alpha)")
     if pet.get("pet_type") != "lora":
@@ -109,13 +138,19 @@ class Reader(BaseReader):
             spec = ModelSpec.from_dict(read_json_object(folder / SIDECAR, "MindSpore model description").get("spec") or {})
         else:
             raise InteropError(f"{root}: no description of the base model: pass --model-config (the run's YAML)")
-        weights = {row.key: row for row in expand(_table(spec), spec)}
+        sidecar = read_json_object(folder / SIDECAR, "MindSpore model description") if (folder / SIDECAR).is_file() else {}
+        dialect = sidecar.get("dialect") or _dialect_of(sorted(keys))
+        if dialect is None:
+            raise InteropError(f"{root / SINGLE_FILE}: its tensors are not LoRA tensors under one MindFormers dialect's "
+                               "names")
+        table, names = _names(dialect, spec)
+        weights = {row.key: row for row in expand(table, spec)}
         found = set()
         for key in sorted(keys):
-            module = LORA_NAMES.weight_key(key)
+            module = names.weight_key(key)
             if module is None or module not in weights:
                 raise InteropError(f"{root / SINGLE_FILE}: {key} is not a LoRA tensor of a MindFormers "
-                                   f"{spec.arch} linear weight ({LORA_NAMES.a} / {LORA_NAMES.b})")
+                                   f"{spec.arch} linear weight ({names.a} / {names.b})")
             found |= {target_of(n) for n in weights[module].parts}
         found.discard(None)
         if not found:
@@ -127,7 +162,7 @@ class Reader(BaseReader):
                                        None if layers == list(range(spec.num_layers)) else tuple(layers))
         except InteropError as exc:
             raise InteropError(f"{where}: {exc}") from None
-        self.rows = adapter_rows(_table(spec), LORA_NAMES, spec, self.adapter, "MindFormers")
+        self.rows = adapter_rows(table, names, spec, self.adapter, "MindFormers")
         self.adapter = replace(self.adapter, shared_a=stated_shared_a(self.rows, spec, self.adapter))
         self.part_of = {}
         for row in self.rows:
@@ -156,16 +191,19 @@ class Reader(BaseReader):
 
 
 class Writer(BaseWriter):
-    """A LoRA adapter as MindFormers' LoRA model names it (tp 1, the legacy Llama names)."""
+    """A LoRA adapter as MindFormers' LoRA model names it (tp 1; `dialect` mindformers or mindformers-mcore)."""
 
+    options = ("dialect",)
     holds_adapter = True
     padded_vocab = staticmethod(padded_to_tp)
 
-    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], adapter: AdapterSpec):
+    def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], adapter: AdapterSpec,
+                 dialect: str = "mindformers"):
         if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
             raise InteropError("MindFormers LoRA adapters are written at tp 1, pp 1 (one model.ckpt) for now")
-        self.root, self.spec, self.adapter = Path(root), spec, adapter
-        self.rows = adapter_rows(_table(spec), LORA_NAMES, spec, adapter, "MindFormers")
+        self.root, self.spec, self.adapter, self.dialect = Path(root), spec, adapter, dialect
+        table, self.names = _names(dialect, spec)
+        self.rows = adapter_rows(table, self.names, spec, adapter, "MindFormers")
         self.row_of = {n: row for row in self.rows for n in row.parts}
         self.got: dict[str, torch.Tensor] = {}
         self.notes = [] if adapter.layers is None else [
@@ -191,10 +229,10 @@ class Writer(BaseWriter):
         return {}
 
     def finish_global(self, state: dict | None, results: dict) -> None:
-        modules = sorted({row.key[:-len(LORA_NAMES.a)].rsplit(".", 1)[-1] for row in self.rows
-                          if row.key.endswith(LORA_NAMES.a)})
+        modules = sorted({self.names.weight_key(row.key)[:-len(".weight")].rsplit(".", 1)[-1] for row in self.rows})
         pet = {"pet_type": "lora", "lora_rank": self.adapter.rank, "lora_alpha": self.adapter.alpha,
                "lora_dropout": self.adapter.dropout,
                "target_modules": "|".join(f".*{re.escape(m)}" for m in modules)}
         (self.root / PET_CONFIG).write_text(yaml.safe_dump({"model": {"model_config": {"pet_config": pet}}}))
-        (self.root / SIDECAR).write_text(json.dumps({"format": FORMAT, "spec": self.spec.to_dict()}, indent=1))
+        (self.root / SIDECAR).write_text(json.dumps({"format": FORMAT, "dialect": self.dialect,
+                                                     "spec": self.spec.to_dict()}, indent=1))

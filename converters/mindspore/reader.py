@@ -88,7 +88,7 @@ class Reader(BaseReader):
                 vocab_size: int | None = None, verify_share: tuple[int, int] = (0, 1)):
         """A MindFormers LoRA adapter (its pet_config beside the `.ckpt`, or a `.ckpt` of LoRA tensors only with
         the run's YAML as --model-config) is read by `lora.Reader`."""
-        if lora.holds_adapter(path) or (model_config is not None and lora.names_adapter(path)):
+        if lora.holds_adapter(path) or (lora.states_pet_config(model_config) and lora.names_adapter(path)):
             if any(x is not None for x in (qkv_layout, qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, vocab_size)):
                 raise InteropError(f"{path}: a MindFormers LoRA adapter takes no MindSpore layout options")
             return lora.Reader(path, model_config)

@@ -47,10 +47,10 @@ class Writer(BaseWriter):
                 adapter=None):
         if adapter is None:
             return super().__new__(cls)
-        if (dialect or "mindformers") != "mindformers" or qkv_concat or qkv_layout or qkv_bias_layout or dp:
-            raise InteropError("MindSpore LoRA adapters are written as MindFormers' LoRA model names them "
-                               "(--dialect mindformers, without --qkv-concat, --qkv-layout or --dp)")
-        return lora.Writer(root, spec, layout, metas, adapter)
+        if qkv_concat or qkv_layout or qkv_bias_layout or dp:
+            raise InteropError("MindSpore LoRA adapters are written as MindFormers' LoRA models name them "
+                               "(--dialect mindformers or mindformers-mcore, without --qkv-concat, --qkv-layout or --dp)")
+        return lora.Writer(root, spec, layout, metas, adapter, dialect or "mindformers")
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  dialect: str | None = None, qkv_concat: bool = False, qkv_layout: str | None = None,

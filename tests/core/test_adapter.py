@@ -51,6 +51,8 @@ def test_rank_and_alpha_are_required_never_defaulted():
             AdapterSpec.from_dict(data, "x/interop.json")
     with pytest.raises(InteropError, match="rank must be a positive integer"):
         AdapterSpec(0, 8, ("attn.q",))
+    with pytest.raises(InteropError, match="layers must be layer numbers"):
+        AdapterSpec(4, 8, ("attn.q",), layers=("1",))
     assert AdapterSpec.from_dict(AdapterSpec(4, 8.5, ("attn.q",), 0.1, (0, 2), "base").to_dict()) == \
         AdapterSpec(4, 8.5, ("attn.q",), 0.1, (0, 2), "base")
 
