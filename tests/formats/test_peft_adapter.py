@@ -166,6 +166,8 @@ def test_gpt2_fused_c_attn_one_a_for_q_k_v(tmp_path):
     assert reader.source.adapter.targets == ("attn.k", "attn.o", "attn.q", "attn.v", "mlp.down")  # c_proj: both
     assert reader.source.adapter.shared_a is True  # one A for the fused c_attn, stated in interop.json
     reader.close()
+    code, err, out = cli("inspect", tmp_path / "i", "--no-tensors")
+    assert code == 0 and "one A per fused module" in out, err
     convert(tmp_path / "i", tmp_path / "back", dst_format="peft")
     x, y = load_file(lora / "adapter_model.safetensors"), load_file(tmp_path / "back" / "adapter_model.safetensors")
     assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)
