@@ -289,7 +289,7 @@ class Reader(BaseReader):
         """{fp8 weight key: its scale key}; the scales leave `keys`.  Every float8 weight has its scale of the
         right grid and every scale its float8 weight, or the checkpoint is refused (never read unscaled)."""
         layout = fp8_layout(config, str(root / "config.json"))
-        fp8_keys = sorted(k for k in keys if self.files.meta(k)[0] == torch.float8_e4m3fn)
+        fp8_keys = sorted(k for k in keys if self._meta(k)[0] == torch.float8_e4m3fn)
         scales = {k for k in keys if k.endswith(SCALE_SUFFIX)}
         if layout is None:
             if fp8_keys or scales:
@@ -321,6 +321,9 @@ class Reader(BaseReader):
         their blocks and scales.  Blocks without their scales (or of another grid) are refused in one line."""
         blocks = sorted(k for k in keys if k.endswith("_blocks"))
         if not is_mxfp4(config):
+            if blocks:
+                raise InteropError(f"{root}: {blocks[0]} is MXFP4 but config.json has no quantization_config "
+                                   "(quant_method mxfp4)")
             return {}
         if dequantize_to not in DTYPE_OF_NAME:
             raise InteropError(f"dequantize_to must be one of {', '.join(DTYPE_OF_NAME)}, got {dequantize_to!r}")

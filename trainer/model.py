@@ -338,8 +338,23 @@ class Stage(nn.Module):
         return not (name.startswith("embed.") and not self.first)
 
 
+def cannot_compute(spec: ModelSpec) -> str | None:
+    """Why the reference model cannot compute `spec` (a fact it has no code for yet), or None: never a silent
+    different model (verify, parity and train all build it)."""
+    facts = [f for f, has in (("attn_sinks", spec.attn_sinks), ("activation=quick_geglu", spec.activation == "quick_geglu"),
+                              ("moe_router_logit_bias", spec.moe_router_logit_bias),
+                              ("expert biases", spec.is_moe and spec.has_mlp_bias)) if has]
+    if facts:
+        return (f"the reference trainer does not compute this model's {', '.join(facts)} yet (gpt-oss's facts): "
+                "convert it, but train, verify or run parity with transformers or Megatron-Bridge")
+    return None
+
+
 def check_model_layout(spec: ModelSpec, layout: ParallelLayout) -> None:
     """Refuse layouts the trainer cannot run, with the reason."""
+    why = cannot_compute(spec)
+    if why:
+        raise InteropError(why)
     spec.check_tp(layout.tp)
     if spec.padded_vocab % layout.tp:
         raise InteropError(f"tp={layout.tp} does not divide the padded vocabulary ({spec.padded_vocab})")
