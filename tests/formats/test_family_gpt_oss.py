@@ -15,8 +15,9 @@ experts -> `mlp.experts.linear_fc1.weight*` / `.bias*` (TEGroupedMLP) or `mlp.ex
 / `.bias` (SequentialMLP) with fc1 = [gate; up] de-interleaved, provider `softmax_type="learnable"`,
 `activation_func=quick_gelu`, `activation_func_clamp_value`, `glu_linear_offset=1.0`, `add_bias_linear=True`,
 `position_embedding_type="yarn"` with `yarn_*` fields and `yarn_correction_range_round_to_int=False`.  megatron-core
-0.16.1's own GPTModel (local spec) cannot build the sinks with its local attention on CPU tests here, so Megatron
-round trips are checked bit for bit; the reference trainer does not compute sinks / the clamped GeLU yet and refuses.
+0.16.1's own GPTModel is not the oracle here (interop's megatron_framework.cannot_build names the sinks and the
+clamped GeLU: its CPU build has no local sink attention path we run), so Megatron round trips are checked bit for bit and
+the reference model / trainer against transformers.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from interop.convert import convert
 from interop.errors import InteropError
 from interop.mappings.hf_config import hf_config_from_spec, spec_from_hf_config
 from interop.mappings.megatron_spec import model_args
-from interop.workflows.verify import verify
+from interop.trainer.config import TrainConfig
+from interop.workflows.parity import parity, parse_layouts
+from interop.workflows.verify import reference_logits, verify
 
 transformers = pytest.importorskip("transformers")
 TOKENS = torch.randint(0, F.VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
@@ -167,11 +170,26 @@ def test_targets_without_the_facts_refuse(gpt_oss, tmp_path):
         model_args(spec.replace(moe_router_logit_bias=False))
 
 
-def test_reference_model_refuses_what_it_cannot_compute(gpt_oss, tmp_path):
-    """verify (and train / parity, which build the same reference model) say in one line what they cannot compute,
-    never a result from a different model."""
-    src, _ = gpt_oss
+def test_reference_model_logits_equal_transformers_and_verify(gpt_oss, tmp_path):
+    """The reference model (trainer/model.py: sinks in its eager attention, the clamped quick GeLU, the router's and
+    the experts' biases, YaRN untruncated, windows on layers 0 and 2) computes transformers' logits; verify of the
+    Megatron tp2/ep2 output runs it and transformers on both sides."""
+    src, logits = gpt_oss
     convert(src, tmp_path / "common", dst_format="interop")
-    with pytest.raises(InteropError, match=r"the reference trainer does not compute this model's attn_sinks, "
-                                           r"activation=quick_geglu, moe_router_logit_bias, expert biases yet"):
-        verify(src, tmp_path / "common")
+    assert (reference_logits(tmp_path / "common", TOKENS) - logits).abs().max() < 1e-5
+    convert(src, tmp_path / "mg", dst_format="megatron", tp=2, ep=2)
+    result = verify(src, tmp_path / "mg")
+    assert result.ok, "\n".join(result.lines())
+
+
+def test_trainer_parity_with_transformers(gpt_oss, tmp_path):
+    """The reference trainer at 1x1 / 2x1 / 1x2 and ep 2, and transformers' GptOssForCausalLM (eager attention with
+    its sinks), train alike for 10 steps (no load-balancing loss: transformers' is another objective)."""
+    model = F.build("gpt_oss")
+    model.config.router_aux_loss_coef = 0.0
+    model.save_pretrained(tmp_path / "hf")
+    cfg = TrainConfig(steps=10, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=1e-3, warmup=2)
+    result = parity(tmp_path / "hf", cfg, layouts=parse_layouts("1x1,2x1,1x2,1x1x2x2"), frameworks=["torch", "hf"],
+                    log=None)
+    assert list(result.runs) == ["torch 1x1", "torch 2x1", "torch 1x2", "torch 1x1x2 ep2", "hf"], result.failed
+    assert result.max_diff < 1e-5, result.table()

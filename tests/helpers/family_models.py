@@ -80,6 +80,10 @@ def build(kind: str, seed: int = 0):
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias") or name.endswith("sinks"):
                 p.copy_(torch.randn_like(p) * 0.1 + (one if name.endswith("weight") else 0.0))
+        if kind == "gpt_oss":  # router logits with clear margins: a top-k choice that is a near-tie flips with the
+            # order of float sums (tp, ep), a discrete change no tolerance covers; x10 keeps 10 training steps clear
+            for layer in model.model.layers:
+                layer.mlp.router.weight.mul_(10.0)
     return model.eval()
 
 
