@@ -174,15 +174,46 @@ def _optional_float(full: dict, key: str, where: str) -> float | None:
 
 
 def _sliding_layers(full: dict, window, where: str) -> list | None:
-    """`sliding_window_layers` ("0,2,4" or a list): the layers --window-size applies to (None: all)."""
+    """The layers --window-size applies to (None: all): --window-attn-skip-freq (megatron-core transformer/utils.py
+    is_layer_window_attention: an int k windows the layers whose 1-based number is not a multiple of k, a 0/1 list
+    names them), or `sliding_window_layers` ("0,2,4" or a list), what interop wrote before it used the flag."""
+    if window is None:
+        return None
+    skip = full.get("window_attn_skip_freq")
+    if skip not in (None, "", "None"):
+        return _skip_freq_layers(skip, int(full["num_layers"]), where)
     value = full.get("sliding_window_layers")
-    if value in (None, "", "None") or window is None:
+    if value in (None, "", "None"):
         return None
     items = value.split(",") if isinstance(value, str) else value
     try:
         return [int(i) for i in items]
     except (TypeError, ValueError):
         raise InteropError(f"{where}: sliding_window_layers={value!r} is not a list of layer numbers") from None
+
+
+def _skip_freq_layers(skip, num_layers: int, where: str) -> list | None:
+    if isinstance(skip, str) and skip.strip().lstrip("-").isdigit():
+        skip = int(skip)
+    if isinstance(skip, int) and not isinstance(skip, bool) and skip > 0:
+        windowed = [(i + 1) % skip != 0 for i in range(num_layers)]
+    else:
+        windowed = M.moe_layer_pattern(skip, num_layers) if not isinstance(skip, int) else None
+        if windowed is None:
+            raise InteropError(f"{where}: window_attn_skip_freq={skip!r} is not an integer or a 0/1 list of "
+                               f"{num_layers} layers")
+    layers = [i for i, w in enumerate(windowed) if w]
+    return None if len(layers) == num_layers else layers
+
+
+def window_skip_freq(spec: ModelSpec):
+    """--window-attn-skip-freq for spec.sliding_layers: k where the window skips every k-th layer, else the 0/1 list."""
+    if spec.sliding_window is None or spec.sliding_layers is None:
+        return None
+    for k in range(2, spec.num_layers + 1):
+        if [i for i in range(spec.num_layers) if (i + 1) % k] == list(spec.sliding_layers):
+            return k
+    return [int(spec.is_sliding_layer(i)) for i in range(spec.num_layers)]
 
 
 def _float_or_none(value):
@@ -289,9 +320,9 @@ def sliding_window_of(full: dict, where: str) -> int | None:
         left, right = (int(w) for w in window)
     except (TypeError, ValueError):
         raise InteropError(f"{where}: window_size={full['window_size']!r} is not a (left, right) pair") from None
-    if right != 0 or left < 0 or full.get("window_attn_skip_freq") not in (None, "", "None"):
-        raise InteropError(f"{where}: window_size={full['window_size']!r} with window_attn_skip_freq="
-                           f"{full.get('window_attn_skip_freq')!r} is not supported (a causal window on every layer is)")
+    if right != 0 or left < 0:
+        raise InteropError(f"{where}: window_size={full['window_size']!r} is not supported (a causal window, "
+                           "(left, 0), is)")
     return left + 1
 
 
@@ -327,7 +358,7 @@ def model_args(spec: ModelSpec) -> dict:
         "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm or spec.is_mla,
         "use_rope_scaling": llama3,
         "rope_scaling_factor": spec.rope_scaling["factor"] if llama3 else 8.0,
-        "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
+        "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": window_skip_freq(spec),
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
         **DS.deepseek_args(spec),
     }
@@ -347,7 +378,6 @@ def layer_spec_args(spec: ModelSpec) -> dict:
             "gated_linear_unit": spec.activation == "geglu_tanh", "embedding_scale": spec.embed_scale,
             "softmax_scale": spec.softmax_scale, "attn_logit_softcapping": spec.attn_softcap,
             "final_logit_softcapping": spec.logit_softcap,
-            "sliding_window_layers": None if spec.sliding_layers is None else ",".join(map(str, spec.sliding_layers)),
             "rotary_base_local": spec.rope_local_base,
             "rope_linear_factor": spec.rope_scaling["factor"] if spec.rope_scaling is not None
             and spec.rope_scaling["type"] == "linear" else None}
@@ -357,7 +387,7 @@ def _bridge_facts(spec: ModelSpec) -> bool:
     """Whether the model has a fact only `layer_spec_args` can say (map-args then says them too)."""
     return (not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head" or spec.activation == "geglu_tanh"
             or spec.embed_scale or spec.softmax_scale is not None or spec.attn_softcap is not None
-            or spec.logit_softcap is not None or spec.sliding_layers is not None or spec.rope_local_base is not None
+            or spec.logit_softcap is not None or spec.rope_local_base is not None
             or (spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear"))
 
 

@@ -99,7 +99,7 @@ def test_hf_megatron_round_trip_with_bridge_names(gpt_oss, tmp_path, layout):
             args["add_bias_linear"]) == ("learnable", True, 0.5, 1.0, True)
     assert (args["yarn_rotary_scaling_factor"], args["yarn_original_max_position_embeddings"],
             args["yarn_correction_range_round_to_int"]) == (32.0, 8, False)
-    assert args["window_size"] == (F.SLIDING_WINDOW - 1, 0) and args["sliding_window_layers"] == "0,2"
+    assert args["window_size"] == (F.SLIDING_WINDOW - 1, 0) and args["window_attn_skip_freq"] == 2
     model = state["model"]
     assert model["decoder.layers.0.self_attention.core_attention.softmax_offset"].shape == (4,)  # 8 heads / tp 2
     assert model["decoder.layers.0.mlp.router.bias"].shape == (4,)
