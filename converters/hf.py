@@ -383,8 +383,10 @@ class Reader(BaseReader):
         if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
             return transform.split(self._read_hf(hf_key))[0]
         if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
-            # two held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order
-            while len(self._cached) >= 2:
+            # four held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order, with
+            # their biases (gpt-oss) gate_up, gate_up_bias, down, down_bias, gate_up, ...: each read (and
+            # dequantised) once per layer
+            while len(self._cached) >= 4:
                 del self._cached[next(iter(self._cached))]
             self._cached[hf_key] = transform.split(self._read_hf(hf_key))
         return self._cached[hf_key][i]

@@ -9,7 +9,7 @@ then the last two axes swapped: gate_up_proj blocks [E, 2f, h / 32, 16] -> [E, h
 -> [E, f, h], the layouts GptOssExperts computes with.  transformers 5.24 integrations/mxfp4.py
 `_convert_moe_packed_tensors` computes exactly this (a lookup table in the target dtype, `torch.ldexp`, then
 `transpose(1, 2)`); every FP4 value times a power of two is exact in float32 and in bfloat16 within its exponent range,
-so the result does not depend on the dtype it is computed in.
+so the result does not depend on the dtype it is computed in (here float32, one expert at a time).
 """
 from __future__ import annotations
 
@@ -52,13 +52,19 @@ class MXFP4:
 
     @staticmethod
     def dequantize(blocks, scales, dtype):
-        """The expert tensor in `dtype` ([..., G * 32, rows]): each nibble's FP4 value times its block's 2 ** (s - 127)."""
+        """The expert tensor in `dtype` ([..., G * 32, rows], a transposed view): each byte's two FP4 values (low
+        nibble first) from a 256-entry table, times its block's 2 ** (s - 127) (a power of two: exact), one leading
+        slice (an expert) at a time so the float32 temporaries stay one expert's."""
         import torch
         lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+        codes = torch.arange(256)
+        pairs = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1)  # byte -> (low value, high value)
         *lead, rows, groups, pair = blocks.shape
-        codes = blocks.to(torch.uint8)
-        out = torch.empty(*lead, rows, groups, 2 * pair, dtype=torch.float32)
-        out[..., 0::2] = lut[(codes & 0x0F).long()]
-        out[..., 1::2] = lut[(codes >> 4).long()]
-        out = torch.ldexp(out, (scales.to(torch.int32) - SCALE_BIAS).unsqueeze(-1))
-        return out.reshape(*lead, rows, groups * 2 * pair).transpose(-1, -2).contiguous().to(dtype)
+        out = torch.empty(*lead, rows, groups * 2 * pair, dtype=dtype)
+        flat_out, flat_blocks = out.view(-1, rows, groups * 2 * pair), blocks.reshape(-1, rows, groups, pair)
+        flat_scales = scales.reshape(-1, rows, groups)
+        for e in range(flat_out.shape[0]):
+            values = pairs[flat_blocks[e].to(torch.int32)]  # [rows, G, 16, 2]
+            values.mul_(torch.exp2(flat_scales[e].to(torch.float32) - SCALE_BIAS)[..., None, None])
+            flat_out[e].copy_(values.view(rows, groups * 2 * pair))
+        return out.transpose(-1, -2)
