@@ -606,10 +606,9 @@ def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
         where = {(True, False): "before", (False, True): "after", (True, True): "before and after"}
         refuse("post_norm", f"HF {model_type} cannot hold norms {where[(spec.pre_norm, spec.post_norm)]} attention "
                             f"and MLP ({', '.join(holders) or 'no HF family here'} can)")
-    for fact, has, key in (("attn_sinks", spec.attn_sinks, "sinks"), ("activation", spec.activation == "quick_geglu",
-                                                                       "clamped_glu"),
-                           ("moe_router_logit_bias", spec.moe_router_logit_bias, "moe")):
-        holders = [t for t, f in HF_FAMILIES.items() if f.get("sinks")]  # gpt_oss: its facts come together
+    holders = [t for t, f in HF_FAMILIES.items() if f.get("sinks")]  # gpt_oss: its three facts come together
+    for fact, has in (("attn_sinks", spec.attn_sinks), ("activation", spec.activation == "quick_geglu"),
+                      ("moe_router_logit_bias", spec.moe_router_logit_bias)):
         what = "activation=quick_geglu" if fact == "activation" else fact
         if has and not family.get("sinks"):
             refuse(fact, f"HF {model_type} cannot hold {what} ({', '.join(holders)} can)")
@@ -648,14 +647,6 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
         cannot("moe_router_score", f"a {spec.moe_router_score} router (HF's is a softmax)")
     if spec.moe_router_bias:
         cannot("moe_router_bias", "a router expert bias")
-    if model_type in ("mixtral", "gpt_oss"):
-        if not spec.moe_norm_topk and model_type == "gpt_oss":
-            cannot("moe_norm_topk", "top-k probabilities left unnormalised (gpt-oss's router takes the softmax of "
-                                    "the top-k logits)")
-        if spec.moe_layers is not None and model_type == "gpt_oss":
-            cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
-        if spec.shared_expert_ffn_hidden is not None and model_type == "gpt_oss":
-            cannot("shared_expert_ffn_hidden", "a shared expert")
     if spec.qk_norm != HF_FAMILIES[model_type]["qk_norm"]:
         cannot("qk_norm", "q/k norms" if spec.qk_norm else "no q/k norms")
     if model_type == "mixtral":
@@ -665,8 +656,14 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
                                     "--renormalize-topk writes HF Mixtral anyway, with a note of the changed rule)")
         if spec.moe_layers is not None:
             cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
-    elif model_type == "gpt_oss":
-        pass
+    elif model_type == "gpt_oss":  # GptOssTopKRouter: softmax of the top-k logits; every layer MoE, no shared one
+        if not spec.moe_norm_topk:
+            cannot("moe_norm_topk", "top-k probabilities left unnormalised (gpt-oss's router takes the softmax of "
+                                    "the top-k logits)")
+        if spec.moe_layers is not None:
+            cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
+        if spec.shared_expert_ffn_hidden is not None:
+            cannot("shared_expert_ffn_hidden", "a shared expert")
     elif model_type == "qwen3_moe":
         if spec.shared_expert_ffn_hidden is not None:
             cannot("shared_expert_ffn_hidden", "a shared expert")
