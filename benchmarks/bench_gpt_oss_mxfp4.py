@@ -9,8 +9,9 @@ from one run, each step against a plain copy of the same bytes:
     MXFP4 HF -> Megatron tp 2 ep 2   (dequantised, de-interleaved into linear_fc1 = [gate; up], cut per rank)
 
 Each step runs in a fresh interpreter (`common.measured_convert`); peak RSS is reported against the source size: it
-must stay a layer's experts (one dequantised gate_up_proj, 32 x 2880 x 5760 bf16 = 1.06 GB at 32 experts), never the
-model.  The blocks are random bytes, the scales random exponents near 2^0.  Written under a temporary directory.
+is bounded by one layer's experts, never the model: a dequantised gate_up_proj (32 x 2880 x 5760 bf16 = 1.06 GB at 32
+experts), its canonical parts and the fused tensor written back (about 4x that for HF output, measured in
+benchmarks/RESULTS.md).  The blocks are random bytes, the scales random exponents near 2^0.  Written under a temporary directory.
 """
 from __future__ import annotations
 
