@@ -15,13 +15,16 @@ experts -> `mlp.experts.linear_fc1.weight*` / `.bias*` (TEGroupedMLP) or `mlp.ex
 / `.bias` (SequentialMLP) with fc1 = [gate; up] de-interleaved, provider `softmax_type="learnable"`,
 `activation_func=quick_gelu`, `activation_func_clamp_value`, `glu_linear_offset=1.0`, `add_bias_linear=True`,
 `position_embedding_type="yarn"` with `yarn_*` fields and `yarn_correction_range_round_to_int=False`.  megatron-core
-0.16.1's own GPTModel is not the oracle here (interop's megatron_framework.cannot_build names the sinks and the
-clamped GeLU: its CPU build has no local sink attention path we run), so Megatron round trips are checked bit for bit and
-the reference model / trainer against transformers.
+0.16.1's own GPTModel, built as that provider builds it, loads the Megatron output strictly and computes transformers'
+logits (tests/helpers/mcore_gpt_oss.py); Megatron round trips are bit for bit; the reference model / trainer are
+checked against transformers.
 """
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +114,19 @@ def test_hf_megatron_round_trip_with_bridge_names(gpt_oss, tmp_path, layout):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
     with torch.no_grad():
         assert torch.equal(back(TOKENS).logits, logits)
+
+
+def test_megatron_core_own_model_computes_transformers_logits(gpt_oss, tmp_path):
+    """The Megatron output loads strictly into megatron-core 0.16.1's own GPTModel built as Megatron-Bridge's
+    GPTOSSProvider builds it (tests/helpers/mcore_gpt_oss.py, in its own process), whose logits equal transformers'."""
+    src, logits = gpt_oss
+    convert(src, tmp_path / "mg", dst_format="megatron")
+    torch.save(TOKENS, tmp_path / "tokens.pt")
+    helper = Path(__file__).parents[1] / "helpers" / "mcore_gpt_oss.py"
+    run = subprocess.run([sys.executable, str(helper), str(tmp_path / "mg"), str(tmp_path / "tokens.pt"),
+                          str(tmp_path / "logits.pt")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (torch.load(tmp_path / "logits.pt") - logits).abs().max() < 1e-5
 
 
 def test_common_format_round_trip(gpt_oss, tmp_path):
