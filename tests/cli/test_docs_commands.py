@@ -25,7 +25,7 @@ def bash_blocks(path: Path) -> list[str]:
 def commands(block: str) -> list[str]:
     """The `interop ...` commands of a block, comments dropped ([...] marks optional flags in a synopsis: dropped)."""
     out = []
-    for line in block.splitlines():
+    for line in re.sub(r"\\\n\s*", " ", block).splitlines():  # a line continued with a backslash is one command
         line = line.split("  #")[0].split(" # ")[0].strip()
         if line.startswith("interop "):
             out.append(re.sub(r"\s*\[[^\]]*\]", "", line))
@@ -190,7 +190,11 @@ def _outputs(argv: list[str]) -> set[str]:
     return set()
 
 
-RUN = [(page, cmd) for k, (page, cmd) in enumerate(ALL) if cmd not in [c for _, c in ALL[:k]]]  # once each
+# Not run yet: the LoRA adapter commands (docs/adapters.md, LoRA training in docs/training.md), whose inputs
+# (PEFT adapters, MindSpeed-LLM LoRA checkpoints, a LoRA base) this test does not build yet; each still parses.
+NOT_YET = ("./lora-", "./base ", "--adapter ", "--lora-rank")
+RUN = [(page, cmd) for k, (page, cmd) in enumerate(ALL)
+       if cmd not in [c for _, c in ALL[:k]] and not any(mark in cmd + " " for mark in NOT_YET)]  # once each
 
 
 def test_every_documented_command_runs(named_inputs, tmp_path, monkeypatch):
@@ -221,3 +225,11 @@ def test_every_documented_command_runs(named_inputs, tmp_path, monkeypatch):
             if not (named_inputs / o).exists():
                 (here / o).rename(named_inputs / o)
     assert not failures, "\n".join(failures)
+
+
+def test_only_the_lora_commands_wait():
+    """The commands not run are exactly the LoRA ones (a new command of any other kind runs)."""
+    waiting = [(page, cmd) for page, cmd in ALL if (page, cmd) not in RUN and cmd not in [c for _, c in RUN]]
+    assert all(page in ("docs/adapters.md", "docs/training.md") and ("lora" in cmd or "--adapter" in cmd or
+                                                                     "./base" in cmd) for page, cmd in waiting)
+    assert len(RUN) >= 30
