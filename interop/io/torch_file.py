@@ -31,7 +31,7 @@ from ..errors import InteropError
 from . import background
 from .safe_pickle import load_pickle, safe_torch_load
 from .writeback import Writeback
-from .zip_records import zip_records
+from .zip_records import InflationBomb, check_expansion, zip_records
 from .zipfile_writer import ALIGNMENT, ZipWriter
 
 STORAGE_TYPES = {
@@ -61,10 +61,13 @@ def _records(path: Path) -> tuple[dict[int, _Record], bool]:
     size and CRC-32 there lets a read check that it stays inside the record and verify it."""
     try:
         with zipfile.ZipFile(path) as z, open(path, "rb", buffering=0) as f:
+            check_expansion(z)
             by_offset, compressed = {}, False
             for record in zip_records(z, f.fileno()):
                 compressed = compressed or not record.stored
                 by_offset[record.offset] = _Record(record.name, record.size, record.crc)
+    except InflationBomb as exc:
+        raise InteropError(f"{path}: {exc}") from None
     except (OSError, zipfile.BadZipFile, ValueError, struct.error) as exc:
         raise InteropError(f"{path}: not a readable zip file ({exc})") from None
     return by_offset, compressed
