@@ -73,7 +73,14 @@ class Reader(BaseReader):
 
     options = ("iteration", "model_config", "vocab_size")
 
-    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
+    @classmethod
+    def options_for_worker(cls, options: dict) -> dict:
+        return dict(options, verify=False)  # the parent compared the tied head's copy with the embedding
+
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
+                 verify: bool = True):
+        """`verify=False` skips reading tensor bytes to check the files (a tied head's stored copy): a
+        `--workers` worker, whose parent checked them."""
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
         ranks = RankFiles(self.dir)
@@ -98,7 +105,7 @@ class Reader(BaseReader):
         self.spec = spec
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart)
-        check_tensors(model, ranks, self.rows, spec, notes)
+        check_tensors(model, ranks, self.rows, spec, notes, compare_tied=verify)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
         optimizer = OptimizerState(ranks, model, self.rows, spec, stored or {}, first)
         self.moments, self.moment_files = optimizer.moments, optimizer.files  # (distrib_optim.pt: their own files)
