@@ -288,6 +288,19 @@ class Reader(BaseReader):
                     self._native.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
         return self._native.get(name)
 
+    def copied(self, name: str) -> None:
+        """`byte_ranges(name)` went file to file: each rank's record it came from is CRC-checked in the
+        background (`confirm`), as `read` checks what it reads."""
+        dicts, base, files = self._stored(name)
+        row, _ = self.row_of[base]
+        dicts, files = self._on_ep_rank(dicts, files, row)
+        for t in [0] if self._replicated(row) else range(self._ranks(row)):
+            files[(t, row.stage)].check_later(dicts[(t, row.stage, row.chunk)][row.key])
+
+    def confirm(self) -> None:
+        for f in {id(f): f for files in (self.ep_files, self.moment_files) for f in files.values()}.values():
+            f.confirm()
+
     def close(self) -> None:
         self._cache.clear()
 
