@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ...errors import InteropError
 from ...io.torch_file import LazyTorchFile
 from ...spec import ModelSpec
 from . import distrib
@@ -128,6 +129,13 @@ class OptimizerState:
                 return (f"{path.name}: chunk {v} holds {world.get('numel_unpadded')} elements, megatron-core's "
                         f"layout of its parameters at dp {dp} {sum(buffer.unpadded)}")
             offsets = distrib.coalesced_offsets(buffer)
+            for theirs in distrib.KINDS:
+                have = world.get(theirs)
+                need = max((offsets[key] + buffer.slots[key].numel for (c, key), _, _ in params if c == v), default=0)
+                if not isinstance(have, torch.Tensor) or have.dim() != 1 or have.numel() < need:
+                    got = f"{have.numel():,} elements" if isinstance(have, torch.Tensor) else type(have).__name__
+                    raise InteropError(f"{path}: chunk {v}'s {theirs} buffer holds {got}, its parameters need "
+                                       f"{need:,}: the file is cut short or damaged")
             for (c, key), _, shape in params:
                 if c != v:
                     continue

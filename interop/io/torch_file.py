@@ -135,6 +135,15 @@ class LazyTorchFile:
         if record is not None and pos not in self._later:
             self._later[pos] = (record, _CRC_THREAD.submit(_crc_of_range, self.path, pos, nbytes))
 
+    def _check_record_later(self, t: torch.Tensor) -> None:
+        """`t` views part of its record (a parameter's run of distrib_optim.pt's flat buffer): the whole
+        record is CRC-checked once, on the CRC thread (from the page cache its reads filled); `confirm`
+        reports it."""
+        offset = getattr(t.untyped_storage(), "_checkpoint_offset", None)
+        record = self._records.get(offset) if offset is not None else None
+        if record is not None and record.crc and offset not in self._later:
+            self._later[offset] = (record, _CRC_THREAD.submit(_crc_of_range, self.path, offset, record.size))
+
     def confirm(self) -> None:
         """Raise if a record `check_later` was asked for fails its CRC-32."""
         later, self._later = self._later, {}
@@ -160,6 +169,8 @@ class LazyTorchFile:
             raise InteropError(f"{self.path}: truncated (a tensor needs {len(buf)} bytes at offset {pos}, {got} there)")
         if record is not None:
             self._check_crc(record, zlib.crc32(buf))
+        else:
+            self._check_record_later(t)
         flat = torch.frombuffer(buf, dtype=t.dtype)
         if t.is_contiguous():
             return flat.view(t.shape)
@@ -180,6 +191,8 @@ class LazyTorchFile:
             return
         item = t.element_size()
         offset, _, record = self._span(t)
+        if record is None:
+            self._check_record_later(t)
         bytes_of = {}
         views = []
         for x, start, stop in runs:
