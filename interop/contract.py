@@ -54,6 +54,13 @@ class BaseReader(abc.ABC):
         checks that read every byte, so a reader that can skip them says so here.  Default: the same."""
         return options
 
+    @classmethod
+    def options_for_rank(cls, options: dict, rank: int, ranks: int) -> dict:
+        """The options rank `rank` of `ranks` in a distributed conversion opens the source with: a reader
+        whose checks read every byte splits them over the ranks here, so that the source is read once in all,
+        not once per rank.  Default: the same."""
+        return options
+
     @abc.abstractmethod
     def metas(self) -> list[TensorMeta]:
         """Every canonical tensor (name, dtype, global shape), in the order the engine reads them."""

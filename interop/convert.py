@@ -240,6 +240,8 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
             raise InteropError(f"--dtype fp8: a {dst_format} target cannot store block-scaled FP8 weights yet (hf can)")
         writer_options["quantize_to"] = "fp8"
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
+    if group is not None:  # checks that read every byte: each rank makes its share
+        reader_options = reader_cls.options_for_rank(reader_options, group.rank, group.world)
     inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
     check_destination(dst, force, inputs)
     try:

@@ -79,14 +79,21 @@ class Reader(BaseReader):
     def options_for_worker(cls, options: dict) -> dict:
         return dict(options, verify=False)  # the parent checked every file's crc as it opened it
 
+    @classmethod
+    def options_for_rank(cls, options: dict, rank: int, ranks: int) -> dict:
+        return dict(options, verify_share=(rank, ranks))  # each rank checks its share of the files' crcs
+
     def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
                  src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, verify_share: tuple[int, int] = (0, 1)):
         """`qkv_layout` / `qkv_bias_layout`: how a MindFormers w_qkv is joined.  MindSpore -> MindSpore gives
         the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's).
         `verify=False` skips what reads tensor bytes to check the files (crc trailers, a tied head's or a
-        renamed tensor's stored copy): a `--workers` worker, whose parent made those checks already."""
-        self.verify = verify
+        renamed tensor's stored copy): a `--workers` worker, whose parent made those checks already.
+        `verify_share` (rank, ranks) of a distributed conversion: this rank checks the crc of every ranks-th
+        file from its own on, rank 0 the stored copies; together the ranks check everything once."""
+        share, ranks = verify_share
+        self.verify = verify and share == 0
         qkv_layout, qkv_bias_layout = src_qkv_layout or qkv_layout, src_qkv_bias_layout or qkv_bias_layout
         path = Path(path)
         if not path.exists():
@@ -110,8 +117,8 @@ class Reader(BaseReader):
             else:
                 by_rank, notes = rank_folders(path)
                 paths = {("rank", r): p for r, p in by_rank.items()}
-            for key, p in sorted(paths.items()):
-                self.files[key] = CkptFile(p, verify=verify)
+            for i, (key, p) in enumerate(sorted(paths.items())):
+                self.files[key] = CkptFile(p, verify=verify and i % ranks == share)
             self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes, vocab_size)
         except BaseException:
             self.close()

@@ -26,7 +26,19 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     _write_hf(root / "hf")
     _write_hf(root / "mixtral", experts=EXPERTS)
+    convert(root / "hf", root / "ms-tp2pp2", dst_format="mindspore", tp=2, pp=2)
+    _with_crc(root / "ms-tp2pp2")
     return root
+
+
+def _with_crc(folder: Path) -> None:
+    """Each rank file rewritten with the crc trailer MindSpore's `save_checkpoint(crc_check=True)` appends."""
+    from interop.io.ms_ckpt import CkptFile, save_ckpt
+    for ckpt in sorted(folder.glob("rank_*/*.ckpt")):
+        with CkptFile(ckpt) as f:
+            tensors = {tag: f.read(tag).clone() if not isinstance(f.read(tag), str) else f.read(tag)
+                       for tag in f.keys()}
+        save_ckpt(ckpt, tensors, crc=True)
 
 
 def _port() -> int:
@@ -77,6 +89,7 @@ CASES = {  # target: (source, convert flags)
     "hf-sharded": ("mixtral", ["--to", "hf", "--max-shard-size", "100KB"]),
     "megatron-torch-one-file": ("hf", ["--to", "megatron"]),  # one unit: rank 1 has nothing to write
     "hf-one-file": ("mixtral", ["--to", "hf"]),
+    "from-mindspore-to-torch_dist": ("ms-tp2pp2", ["--to", "megatron", "--format", "torch_dist"]),
 }
 
 
@@ -180,3 +193,42 @@ def test_ctrl_c_on_the_launcher_cleans_up(sources, tmp_path):
     lines = error_lines(err)
     assert len(lines) == 1 and "rank " in lines[0], err
     assert not dst.exists() and leftovers(dst) == []
+
+
+def _damage(ckpt: Path) -> None:
+    """One byte of tensor data changed: the file still indexes, its crc trailer no longer matches."""
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    ckpt.write_bytes(bytes(data))
+
+
+def test_the_ranks_share_the_source_checks(sources, tmp_path):
+    """Each rank checks the crc of its share of a MindSpore source's files (one read of the source in all, not
+    one per rank): a damaged rank_3 file is rank 1's to find (files 0-3 over 2 ranks: 1 and 3 are rank 1's)."""
+    import shutil
+    from interop.converters.mindspore.reader import Reader
+    src = tmp_path / "ms"
+    shutil.copytree(sources / "ms-tp2pp2", src)
+    damaged = sorted(src.glob("rank_3/*.ckpt"))[0]
+    _damage(damaged)
+    Reader(src, verify_share=(0, 2)).close()  # rank 0's share (rank_0, rank_2) is sound: it never reads rank_3
+    with pytest.raises(Exception, match="crc check failed"):
+        Reader(src, verify_share=(1, 2))
+    dst = tmp_path / "out"
+    code, out, err = torchrun(["convert", src, dst, "--to", "hf", "-q"])
+    assert code != 0
+    lines = error_lines(err)
+    assert len(lines) == 1 and "rank 1" in lines[0] and "crc check failed" in lines[0], err
+    assert not dst.exists() and leftovers(dst) == []
+
+
+def test_convert_then_verify_under_torchrun(tmp_path):
+    """`--verify` under torchrun: rank 0 verifies the job's output once, its frameworks (megatron-core's own gloo
+    world) started clear of the torchrun job's store; the other ranks end after converting."""
+    from helpers.hf_models import save
+    save("llama", tmp_path / "hf")
+    code, out, err = torchrun(["convert", tmp_path / "hf", tmp_path / "meg", "--to", "megatron", "--tp", "2",
+                               "--verify", "-q"])
+    assert code == 0, err[-3000:]
+    assert out.startswith("converted ") and out.count("\nverify ") == 1, out
+    assert ": OK" in out, out
