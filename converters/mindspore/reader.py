@@ -192,6 +192,11 @@ class Reader(BaseReader):
         except BadScalar as exc:
             raise InteropError(f"{self.files[(0, 0)].path}: {exc}: the training state is damaged") from None
         notes += scalar_notes
+        optimizer = (state.get("megatron") or {}).get("optimizer")
+        if optimizer and not self.optim:  # step and param groups stored, the moments not: say what is missing
+            notes.append(f"no optimizer moments ({', '.join(p + '*' for p in self.prefixes.values())}) in the rank "
+                         f"files although their scalars say an optimizer ran (step {optimizer.get('step')}): "
+                         "weights only")
         if sidecar is not None:
             state = _merge_state(sidecar.get("state") or {}, state)
         if meta is not None and sidecar is None:  # (interop's own pt_meta restates what its sidecar records)

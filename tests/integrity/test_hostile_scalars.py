@@ -1,6 +1,7 @@
 """Honest: MindSpeed training-state scalars that are NaN, Inf or fractional where a count belongs, and a weight
 stored as a string, are one `error:` line naming the file and the scalar, with nothing written (they were
-`ValueError` / `OverflowError` tracebacks from `int()`, or a NaN learning rate carried on, exit 0)."""
+`ValueError` / `OverflowError` tracebacks from `int()`, or a NaN learning rate carried on, exit 0).  Rank files
+whose scalars say an optimizer ran but that hold no moments are read as weights with a note saying so."""
 import json
 import shutil
 
@@ -58,3 +59,17 @@ def test_finite_scalars_still_read(mindspeed, tmp_path):
     code, out = run("convert", src, tmp_path / "out", "--to", "interop")
     assert code == 0, out
     assert json.loads((tmp_path / "out" / "interop.json").read_text())["state"]["iteration"] == 7
+
+
+def test_moments_absent_while_scalars_say_an_optimizer_ran(mindspeed, tmp_path):
+    dst = tmp_path / "src"
+    shutil.copytree(mindspeed, dst)
+    for path in sorted(dst.glob("rank_*/network.ckpt")):  # what MindSpeed's optimizer leaves beside the weights
+        f = CkptFile(path)
+        tensors = {k: f.read(k) for k in f.keys()}
+        f.close()
+        assert not any(k.startswith("exp_avg") for k in tensors)
+        save_ckpt(path, dict(tensors, state_step=torch.tensor([3.0]), lr_group_0=torch.tensor(1e-4)))
+    code, out = run("convert", dst, tmp_path / "out", "--to", "interop")
+    assert code == 0, out
+    assert "no optimizer moments (exp_avg.*, exp_avg_sq.*)" in out and "(step 3): weights only" in out, out
