@@ -49,11 +49,14 @@ class Reader(BaseReader):
     """The format's reader: opening one gives the reader of the layout on disk, a `torch_dist.Reader` for a
     DCP iteration directory, a `torch_format.Reader` otherwise (each subclasses `BaseReader` itself)."""
 
-    options = ("iteration", "model_config", "vocab_size")
+    options = ("iteration", "model_config", "vocab_size", "allow_identical_ranks")
 
-    def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
-        picked = _torch_dist().Reader if _is_torch_dist(path, iteration) else torch_format.Reader
-        return picked(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+    def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
+                allow_identical_ranks: bool | None = None):
+        if _is_torch_dist(path, iteration):  # global tensors: no rank folders to compare
+            return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+        return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size,
+                                   allow_identical_ranks=bool(allow_identical_ranks))
 
 
 class Writer(BaseWriter):

@@ -50,7 +50,7 @@ from .checkpoint import CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_FILE, final
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
 from .model_spec import layout_of, model_args, spec_of
-from .model_state import ModelState, check_tensors
+from .model_state import ModelState, check_distinct_ranks, check_tensors
 from .optimizer import (DENSE, EXPERT, distrib_entry, expert_data_parallel, expert_groups, is_expert_param, pack,
                         parameter_order)
 from .optimizer_state import OptimizerState
@@ -71,14 +71,14 @@ _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replac
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch` format (rank files)."""
 
-    options = ("iteration", "model_config", "vocab_size")
+    options = ("iteration", "model_config", "vocab_size", "allow_identical_ranks")
 
     @classmethod
     def options_for_worker(cls, options: dict) -> dict:
         return dict(options, verify=False)  # the parent compared the tied head's copy with the embedding
 
     def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
-                 verify: bool = True):
+                 verify: bool = True, allow_identical_ranks: bool = False):
         """`verify=False` skips reading tensor bytes to check the files (a tied head's stored copy): a
         `--workers` worker, whose parent checked them."""
         self.root = Path(path)
@@ -106,6 +106,7 @@ class Reader(BaseReader):
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart)
         check_tensors(model, ranks, self.rows, spec, notes, compare_tied=verify)
+        check_distinct_ranks(model, ranks, self.rows, notes, allow_identical_ranks)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
         optimizer = OptimizerState(ranks, model, self.rows, spec, stored or {}, first)
         self.moments, self.moment_files = optimizer.moments, optimizer.files  # (distrib_optim.pt: their own files)

@@ -126,6 +126,14 @@ class LazyTorchFile:
         whole = start == 0 and nbytes == record.size and record.crc != 0
         return offset + start, nbytes, record if whole else None
 
+    def record_checksum(self, t: torch.Tensor) -> tuple[int, int] | None:
+        """(CRC-32, bytes) of the record meta tensor `t` views whole, from the zip's directory (nothing read);
+        None for a partial view or a record without a CRC."""
+        if t.device.type != "meta" or t.numel() == 0:
+            return None
+        _, _, record = self._span(t)
+        return None if record is None else (record.crc, record.size)
+
     def check_later(self, t: torch.Tensor) -> None:
         """Check the CRC-32 of the record meta tensor `t` views whole, on the CRC thread (the bytes were copied
         file to file, never read here); `confirm` reports it.  A record is checked once; a partial view not."""

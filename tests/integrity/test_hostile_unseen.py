@@ -6,6 +6,8 @@
 - Optimizer state held by some rank files and not others is a note (all 78 moments were lost silently).
 - Bytes copied file to file (the fast path to HF) are CRC-checked like bytes read: a flipped byte in a
   rank file's record or a `.distcp` chunk is one line and no output (it was exit 0 with the flipped value).
+- A tensor-parallel rank folder that is a copy of rank 0's (every split tensor byte-identical, by the
+  records' CRC-32s) is refused; `--allow-identical-ranks` reads it, noted.
 - `distrib_optim.pt`: a flipped byte in its flat buffers fails their CRC-32 (records read in parts are
   checked whole); a buffer cut short is one line (was a RuntimeError traceback).
 """
@@ -151,3 +153,13 @@ def test_distrib_optim_buffer_cut_short_is_one_line(tmp_path):
     torch.save(obj, optim)
     assert_refused(cli("convert", src, tmp_path / "out", "--to", "interop"), tmp_path / "out",
                    "distrib_optim.pt", "exp_avg buffer holds 0 elements", "cut short")
+
+
+def test_a_copied_tensor_parallel_rank_folder_is_refused(sources, tmp_path):
+    src = _copy(sources["pp2"], tmp_path)
+    first = next(src.rglob("mp_rank_00_001/model_optim_rng.pt"))
+    shutil.copy(first, first.parent.parent / "mp_rank_01_001" / "model_optim_rng.pt")  # tp 1 replaced by tp 0
+    assert_refused(cli("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
+                   "mp_rank_01_001", "byte-identical to tensor-parallel rank 0's", "--allow-identical-ranks")
+    code, out = run("convert", src, tmp_path / "given", "--to", "hf", "--allow-identical-ranks")
+    assert code == 0 and "every split tensor is byte-identical (read as given" in out, out
