@@ -223,7 +223,8 @@ def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: 
     # builds its mask on CUDA only.
     return GPTModel(config, layers, vocab_size=spec.padded_vocab, max_sequence_length=spec.max_positions,
                     position_embedding_type="rope" if spec.position == "rope" else "learned_absolute",
-                    rotary_base=int(spec.rope_base), share_embeddings_and_output_weights=spec.tied_embeddings,
+                    rotary_base=int(spec.rope_base), rotary_percent=spec.rotary_percent,
+                    share_embeddings_and_output_weights=spec.tied_embeddings,
                     rope_scaling=scaling is not None, rope_scaling_factor=scaling["factor"] if scaling else 8.0)
 
 
