@@ -15,7 +15,7 @@ def config(**changes):
     (1 kept), top-2, one shared expert, one dense first layer, routed scaling 2.5, one MTP module: GLM-4.5's shape."""
     transformers = __import__("transformers")
     kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5, n_group=2, topk_group=1,
                   num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True, max_position_embeddings=256,
                   rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=True, use_qk_norm=True,
