@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from interop.mappings.lora_modules import same_targets
 from interop.spec import padded_vocab_size as _pad_vocab
 
 INT, FLOAT, STR = "int", "float", "str"
@@ -37,7 +38,8 @@ class Arg:
     default: object = None
     flags: tuple = ()  # empty: Megatron computes it, there is no flag for it
     choices: tuple | None = None
-    origin: str = "megatron"  # or "mindspeed" (MindSpeed / MindSpeed-Core-MS parser), "launcher"
+    origin: str = "megatron"  # or "mindspeed" (MindSpeed / MindSpeed-Core-MS parser), "mindspeed-llm" / "mindspeed-mm"
+    # (those forks' own flags), "launcher", "bridge" (Megatron-Bridge layer-spec facts)
 
     @property
     def flag(self) -> str | None:
@@ -808,6 +810,25 @@ MINDSPEED = [
     A("rmsnorm_weight_in_fp32", TRUE, False, origin="mindspeed"),
 ]
 
+# MindSpeed-LLM's LoRA (mindspeed_llm/features_manager/finetune/lora.py LoraFeature.register_args; training.py
+# builds PEFT's LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules=..., lora_dropout=0.0) from them): LoRA
+# is on when --lora-target-modules names modules.  --lora-dropout is MindSpeed-MM's (mindspeed_mm/arguments.py,
+# default 0.0); MindSpeed-LLM has no such flag and fixes the dropout at 0.0.  Megatron-Bridge says the same in
+# Python (peft/lora.py LoRA: target_modules, dim, alpha, dropout).  Module names: `mappings/lora_modules.py`.
+LORA = [
+    A("lora_target_modules", STRS, [], origin="mindspeed-llm"),
+    A("lora_r", INT, 16, origin="mindspeed-llm"),
+    A("lora_alpha", INT, 32, origin="mindspeed-llm"),
+    A("lora_dropout", FLOAT, 0.0, origin="mindspeed-mm"),
+    A("lora_load", STR, None, origin="mindspeed-llm"),
+    A("lora_modules_to_save", STRS, None, origin="mindspeed-llm"),
+    A("lora_register_forward_hook", STRS, ["word_embeddings", "input_layernorm"], origin="mindspeed-llm"),
+    A("lora_fusion", TRUE, False, origin="mindspeed-llm"),
+    A("lora_ckpt_filter", TRUE, False, origin="mindspeed-llm"),
+    A("qlora", TRUE, False, origin="mindspeed-llm"),
+    A("qlora_save_dequantize", TRUE, False, origin="mindspeed-llm"),
+]
+
 # Fork values of upstream choices: (dest, fork value) -> (upstream value, why). A fork value not
 # listed here is passed through with a note; it is never refused.
 FORK_VALUES = {
@@ -849,7 +870,7 @@ COMPUTED_ARGS = [
     COMPUTED("rope_linear_factor", FLOAT, None, origin="bridge"),  # linear rope scaling (positions / factor)
 ]
 
-ALL = MEGATRON + OLDER + MINDSPEED + COMPUTED_ARGS
+ALL = MEGATRON + OLDER + MINDSPEED + LORA + COMPUTED_ARGS
 ARGS: dict[str, Arg] = {a.dest: a for a in ALL}
 FLAGS: dict[str, Arg] = {f: a for a in ALL for f in a.flags}
 CHECKPOINT_ALIASES = {"layernorm_epsilon": "norm_epsilon"}
@@ -1217,7 +1238,8 @@ def _same_split(a, b) -> bool:
     return pipeline_split(*(a[d] for d in SPLIT_ARGS)) == pipeline_split(*(b[d] for d in SPLIT_ARGS))
 
 
-SAME_MEANING.update({dest: _same_split for dest in SPLIT_ARGS[:3]})  # one split, said by either set of flags
+SAME_MEANING.update({dest: _same_split for dest in SPLIT_ARGS[:3]})
+SAME_MEANING["lora_target_modules"] = lambda a, b: same_targets(a["lora_target_modules"], b["lora_target_modules"])  # one split, said by either set of flags
 
 
 def _bad_layer_list(a) -> bool:

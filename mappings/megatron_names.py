@@ -16,6 +16,7 @@ canonical tensors all exist in the model applies; rows whose tensors are absent 
 bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
+from ..adapter import LoraNames
 from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
@@ -263,3 +264,12 @@ def scheme_of(keys) -> str | None:
     if any(k.startswith(("decoder.", "embedding.", "output_layer.")) for k in keys):
         return "mcore"
     return None
+
+
+# LoRA adapters as MindSpeed-LLM saves them (peft's LoraParallelLinear around megatron-core's linears: the adapter
+# name `default` kept; mindspeed_llm/tasks/checkpoint/convert_mg2hf.py reads
+# `decoder.layers.{i}.self_attention.linear_qkv.lora_A.default.weight`), and the args that state the adapter
+# (mindspeed_llm/features_manager/finetune/lora.py: --lora-r, --lora-alpha, --lora-target-modules; no dropout
+# flag: `lora_dropout` is interop's, kept for a round trip).
+LORA_NAMES = LoraNames(".lora_A.default.weight", ".lora_B.default.weight")
+LORA_ARGS = {"rank": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout"}

@@ -332,8 +332,9 @@ class Stage(nn.Module):
                                             self.grid.tp_rank * part, self.spec.vocab, self.grid.tp_group)
 
     def named_tensors(self):
-        """The canonical tensors this rank holds: parameters, and the router's expert bias (a buffer)."""
-        yield from self.named_parameters()
+        """The canonical tensors this rank holds: parameters (a LoRA A shared by a fused module's parts under each
+        part's name), and the router's expert bias (a buffer)."""
+        yield from self.named_parameters(remove_duplicate=False)
         for name, buffer in self.named_buffers():
             if name.endswith(".router.expert_bias"):
                 yield name, buffer

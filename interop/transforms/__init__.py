@@ -12,8 +12,9 @@ from .fp8 import BlockScaledFP8
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
 from .rope_pairs import RopePairs
+from .shared import SharedInput
 from .stack import Stack
 from .transpose import Transpose
 
 __all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "RopePairs", "Stack",
-           "GroupedExperts", "BlockScaledFP8"]
+           "GroupedExperts", "BlockScaledFP8", "SharedInput"]
