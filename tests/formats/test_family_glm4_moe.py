@@ -141,3 +141,19 @@ def test_verify_megatron_core_builds_and_loads_it_strictly(glm, tmp_path):
     labels = [c.label for c in result.checks]
     assert "megatron-core, converted (megatron)" in labels and labels[-1].startswith("MTP modules (44 tensors")
     assert result.max_diff < 1e-5
+
+
+def test_megatron_te_names_place_the_mtp_layer_like_a_moe_layer_on_the_last_stage(glm):
+    """Transformer Engine's spec (read): the MTP module's layer is built like the last (MoE) layer, so it keeps
+    its pre-MLP norm apart (`pre_mlp_layernorm`, not a fused `linear_fc1.layer_norm_weight`), its input norm fused
+    into linear_qkv; every MTP row lives on the last pipeline stage."""
+    from interop.converters.megatron.rows import expand_rows
+    from interop.layout import ParallelLayout
+    spec = spec_from_hf_config(json.loads((glm["glm-mtp"][0] / "config.json").read_text()))
+    rows = expand_rows("mcore_te", spec, ParallelLayout.build(spec.num_layers, tp=2, pp=2, ep=2), moe_norm_apart=True)
+    mtp = {row.key: row for row in rows if row.key.startswith("mtp.")}
+    assert {"mtp.layers.0.transformer_layer.pre_mlp_layernorm.weight",
+            "mtp.layers.0.transformer_layer.self_attention.linear_qkv.layer_norm_weight"} <= set(mtp)
+    assert "mtp.layers.0.transformer_layer.mlp.linear_fc1.layer_norm_weight" not in mtp
+    assert {row.stage for row in mtp.values()} == {1}
+    assert sum(1 for row in rows for part in row.parts if part == "mtp.0.layer.mlp_norm.weight") == 1
