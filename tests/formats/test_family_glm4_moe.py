@@ -157,3 +157,15 @@ def test_megatron_te_names_place_the_mtp_layer_like_a_moe_layer_on_the_last_stag
     assert "mtp.layers.0.transformer_layer.mlp.linear_fc1.layer_norm_weight" not in mtp
     assert {row.stage for row in mtp.values()} == {1}
     assert sum(1 for row in rows for part in row.parts if part == "mtp.0.layer.mlp_norm.weight") == 1
+
+
+def test_transformers_in_memory_stacked_experts_are_read(tmp_path):
+    """save_pretrained(save_original_format=False) stores experts as transformers 5 holds them
+    (`mlp.experts.gate_up_proj` [E, 2F, h], `down_proj`): read, and written back as the hub's per-expert names."""
+    model = G.build(G.config(num_nextn_predict_layers=0))
+    model.save_pretrained(tmp_path / "src", save_original_format=False)
+    assert "model.layers.1.mlp.experts.gate_up_proj" in load_file(tmp_path / "src" / "model.safetensors")
+    convert(tmp_path / "src", tmp_path / "hf", dst_format="hf")
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" in load_file(tmp_path / "hf" / "model.safetensors")
+    with torch.no_grad():
+        assert torch.equal(hf_logits(tmp_path / "hf"), model(TOKENS).logits)
