@@ -24,6 +24,9 @@ from ..transforms import GatedMLP, GroupedQKV, Interleave
 from ..io.small_files import read_json_object
 
 
+RUNS_DIALECTS = ("mindspeed", "mindformers")  # the names `_layer` and `_globals` know
+
+
 @dataclass
 class MsModel:
     spec: ModelSpec
