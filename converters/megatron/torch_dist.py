@@ -55,6 +55,10 @@ from .rows import expand_rows
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+# an MTP module's routed experts: stacked on the global expert axis alone (its layer has no layer offsets:
+# MultiTokenPredictionBlock.sharded_state_dict passes none; confirmed on a real 0.16.1 model)
+_MTP_EXPERT = re.compile(r"^(mtp\.layers\.\d+\.transformer_layer\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])"
+                         r"\.weight$")
 _EXPERT_TEMPLATE = "decoder.layers.{{i}}.mlp.experts.local_experts.{{j}}.{fc}.weight"
 # the distributed optimizer's `dp_reshardable` buckets (megatron-core 0.14+): one flat tensor per bucket and kind
 # (keyed by the tp x pp rank, `dp_group_idx_<pp rank * tp + tp rank>`, and the model chunk's buffer, `gbuf_idx`)
@@ -73,6 +77,9 @@ def stacked_key(key: str, homogeneous: bool = True) -> tuple[str, int | tuple | 
     global layer number in every key (transformer_block.py sharded_state_dict, `non_homogeneous_layers` when
     moe_layer_freq is a list or > 1), and the experts are stacked alone: (`decoder.layers.3.mlp.experts.experts.
     linear_fc1.weight`, (5,))."""
+    m = _MTP_EXPERT.match(key)
+    if m:
+        return f"{m.group(1)}.experts.{m.group(3)}.weight", (int(m.group(2)),)
     m = _EXPERT.match(key)
     if m:
         stacked = DIST_EXPERT_KEYS[_EXPERT_TEMPLATE.format(fc=m.group(3))]
@@ -90,6 +97,14 @@ def homogeneous(spec: ModelSpec) -> bool:
     """Whether megatron-core stacks this model's layers in torch_dist: not when some layers are MoE and others
     dense (moe_layer_freq a list, which is how interop writes `moe_layers`)."""
     return not (spec.is_moe and spec.moe_layers is not None)
+
+
+def dist_scheme(spec: ModelSpec) -> str:
+    """The names interop writes in torch_dist: the sharded keys every megatron-core layer spec shares (the
+    Transformer Engine names, which the local spec maps its norms to), except for multi-latent attention, whose
+    local spec keeps its own names (no sharded_state_dict_keys_map: gpt_layer_specs.py get_gpt_layer_local_spec),
+    so that the args' transformer_impl local holds (the Transformer Engine spec's MLA is read, not written)."""
+    return "mcore" if spec.is_mla else "mcore_te"
 
 
 def global_shape(spec: ModelSpec, at, shape) -> tuple:
@@ -502,7 +517,7 @@ def _unflatten(stored: torch.Tensor, fragments: tuple, weight: tuple) -> torch.T
 def _extra_template(module: str) -> str:
     """The EXTRA_STATE_MODULES template `module` (a layer's linear) matches, or '' (no `_extra_state`)."""
     for m in EXTRA_STATE_MODULES:
-        if re.fullmatch(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+"), module):
+        if re.fullmatch(re.sub(r"\\\{[ijk]\\\}", r"\\d+", re.escape(m)), module):
             return m
     return ""
 
@@ -525,7 +540,7 @@ class Writer(BaseWriter):
         self.index = param_index(spec)
         if layout.ep > 1:
             spec.check_ep(layout.ep)
-        self.rows = _rows(spec, "mcore_te")
+        self.rows = _rows(spec, dist_scheme(spec))
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
         if spec.is_moe and any(TensorKey.parse(m.name).is_optim for m in metas):
@@ -633,7 +648,8 @@ class Writer(BaseWriter):
         n, written = self.spec.num_layers, set()
         for row in self.rows:
             module = row.key.rsplit(".", 1)[0]
-            if "{i}" not in _extra_template(module):
+            template = _extra_template(module)
+            if "{i}" not in template and "{k}" not in template:
                 continue
             key, layer = stacked_key(row.key, self.homogeneous)
             name = f"{key.rsplit('.', 1)[0]}._extra_state"

@@ -61,8 +61,7 @@ from .rows import expand_rows, read_ranks
 DISTRIB_KIND = {ours: theirs for theirs, ours in distrib.KINDS.items()}  # optim kind -> distrib_optim.pt's
 EXPERT_SCRATCH = "distrib_optim.experts.scratch"  # the expert optimizer's pieces, beside the dense optimizer's
 # modules whose state dict holds an `_extra_state` entry (layer and local expert numbers as digits)
-_EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+")
-                                   for m in EXTRA_STATE_MODULES))
+_EXTRA_STATE = re.compile("|".join(re.sub(r"\\\{[ijk]\\\}", r"\\d+", re.escape(m)) for m in EXTRA_STATE_MODULES))
 
 
 # ------------------------------------------------------------------------------------------------
