@@ -1,0 +1,168 @@
+"""Megatron multi-latent attention and MTP modules (DeepSeek-V2 / V3) in the torch and torch_dist formats.
+
+The oracle is megatron-core 0.16.1's own GPTModel built on CPU (helpers/mcore_mla.py): its local layer spec's
+names, tensor-parallel cuts and torch_dist keys, saved as Megatron-LM saves them, read by interop exactly, and
+what interop writes (from HF) loaded strictly by fresh models built from the args interop wrote, every tensor equal.
+Facts it pins (megatron/core/transformer/multi_latent_attention.py, models/gpt/gpt_layer_specs.py,
+transformer/multi_token_prediction.py):
+- the local spec's `linear_q_down_proj` / `linear_kv_down_proj` are ColumnParallelLinear: cut on their rows over
+  TP although MLA computes them whole (RowsSplit); `linear_q_up_proj` / `linear_kv_up_proj` / `linear_q_proj` are
+  cut by heads, `linear_proj` on its input; `q_layernorm` / `kv_layernorm` whole on every rank;
+- MTP: `mtp.layers.{k}.{enorm, hnorm, eh_proj, transformer_layer.*, final_layernorm}` on the last stage, `eh_proj`
+  column-parallel ([h/tp, 2h]); torch_dist keeps these keys (and the MLA local spec's own names: it has no
+  sharded_state_dict_keys_map), an MTP layer's experts on the global expert axis alone.
+The Transformer Engine spec (not buildable here) is read from a checkpoint laid out per
+get_gpt_layer_with_transformer_engine_spec: input norm apart, the compression norms fused into the up projections
+(`linear_q_up_proj.layer_norm_weight`, `linear_kv_up_proj.layer_norm_weight`), the down projections TELinear
+'duplicated' (whole on every rank), a dense layer's MLP norm fused into `linear_fc1`.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+import helpers.mcore_mla as ML  # noqa: E402
+from helpers.deepseek_models import save, v2_config, v3_config  # noqa: E402
+from interop.convert import convert  # noqa: E402
+from interop.converters import megatron as meg  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    return ML.reference_once(tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", list(ML.KINDS))
+@pytest.mark.parametrize("label", ["torch-tp2", "dist", "torch-ep2"])
+def test_megatron_core_loads_what_interop_writes_every_tensor_equal(ref, kind, label):
+    """mcore tp 2 save -> interop HF -> interop Megatron (torch tp 2, torch_dist, torch ep 2) -> a fresh mcore model
+    built from interop's args loads it strictly and holds the saved model's tensors (ep 2: the same tensors as
+    megatron-core's own resharding of interop's torch_dist)."""
+    _, results = ref
+    assert results[kind][f"differs:{label}"] == []
+
+
+@pytest.mark.parametrize("kind", list(ML.KINDS))
+def test_the_args_interop_writes_state_the_mla_and_mtp_facts(ref, kind):
+    _, results = ref
+    facts = ML.KINDS[kind]
+    for label in ("torch-tp2", "dist"):
+        args = results[kind][f"args:{label}"]
+        assert args["multi_latent_attention"] and args["qk_layernorm"] and args["transformer_impl"] == "local"
+        assert (args["q_lora_rank"], args["kv_lora_rank"], args["qk_head_dim"], args["qk_pos_emb_head_dim"],
+                args["v_head_dim"]) == (facts["q_lora_rank"], ML.DIMS["kv_lora_rank"], ML.DIMS["qk_head_dim"],
+                                        ML.DIMS["qk_pos_emb_head_dim"], ML.DIMS["v_head_dim"])
+        assert args["mtp_num_layers"] == facts["mtp_num_layers"]
+
+
+def test_the_real_models_names_and_tp_cuts(ref):
+    """megatron-core's own state dict at tp 2 (rank 0): the names and shapes interop's table encodes."""
+    _, results = ref
+    keys = results["v3"]["keys"]
+    a = "decoder.layers.0.self_attention."
+    assert keys[a + "linear_q_down_proj.weight"] == [48 // 2, 64]  # RowsSplit: q_lora_rank / tp
+    assert keys[a + "linear_kv_down_proj.weight"] == [(32 + 8) // 2, 64]  # (kv_lora_rank + rope) / tp
+    assert keys[a + "linear_q_up_proj.weight"] == [4 // 2 * 24, 48] and keys[a + "q_layernorm.weight"] == [48]
+    assert keys[a + "linear_kv_up_proj.weight"] == [4 // 2 * 32, 32] and keys[a + "kv_layernorm.weight"] == [32]
+    assert keys["mtp.layers.0.eh_proj.weight"] == [64 // 2, 128]
+    assert {"mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.0.final_layernorm.weight",
+            "mtp.layers.0.transformer_layer.mlp.experts.local_experts.7.linear_fc2.weight"} <= set(keys)
+    assert "decoder.layers.0.self_attention.linear_q_proj.weight" in results["v2lite"]["keys"]
+
+
+@pytest.mark.parametrize("kind", list(ML.KINDS))
+def test_interop_reads_megatron_cores_torch_and_torch_dist_saves_alike(ref, kind):
+    """The same model saved by megatron-core in both formats reads to the same HF tensors; transformers loads them;
+    DeepSeek-V3's MTP module arrives as the release stores it."""
+    root, _ = ref
+    a, b = (load_file(root / "interop" / f"{kind}-{x}" / "model.safetensors") for x in ("hf", "hf-from-dist"))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    if ML.KINDS[kind]["mtp_num_layers"]:
+        assert {"model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight", "model.layers.3.shared_head.norm.weight",
+                "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"} <= set(a)
+    model = transformers.AutoModelForCausalLM.from_pretrained(root / "interop" / f"{kind}-hf", dtype=torch.float32)
+    assert torch.equal(model.model.layers[0].self_attn.kv_a_layernorm.weight,
+                       a["model.layers.0.self_attn.kv_a_layernorm.weight"])
+
+
+# -- HF DeepSeek (transformers' own models) -> Megatron -> HF, at tp 2 / pp 2 / ep 2 --------------------------------
+
+# Megatron scores a group by the sum of its topk // group_topk best experts: DeepSeek-V3's sum of two is topk 4 of 2
+# groups.  V2-Lite: no q compression, greedy softmax routing, no MTP.
+HF_KINDS = {"v3-mtp": (lambda: v3_config(num_hidden_layers=4, num_experts_per_tok=4), True),
+            "v2-lite": (lambda: v2_config(num_hidden_layers=4, topk_method="greedy"), False)}
+
+
+@pytest.fixture(scope="module")
+def hf_sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deepseek-hf")
+    for kind, (config, mtp) in HF_KINDS.items():
+        save(config(), root / kind, mtp=mtp)
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+@pytest.mark.parametrize("kind", list(HF_KINDS))
+def test_hf_deepseek_through_megatron_at_tp2_pp2_ep2_is_bit_exact_mtp_kept(hf_sources, tmp_path, kind, fmt):
+    src = hf_sources / kind
+    convert(src, tmp_path / "meg", dst_format="megatron", tp=2, pp=2, ep=2, format=fmt)
+    if fmt == "torch":  # the MTP module on the last pipeline stage, beside the output layer
+        last = torch.load(tmp_path / "meg" / "release" / "mp_rank_01_001_001" / "model_optim_rng.pt",
+                          weights_only=False)["model"]
+        first = torch.load(tmp_path / "meg" / "release" / "mp_rank_00_000_000" / "model_optim_rng.pt",
+                           weights_only=False)["model"]
+        assert ("mtp.layers.0.eh_proj.weight" in last) == (kind == "v3-mtp")
+        assert not any(k.startswith("mtp.") for k in first) and "output_layer.weight" in last
+    convert(tmp_path / "meg", tmp_path / "hf", dst_format="hf")
+    a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(a) == sorted(b)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+# -- the Transformer Engine spec's names --------------------------------------------------------------------------
+
+def te_layout(model: dict, peers: list[dict], dense_layers: set) -> dict:
+    """A local-spec rank state dict re-laid out as get_gpt_layer_with_transformer_engine_spec(multi_latent_attention=
+    True, qk_layernorm=True) names and cuts it: the down projections whole (every rank's rows joined), the
+    compression norms inside the up projections, a dense layer's MLP norm inside linear_fc1."""
+    out = {}
+    for key, value in model.items():
+        if key.endswith(("linear_q_down_proj.weight", "linear_kv_down_proj.weight")):
+            value = torch.cat([p[key] for p in peers])
+        for local, te in (("q_layernorm.weight", "linear_q_up_proj.layer_norm_weight"),
+                          ("kv_layernorm.weight", "linear_kv_up_proj.layer_norm_weight")):
+            key = key.replace("self_attention." + local, "self_attention." + te)
+        if any(key == f"decoder.layers.{i}.pre_mlp_layernorm.weight" for i in dense_layers):
+            key = key.replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
+        out[key] = value
+    return out
+
+
+def test_transformer_engine_spec_mla_names_are_read(hf_sources, tmp_path):
+    src = hf_sources / "v3-mtp"
+    convert(src, tmp_path / "local", dst_format="megatron", tp=2)
+    files = sorted((tmp_path / "local" / "release").glob("mp_rank_*/model_optim_rng.pt"))
+    saved = [torch.load(f, weights_only=False) for f in files]
+    peers = [s["model"] for s in saved]
+    te = tmp_path / "te"
+    for f, s in zip(files, saved):
+        s = dict(s, model=te_layout(s["model"], peers, dense_layers={0}))
+        s["args"].transformer_impl = "transformer_engine"
+        (te / "release" / f.parent.name).mkdir(parents=True)
+        torch.save(s, te / "release" / f.parent.name / f.name)
+    (te / "latest_checkpointed_iteration.txt").write_text("release")
+    assert "decoder.layers.1.self_attention.linear_kv_up_proj.layer_norm_weight" in te_layout(peers[0], peers, {0})
+    reader = meg.Reader(te)
+    try:
+        assert reader.source.state["megatron"]["scheme"] == "mcore_te"
+    finally:
+        reader.close()
+    convert(te, tmp_path / "hf", dst_format="hf")
+    a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
