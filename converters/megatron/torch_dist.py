@@ -44,7 +44,8 @@ from ...rows import RowCollector
 from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
-from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
+from ...mappings.megatron_spec import (args_from_spec, args_losses, layout_from_args, refuse_unstated,
+                                        spec_from_args)
 from .args import args_dict, check_args, check_model_config, base_args, explicit_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, final_iteration
@@ -541,6 +542,7 @@ class Writer(BaseWriter):
         if layout.ep > 1:
             spec.check_ep(layout.ep)
         self.rows = _rows(spec, dist_scheme(spec))
+        refuse_unstated(spec)  # before a file is written
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
         if spec.is_moe and any(TensorKey.parse(m.name).is_optim for m in metas):

@@ -43,7 +43,7 @@ from ...params import TensorKey, base_param_name, param_index, param_table
 from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ...mappings.megatron_spec import args_from_spec, args_losses
+from ...mappings.megatron_spec import args_from_spec, args_losses, refuse_unstated
 from .args import args_dict, check_args, base_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_FILE, final_iteration, iteration_dir, rank_dir_name
@@ -312,6 +312,7 @@ class Writer(BaseWriter):
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({key.kind for key in map(TensorKey.parse, self.names) if key.is_optim})
+        refuse_unstated(spec)  # before a file is written
         self.notes: list[str] = args_losses(spec)
         self.pending = RowCollector()
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written

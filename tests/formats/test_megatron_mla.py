@@ -166,3 +166,15 @@ def test_transformer_engine_spec_mla_names_are_read(hf_sources, tmp_path):
     convert(te, tmp_path / "hf", dst_format="hf")
     a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_group_scoring_megatron_cannot_compute_is_refused_before_writing(tmp_path):
+    """DeepSeek-V3's groups score the sum of their two best experts; megatron-core sums topk // group_topk:
+    top-2 of 2 groups is refused in one line at once, nothing left behind."""
+    from helpers.hostile import assert_one_error, run
+
+    save(v3_config(num_hidden_layers=2, num_experts_per_tok=2), tmp_path / "hf")
+    for fmt in ("torch", "torch_dist"):
+        assert_one_error(*run("convert", tmp_path / "hf", tmp_path / "out", "--to", "megatron", "--format", fmt),
+                         "scores a group by the sum")
+        assert not (tmp_path / "out").exists()
