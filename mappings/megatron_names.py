@@ -186,13 +186,15 @@ def _mla(te: bool) -> list:
     return rows if te else rows + [(a + "q_layernorm.weight", Copy, q_norm), (a + "kv_layernorm.weight", Copy, kv_norm)]
 
 
-def _mtp(table: list) -> list:
+def mtp_rows(table: list) -> list:
     """megatron-core's multi-token prediction modules (transformer/multi_token_prediction.py
     MultiTokenPredictionLayer, on the last pipeline stage): `mtp.layers.{k}.enorm` (the next token's embedding),
     `hnorm` (the hidden state), `eh_proj` ([h, 2h] over [enorm(embedding); hnorm(hidden)], a column-parallel
     linear: its h output rows cut over TP), the decoder layer under `transformer_layer.` (the last decoder layer's
     spec: `table`'s layer rows) and `final_layernorm`; embedding and output head are the model's own.  torch_dist
-    keeps these keys, module numbers included (MultiTokenPredictionBlock.sharded_state_dict)."""
+    keeps these keys, module numbers included (MultiTokenPredictionBlock.sharded_state_dict).  MindFormers'
+    mcore-style GPTModel names its MTP modules alike (parallel_core/training_graph/transformer/
+    multi_token_prediction.py; its deepseek3 built on CPU)."""
     layer = "decoder.layers.{i}."
     rows = [("mtp.layers.{k}.enorm.weight", Copy, ["mtp.{k}.enorm.weight"]),
             ("mtp.layers.{k}.hnorm.weight", Copy, ["mtp.{k}.hnorm.weight"]),
@@ -223,7 +225,7 @@ def with_mtp(table: list) -> list:
     """`table` with the MTP modules between the final norm and the output layer (megatron-core's GPTModel
     state-dict order), their decoder layer named as `table`'s layers."""
     at = next(n for n, row in enumerate(table) if row[0] == "output_layer.weight")
-    return table[:at] + _mtp(table[:at]) + table[at:]
+    return table[:at] + mtp_rows(table) + table[at:]
 
 
 # legacy megatron/model (nested dicts under `model`, flattened here with dots)

@@ -13,6 +13,7 @@ from pathlib import Path
 from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...mappings import mindspore_names as names
+from ...mappings.megatron_names import with_mtp
 from ...rows import Row, check_placed, expand
 from ...spec import ModelSpec
 from .files import mindformers_file, mindspeed_file
@@ -93,10 +94,16 @@ class Dialect:
                 raise InteropError(f"--qkv-layout must be one of {', '.join(names.QKV_LAYOUTS)}, got {layout!r}")
         table = [(name, self.fused_layout(name, transform, qkv_layout, qkv_bias_layout), parts)
                  for name, transform, parts in table + self.moe_table(spec, qkv_concat)]
+        if spec.mtp_layers:
+            table = self.with_mtp(table)
         rows = expand(table, spec)
         for row in rows:
             row.key = self.model_name(row.key, spec)
         return rows
+
+    def with_mtp(self, table: list) -> list:
+        """`table` with its names for MTP modules (none by default: the model's MTP tensors are then refused)."""
+        return table
 
     def converter_names(self, rows: list[Row], spec: ModelSpec) -> dict[str, str]:
         """{model name: the name the framework's converter writes} where they differ (read either)."""
@@ -205,7 +212,18 @@ class MindFormersMcoreDialect(MindFormersDialect):
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         pass
 
+    def table(self, spec: ModelSpec, qkv_concat: bool) -> list:
+        """Multi-latent attention as deepseek3 names it (mla_qkv_concat, its default), else the dialect's table."""
+        return names.MINDFORMERS_MCORE_MLA if spec.is_mla else super().table(spec, qkv_concat)
+
+    def with_mtp(self, table: list) -> list:
+        """deepseek3's MTP modules, `mtp.layers.{k}.*` as megatron-core names them, after the final norm."""
+        return with_mtp(table)
+
     def check_layout(self, spec: ModelSpec, tp: int, where: str = "") -> None:
+        if spec.is_mla and tp > 1:
+            raise InteropError(f"{where}MindFormers' multi-latent attention (linear_qkv = [q_down; kv_down], "
+                               f"replicated) is read and written at --tp 1 (one model.ckpt), not tp={tp}")
         if spec.is_moe and tp > 1:
             raise InteropError(f"{where}MindFormers' mcore-style experts (FFNGroupedGEMM weight1 / weight2) are placed "
                                f"by expert parallelism, not cut by tensor parallelism: MoE is read and written at "
@@ -223,8 +241,10 @@ def dialect_named(name: str) -> Dialect:
 
 
 def refuse_mla(tags, where: str) -> None:
-    """Multi-latent attention (MindFormers deepseek3's default) has no place in the canonical tensors."""
+    """MindFormers' multi-latent attention with mla_qkv_concat=False (megatron-core's separate projections) is not
+    read: its default concatenated layout is."""
     for tag in tags:
         if any(marker in tag for marker in names.MINDFORMERS_MCORE_MLA_MARKERS):
-            raise InteropError(f"{where}: {tag} is multi-latent attention (DeepSeek-V3 MLA), which interop does not "
-                               "convert")
+            raise InteropError(f"{where}: {tag} is MindFormers' multi-latent attention with mla_qkv_concat=False, "
+                               "which interop does not read (its default, mla_qkv_concat=True: linear_qkv / linear_qb "
+                               "/ linear_kvb, is)")
