@@ -35,7 +35,6 @@ class Dialect:
     scalars = False  # training-state scalars beside the tensors (step, epoch, optimizer, scheduler)
     pt_meta = False  # `pt_meta/` for the framework's reverse converter
     strategy = False  # `strategy/` files describing the shards (tp or pp > 1)
-    layout_note: str | None = None  # what a reader and a writer say about the fused layouts they take
     moe_archs: tuple[str, ...] | None = ("llama",)  # the architectures its MoE models have (None: any)
     every_layer_moe = True  # its MoE models make every layer MoE
 
@@ -100,6 +99,10 @@ class Dialect:
         for row in rows:
             row.key = self.model_name(row.key, spec)
         return rows
+
+    def layout_note(self, spec: ModelSpec) -> str | None:
+        """What a reader and a writer say about the fused layouts they take (None: nothing)."""
+        return None
 
     def with_mtp(self, table: list) -> list:
         """`table` with its names for MTP modules (none by default: the model's MTP tensors are then refused)."""
@@ -205,12 +208,17 @@ class MindFormersMcoreDialect(MindFormersDialect):
     moments = names.OPTIM_PREFIXES["mindformers-mcore"]
     tied_heads = ("output_layer.weight",)
     fuses_qkv = False
-    layout_note = ("linear_qkv grouped per KV group, linear_fc1 rows interleaved gate/up: MindFormers' defaults "
-                   "use_contiguous_weight_layout_attention=False, use_interleaved_weight_layout_mlp=True")
     every_layer_moe = False  # dense layers (first_k_dense_replace) and sigmoid scores: the same names
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         pass
+
+    def layout_note(self, spec: ModelSpec) -> str:
+        attention = ("linear_qkv = [q_down; kv_down] (mla_qkv_concat=True)" if spec.is_mla else
+                     "linear_qkv grouped per KV group")
+        return (f"{attention}, linear_fc1 rows interleaved gate/up: MindFormers' defaults "
+                f"{'mla_qkv_concat=True' if spec.is_mla else 'use_contiguous_weight_layout_attention=False'}, "
+                "use_interleaved_weight_layout_mlp=True")
 
     def table(self, spec: ModelSpec, qkv_concat: bool) -> list:
         """Multi-latent attention as deepseek3 names it (mla_qkv_concat, its default), else the dialect's table."""
