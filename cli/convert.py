@@ -81,7 +81,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
     finally:
         bar.close()
     click.echo("\n".join(summary.lines(verbose=VERBOSE["level"] > 0)))
-    if then_verify:
+    if then_verify and summary.rank == 0:  # under torchrun rank 0 verifies the job's output, once
         from ..errors import InteropError
         from ..workflows.verify import verify
         from .verify import progress_line, report

@@ -33,6 +33,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+TORCHRUN_JOB_VARS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                     "ROLE_WORLD_SIZE", "ROLE_NAME")
+
+
+def enter_own_world(env: dict) -> None:
+    """In a child that starts a gloo world of its own (`env`: its RANK, WORLD_SIZE, MASTER_*): forget the
+    torchrun job this process may run inside.  Else `TORCHELASTIC_USE_AGENT_STORE` makes init_process_group
+    wait as a client of the launcher's store, on the child's own port where no store will ever be."""
+    for key in [k for k in os.environ if k.startswith("TORCHELASTIC_") or k in TORCHRUN_JOB_VARS]:
+        del os.environ[key]
+    os.environ.update(env)
+
+
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "INTEROP_SPAWNED" not in os.environ
 
@@ -63,7 +76,7 @@ def _announce(plan: Plan) -> None:
 
 
 def _rank_main(rank: int, plan: Plan, results, env: dict) -> None:
-    os.environ.update(env)  # a forkserver child has the server's environment, not the launcher's
+    enter_own_world(env)  # a forkserver child has the server's environment, not the launcher's
     os.environ["INTEROP_SPAWNED"] = "1"
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.world))
     try:

@@ -128,7 +128,8 @@ def _in_child(fn, ckpt: str, arg, world: int = 1):
 def _child(fn, ckpt: str, arg, results, env: dict) -> None:
     import traceback
     import warnings
-    os.environ.update(env)
+    from ..trainer.launch import enter_own_world
+    enter_own_world(env)
     rank = int(env["RANK"])
     # megatron-core announces every fused kernel it falls back from; we ask for the plain ones on purpose.
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed", category=UserWarning)

@@ -186,7 +186,7 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
     converted or run) and a line per stage as it ends (the CLI prints them on stderr)."""
     check_tolerance(tolerance)
     import torch
-    from ..convert import convert, split_options
+    from ..convert import convert_here, split_options
     from ..store import StoreReader, is_store
     stages = _Stages(log or (lambda line: None))
     src_options = {k: v for k, v in {**(options or {}), **format_options}.items() if v is not None}
@@ -214,7 +214,8 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
                 stores[which] = Path(tmp) / which
                 stages.run(f"read the {which} ({fmt}) into a common-format copy",
                            lambda path=path, which=which, fmt=fmt, opts=opts:
-                           convert(path, stores[which], src_format=fmt, dst_format="interop", **opts))
+                           convert_here(path, stores[which], src_format=fmt, dst_format="interop", **opts))
+                # ^ in this process, also under torchrun: the copies are verify's own, in its own temporary folder
         specs = {which: StoreReader(p, verify=False).spec for which, p in stores.items()}
         if _spec_difference(specs["source"], specs["converted"]):
             raise InteropError(f"{dst} describes another model than {src}: "

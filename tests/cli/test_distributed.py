@@ -220,3 +220,15 @@ def test_the_ranks_share_the_source_checks(sources, tmp_path):
     lines = error_lines(err)
     assert len(lines) == 1 and "rank 1" in lines[0] and "crc check failed" in lines[0], err
     assert not dst.exists() and leftovers(dst) == []
+
+
+def test_convert_then_verify_under_torchrun(tmp_path):
+    """`--verify` under torchrun: rank 0 verifies the job's output once, its frameworks (megatron-core's own gloo
+    world) started clear of the torchrun job's store; the other ranks end after converting."""
+    from helpers.hf_models import save
+    save("llama", tmp_path / "hf")
+    code, out, err = torchrun(["convert", tmp_path / "hf", tmp_path / "meg", "--to", "megatron", "--tp", "2",
+                               "--verify", "-q"])
+    assert code == 0, err[-3000:]
+    assert out.startswith("converted ") and out.count("\nverify ") == 1, out
+    assert ": OK" in out, out
