@@ -189,3 +189,16 @@ def test_verify_of_an_mla_megatron_output_runs_and_says_why_megatron_core_does_n
                        "--verify")
     assert code == 0, output
     assert "does not build without Transformer Engine" in output and "Traceback" not in output
+
+
+def test_mtp_sits_on_the_last_virtual_chunk_of_the_last_stage(hf_sources, tmp_path):
+    """megatron-core builds the MTP block where is_pipeline_last_stage(ignore_virtual=False) holds
+    (multi_token_prediction.py get_mtp_num_layers_to_build): the last stage's last model chunk."""
+    src = hf_sources / "v3-mtp"
+    convert(src, tmp_path / "meg", dst_format="megatron", tp=1, pp=2, vpp=2)
+    last = torch.load(tmp_path / "meg" / "release" / "mp_rank_00_001" / "model_optim_rng.pt", weights_only=False)
+    assert any(k.startswith("mtp.layers.0.") for k in last["model1"])
+    assert not any(k.startswith("mtp.") for k in last["model0"])
+    convert(tmp_path / "meg", tmp_path / "hf", dst_format="hf")
+    a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
