@@ -202,3 +202,33 @@ def test_mtp_sits_on_the_last_virtual_chunk_of_the_last_stage(hf_sources, tmp_pa
     convert(tmp_path / "meg", tmp_path / "hf", dst_format="hf")
     a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_transformer_engine_spec_mla_names_are_read_from_torch_dist(hf_sources, tmp_path, monkeypatch):
+    """A torch_dist checkpoint of the Transformer Engine spec keeps its state-dict names as sharded keys (the TE MLA
+    spec has no sharded_state_dict_keys_map): `linear_q_up_proj.layer_norm_weight`, MoE layers'
+    `pre_mlp_layernorm`, a dense layer's `mlp.linear_fc1.layer_norm_weight`.  Written here with the TE table the
+    torch-format test above checks against an independent relayout; read back bit-exact."""
+    from interop.converters.megatron import torch_dist
+    from interop.converters.megatron.rows import expand_rows
+    from interop.layout import ParallelLayout
+
+    def te_rows(spec, scheme, moe_norm_apart=False):
+        return expand_rows("mcore_te", spec, ParallelLayout.build(spec.num_layers), moe_norm_apart=True)
+
+    monkeypatch.setattr(torch_dist, "_rows", te_rows)
+    src = hf_sources / "v3-mtp"
+    convert(src, tmp_path / "te", dst_format="megatron", format="torch_dist")
+    monkeypatch.undo()
+    keys = set(torch_dist.dist.DistCheckpoint(tmp_path / "te" / "release").keys())
+    assert {"decoder.layers.1.self_attention.linear_q_up_proj.layer_norm_weight",
+            "decoder.layers.1.pre_mlp_layernorm.weight", "decoder.layers.0.mlp.linear_fc1.layer_norm_weight",
+            "mtp.layers.0.transformer_layer.self_attention.linear_kv_up_proj.layer_norm_weight"} <= keys
+    reader = meg.Reader(tmp_path / "te")
+    try:
+        assert reader.source.state["megatron"]["scheme"] == "mcore_te"
+    finally:
+        reader.close()
+    convert(tmp_path / "te", tmp_path / "hf", dst_format="hf")
+    a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
