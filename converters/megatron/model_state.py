@@ -114,7 +114,8 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
     for why, n in sorted(ignored.items()):
         notes.append(f"ignored {n} entries: {why}")
     if tied:
-        notes.append("dropped the last stage's copy of the tied embedding (it equals the input embedding)")
+        notes.append("dropped the last stage's copy of the embedding (a tied head's, or the MTP modules'; Megatron "
+                     "keeps it equal to the input embedding)")
     if ranks.ep > 1:
         notes.append(f"read the tensors outside the routed experts from expert-parallel rank 0's files (each of the "
                      f"{ranks.ep} EP ranks holds a copy)")

@@ -71,6 +71,8 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
     rows = []
     for p, chunks in enumerate(layout.stages):
         for v, (start, stop) in enumerate(chunks):
+            first_row = len(rows)
+
             def keep(key, i, here=(p, v)):
                 mtp = key.startswith("mtp.")  # MTP modules: on the last chunk, their layer as a decoder layer
                 if i is None and not mtp:  # the embedding on the first chunk, the final norm and head on the last
@@ -87,6 +89,11 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
                 embedding = present["embed.word.weight"]
                 rows.append(Row(TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name], p, v))
+            if spec.mtp_layers and (p, v) == (last_stage, last_chunk) != (0, 0):
+                # the MTP modules' own embedding copy (models/gpt/gpt_model.py: built where pre_process or
+                # mtp_process; tied to the first stage's by tie_word_embeddings_state_dict)
+                embedding = present["embed.word.weight"]
+                rows.insert(first_row, Row(TABLES[scheme][0][0], Tied.bind(spec, [embedding]), [embedding.name], p, v))
     check_placed(rows, spec, f"Megatron's {scheme}", "e.g. q/k norms need megatron-core, not the legacy model")
     return rows
 

@@ -39,13 +39,17 @@ def ref(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", list(ML.KINDS))
-@pytest.mark.parametrize("label", ["torch-tp2", "dist", "torch-ep2"])
+@pytest.mark.parametrize("label", ["torch-tp2", "dist", "torch-ep2", "torch-pp2"])
 def test_megatron_core_loads_what_interop_writes_every_tensor_equal(ref, kind, label):
     """mcore tp 2 save -> interop HF -> interop Megatron (torch tp 2, torch_dist, torch ep 2) -> a fresh mcore model
     built from interop's args loads it strictly and holds the saved model's tensors (ep 2: the same tensors as
-    megatron-core's own resharding of interop's torch_dist)."""
+    megatron-core's own resharding of interop's torch_dist; pp 2: so too, the last stage holding the MTP block and
+    megatron-core's embedding copy for it, gpt_model.py `pre_process or mtp_process`)."""
     _, results = ref
     assert results[kind][f"differs:{label}"] == []
+    mtp = ML.KINDS[kind]["mtp_num_layers"]
+    last = set(results[kind]["keys:pp2-last"])
+    assert ("embedding.word_embeddings.weight" in last) == bool(mtp) and ("mtp.layers.0.eh_proj.weight" in last) == bool(mtp)
 
 
 @pytest.mark.parametrize("kind", list(ML.KINDS))
@@ -84,8 +88,8 @@ def test_interop_reads_megatron_cores_torch_and_torch_dist_saves_alike(ref, kind
     a, b = (load_file(root / "interop" / f"{kind}-{x}" / "model.safetensors") for x in ("hf", "hf-from-dist"))
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
     if ML.KINDS[kind]["mtp_num_layers"]:
-        assert {"model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight", "model.layers.3.shared_head.norm.weight",
-                "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"} <= set(a)
+        assert {"model.layers.4.eh_proj.weight", "model.layers.4.enorm.weight", "model.layers.4.shared_head.norm.weight",
+                "model.layers.4.self_attn.kv_a_proj_with_mqa.weight"} <= set(a)
     model = transformers.AutoModelForCausalLM.from_pretrained(root / "interop" / f"{kind}-hf", dtype=torch.float32)
     assert torch.equal(model.model.layers[0].self_attn.kv_a_layernorm.weight,
                        a["model.layers.0.self_attn.kv_a_layernorm.weight"])

@@ -19,7 +19,6 @@ from helpers.hostile import assert_one_error, run
 from interop.convert import convert
 
 ms = pytest.importorskip("mindspore")
-pytest.importorskip("mindformers")
 
 # the MindFormers config of each HF model (float32 everywhere; grouped experts, its only MoE layer)
 MF = dict(compute_dtype="float32", params_dtype="float32", layernorm_compute_dtype="float32",
@@ -34,6 +33,7 @@ STATISTICS = ("expert_load", "fi_accu")  # the router's training counters: not w
 def mcore(tmp_path, monkeypatch):
     """MindFormers with its mcore-style models switched on (use_legacy False), switched back afterwards."""
     monkeypatch.chdir(tmp_path)  # it writes ./output/log on import
+    pytest.importorskip("mindformers")
     from mindformers.core.context.build_context import MFContextOperator
     from mindformers.tools.register import MindFormerConfig
     MFContextOperator.reset_instance()

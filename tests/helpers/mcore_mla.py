@@ -11,15 +11,17 @@ without q compression or MTP):
      Fresh models BUILT FROM THE ARGS INTEROP WROTE (Megatron-LM's core_transformer_config_from_args copies every
      args field that is a TransformerConfig field; the few it renames are renamed here) load interop's outputs
      with megatron-core's own loaders (strict) and every tensor is compared with the saved model's.
-  2. tp 1 / ep 2: fresh models load interop's ep-2 torch output and, through megatron-core's own resharding,
-     interop's torch_dist output; both must hold the same tensors.
+  2. tp 1 / ep 2, then pp 2: fresh models load interop's ep-2 (pp-2) torch output and, through megatron-core's own
+     resharding, interop's torch_dist output; both must hold the same tensors (at pp 2 the last stage also holds
+     megatron-core's embedding copy for its MTP block).
 The pytest process only reads the results JSON.
 
 Two stand-ins, neither touching what is saved: core attention is a small SDPA module accepting MLA's
 `k_channels` / `v_channels` (0.16.1's local DotProductAttention does not take them; the saved state of MLA's
 projections does not depend on it), and the `TELinear` / `TEColumnParallelLinear` names multi_latent_attention.py
 compares against are set to dummy classes (without Transformer Engine they are MagicMocks, which `isinstance`
-refuses).
+refuses); at pp 2 `Tensor.cuda` returns the tensor (language_module.py moves the last stage's embedding copy to
+the GPU before its all-reduce with the first stage's).
 """
 from __future__ import annotations
 
@@ -46,10 +48,10 @@ KINDS = {
                    moe_router_topk=2, moe_router_topk_scaling_factor=None),
 }
 # Megatron-LM's words for the model (the args a DeepSeek run is launched with)
-DIMS = dict(num_layers=3, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, normalization="RMSNorm",
+DIMS = dict(num_layers=4, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, normalization="RMSNorm",
             norm_epsilon=1e-6, add_bias_linear=False, swiglu=True, multi_latent_attention=True, kv_lora_rank=32,
             qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, qk_layernorm=True, rope_type="rope",
-            num_experts=8, moe_ffn_hidden_size=32, moe_layer_freq=[0, 1, 1], moe_shared_expert_intermediate_size=32,
+            num_experts=8, moe_ffn_hidden_size=32, moe_layer_freq=[0, 1, 1, 1], moe_shared_expert_intermediate_size=32,
             max_position_embeddings=64, untie_embeddings_and_output_weights=True)
 RENAMED = {"num_experts": "num_moe_experts", "norm_epsilon": "layernorm_epsilon"}  # args -> TransformerConfig
 CPU = dict(params_dtype=torch.float32, use_cpu_initialization=True, bias_dropout_fusion=False,
@@ -61,7 +63,7 @@ CPU = dict(params_dtype=torch.float32, use_cpu_initialization=True, bias_dropout
 # interop's conversions: label -> (source, format, tp, ep); "hf" is interop's HF output of mcore's torch save
 CONVERSIONS = {"hf": ("torch", "hf", 1, 1), "hf-from-dist": ("torch_dist", "hf", 1, 1),
                "torch-tp2": ("hf", "torch", 2, 1), "torch-ep2": ("hf", "torch", 1, 2),
-               "dist": ("hf", "torch_dist", 2, 1)}
+               "torch-pp2": ("hf", "torch", 1, 1, 2), "dist": ("hf", "torch_dist", 2, 1)}
 
 
 class CoreAttention(torch.nn.Module):
@@ -87,7 +89,7 @@ def megatron_args(kind: str, tp: int, ep: int, ckpt_format: str) -> argparse.Nam
     return argparse.Namespace(**args)
 
 
-def config_from_args(args: dict, tp: int, ep: int):
+def config_from_args(args: dict, tp: int, ep: int, pp: int = 1):
     """MLATransformerConfig from Megatron args as Megatron-LM's core_transformer_config_from_args makes it (every
     same-named field; its renames; swiglu), with the CPU switches."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig
@@ -97,24 +99,28 @@ def config_from_args(args: dict, tp: int, ep: int):
     if args.get("swiglu"):
         kw.update(gated_linear_unit=True, activation_func=F.silu)
     kw.update(CPU, tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=None,
-              pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None)
+              pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=None, pipeline_dtype=torch.float32)
     for key in [k for k in kw if k.startswith(("num_layers_in_", "pipeline_model_parallel_layout"))]:
         kw.pop(key)
     return MLATransformerConfig(**kw)
 
 
-def build(args: dict, tp: int, ep: int):
+def build(args: dict, tp: int, ep: int, pp: int = 1):
+    """This rank's model; at pp > 1 its stage's layers (the MTP block and an embedding copy on the last)."""
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    cfg = config_from_args(args, tp, ep)
-    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    cfg = config_from_args(args, tp, ep, pp)
+    rank = ps.get_pipeline_model_parallel_rank()
+    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm", pp_rank=rank)
     for layer in spec.layer_specs:
         layer.submodules.self_attention.submodules.core_attention = CoreAttention
-    mtp = get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False) if cfg.mtp_num_layers else None
+    mtp = get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False, pp_rank=rank) if cfg.mtp_num_layers \
+        else None
     return GPTModel(cfg, spec, vocab_size=args["padded_vocab_size"], max_sequence_length=args["max_position_embeddings"],
-                    position_embedding_type="rope", share_embeddings_and_output_weights=False,
-                    mtp_block_spec=mtp).eval()
+                    position_embedding_type="rope", share_embeddings_and_output_weights=False, mtp_block_spec=mtp,
+                    pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage()).eval()
 
 
 def fill(model, seed: int) -> None:
@@ -154,13 +160,13 @@ def release(root: Path) -> Path:
 def convert_all(root: Path, kind: str) -> None:
     from interop.convert import convert
 
-    for label, (src, fmt, tp, ep) in CONVERSIONS.items():
+    for label, (src, fmt, tp, ep, *pp) in CONVERSIONS.items():
         source = root / "interop" / f"{kind}-hf" if src == "hf" else root / src / kind
         target = root / "interop" / f"{kind}-{label}"
         if fmt == "hf":
             convert(source, target, dst_format="hf", src_format="megatron")
         else:
-            convert(source, target, dst_format="megatron", tp=tp, ep=ep, format=fmt)
+            convert(source, target, dst_format="megatron", tp=tp, ep=ep, pp=pp[0] if pp else 1, format=fmt)
 
 
 def _patch_mla_cpu() -> None:
@@ -168,6 +174,7 @@ def _patch_mla_cpu() -> None:
     import megatron.core.transformer.multi_latent_attention as mla
 
     mu.te_general_gemm = None
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # the MTP stage's embedding copy is synced via .cuda()
     mla.TELinear = type("NoTELinear", (), {})
     mla.TEColumnParallelLinear = type("NoTEColumnParallelLinear", (), {})
 
@@ -216,6 +223,22 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
             from_dist = build(written, 1, 2)
             load_dist(from_dist, release(root / "interop" / f"{kind}-dist"))
             results[kind]["differs:torch-ep2"] = differences(tensors(from_dist), tensors(from_torch))
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
+        for kind in KINDS:  # pp 2: the last stage holds the MTP block and megatron-core's embedding copy for it
+            folder = release(root / "interop" / f"{kind}-torch-pp2")
+            written = interop_args(folder, "torch")
+            from_torch = build(written, 1, 1, 2)
+            stage = folder / f"mp_rank_00_{ps.get_pipeline_model_parallel_rank():03d}" / "model_optim_rng.pt"
+            from_torch.load_state_dict(torch.load(stage, weights_only=False)["model"], strict=True)
+            from_dist = build(written, 1, 1, 2)
+            load_dist(from_dist, release(root / "interop" / f"{kind}-dist"))
+            mine = differences(tensors(from_dist), tensors(from_torch))
+            keys = sorted(tensors(from_torch))
+            gathered = [None, None]
+            torch.distributed.all_gather_object(gathered, (mine, keys))
+            results[kind]["differs:torch-pp2"] = gathered[0][0] + gathered[1][0]
+            results[kind]["keys:pp2-last"] = gathered[1][1]
         ps.destroy_model_parallel()
         if rank == 0:
             (root / "results.json").write_text(json.dumps(results, indent=1))
