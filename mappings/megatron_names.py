@@ -16,7 +16,7 @@ canonical tensors all exist in the model applies; rows whose tensors are absent 
 bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
-from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, RowsSplit
+from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, PlainConcat, RowsSplit
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
@@ -207,25 +207,45 @@ def mtp_rows(table: list) -> list:
 MTP_LAYER = "mtp.layers.{k}.transformer_layer."
 
 
-def _mla_table(table: list, te: bool) -> list:
-    """`table` with its attention rows (and the fused input norm) replaced by multi-latent attention's."""
+# MindSpeed-LLM's multi-latent attention (examples/mcore/deepseek3/convert_ckpt_deepseek3.py, the layout its
+# DeepSeek-V3 training loads; torch format without args): `linear_qkv` = [q_a; kv_a] whole on every TP rank,
+# `linear_qb` / `linear_kvb` (q_up / kv_up) cut by heads, `q_layernorm` / `k_layernorm` the compression norms.
+_MS = "decoder.layers.{i}.self_attention."
+MINDSPEED_LLM_MLA = [
+    ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    (_MS + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
+    (_MS + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    (_MS + "q_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
+    (_MS + "k_layernorm.weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),
+    (_MS + "linear_qb.weight", Copy, ["layers.{i}.attn.q_up.weight"]),
+    (_MS + "linear_kvb.weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
+]
+# ... and its MTP modules' names where megatron-core's differ (the same script: with MTP the model's final norm is
+# `final_layernorm.weight`, each module's `mtp.final_layernorms.{k}.weight`)
+MTP_RENAMES = {"mindspeed_llm": {"decoder.final_layernorm.weight": "final_layernorm.weight",
+                                 "mtp.layers.{k}.final_layernorm.weight": "mtp.final_layernorms.{k}.weight"}}
+
+
+def _mla_table(table: list, attention_rows: list) -> list:
+    """`table` with its attention rows (and the fused input norm) replaced by `attention_rows`."""
     attention = ("self_attention.", "input_layernorm.")
     out = []
     for row in table:
         key = row[0]
         if key.startswith("decoder.layers.{i}.") and key[len("decoder.layers.{i}."):].startswith(attention):
             if key.endswith("self_attention.linear_proj.weight"):
-                out += _mla(te)
+                out += attention_rows
             continue
         out.append(row)
     return out
 
 
-def with_mtp(table: list) -> list:
+def with_mtp(table: list, scheme: str = "mcore") -> list:
     """`table` with the MTP modules between the final norm and the output layer (megatron-core's GPTModel
-    state-dict order), their decoder layer named as `table`'s layers."""
+    state-dict order), their decoder layer named as `table`'s layers (`MTP_RENAMES`: a scheme's own names)."""
     at = next(n for n, row in enumerate(table) if row[0] == "output_layer.weight")
-    return table[:at] + mtp_rows(table) + table[at:]
+    renames = MTP_RENAMES.get(scheme, {})
+    return [(renames.get(key, key), t, parts) for key, t, parts in table[:at] + mtp_rows(table) + table[at:]]
 
 
 # legacy megatron/model (nested dicts under `model`, flattened here with dots)
@@ -252,12 +272,13 @@ LEGACY = [
 TE_MOE_NORM = {"decoder.layers.{i}.pre_mlp_layernorm.weight", "decoder.layers.{i}.pre_mlp_layernorm.bias"}
 TE_FUSED_MLP_NORM = {"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias"}
 
-TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY}
+TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY, "mindspeed_llm": MCORE}
 # A multi-latent-attention model's tables (its attention rows and MTP modules; the legacy model has neither).
 # megatron-core's local spec gives MLA layers no sharded_state_dict_keys_map, so its torch_dist keys are its
 # state-dict names (`input_layernorm`, `pre_mlp_layernorm`, `q_layernorm`), not the Transformer Engine ones
 # (models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec: the map is on the non-MLA branch only).
-MLA_TABLES = {"mcore": _mla_table(MCORE, te=False), "mcore_te": _mla_table(MCORE_TE, te=True)}
+MLA_TABLES = {"mcore": _mla_table(MCORE, _mla(te=False)), "mcore_te": _mla_table(MCORE_TE, _mla(te=True)),
+              "mindspeed_llm": _mla_table(MCORE, MINDSPEED_LLM_MLA)}
 
 # Older legacy spellings, renamed component by component before a key is matched.
 LEGACY_ALIASES = {
@@ -270,7 +291,7 @@ LEGACY_ALIASES = {
 
 # The last pipeline stage's copy of the tied input embedding (pp > 1): Megatron keeps it in
 # sync by an all-reduce, so it equals embed.word.weight and is written, never read back.
-TIED_HEAD = {"mcore": "output_layer.weight", "mcore_te": "output_layer.weight",
+TIED_HEAD = {"mcore": "output_layer.weight", "mcore_te": "output_layer.weight", "mindspeed_llm": "output_layer.weight",
              "legacy": "word_embeddings_for_head.weight"}
 
 # Modules that carry an `_extra_state` entry in a megatron-core state dict (None for the
@@ -311,6 +332,8 @@ def scheme_of(keys) -> str | None:
         return "legacy"
     if any(k.endswith(("linear_qkv.layer_norm_weight", "linear_kv_up_proj.layer_norm_weight")) for k in keys):
         return "mcore_te"
+    if any(k.endswith((".self_attention.linear_qb.weight", ".self_attention.linear_kvb.weight")) for k in keys):
+        return "mindspeed_llm"
     if any(k.startswith(("decoder.", "embedding.", "output_layer.")) for k in keys):
         return "mcore"
     return None

@@ -44,7 +44,7 @@ def _table(scheme: str, experts: str, spec: ModelSpec) -> list:
                 continue
             out.append(row)
         table = out
-    return with_mtp(table) if spec.mtp_layers else table
+    return with_mtp(table, scheme) if spec.mtp_layers else table
 
 
 _DECODER = "decoder.layers.{i}."

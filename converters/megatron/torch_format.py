@@ -175,9 +175,10 @@ class Reader(BaseReader):
         if len(set(dtypes.values())) > 1:  # never cast one rank's bytes to its peers' type
             raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(d) for d in dtypes.values())} "
                                "by the tp ranks (tp 0, 1, ...): one dtype expected")
-        if self._replicated(row):  # rank 0's copy
+        if self._replicated(row):  # rank 0's copy (a fused one, MindSpeed-LLM's [q_a; kv_a], split into its parts)
             tensor = files[(0, row.stage)].read(stored[0])
-            return [tensor if out is None else out[0].copy_(tensor)]
+            parts = row.transform.split(tensor) if len(row.parts) > 1 else [tensor]
+            return parts if out is None else [o.copy_(x) for o, x in zip(out, parts)]
         read_into = lambda t, runs: files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
         return read_ranks(row, read_into, n, stored[0].dtype, self.memory, out)
 

@@ -236,3 +236,25 @@ def test_transformer_engine_spec_mla_names_are_read_from_torch_dist(hf_sources, 
     convert(tmp_path / "te", tmp_path / "hf", dst_format="hf")
     a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 2), (1, 1)])
+def test_mindspeed_llm_deepseek3_layout_is_read_bit_exact(tmp_path, tp, pp):
+    """MindSpeed-LLM's DeepSeek-V3 torch checkpoint (helpers/mindspeed_llm_deepseek.py lays it out as its
+    convert_ckpt_deepseek3.py does: `linear_qkv` = [q_a; kv_a] on every TP rank, `linear_qb` / `linear_kvb`,
+    `k_layernorm`, grouped experts, `mtp.final_layernorms.K`, the top-level `final_layernorm`, no args) reads with
+    --model-config to the HF tensors it came from, and converts on to megatron-core's names."""
+    from helpers.mindspeed_llm_deepseek import write
+
+    config = v3_config(num_hidden_layers=4, num_experts_per_tok=4)
+    save(config, tmp_path / "hf", mtp=True)
+    write(tmp_path / "hf", tmp_path / "msl", config, tp=tp, pp=pp)
+    options = {"model_config": str(tmp_path / "hf" / "config.json")}
+    summary = convert(tmp_path / "msl", tmp_path / "back", dst_format="hf", options=options)
+    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert any("legacy GroupedMLP" in n for n in summary.notes)
+    convert(tmp_path / "msl", tmp_path / "meg", dst_format="megatron", options=options, tp=2, ep=2)
+    convert(tmp_path / "meg", tmp_path / "again", dst_format="hf")
+    c = load_file(tmp_path / "again" / "model.safetensors")
+    assert sorted(a) == sorted(c) and [k for k in a if not torch.equal(a[k], c[k])] == []
