@@ -169,7 +169,7 @@ def _mla(te: bool) -> list:
       (TELayerNormColumnParallelLinear `layer_norm_weight`, registered before its `weight`).
     Each head's q rows are its qk_head_dim (nope) part then its qk_pos_emb_head_dim (rope) part, kv_up's its k_nope
     rows then its v rows, kv_down's rows the latent then the shared rope key: the canonical layouts (interop/params.py
-    mla_rows).  Confirmed on a real 0.16.1 local-spec model (scripts/make_mla_megatron_fixture.py)."""
+    mla_rows).  Confirmed on a real 0.16.1 local-spec model (tests/helpers/mcore_mla.py)."""
     a, down = "decoder.layers.{i}.self_attention.", Copy if te else RowsSplit
     q_norm, kv_norm = ["layers.{i}.attn.q_down_norm.weight"], ["layers.{i}.attn.kv_down_norm.weight"]
     rows = [
