@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from helpers.deepseek_models import save, v2_config, v3_config
 from helpers.hostile import assert_one_error, run
 from interop.convert import convert
+from interop.io.ms_ckpt import load_ckpt
 
 ms = pytest.importorskip("mindspore")
 
@@ -111,3 +112,14 @@ def test_mla_at_tp2_and_the_unconcatenated_layout_are_refused_in_one_line(tmp_pa
     assert_one_error(*run("convert", tmp_path / "hf", tmp_path / "out", "--to", "mindspore", "--dialect",
                           "mindformers-mcore", "--tp", "2"), "not tp=2")
     assert not (tmp_path / "out").exists()
+
+
+def test_pipeline_stages_keep_the_mtp_module_on_the_last(tmp_path):
+    """pp 2: MindFormers' rank files per stage (strategy files beside them); the MTP module on the last stage."""
+    save(v3_config(num_hidden_layers=4), tmp_path / "hf", mtp=True)
+    convert(tmp_path / "hf", tmp_path / "ms", dst_format="mindspore", pp=2, options={"dialect": "mindformers-mcore"})
+    first, last = (load_ckpt(tmp_path / "ms" / f"rank_{r}" / f"checkpoint_{r}.ckpt") for r in (0, 1))
+    assert "mtp.layers.0.eh_proj.weight" in last and not any(k.startswith("mtp.") for k in first)
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
