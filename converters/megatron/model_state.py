@@ -84,7 +84,7 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
         for e in (range(ranks.ep) if r.ep is None else [r.ep]):
             expected[(r.stage, r.chunk, e, r.key)] = r
     ignored: dict[str, int] = {}
-    tied = 0
+    tied = set()  # the last stage's copies of the embedding: the tied head's, the MTP modules'
     for (t, p, v, e), sd in model.ep_dicts.items():
         where = ranks.ep_files[(t, p, e)].path
         for key, value in sd.items():
@@ -107,15 +107,15 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
             if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
                 raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
                                    "one dtype expected")
-            tied += not row.transform.reads_back and e == ranks.plan.dense_ep[t]
+            if not row.transform.reads_back and e == ranks.plan.dense_ep[t]:
+                tied.add("the MTP modules' embedding" if key.startswith("embedding.") else "the tied embedding")
         for (p2, v2, e2, key), row in expected.items():
             if (p2, v2, e2) == (p, v, e) and key not in sd:
                 raise InteropError(f"{where}: tensor {key} is missing")
     for why, n in sorted(ignored.items()):
         notes.append(f"ignored {n} entries: {why}")
-    if tied:
-        notes.append("dropped the last stage's copy of the embedding (a tied head's, or the MTP modules'; Megatron "
-                     "keeps it equal to the input embedding)")
+    for copy in sorted(tied):
+        notes.append(f"dropped the last stage's copy of {copy} (it equals the input embedding)")
     if ranks.ep > 1:
         notes.append(f"read the tensors outside the routed experts from expert-parallel rank 0's files (each of the "
                      f"{ranks.ep} EP ranks holds a copy)")
