@@ -111,11 +111,12 @@ def hf_sources(tmp_path_factory):
     return root
 
 
+@pytest.mark.parametrize("first", [None, 1])  # even stages, or an uneven pipeline of 1 + 3 layers
 @pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
 @pytest.mark.parametrize("kind", list(HF_KINDS))
-def test_hf_deepseek_through_megatron_at_tp2_pp2_ep2_is_bit_exact_mtp_kept(hf_sources, tmp_path, kind, fmt):
+def test_hf_deepseek_through_megatron_at_tp2_pp2_ep2_is_bit_exact_mtp_kept(hf_sources, tmp_path, kind, fmt, first):
     src = hf_sources / kind
-    convert(src, tmp_path / "meg", dst_format="megatron", tp=2, pp=2, ep=2, format=fmt)
+    convert(src, tmp_path / "meg", dst_format="megatron", tp=2, pp=2, ep=2, format=fmt, first_stage_layers=first)
     if fmt == "torch":  # the MTP module on the last pipeline stage, beside the output layer
         last = torch.load(tmp_path / "meg" / "release" / "mp_rank_01_001_001" / "model_optim_rng.pt",
                           weights_only=False)["model"]
