@@ -60,13 +60,14 @@ class Writer(BaseWriter):
     """The format's writer: opening one gives the writer of the `format` asked for (`--format`, default
     torch), a `torch_format.Writer` or a `torch_dist.Writer` (each subclasses `BaseWriter` itself)."""
 
-    options = ("format", "iteration", "distributed_optimizer", "dp")
+    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
     padded_vocab = staticmethod(_padded_vocab)
 
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
-                distributed_optimizer: bool | None = None, dp: int | None = None, only=None):
+                distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
+                only=None):
         if (format or "torch") not in FORMATS:
             raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
         if dp is not None and (format == "torch_dist" or not distributed_optimizer):
@@ -74,6 +75,8 @@ class Writer(BaseWriter):
                                "(distrib_optim.pt is laid out for one dp; torch_dist loads at any dp)")
         if format == "torch_dist":
             return _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
-                                        distributed_optimizer=distributed_optimizer, only=only)
+                                        distributed_optimizer=distributed_optimizer, transformer_impl=transformer_impl,
+                                        only=only)
         return torch_format.Writer(root, spec, layout, metas, iteration=iteration,
-                                   distributed_optimizer=distributed_optimizer, dp=dp, only=only)
+                                   distributed_optimizer=distributed_optimizer, dp=dp,
+                                   transformer_impl=transformer_impl, only=only)

@@ -100,12 +100,12 @@ def homogeneous(spec: ModelSpec) -> bool:
     return not (spec.is_moe and spec.moe_layers is not None)
 
 
-def dist_scheme(spec: ModelSpec) -> str:
+def dist_scheme(spec: ModelSpec, te: bool = False) -> str:
     """The names interop writes in torch_dist: the sharded keys every megatron-core layer spec shares (the
     Transformer Engine names, which the local spec maps its norms to), except for multi-latent attention, whose
-    local spec keeps its own names (no sharded_state_dict_keys_map: gpt_layer_specs.py get_gpt_layer_local_spec),
-    so that the args' transformer_impl local holds (the Transformer Engine spec's MLA is read, not written)."""
-    return "mcore" if spec.is_mla else "mcore_te"
+    local spec keeps its own names (no sharded_state_dict_keys_map: gpt_layer_specs.py get_gpt_layer_local_spec):
+    those unless `te` (--transformer-impl transformer_engine)."""
+    return "mcore" if spec.is_mla and not te else "mcore_te"
 
 
 def global_shape(spec: ModelSpec, at, shape) -> tuple:
@@ -526,13 +526,14 @@ def _extra_template(module: str) -> str:
 class Writer(BaseWriter):
     """Writes `save/iter_XXXXXXX/` in torch_dist, loadable by Megatron-LM at any tp/pp."""
 
-    options = ("iteration", "distributed_optimizer")
+    options = ("iteration", "distributed_optimizer", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 iteration: int | None = None, distributed_optimizer: bool | None = None, only=None):
+                 iteration: int | None = None, distributed_optimizer: bool | None = None,
+                 transformer_impl: str | None = None, only=None):
         """`only`: the `.distcp` files (`units`: 0 for the embedding, final norm and output layer, 1 + i for
         decoder layer i) to write, for a conversion split over processes (`interop.workers`); None: all."""
         spec.check_tp(layout.tp)
@@ -541,7 +542,9 @@ class Writer(BaseWriter):
         self.index = param_index(spec)
         if layout.ep > 1:
             spec.check_ep(layout.ep)
-        self.rows = _rows(spec, dist_scheme(spec))
+        self.impl = transformer_impl or "local"
+        te = self.impl == "transformer_engine"
+        self.rows = _rows(spec, dist_scheme(spec, te), moe_norm_apart=te)
         refuse_unstated(spec)  # before a file is written
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
@@ -610,6 +613,7 @@ class Writer(BaseWriter):
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = args_from_spec(self.spec, self.layout, base, divisor)
+        args["transformer_impl"] = self.impl
         iteration = final_iteration(self.iteration, state)
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if self.kinds:  # a schedule matters to a run that resumes its optimizer

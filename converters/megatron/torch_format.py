@@ -291,14 +291,14 @@ class Reader(BaseReader):
 class Writer(BaseWriter):
     """Writes a Megatron-LM `torch` checkpoint (megatron-core names) that Megatron can load."""
 
-    options = ("iteration", "distributed_optimizer", "dp")
+    options = ("iteration", "distributed_optimizer", "dp", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (EP rank folders)
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  iteration: int | None = None, distributed_optimizer: bool | None = None, dp: int | None = None,
-                 only=None):
+                 transformer_impl: str | None = None, only=None):
         """`only`: the (tp, pp) rank files (`units`) to write, for a conversion split over processes
         (`interop.workers`); None: all of them."""
         spec.check_tp(layout.tp)
@@ -308,7 +308,13 @@ class Writer(BaseWriter):
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
         self.index = param_index(spec)
-        self.rows = expand_rows("mcore", spec, layout)
+        # the Transformer Engine spec's names (its MoE layers keep pre_mlp_layernorm apart), or the local spec's
+        self.impl = transformer_impl or "local"
+        te = self.impl == "transformer_engine"
+        if te and distributed_optimizer:
+            raise InteropError("--transformer-impl transformer_engine with --distributed-optimizer: distrib_optim.pt "
+                               "is laid out in the local spec's parameter order only (write --format torch_dist)")
+        self.rows = expand_rows("mcore_te" if te else "mcore", spec, layout, moe_norm_apart=te)
         self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
@@ -469,6 +475,7 @@ class Writer(BaseWriter):
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = args_from_spec(self.spec, self.layout, base, divisor)
+        args["transformer_impl"] = self.impl
         expert_notes = []
         if self.spec.is_moe and args.get("moe_grouped_gemm"):
             # the rank files hold SequentialMLP's keys (local_experts.N): a run building GroupedMLP would not load them

@@ -209,26 +209,20 @@ def test_mtp_sits_on_the_last_virtual_chunk_of_the_last_stage(hf_sources, tmp_pa
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
-def test_transformer_engine_spec_mla_names_are_read_from_torch_dist(hf_sources, tmp_path, monkeypatch):
-    """A torch_dist checkpoint of the Transformer Engine spec keeps its state-dict names as sharded keys (the TE MLA
-    spec has no sharded_state_dict_keys_map): `linear_q_up_proj.layer_norm_weight`, MoE layers'
-    `pre_mlp_layernorm`, a dense layer's `mlp.linear_fc1.layer_norm_weight`.  Written here with the TE table the
-    torch-format test above checks against an independent relayout; read back bit-exact."""
+def test_transformer_engine_spec_mla_names_written_and_read_in_torch_dist(hf_sources, tmp_path):
+    """--transformer-impl transformer_engine: a torch_dist checkpoint under the TE spec's state-dict names (the TE
+    MLA spec has no sharded_state_dict_keys_map): `linear_q_up_proj.layer_norm_weight`, MoE layers'
+    `pre_mlp_layernorm`, a dense layer's `mlp.linear_fc1.layer_norm_weight`; its args say so; read back bit-exact."""
     from interop.converters.megatron import torch_dist
-    from interop.converters.megatron.rows import expand_rows
-    from interop.layout import ParallelLayout
 
-    def te_rows(spec, scheme, moe_norm_apart=False):
-        return expand_rows("mcore_te", spec, ParallelLayout.build(spec.num_layers), moe_norm_apart=True)
-
-    monkeypatch.setattr(torch_dist, "_rows", te_rows)
     src = hf_sources / "v3-mtp"
-    convert(src, tmp_path / "te", dst_format="megatron", format="torch_dist")
-    monkeypatch.undo()
-    keys = set(torch_dist.dist.DistCheckpoint(tmp_path / "te" / "release").keys())
+    convert(src, tmp_path / "te", dst_format="megatron", format="torch_dist",
+            options={"transformer_impl": "transformer_engine"})
+    ckpt = torch_dist.dist.DistCheckpoint(tmp_path / "te" / "release")
     assert {"decoder.layers.1.self_attention.linear_q_up_proj.layer_norm_weight",
             "decoder.layers.1.pre_mlp_layernorm.weight", "decoder.layers.0.mlp.linear_fc1.layer_norm_weight",
-            "mtp.layers.0.transformer_layer.self_attention.linear_kv_up_proj.layer_norm_weight"} <= keys
+            "mtp.layers.0.transformer_layer.self_attention.linear_kv_up_proj.layer_norm_weight"} <= set(ckpt.keys())
+    assert vars(ckpt.common["args"])["transformer_impl"] == "transformer_engine"
     reader = meg.Reader(tmp_path / "te")
     try:
         assert reader.source.state["megatron"]["scheme"] == "mcore_te"
@@ -237,6 +231,22 @@ def test_transformer_engine_spec_mla_names_are_read_from_torch_dist(hf_sources, 
     convert(tmp_path / "te", tmp_path / "hf", dst_format="hf")
     a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_transformer_engine_spec_torch_output_is_the_te_layout(hf_sources, tmp_path):
+    """--transformer-impl transformer_engine in the torch format: each rank file holds exactly the TE layout of the
+    local one (`te_layout`, from get_gpt_layer_with_transformer_engine_spec), tensor for tensor."""
+    src = hf_sources / "v3-mtp"
+    convert(src, tmp_path / "local", dst_format="megatron", tp=2)
+    convert(src, tmp_path / "te", dst_format="megatron", tp=2, options={"transformer_impl": "transformer_engine"})
+    local = [torch.load(f, weights_only=False)["model"]
+             for f in sorted((tmp_path / "local" / "release").glob("mp_rank_*/model_optim_rng.pt"))]
+    for t, f in enumerate(sorted((tmp_path / "te" / "release").glob("mp_rank_*/model_optim_rng.pt"))):
+        saved = torch.load(f, weights_only=False)
+        want = {k: v for k, v in te_layout(local[t], local, {0}).items() if isinstance(v, torch.Tensor)}
+        got = {k: v for k, v in saved["model"].items() if isinstance(v, torch.Tensor)}
+        assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+        assert saved["args"].transformer_impl == "transformer_engine"
 
 
 @pytest.mark.parametrize("tp,pp", [(2, 2), (1, 1)])
