@@ -52,6 +52,13 @@ def format_options(command: str):
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="keep", show_default=True,
               help="Cast the weights (optimizer state keeps its dtype); fp8: block-scaled FP8 projections (hf).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
+@click.option("--base", type=click.Path(), help="A LoRA adapter source's base model checkpoint (a PEFT adapter "
+              "needs it; default: the base the adapter names, when that is a folder here).")
+@click.option("--adapter", type=click.Path(), help="A LoRA adapter (PEFT folder or interop adapter) to merge into "
+              "SRC's weights (with --merge).")
+@click.option("--merge", is_flag=True, help="Write SRC with --adapter merged in: W + alpha/r B A in fp32, cast once.")
+@click.option("--lora-stack-ranks", is_flag=True, help="A LoRA adapter SRC rewritten exactly with one A for q, k, v "
+              "(gate, up) at a higher rank, for targets that fuse them (Megatron's linear_qkv).")
 @format_options("convert")
 @click.option("--verify", "then_verify", is_flag=True,
               help="Afterwards, run a fixed batch through SRC and DST (as `interop verify`); exit 1 if they differ.")
@@ -60,7 +67,7 @@ def format_options(command: str):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @user_errors
 def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_layers, last_stage_layers, dtype, force,
-            then_verify, workers, quiet, **options):
+            base, adapter, merge, lora_stack_ranks, then_verify, workers, quiet, **options):
     """Convert checkpoint SRC into DST, resharding to --tp/--pp on the way.
 
     The options from --tokenizer to --src-qkv-bias-layout are the formats' own (each format declares
@@ -71,13 +78,16 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
       interop convert ./llama-hf ./llama-tp2pp2 --from hf --to interop --tp 2 --pp 2
       interop convert ./llama-tp2pp2 ./llama-hf-again --to hf
       interop convert ./llama-hf ./llama-mf --to mindspore --dialect mindformers --qkv-concat
+      interop convert ./lora-peft ./lora-tp2 --base ./llama-hf --to interop --tp 2
+      interop convert ./llama-hf ./llama-merged --adapter ./lora-peft --merge --to hf
     """
     from ..convert import convert as run_convert
     bar = ProgressBar("converting", enabled=not quiet)
     try:
         summary = run_convert(src, dst, src_format=src_format, dst_format=dst_format, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp,
                               first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                              dtype=dtype, force=force, progress=bar, workers=workers, options=options)
+                              dtype=dtype, force=force, progress=bar, workers=workers, base=base, adapter=adapter,
+                              merge=merge, lora_stack_ranks=lora_stack_ranks, options=options)
     finally:
         bar.close()
     click.echo("\n".join(summary.lines(verbose=VERBOSE["level"] > 0)))
@@ -88,7 +98,7 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
         try:
             result = verify(src, dst, src_format=summary.src_format, dst_format=dst_format,
                             model_config=options.get("model_config"), iteration=options.get("iteration"),
-                            log=progress_line)
+                            log=progress_line, adapter=adapter if merge else None)
         except InteropError as exc:  # the conversion is done and stays; its check failed: exit 1, as a FAIL does
             click.echo(f"error: verification failed: {exc}; the converted output is kept at {dst} "
                        "(delete it, or convert again with --force)", err=True)
@@ -103,9 +113,11 @@ def convert(src, dst, src_format, dst_format, tp, pp, vpp, ep, etp, first_stage_
 @click.option("--no-tensors", is_flag=True, help="Leave out the per-tensor table.")
 @click.option("--native", is_flag=True, help="Show each tensor's name in the checkpoint's own format next to "
               "its canonical name.")
+@click.option("--base", type=click.Path(), help="A PEFT adapter's base model checkpoint (default: the base the "
+              "adapter names, when that is a folder here).")
 @format_options("inspect")
 @user_errors
-def inspect(path, fmt, as_json, no_tensors, native, **options):
+def inspect(path, fmt, as_json, no_tensors, native, base, **options):
     """Describe a checkpoint: format, model, layout, tensors and totals.
 
     \b
@@ -113,6 +125,6 @@ def inspect(path, fmt, as_json, no_tensors, native, **options):
       interop inspect ./llama-tp2pp2
     """
     from ..describe import describe, render
-    info = describe(path, fmt, native=native, **options)
+    info = describe(path, fmt, native=native, base=base, **options)
     click.echo(json.dumps(info.to_dict(), indent=1) if as_json
                else render(info, show_tensors=not no_tensors, native=native))

@@ -28,6 +28,17 @@ def _training_options(fn):
         click.option("--decay-style", type=DECAY, help="constant, linear or cosine. [cosine]"),
         click.option("--weight-decay", type=float, help="AdamW decoupled weight decay (matrices only). [0.01]"),
         click.option("--clip-grad", type=float, help="Global gradient-norm clip, 0 = off. [1.0]"),
+        click.option("--adapter", type=click.Path(), help="Train this common-format LoRA adapter (its base is the "
+                     "model trained from: --load), the base frozen."),
+        click.option("--lora-rank", type=int, help="Train a fresh LoRA adapter of this rank on the frozen base "
+                     "(with --lora-alpha and --lora-targets; drawn from --seed)."),
+        click.option("--lora-alpha", type=float, help="The fresh adapter's alpha (scaling alpha / rank)."),
+        click.option("--lora-targets", help="The modules it adapts: attn.q,attn.k,attn.v,attn.o,mlp.gate,mlp.up,"
+                     "mlp.down, or Megatron's linear_qkv,linear_proj,linear_fc1,linear_fc2."),
+        click.option("--lora-dropout", type=float, help="Dropout on the adapter's input while training. [0]"),
+        click.option("--lora-shared-a/--no-lora-shared-a", default=None, help="q, k, v (and gate, up) share one A, "
+                     "as a LoRA on a fused linear has (MindSpeed-LLM's linear_qkv, PEFT on GPT2's c_attn), or have an "
+                     "A each. [a resumed or given adapter: as it says; a fresh one: an A each]"),
     ]
     for option in reversed(options):
         fn = option(fn)

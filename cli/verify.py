@@ -39,8 +39,10 @@ def progress_line(line: str) -> None:
 @click.option("--tolerance", type=float, help="Largest allowed |logit difference| [1e-5; after a cast to fp16 1e-2, to bf16 5e-2].")
 @click.option("--reference-only", is_flag=True, help="Skip the checkpoints' own frameworks (transformers, "
               "mindspore, megatron-core); run the reference model only.")
+@click.option("--adapter", type=click.Path(), help="A LoRA adapter on SRC: DST must hold SRC + adapter (a merge).")
 @user_errors
-def verify(src, dst, src_format, dst_format, model_config, dst_model_config, iteration, tolerance, reference_only):
+def verify(src, dst, src_format, dst_format, model_config, dst_model_config, iteration, tolerance, reference_only,
+           adapter):
     """Prove DST holds the model SRC holds: their weights compared tensor by tensor (bit-identical where the
     dtype is the same), then one fixed batch through both, in the reference model and in each checkpoint's
     own framework where installed.  Prints the losses and the largest logit difference (the stages, with
@@ -50,8 +52,9 @@ def verify(src, dst, src_format, dst_format, model_config, dst_model_config, ite
     Example:
       interop verify ./llama-hf ./llama-ms
       interop convert ./llama-hf ./llama-ms --to mindspore --tp 2 --verify   # the same, after converting
+      interop verify ./llama-hf ./llama-merged --adapter ./lora-peft         # DST = SRC + adapter
     """
     from ..workflows.verify import verify as run_verify
     report(run_verify(src, dst, src_format=src_format, dst_format=dst_format, tolerance=tolerance,
                       frameworks=not reference_only, dst_model_config=dst_model_config, model_config=model_config,
-                      iteration=iteration, log=progress_line))
+                      iteration=iteration, log=progress_line, adapter=adapter))

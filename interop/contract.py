@@ -47,6 +47,12 @@ class BaseReader(abc.ABC):
     options: tuple[str, ...] = ()  # the format keywords __init__ takes (`--model-config`, ...), besides `path`
     source: Source  # set by __init__: spec, layout, training state, notes
     carried = NOTHING_CARRIED  # {"files": {name: path}, "config": {key: value}} kept beside the weights
+    reads_adapter = False  # a LoRA adapter's files without its base: __init__ then takes `base=` (the base's ModelSpec)
+
+    @classmethod
+    def named_base(cls, path) -> str | None:
+        """An adapter's base model as the adapter names it, when that is a checkpoint here; None: not named."""
+        return None
 
     @classmethod
     def options_for_worker(cls, options: dict) -> dict:
@@ -107,6 +113,7 @@ class BaseWriter(abc.ABC):
     options: tuple[str, ...] = ()  # the format keywords __init__ takes (`--max-shard-size`, ...)
     holds_moe = False  # whether it can hold a mixture-of-experts model
     splits = False  # whether it takes `only=` and finishes in two halves (`--workers`)
+    holds_adapter = False  # whether it can hold a LoRA adapter (`interop.adapter`): __init__ then takes `adapter=`
     units: tuple = ()  # the target files a conversion split over processes divides, stage by stage
     notes: tuple = ()  # what it could not write, and why (read after finishing; a list in most writers)
 

@@ -18,12 +18,15 @@ from . import workers as parallel
 from .atomic import atomic_directory, check_destination
 from .engine import Task, one_torch_thread, split_units, stream, write_units
 from .workers import merge_notes
-from .formats import detect_format, looks_like, reader_of, writer_of
+from .formats import base_spec_of, detect_format, looks_like, reader_of, target_names, writer_of
 from .errors import InteropError
 from .io.background import background_writes
 from .layout import ParallelLayout
 from .named_tokenizer import with_named_tokenizer
-from .params import TensorKey, base_param_name, param_index
+from .adapter import tensor_index
+from .lora_stack import StackedReader
+from .merge import MergedReader, check_merge_args
+from .params import TensorKey, base_param_name
 from .progress import Progress
 from .tensors import DTYPE_NAMES, TensorMeta
 from .weights_on_disk import check_weights_on_disk
@@ -166,7 +169,7 @@ def _convert_ranks(group, reader, task: Task, workers: int | None, dst, force: b
         notes: list[str] = []
         if mine is None:
             with one_torch_thread(), background_writes():
-                stream(reader, writer, job.metas_in, job.metas_out, param_index(job.spec), job.true_vocab, job.src,
+                stream(reader, writer, job.metas_in, job.metas_out, job.index(), job.true_vocab, job.src,
                        notes, progress)
                 reader.confirm()
                 return {"results": writer.finish_units(reader.source.state), "notes": notes}
@@ -209,7 +212,8 @@ def convert(src, dst, **kwargs) -> Summary:
 def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | None = None, tp: int = 1, pp: int = 1, vpp: int = 1,
             first_stage_layers: int | None = None, last_stage_layers: int | None = None, dtype: str = "keep",
             force: bool = False, options: dict | None = None, progress=None, ep: int = 1, workers: int | None = 1,
-            etp: int | None = None, **format_options) -> Summary:
+            etp: int | None = None, base=None, adapter=None, merge: bool = False, lora_stack_ranks: bool = False,
+            **format_options) -> Summary:
     """Convert checkpoint `src` into `dst` (format `dst_format`, at tp/pp/vpp, and `ep` expert-parallel
     ranks for a mixture-of-experts model). Returns a Summary.
 
@@ -220,6 +224,10 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
     callable(done_bytes, total_bytes), or an object with `.start(total_bytes)` and `.update(nbytes)`.
     `workers`: processes to split the writing over by target files (`interop.workers`; None: the
     cores available); small jobs and targets of one file stay in this process.
+    `base`: the base model's checkpoint of a LoRA adapter source that needs it (PEFT); `adapter` with `merge`:
+    a LoRA adapter merged into `src`'s weights (W + alpha/r B A in fp32, cast once; `interop.merge`);
+    `lora_stack_ranks`: an adapter source rewritten exactly with one A per group of projections that read the
+    same input, at a higher rank (`interop.lora_stack`), for targets that fuse them (Megatron's linear_qkv).
     `dst` appears only when complete.
     """
     started = time.perf_counter()
@@ -242,15 +250,37 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     if group is not None:  # checks that read every byte: each rank makes its share
         reader_options = reader_cls.options_for_rank(reader_options, group.rank, group.world)
-    inputs = (src, options.get("model_config"), options.get("tokenizer"))  # what --force must never delete
+    check_merge_args(adapter, merge, base)
+    if adapter is not None:  # the merge happens in this process's reader: workers would reopen the base alone
+        if group is not None:
+            raise InteropError("--merge runs in one process: run it without torchrun")
+        workers = 1
+    inputs = (src, options.get("model_config"), options.get("tokenizer"), base, adapter)  # what --force must never delete
     check_destination(dst, force, inputs)
+    if reader_cls.reads_adapter:
+        reader_options["base"] = base_spec_of(src, base or reader_cls.named_base(src))
+    elif base is not None:
+        raise InteropError(f"--base applies to a LoRA adapter source that does not hold its base's description; "
+                           f"{src} is a {src_format} checkpoint")
     try:
         reader = reader_cls(src, **reader_options)
     except InteropError as exc:  # with --from naming another format than the files': say what they look like
         raise (looks_like(src, src_format) if named_format else None) or exc from None
     try:
-        spec = reader.source.spec
-        check_weights_on_disk(spec, src)
+        if adapter is not None:
+            reader = MergedReader(reader, open_adapter(adapter, reader.source.spec),
+                                  DTYPE_NAMES[DTYPE_CHOICES[dtype]] if DTYPE_CHOICES[dtype] else None, str(adapter))
+        if lora_stack_ranks:
+            reader = StackedReader(reader)
+        spec, lora = reader.source.spec, reader.source.adapter
+        if lora is None:
+            check_weights_on_disk(spec, src)
+        elif not writer_cls.holds_adapter:
+            holders = ", ".join(n for n in target_names() if writer_of(n).holds_adapter)
+            raise InteropError(f"a {dst_format} target cannot hold a LoRA adapter yet ({holders} can); or merge "
+                               f"it into its base: interop convert BASE DST --adapter {src} --merge --to {dst_format}")
+        else:
+            writer_options = {**writer_options, "adapter": lora}
         spec.check_tp(tp)
         spec.check_ep(ep)
         spec.check_etp(tp if etp is None else etp, tp)
@@ -260,7 +290,7 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
         out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
         layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
-        index = param_index(out_spec)
+        index = tensor_index(out_spec, lora)
         metas_in = reader.metas()
         metas_out = []
         for m in metas_in:
@@ -300,5 +330,21 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         reader.close()
     if DTYPE_CHOICES[dtype] and out_dtype != spec.dtype:
         summary.notes.append(f"cast weights from {spec.dtype} to {out_dtype}")
+    if lora is not None:
+        summary.notes.append(f"a LoRA adapter (rank {lora.rank}, alpha {lora.alpha:g}, {', '.join(lora.targets)}) "
+                             f"on a base model of {spec.num_layers} layers, hidden {spec.hidden}")
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def open_adapter(path, base_spec):
+    """The reader of the LoRA adapter at `path`, for base model `base_spec` (a PEFT adapter is read against it;
+    a common-format adapter states its own base, which its tensors are checked against)."""
+    if not Path(path).exists():
+        raise InteropError(f"{path}: no such file or directory")
+    cls = reader_of(detect_format(path))
+    reader = cls(path, base=base_spec) if cls.reads_adapter else cls(path)
+    if reader.source.adapter is None:
+        reader.close()
+        raise InteropError(f"{path}: not a LoRA adapter (--adapter names one: a PEFT folder or an interop adapter)")
+    return reader

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .formats import detect_format, reader_of
+from .errors import InteropError
+from .formats import base_spec_of, detect_format, reader_of
 from .io.small_files import read_json
 from .params import TensorKey
 
@@ -98,7 +99,14 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
     fmt = fmt or detect_format(path)
     if fmt == "interop" and not options:
         return _describe_store(Path(path))
-    reader = reader_of(fmt)(path, **options)
+    reader_cls = reader_of(fmt)
+    base = options.pop("base", None)
+    if reader_cls.reads_adapter:  # a LoRA adapter without its base's description (PEFT): described on its base
+        options["base"] = base_spec_of(path, base or reader_cls.named_base(path))
+    elif base is not None:
+        raise InteropError(f"--base applies to a LoRA adapter that does not hold its base's description; {path} is "
+                           f"a {fmt} checkpoint")
+    reader = reader_cls(path, **options)
     try:
         from .tensors import NAME_OF_DTYPE
         source = reader.source
@@ -108,6 +116,8 @@ def describe(path, fmt: str | None = None, options: dict | None = None, native: 
         reader.close()
     info = Description(str(path), fmt, source.spec.to_dict(), state=source.state, notes=list(source.notes),
                        tensors=tensors)
+    if source.adapter is not None:
+        info.notes.append(_adapter_note(source.adapter))
     if source.layout:
         info.tp, info.pp, info.vpp, info.layout = (source.layout.tp, source.layout.pp, source.layout.vpp,
                                                    source.layout.describe())
@@ -123,12 +133,19 @@ def _describe_store(root: Path) -> Description:
     from .manifest import check_files_exist, check_manifest
     manifest_path = root / MANIFEST
     manifest = read_json(manifest_path, "manifest", MANIFEST_LIMIT)
-    spec, layout = check_manifest(root, manifest, manifest_path)
+    spec, layout, adapter = check_manifest(root, manifest, manifest_path)
     check_files_exist(root, manifest["files"], manifest_path)
+    notes = [] if adapter is None else [_adapter_note(adapter)]
     tensors = [TensorInfo(name, list(t["shape"]), t["dtype"], _numel(t["shape"]) * ITEMSIZE[t["dtype"]])
                for name, t in manifest["tensors"].items()]
     return Description(str(root), "interop", spec.to_dict(), layout.tp, layout.pp, layout.vpp, layout.describe(),
-                       state=manifest.get("state") or {}, tensors=tensors, ep=layout.ep)
+                       state=manifest.get("state") or {}, notes=notes, tensors=tensors, ep=layout.ep)
+
+
+def _adapter_note(adapter) -> str:
+    shared = {True: "; one A per fused module", False: "", None: "; A sharing not stated"}[adapter.shared_a]
+    return (f"a LoRA adapter (rank {adapter.rank}, alpha {adapter.alpha:g}, targets {', '.join(adapter.targets)}"
+            f"{shared}) on the model described")
 
 
 def _numel(shape) -> int:

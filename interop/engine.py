@@ -22,7 +22,8 @@ from . import memory
 from .contract import BaseReader, BaseWriter
 from .errors import InteropError
 from .layout import ParallelLayout
-from .params import base_param_name, param_index
+from .adapter import tensor_index
+from .params import base_param_name
 from .spec import ModelSpec
 from .tensors import TensorMeta
 
@@ -55,6 +56,10 @@ class Task:
     def open_reader(self) -> BaseReader:
         """The source, reopened without the checks the first process made (`options_for_worker`)."""
         return self.reader_cls(self.src, **self.reader_cls.options_for_worker(dict(self.reader_options)))
+
+    def index(self) -> dict:
+        """The target's parameters by name: the model's, or a LoRA adapter's (`interop.adapter`)."""
+        return tensor_index(self.spec, self.writer_options.get("adapter"))
 
     def open_writer(self) -> BaseWriter:
         return self.writer_cls(self.dst, self.spec, self.layout, list(self.metas_out), **self.writer_options,
@@ -193,7 +198,7 @@ def write_units(reader, writer, task: Task, notes: list[str], progress=None) -> 
     writer's units want, confirm the source, finish the units' files; the writer is aborted on any failure.
     Returns the units' results, which the describing files need (`BaseWriter.finish_global`)."""
     try:
-        stream(reader, writer, task.metas_in, task.metas_out, param_index(task.spec), task.true_vocab, task.src,
+        stream(reader, writer, task.metas_in, task.metas_out, task.index(), task.true_vocab, task.src,
                notes, progress, wants=writer.wants)
         reader.confirm()
         return writer.finish_units(reader.source.state)

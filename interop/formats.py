@@ -77,6 +77,18 @@ def writer_of(name: str):
     return module.Writer
 
 
+def base_spec_of(src, base) -> "ModelSpec":
+    """The ModelSpec of an adapter source's base model, from the base's own checkpoint (any format)."""
+    if base is None:
+        raise InteropError(f"{src}: a LoRA adapter needs its base model: give --base BASE (a checkpoint of the model "
+                           "it was trained on)")
+    reader = reader_of(detect_format(base))(base)
+    try:
+        return reader.source.spec
+    finally:
+        reader.close()
+
+
 def detect_format(path) -> str:
     """The name of the one format that claims `path`."""
     path = Path(path)

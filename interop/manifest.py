@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .adapter import AdapterSpec
 from .errors import InteropError
 from .io.paths import inside
 from .layout import ParallelLayout
@@ -32,8 +33,9 @@ def _counts(value, length: int | None = None) -> bool:
     return isinstance(value, list) and all(_is_count(n) for n in value) and (length is None or len(value) == length)
 
 
-def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
-    """Validate a parsed manifest of the checkpoint at `root`; returns its spec and layout.
+def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout, AdapterSpec | None]:
+    """Validate a parsed manifest of the checkpoint at `root`; returns its spec, layout and LoRA adapter (None:
+    the checkpoint is a model; else its tensors are that adapter's on base model `spec`).
 
     Raises InteropError naming `where` (the manifest file) and the first thing wrong."""
     def fail(what: str):
@@ -77,19 +79,27 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
 
     _check_carried(manifest.get("carried"), files, fail)
 
-    index = param_index(spec)
+    adapter = None
+    if manifest.get("adapter") is not None:
+        adapter = AdapterSpec.from_dict(manifest["adapter"], str(where))
+        try:
+            adapter.check_base(spec)
+        except InteropError as exc:
+            fail(str(exc))
+    index = param_index(spec) if adapter is None else adapter.index(spec)
+    what = f"{spec.arch} model" if adapter is None else "LoRA adapter"
     used: dict[tuple[str, str], str] = {}  # (file, key) -> tensor: one stored entry never serves two shards
     for name, entry in tensors.items():
         param = index.get(base_param_name(name))
         if param is None:
-            fail(f"tensor {name!r} is not a parameter of this {spec.arch} model")
+            fail(f"tensor {name!r} is not a parameter of this {what}")
         if not isinstance(entry, dict):
             fail(f"tensor {name!r}: expected a JSON object")
         if entry.get("dtype") not in DTYPES:
             fail(f"tensor {name!r}: unsupported dtype {entry.get('dtype')!r}")
         shape = entry.get("shape")
         if not _counts(shape) or tuple(shape) != tuple(param.shape):
-            fail(f"tensor {name!r}: shape {shape!r}, the model expects {list(param.shape)}")
+            fail(f"tensor {name!r}: shape {shape!r}, the {what} expects {list(param.shape)}")
         shards = entry.get("shards")
         if not isinstance(shards, list) or not shards:
             fail(f"tensor {name!r}: 'shards' must be a non-empty list")
@@ -121,7 +131,7 @@ def check_manifest(root, manifest, where) -> tuple[ModelSpec, ParallelLayout]:
         if present and len(present) != len(index):
             lost = next(p for p in index if p not in present)
             fail(f"optimizer state {prefix}{lost} is missing (the others of {prefix.rstrip('.')} are listed)")
-    return spec, layout
+    return spec, layout, adapter
 
 
 def _check_carried(carried, files: dict, fail) -> None:

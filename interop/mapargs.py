@@ -148,13 +148,16 @@ def _load(path: Path, env: dict | None, fmt: str) -> ArgsSource:
 
 # ---------------------------------------------------------------- the whole job
 
-def check(source: ArgsSource) -> tuple[dict, list[str]]:
-    """Completed args, or an InteropError naming contradicting or missing flags."""
+def check(source: ArgsSource, needs_model: bool = True) -> tuple[dict, list[str]]:
+    """Completed args, or an InteropError naming contradicting or missing flags.
+
+    The model's sizes are required where the source describes a model and the target holds one (an adapter's
+    settings, PEFT's adapter_config.json, neither give nor need them)."""
     full = M.complete(source.explicit)
-    missing = M.missing_required(full)
+    missing = M.missing_required(full) if needs_model else []
     if argtargets.get(source.format).positions_from_seq_length:
         missing = ["--seq-length" if m == "--max-position-embeddings" else m for m in missing]
-    if missing:
+    if missing and argtargets.get(source.format).describes_model:
         given = " ".join(f"--set {m.lstrip('-').replace('-', '_')}=N" for m in missing)
         raise InteropError(f"{source.path}: missing required value: {', '.join(missing)} (the {source.format} "
                            f"file does not give it; give it with {given}, or -e NAME=VALUE for a script's variables)")
@@ -224,7 +227,7 @@ def map_args(path: str | Path, to: str = DEFAULT_TARGET, env: dict | None = None
     """Read `path`, write it as `to`, and say what did not survive. The Python face of the CLI."""
     writer = _writer(to)
     source = load(path, env, fmt, values)
-    _, soft = check(source)
+    _, soft = check(source, writer.describes_model)
     text, _, why, target_warnings = writer.write(source.explicit)
     back, _, _ = writer.read(text, f"{to} output")
     entries = source.entries + losses(source.explicit, to, back, why)

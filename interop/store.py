@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .adapter import AdapterSpec, tensor_index
 from .contract import BaseReader, BaseWriter
 from .errors import InteropError
 from .io.small_files import read_json
@@ -32,7 +33,7 @@ from .io.paths import inside
 from .layout import ParallelLayout
 from .manifest import FORMAT, VERSION, check_files_exist, check_manifest
 from .memory import BufferPool
-from .params import TensorKey, base_param_name, param_index
+from .params import TensorKey, base_param_name
 from .shards import Box, assemble, shard_box
 from .spec import ModelSpec, padded_to_tp
 from .tensors import DTYPE_NAMES, NAME_OF_DTYPE, Source, TensorMeta
@@ -67,9 +68,9 @@ class StoreReader(BaseReader):
         if not manifest_path.is_file():
             raise InteropError(f"{self.root}: not an interop checkpoint (no {MANIFEST})")
         manifest = read_json(manifest_path, "manifest", MANIFEST_LIMIT)  # bounded, nesting and duplicates refused
-        spec, layout = check_manifest(self.root, manifest, manifest_path)
+        spec, layout, adapter = check_manifest(self.root, manifest, manifest_path)
         self.manifest = manifest
-        self.source = Source(spec, layout, state=manifest.get("state") or {})
+        self.source = Source(spec, layout, state=manifest.get("state") or {}, adapter=adapter)
         self._check_files(verify)
         self._files: dict[str, SafetensorsFile] = {}
         self._memory = BufferPool()
@@ -177,14 +178,16 @@ def file_name(kind: str, tp_rank: int, pp_rank: int, ep_rank: int | None = None)
     return f"{kind}-tp{tp_rank:02d}-pp{pp_rank:02d}{ep}.safetensors"
 
 
-def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta]):
-    """Where each tensor's shards go: {name: [(file, Box)]}, and each file's entries in write order."""
-    index = param_index(spec)
+def plan_shards(spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], adapter: AdapterSpec | None = None):
+    """Where each tensor's shards go: {name: [(file, Box)]}, and each file's entries in write order
+    (`adapter`: the tensors are that LoRA adapter's, on base model `spec`)."""
+    index = tensor_index(spec, adapter)
     placement, files = {}, {}
     for meta in metas:
         param = index.get(base_param_name(meta.name))
         if param is None:
-            raise InteropError(f"tensor {meta.name!r} is not a parameter of this {spec.arch} model")
+            raise InteropError(f"tensor {meta.name!r} is not a parameter of this {spec.arch} "
+                               f"{'model' if adapter is None else 'LoRA adapter'}")
         if tuple(meta.shape) != param.shape:
             raise InteropError(f"tensor {meta.name!r} has shape {tuple(meta.shape)}, the model expects {param.shape}")
         kind = "optim" if TensorKey.parse(meta.name).is_optim else "model"
@@ -204,19 +207,21 @@ class StoreWriter(BaseWriter):
     """Writes a common-format checkpoint at `layout`, taking one global tensor at a time.
 
     `only`: the files (`units`) this writer writes, for a conversion split over processes
-    (`interop.workers`); None: all of them."""
+    (`interop.workers`); None: all of them.  `adapter`: the tensors are this LoRA adapter's on base `spec`."""
 
     splits = True
     padded_vocab = staticmethod(padded_to_tp)
+    holds_adapter = True
 
-    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], only=None):
+    def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], only=None,
+                 adapter: AdapterSpec | None = None):
         spec.check_tp(layout.tp)
         spec.check_ep(layout.ep)
         if layout.num_layers != spec.num_layers:
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
         self.root, self.spec, self.layout = Path(root), spec, layout
-        self.metas = metas
-        self.placement, files = plan_shards(spec, layout, metas)
+        self.metas, self.adapter = metas, adapter
+        self.placement, files = plan_shards(spec, layout, metas, adapter)
         self.units = list(files)  # stage by stage (the tensors' order), for `interop.workers`
         self.writers = {name: SafetensorsWriter(self.root / name, entries, {"format": "pt"})
                         for name, entries in sorted(files.items()) if only is None or name in only}
@@ -256,7 +261,7 @@ class StoreWriter(BaseWriter):
             files[f"{CARRIED}/{name}"] = {"bytes": target.stat().st_size, "crc32": file_crc32(target)}
         carried = {"files": names, "config": dict(self.carried.get("config", {}))}
         write_manifest(self.root, self.spec, self.layout, self.metas, self.placement, files, state,
-                       carried if names or carried["config"] else None)
+                       carried if names or carried["config"] else None, self.adapter)
 
     def abort(self) -> None:
         for writer in self.writers.values():
@@ -264,14 +269,15 @@ class StoreWriter(BaseWriter):
 
 
 def write_manifest(root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                   placement: dict, files: dict, state: dict | None = None, carried: dict | None = None) -> None:
+                   placement: dict, files: dict, state: dict | None = None, carried: dict | None = None,
+                   adapter: AdapterSpec | None = None) -> None:
     """Write interop.json last: a directory without it is not a checkpoint.
 
     `placement` is `plan_shards`'s {name: [(file, Box)]}; `files` is {file: {"bytes", "crc32"}}.
     Split out so that ranks of a distributed trainer can write their own files and
-    rank 0 the manifest.
+    rank 0 the manifest.  `adapter`: the tensors are that LoRA adapter's (on base model `spec`).
     """
-    index = param_index(spec)
+    index = tensor_index(spec, adapter)
     tensors = {}
     for meta in metas:
         tensors[meta.name] = {
@@ -288,4 +294,6 @@ def write_manifest(root, spec: ModelSpec, layout: ParallelLayout, metas: list[Te
     }
     if carried:
         manifest["carried"] = carried
+    if adapter is not None:
+        manifest["adapter"] = adapter.to_dict()
     (Path(root) / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .adapter import AdapterSpec
 from .layout import ParallelLayout
 from .spec import ModelSpec
 
@@ -38,3 +39,4 @@ class Source:
     layout: ParallelLayout | None = None
     state: dict = field(default_factory=dict)  # iteration, scheduler, rng, ... (JSON-able)
     notes: list[str] = field(default_factory=list)  # what was dropped or could not be mapped, and why
+    adapter: AdapterSpec | None = None  # a LoRA adapter source: its tensors adapt `spec`, the base model's

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from interop.mappings.lora_modules import same_targets
 from interop.spec import padded_vocab_size as _pad_vocab
 
 INT, FLOAT, STR = "int", "float", "str"
@@ -37,7 +38,8 @@ class Arg:
     default: object = None
     flags: tuple = ()  # empty: Megatron computes it, there is no flag for it
     choices: tuple | None = None
-    origin: str = "megatron"  # or "mindspeed" (MindSpeed / MindSpeed-Core-MS parser), "launcher"
+    origin: str = "megatron"  # or "mindspeed" (MindSpeed / MindSpeed-Core-MS parser), "mindspeed-llm" / "mindspeed-mm"
+    # (those forks' own flags), "launcher", "bridge" (Megatron-Bridge layer-spec facts)
 
     @property
     def flag(self) -> str | None:
@@ -808,6 +810,25 @@ MINDSPEED = [
     A("rmsnorm_weight_in_fp32", TRUE, False, origin="mindspeed"),
 ]
 
+# MindSpeed-LLM's LoRA (mindspeed_llm/features_manager/finetune/lora.py LoraFeature.register_args; training.py
+# builds PEFT's LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules=..., lora_dropout=0.0) from them): LoRA
+# is on when --lora-target-modules names modules.  --lora-dropout is MindSpeed-MM's (mindspeed_mm/arguments.py,
+# default 0.0); MindSpeed-LLM has no such flag and fixes the dropout at 0.0.  Megatron-Bridge says the same in
+# Python (peft/lora.py LoRA: target_modules, dim, alpha, dropout).  Module names: `mappings/lora_modules.py`.
+LORA = [
+    A("lora_target_modules", STRS, [], origin="mindspeed-llm"),
+    A("lora_r", INT, 16, origin="mindspeed-llm"),
+    A("lora_alpha", INT, 32, origin="mindspeed-llm"),
+    A("lora_dropout", FLOAT, 0.0, origin="mindspeed-mm"),
+    A("lora_load", STR, None, origin="mindspeed-llm"),
+    A("lora_modules_to_save", STRS, None, origin="mindspeed-llm"),
+    A("lora_register_forward_hook", STRS, ["word_embeddings", "input_layernorm"], origin="mindspeed-llm"),
+    A("lora_fusion", TRUE, False, origin="mindspeed-llm"),
+    A("lora_ckpt_filter", TRUE, False, origin="mindspeed-llm"),
+    A("qlora", TRUE, False, origin="mindspeed-llm"),
+    A("qlora_save_dequantize", TRUE, False, origin="mindspeed-llm"),
+]
+
 # Fork values of upstream choices: (dest, fork value) -> (upstream value, why). A fork value not
 # listed here is passed through with a note; it is never refused.
 FORK_VALUES = {
@@ -847,9 +868,19 @@ COMPUTED_ARGS = [
     # rope_scaling_factor for the global layers' linear scaling)
     COMPUTED("rotary_base_local", FLOAT, None, origin="bridge"),  # the sliding layers' rope base
     COMPUTED("rope_linear_factor", FLOAT, None, origin="bridge"),  # linear rope scaling (positions / factor)
+    # gpt-oss's YaRN on a GPT model (not multi-latent attention): GPTModelProvider's fields that Megatron-Bridge's
+    # models/gpt_oss/gpt_oss_bridge.py sets with position_embedding_type "yarn" (Megatron-LM's
+    # --position-embedding-type has no yarn; its --rope-type yarn is multi-latent attention's)
+    COMPUTED("yarn_rotary_scaling_factor", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_original_max_position_embeddings", INT, None, origin="bridge"),
+    COMPUTED("yarn_beta_fast", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_beta_slow", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_mscale", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_mscale_all_dim", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_correction_range_round_to_int", TRUE, True, origin="bridge"),
 ]
 
-ALL = MEGATRON + OLDER + MINDSPEED + COMPUTED_ARGS
+ALL = MEGATRON + OLDER + MINDSPEED + LORA + COMPUTED_ARGS
 ARGS: dict[str, Arg] = {a.dest: a for a in ALL}
 FLAGS: dict[str, Arg] = {f: a for a in ALL for f in a.flags}
 CHECKPOINT_ALIASES = {"layernorm_epsilon": "norm_epsilon"}
@@ -909,6 +940,8 @@ def _micro_batch_num(a):
 def _activation(a):
     if a["swiglu"]:
         return "swiglu"
+    if a["quick_geglu"]:  # arguments.py: quick_gelu gated (gpt-oss's experts, with the clamp and the offset)
+        return "quick_geglu"
     if a.get("gated_linear_unit") and (a["openai_gelu"] or a["bias_gelu_fusion"]):
         return "geglu_tanh"  # Megatron-Bridge's Gemma: gated_linear_unit with fast_gelu
     return "gelu_tanh" if a["openai_gelu"] or a["bias_gelu_fusion"] else "gelu"
@@ -918,6 +951,7 @@ def _invert_activation(v, a):
     return {"swiglu": {"swiglu": True},
             "gelu_tanh": {"swiglu": False, "openai_gelu": True},
             "geglu_tanh": {"swiglu": False, "openai_gelu": True, "gated_linear_unit": True},
+            "quick_geglu": {"swiglu": False, "quick_geglu": True},
             "gelu": {"swiglu": False, "openai_gelu": False, "bias_gelu_fusion": False}}.get(v)
 
 
@@ -1217,7 +1251,8 @@ def _same_split(a, b) -> bool:
     return pipeline_split(*(a[d] for d in SPLIT_ARGS)) == pipeline_split(*(b[d] for d in SPLIT_ARGS))
 
 
-SAME_MEANING.update({dest: _same_split for dest in SPLIT_ARGS[:3]})  # one split, said by either set of flags
+SAME_MEANING.update({dest: _same_split for dest in SPLIT_ARGS[:3]})
+SAME_MEANING["lora_target_modules"] = lambda a, b: same_targets(a["lora_target_modules"], b["lora_target_modules"])  # one split, said by either set of flags
 
 
 def _bad_layer_list(a) -> bool:

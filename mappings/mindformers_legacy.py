@@ -12,6 +12,7 @@ dropout_prob / hidden_dropout_prob / attention_probs_dropout_prob, initializer_r
 from __future__ import annotations
 
 from .key_mapping import CONST, OMIT, KeyMapping, R, Unmappable, rename
+from .lora_args import PET_ROWS
 from .mindspeed import moe_row, one_value
 
 RELEASE = "MindFormers r0.3"
@@ -32,6 +33,8 @@ LR_STYLE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_w
 
 
 def _expand_ratio(ffn, hidden):
+    if ffn is None or hidden is None:  # a source that describes no model (an adapter's settings)
+        return OMIT
     if ffn % hidden:
         raise Unmappable(f"expand_ratio holds ffn/hidden as an integer, {ffn}/{hidden} is not one")
     return ffn // hidden
@@ -200,4 +203,5 @@ ROWS = [
     R("initial_loss_scale", "runner_wrapper.scale_sense.loss_scale_value"),
     R("loss_scale_window", "runner_wrapper.scale_sense.scale_window"),
     *MOE_ROWS,
+    *PET_ROWS,  # MindFormers' LoRA (model.model_config.pet_config, as 2.1.0 reads it): written for a LoRA run only
 ]

@@ -14,6 +14,7 @@ Transforms (`interop.transforms`):
 model is skipped, and the first row that claims a MindSpore name wins (so a gated
 `mapping` row comes before the plain one).
 """
+from ..adapter import LoraNames
 from ..transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Stack, Transpose
 from ..transforms.expert_rows import ExpertRows
 
@@ -333,3 +334,16 @@ MOE_TABLES = {
     ("mindformers-mcore", False): MINDFORMERS_MCORE_MOE,
     ("mindformers-mcore", True): MINDFORMERS_MCORE_MOE,
 }
+
+
+# MindFormers' LoRA (mindformers/pet/tuners/lora_adapter.py replaces a matched Linear by mindpet 1.0.4's LoRADense,
+# whose parameters are `mindpet_delta_lora_a` [rank, in] / `mindpet_delta_lora_b` [out, rank], mindpet/delta/lora.py;
+# the LoraModel keeps the base's names), and the file interop keeps its pet_config in (a MindFormers YAML's nesting).
+LORA_NAMES = LoraNames(".mindpet_delta_lora_a", ".mindpet_delta_lora_b")
+PET_CONFIG = "pet_config.yaml"
+# The mcore-style models' LoRA (parallel_core/training_graph/tensor_parallel/lora_layers.py: ColumnParallelLinear-
+# WithLoRA / RowParallelLinearWithLoRA hold `lora_A` and `lora_B` linears, so `<module>.lora_A.weight` [r, in] and
+# `.lora_B.weight` [out, r] in the fused module's row order; read off LoraModel(TrainingQwen3ForCausalLM) built on
+# CPU: `decoder.layers.0.self_attention.linear_qkv.lora_A.weight`).  Dialect -> (its name table, its LoRA names).
+LORA_DIALECTS = {"mindformers": (("mindformers", "llama", False), LORA_NAMES),
+                 "mindformers-mcore": (("mindformers-mcore", "llama", False), LoraNames(".lora_A.weight", ".lora_B.weight"))}

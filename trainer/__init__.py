@@ -13,6 +13,7 @@ Read it in this order, one job per file:
     launch.py      `train(cfg)`: spawn the ranks, or join torchrun
     config.py      TrainConfig from a MindSpeed-Core-MS YAML or a Megatron args file
     init.py        a fresh random checkpoint for a ModelSpec
+    lora.py        LoRA on a frozen base: adapted linears split like their weights, a fresh adapter
 
 Python API: `interop.trainer.launch.train(TrainConfig(...))`.  Parity against other layouts and
 frameworks, which needs the converters, is `interop.workflows.parity`.  Ranks are separate

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from interop.atomic import fsync_tree
 from interop.errors import InteropError
 from interop.io.safetensors import SafetensorsWriter
+from interop.adapter import AdapterSpec, tensor_index
 from interop.params import TensorKey, base_param_name, param_index, param_table
 from interop.shards import shard_box
 from interop.store import StoreReader, is_store, plan_shards, write_manifest
@@ -62,35 +63,50 @@ def remove_partial_saves(root) -> list[Path]:
     return stale
 
 
-def _box(spec, name: str, grid):
-    param = param_index(spec)[name]
+def _box(index: dict, name: str, grid):
+    param = index[name]
     return shard_box(param.shape, param.axis, grid.tp_rank, grid.tp)
 
 
 def load_weights(stage, reader: StoreReader, grid) -> None:
-    spec = stage.spec
+    index = param_index(stage.spec)
     with torch.no_grad():
         for name, p in stage.named_tensors():
-            p.copy_(reader.read(name, _box(spec, name, grid)).to(p.dtype))
+            p.copy_(reader.read(name, _box(index, name, grid)).to(p.dtype))
+
+
+def load_adapter(stage, reader: StoreReader, grid, names: list[str]) -> None:
+    """The adapter's tensors `names` (this stage's) from a common-format adapter, at this rank's slices."""
+    index, params = reader.source.adapter.index(stage.spec), dict(stage.named_parameters(remove_duplicate=False))
+    loaded = {}  # Parameter -> the first name it was read as: a shared A (--lora-shared-a) is read once per part
+    with torch.no_grad():
+        for name in names:
+            tensor = reader.read(name, _box(index, name, grid)).to(params[name].dtype)
+            first = loaded.setdefault(params[name], name)
+            if first != name and not torch.equal(params[name], tensor):
+                raise InteropError(f"{reader.root}: {name} differs from {first}, and the adapter says a fused "
+                                   "module's parts share one A (shared_a): it is damaged")
+            params[name].copy_(tensor)
 
 
 def has_moments(reader: StoreReader) -> bool:
     return any(TensorKey.parse(name).kind == "exp_avg" for name in reader.manifest["tensors"])
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, stage, reader: StoreReader, grid, step: int) -> None:
-    """Restore AdamW's moments (read at this rank's slice) and its step count (bias correction)."""
-    spec = stage.spec
-    for name, p in stage.named_parameters():
-        box = _box(spec, name, grid)
+def load_optimizer(optimizer: torch.optim.Optimizer, named, reader: StoreReader, grid, step: int) -> None:
+    """Restore AdamW's moments of the trained parameters `named` (read at this rank's slice) and its step count
+    (bias correction); `reader` is a model checkpoint, or the adapter's when a LoRA adapter trains."""
+    index = tensor_index(reader.spec, reader.source.adapter)
+    for name, p in named:
+        box = _box(index, name, grid)
         state = {"step": torch.tensor(float(step))}
         for m in MOMENTS:
             state[m] = reader.read(str(TensorKey(name, m)), box).to(device=p.device, dtype=p.dtype).clone()
         optimizer.state[p] = state
 
 
-def _metas(spec, with_optim: bool) -> list[TensorMeta]:
-    metas = [TensorMeta(p.name, torch.float32, p.shape) for p in param_table(spec)]
+def _metas(table, with_optim: bool) -> list[TensorMeta]:
+    metas = [TensorMeta(p.name, torch.float32, p.shape) for p in table]
     if with_optim:
         metas += [TensorMeta(str(TensorKey(meta.name, m)), torch.float32, meta.shape) for m in MOMENTS for meta in metas]
     return metas
@@ -106,9 +122,9 @@ def _local_tensor(name: str, params: dict, optimizer) -> torch.Tensor:
     return params[name].detach().cpu()
 
 
-def _held(files: dict, placement: dict, params: dict, spec, grid) -> dict[str, list[str]]:
+def _held(files: dict, placement: dict, params: dict, index: dict, grid) -> dict[str, list[str]]:
     """{file: the entries of it this rank holds}: the tensor is here, at the box the file stores."""
-    index, held = param_index(spec), {}
+    held = {}
     for fname, entries in files.items():
         mine = []
         for name, _, _ in entries:
@@ -149,8 +165,10 @@ def _fail_hook(step: int, where: str, grid) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict) -> Path | None:
-    """Write the checkpoint of update `step` collectively (every rank calls this); returns its path."""
+def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict,
+                    adapter: AdapterSpec | None = None) -> Path | None:
+    """Write the checkpoint of update `step` collectively (every rank calls this); returns its path.
+    `adapter`: a LoRA adapter trains on a frozen base; the checkpoint is the adapter (and its AdamW moments)."""
     spec, root = stage.spec, Path(root)
     final, tmp = step_dir(root, step), root / f".step_{step:06d}.tmp"
     distributed = grid.world > 1  # a one-rank run never touches torch.distributed (even if the caller did)
@@ -160,10 +178,12 @@ def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict
         tmp.mkdir()
     if distributed:
         dist.barrier()
-    metas = _metas(spec, with_optim=bool(optimizer.state))
-    placement, files = plan_shards(spec, layout, metas)
-    params = {name: p for name, p in stage.named_tensors() if stage.owned(name)}
-    held = _held(files, placement, params, spec, grid)
+    table = param_table(spec) if adapter is None else adapter.params(spec)
+    metas = _metas(table, with_optim=bool(optimizer.state))
+    placement, files = plan_shards(spec, layout, metas, adapter)
+    index = tensor_index(spec, adapter)
+    params = {name: p for name, p in stage.named_tensors() if stage.owned(name) and name in index}
+    held = _held(files, placement, params, index, grid)
     holdings = [None] * grid.world
     if distributed:
         dist.all_gather_object(holdings, held)
@@ -200,7 +220,7 @@ def save_checkpoint(root, step: int, stage, optimizer, grid, layout, state: dict
         missing = sorted(set(files) - set(all_files))
         if missing:
             raise RuntimeError(f"checkpoint files never written: {missing}")
-        write_manifest(tmp, spec, layout, metas, placement, dict(sorted(all_files.items())), state)
+        write_manifest(tmp, spec, layout, metas, placement, dict(sorted(all_files.items())), state, adapter=adapter)
         _fail_hook(step, "rename", grid)
         fsync_tree(tmp)
         old = root / f".step_{step:06d}.old"

@@ -52,6 +52,16 @@ class TrainConfig:
     eps: float = 1e-8
     clip_grad: float = 1.0
     router_bias_update_rate: float = 1e-3  # MoE router expert bias step per update (Megatron's default)
+    # LoRA (interop.adapter): train an adapter on the frozen base, starting from `adapter` (a common-format adapter)
+    # or fresh (drawn from `seed`) with rank / alpha / targets (canonical `attn.q,attn.v` or Megatron's `linear_qkv`)
+    adapter: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str | None = None
+    lora_dropout: float = 0.0
+    # q/k/v (gate/up) share one A, as a LoRA on Megatron's fused linear_qkv / GPT2's c_attn; None: as the adapter
+    # resumed or given says (its `shared_a`), separate for a fresh one
+    lora_shared_a: bool | None = None
     config_file: str | None = None  # the --config file read, and the model it describes ({ModelSpec field: value}):
     config_model: dict | None = None  # checked against the checkpoint's model, which is the one trained
 
@@ -79,6 +89,8 @@ RUN_ARGS = {
     "adam_beta1": "beta1", "adam_beta2": "beta2", "adam_eps": "eps", "clip_grad": "clip_grad",
     "moe_router_bias_update_rate": "router_bias_update_rate", "save_interval": "save_interval", "log_interval": "log_interval", "load": "load", "save": "save",
     "data_path": "data", "bf16": "bf16", "resume_training": "resume",
+    "lora_r": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_targets",
+    "lora_dropout": "lora_dropout", "lora_load": "adapter",
 }
 # The trainer's own YAML key for its token file (MindSpeed-Core-MS's table has no data path).
 YAML_DATA_KEY = "dataset_config.data_path"
@@ -121,6 +133,8 @@ def _config_model(explicit: dict, fmt: str) -> dict:
 
 def _typed(field: str, value, where: str):
     kind = {f.name: f.type for f in dataclasses.fields(TrainConfig)}[field]
+    if field == "lora_targets" and isinstance(value, list):  # --lora-target-modules: the modules, one by one
+        value = ",".join(map(str, value))
     if field == "data" and isinstance(value, list):  # Megatron's --data-path is a list (a weighted blend)
         if len(value) != 1:
             raise InteropError(f"{where}: the trainer reads one token file, got {len(value)}: {value}")
@@ -148,10 +162,18 @@ def from_file(path) -> dict:
         if data is not None:
             explicit["data_path"] = data
     out = _megatron_defaults() if source.format == "megatron" else {}
+    from interop.mappings import megatron_args as M
+    for dest in ("lora_r", "lora_alpha"):  # MindSpeed-LLM's defaults for a LoRA run (--lora-target-modules given)
+        if explicit.get("lora_target_modules") and explicit.get(dest) is None:
+            explicit[dest] = M.ARGS[dest].default
     for dest, field in RUN_ARGS.items():
         value = explicit.get(dest)
         if value is not None and value != "":
             out[field] = _typed(field, value, f"{path}: {dest}")
+    modules = explicit.get("lora_target_modules") or []
+    modules = modules if isinstance(modules, list) else str(modules).replace(",", " ").split()
+    if source.format == "megatron" and {"linear_qkv", "linear_fc1"} & set(map(str, modules)):
+        out["lora_shared_a"] = True  # MindSpeed-LLM's LoRA on megatron-core's fused linears: one A per linear
     if explicit.get("micro_batch_num"):
         out["_micro_batch_num"] = int(explicit["micro_batch_num"])
     out["config_model"] = _config_model(explicit, source.format)
@@ -178,10 +200,11 @@ MAX_SEQ_LENGTH = 16384  # the reference trainer materialises attention: seq_leng
 COUNTS = {"steps": (1, None), "micro_batch_size": (1, None), "global_batch_size": (1, None),
           "seq_length": (1, MAX_SEQ_LENGTH), "stop_at": (1, None), "tp": (1, None), "pp": (1, None), "dp": (1, None),
           "ep": (1, None), "save_interval": (1, None), "log_interval": (1, None), "warmup": (0, None),
-          "decay_steps": (0, None)}  # uneven-pipeline layer counts: checked with the layout
+          "decay_steps": (0, None), "lora_rank": (1, None)}  # uneven-pipeline layer counts: checked with the layout
 # field -> (smallest allowed, below this) for the optimizer's numbers: finite, and where they make sense
 REALS = {"lr": (0.0, math.inf), "min_lr": (0.0, math.inf), "weight_decay": (0.0, math.inf), "clip_grad": (0.0, math.inf),
-         "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, math.inf), "router_bias_update_rate": (0.0, math.inf)}
+         "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, math.inf), "router_bias_update_rate": (0.0, math.inf),
+         "lora_dropout": (0.0, 1.0)}
 
 
 def check(cfg: TrainConfig) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import shutil
 import sys
@@ -24,17 +25,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from interop.adapter import AdapterSpec
 from interop.errors import InteropError
 from interop.layout import ParallelLayout
-from interop.params import param_index, param_table
+from interop.params import TensorKey, param_index, param_table
 from interop.spec import ModelSpec
 
-from .checkpoint import (has_moments, load_optimizer, load_weights, newest_checkpoint, open_checkpoint,
+from .checkpoint import (has_moments, load_adapter, load_optimizer, load_weights, newest_checkpoint, open_checkpoint,
                          remove_partial_saves, save_checkpoint)
 from .config import TrainConfig
 from .data import TokenData
 from .grid import Grid, build_grid
 from .init import init_checkpoint, read_spec
+from .lora import attach, check_trainable, init_adapter, lora_targets, settle_shared_a
 from .model import Stage, check_model_layout
 from .moe import set_aux_loss_scale, update_expert_bias
 from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
@@ -52,6 +55,8 @@ class Plan:
     consumed: int  # samples consumed before start_step
     resumed: bool
     fresh_dir: str | None = None  # temporary checkpoint made from --init-spec (deleted after the run)
+    adapter: AdapterSpec | None = None  # a LoRA adapter trains on the frozen base `start`
+    adapter_start: str | None = None  # the common-format adapter it starts from (fresh, given, or resumed)
 
     @property
     def world(self) -> int:
@@ -101,6 +106,7 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     cfg.optim()  # validates the schedule
 
     start_step, consumed, resumed = 0, 0, False
+    adapter_start, adapter_reader = None, None  # a resumed LoRA run: its adapter, and that checkpoint's reader
     if not cfg.resume and cfg.save and newest_checkpoint(cfg.save) is not None:
         raise InteropError(f"{cfg.save} already holds checkpoints: add --resume to continue, or choose another --save")
     if cfg.resume:
@@ -124,6 +130,12 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
             remove_partial_saves(cfg.save)
         if start_step and not has_moments(reader):
             raise InteropError(f"{found}: incomplete checkpoint, no optimizer moments to resume with")
+        if reader.source.adapter is not None:  # a LoRA run's checkpoint is its adapter: the base is --load
+            adapter_start, adapter_reader = found, reader
+            if not cfg.load or Path(cfg.load).resolve() == Path(found).resolve():
+                raise InteropError(f"{found}: a LoRA adapter; resuming it needs its base model too: --load BASE")
+            reader = open_checkpoint(cfg.load)
+            start = cfg.load
     elif cfg.load:
         reader = open_checkpoint(cfg.load)
         start = cfg.load
@@ -135,12 +147,16 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
     else:
         raise InteropError("nothing to train: give --load CKPT, --init-spec SPEC.yaml or --resume with --save DIR")
     spec = reader.spec
+    if reader.source.adapter is not None:
+        raise InteropError(f"{start}: a LoRA adapter, not a model: give its base with --load and the adapter with "
+                           "--adapter")
     reader.close()
     check_config_model(cfg, spec, start)
 
     layout = ParallelLayout.build(spec.num_layers, cfg.tp, cfg.pp, first_stage_layers=cfg.first_stage_layers,
                                   last_stage_layers=cfg.last_stage_layers, ep=cfg.ep)
     check_model_layout(spec, layout)
+    adapter, adapter_start = _adapter(cfg, spec, layout, adapter_start, adapter_reader, fresh)
     if spec.position == "learned" and cfg.seq_length > spec.max_positions:
         raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
     if cfg.data:
@@ -150,7 +166,53 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
             Path(cfg.save).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InteropError(f"{cfg.save}: cannot create the save directory ({exc.strerror})") from None
-    return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh[0] if fresh else None)
+    return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh[0] if fresh else None, adapter,
+                None if adapter_start is None else str(adapter_start))
+
+
+def lora_flags(cfg: TrainConfig, spec: ModelSpec) -> AdapterSpec | None:
+    """The adapter --lora-rank / --lora-alpha / --lora-targets / --lora-dropout describe (None: not given); rank,
+    alpha and targets are all required, never defaulted."""
+    given = {"--lora-rank": cfg.lora_rank, "--lora-alpha": cfg.lora_alpha, "--lora-targets": cfg.lora_targets}
+    if all(v is None for v in given.values()):
+        return None
+    missing = [flag for flag, value in given.items() if value is None]
+    if missing:
+        raise InteropError(f"a LoRA adapter needs {', '.join(missing)} too (rank, alpha and targets are never "
+                           "defaulted)")
+    return AdapterSpec(cfg.lora_rank, cfg.lora_alpha, lora_targets(cfg.lora_targets, spec), cfg.lora_dropout,
+                       shared_a=bool(cfg.lora_shared_a))
+
+
+def _adapter(cfg: TrainConfig, spec: ModelSpec, layout: ParallelLayout, resumed_from, resumed_reader, fresh):
+    """(adapter, the common-format adapter it starts from) of a LoRA run, or (None, None): resumed, given with
+    --adapter, or fresh from the --lora-* flags (drawn from --seed into the run's scratch directory)."""
+    flags = lora_flags(cfg, spec)
+    if resumed_reader is not None or cfg.adapter:
+        if resumed_reader is None:
+            resumed_reader = open_checkpoint(cfg.adapter, "adapter")
+            if resumed_reader.source.adapter is None:
+                raise InteropError(f"--adapter {cfg.adapter}: a model checkpoint, not a LoRA adapter")
+        where, reader = resumed_from or cfg.adapter, resumed_reader
+        adapter = reader.source.adapter
+        shapes = {n: e["shape"] for n, e in reader.manifest["tensors"].items() if not TensorKey.parse(n).is_optim}
+        try:
+            adapter.check_tensors(spec, shapes, f"{where}: ")  # the adapter is for this base: one line if not
+            adapter = settle_shared_a(adapter, spec, reader.read, cfg.lora_shared_a, where)  # a fact of the adapter
+        finally:
+            reader.close()
+        if flags is not None and (flags.rank, flags.alpha, flags.targets) != (adapter.rank, adapter.alpha,
+                                                                                adapter.targets):
+            raise InteropError(f"--lora-* describe another adapter than {where} (rank {adapter.rank}, alpha "
+                               f"{adapter.alpha:g}, {', '.join(adapter.targets)}): drop them, or start a new adapter")
+        check_trainable(spec, adapter, layout)
+        return adapter, where
+    if flags is None:
+        return None, None
+    check_trainable(spec, flags, layout)
+    if not fresh:
+        fresh.append(tempfile.mkdtemp(prefix="interop-init-"))
+    return flags, init_adapter(spec, flags, Path(fresh[0]) / "adapter", seed=cfg.seed)
 
 
 def check_config_model(cfg: TrainConfig, spec: ModelSpec, start) -> None:
@@ -178,6 +240,14 @@ def describe_plan(plan: Plan) -> list[str]:
              f"{params / 1e6:.2f}M parameters ({'bf16 autocast' if cfg.bf16 else 'fp32'})"
              + (f"; {spec.num_experts} experts, top-{spec.moe_topk}" if spec.is_moe else ""),
              f"layout: {plan.layout.describe()} dp={cfg.dp}, {plan.world} process(es)"]
+    if plan.adapter is not None:
+        lora = plan.adapter
+        trained = sum(math.prod(p.shape) for p in lora.params(spec))
+        fresh = plan.fresh_dir is not None and str(plan.adapter_start).startswith(plan.fresh_dir)
+        origin = f"fresh (seed {cfg.seed})" if fresh else plan.adapter_start
+        shared = "; one A per fused module (q, k, v; gate, up)" if lora.shared_a and lora.fused_a(spec) else ""
+        lines.append(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(lora.targets)}{shared}: {trained:,} "
+                     f"trained parameters, the base frozen; adapter {origin}")
     if plan.resumed:
         trainer = {}
         try:
@@ -187,7 +257,7 @@ def describe_plan(plan: Plan) -> list[str]:
         was = f"tp={trainer.get('tp')} pp={trainer.get('pp')} dp={trainer.get('dp')}" if trainer else "an unknown layout"
         was += f" ep={trainer['ep']}" if trainer.get("ep", 1) > 1 else ""
         lines.append(f"start: resumed from step {plan.start_step} at {was} ({plan.start}), continuing at {layout}")
-    elif plan.fresh_dir:
+    elif plan.fresh_dir and cfg.init_spec:
         lines.append(f"start: fresh random weights for {cfg.init_spec} (seed {cfg.seed})")
     else:
         lines.append(f"start: weights of {plan.start}")
@@ -247,17 +317,22 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     stage = Stage(spec, layout, grid)
     reader = open_checkpoint(plan.start)
     load_weights(stage, reader, grid)
+    if plan.adapter is not None:  # LoRA: the base frozen, the adapter (and its optimizer state) from its own checkpoint
+        names = attach(stage, plan.adapter)
+        reader.close()
+        reader = open_checkpoint(plan.adapter_start, "adapter")
+        load_adapter(stage, reader, grid, names)
     stage.to(device)
-    optimizer = make_adamw(stage.named_parameters(), cfg.optim())
+    named = [(n, p) for n, p in stage.named_parameters() if p.requires_grad]  # what trains: all, or the adapter
+    optimizer = make_adamw(named, cfg.optim())
     if plan.resumed and plan.start_step:
-        load_optimizer(optimizer, stage, reader, grid, plan.start_step)
+        load_optimizer(optimizer, named, reader, grid, plan.start_step)
         rng = reader.source.state.get("rng", {}).get("torch")
         if rng:
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(rng)), dtype=torch.uint8))
     reader.close()
     data = TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)
-    index = param_index(spec)
-    named = list(stage.named_parameters())
+    index = param_index(spec) if plan.adapter is None else plan.adapter.index(spec)
     # each gradient counted once in the norm: replicated tensors on tp rank 0, dense ones on ep rank 0
     counted = [stage.owned(n) and (index[n].axis is not None or grid.tp_rank == 0)
                and (index[n].expert is not None or grid.ep_rank == 0) for n, _ in named]
@@ -302,11 +377,13 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
         if cfg.save and ((cfg.save_interval and step % cfg.save_interval == 0) or step == last):
-            saved = save_checkpoint(cfg.save, step, stage, optimizer, grid, layout, _state(plan, step, consumed))
+            saved = save_checkpoint(cfg.save, step, stage, optimizer, grid, layout, _state(plan, step, consumed),
+                                    plan.adapter)
             if grid.rank == 0 and not cfg.quiet:
                 print(f"saved step {step}: {saved}", flush=True)
     if cfg.save and plan.start_step >= last and not plan.resumed:
-        save_checkpoint(cfg.save, plan.start_step, stage, optimizer, grid, layout, _state(plan, 0, consumed))
+        save_checkpoint(cfg.save, plan.start_step, stage, optimizer, grid, layout, _state(plan, 0, consumed),
+                        plan.adapter)
     return history
 
 

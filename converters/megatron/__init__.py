@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
-from . import torch_format
+from . import lora, torch_format
 from .args import padded_vocab as _padded_vocab
 from .checkpoint import TRACKER, has_rank_dirs, is_dist_dir, iteration_dir
 
@@ -52,8 +52,14 @@ class Reader(BaseReader):
     options = ("iteration", "model_config", "vocab_size")
 
     def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
-        picked = _torch_dist().Reader if _is_torch_dist(path, iteration) else torch_format.Reader
-        return picked(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+        if _is_torch_dist(path, iteration):
+            return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+        try:
+            return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+        except InteropError:  # a LoRA adapter's rank files (no embedding, no base weights) are not a model's
+            if not lora.holds_adapter(path, iteration):
+                raise
+        return lora.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
 
 
 class Writer(BaseWriter):
@@ -63,11 +69,18 @@ class Writer(BaseWriter):
     options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
+    holds_adapter = True  # LoRA adapters as MindSpeed-LLM saves them (torch format): `lora.Writer`
     padded_vocab = staticmethod(_padded_vocab)
 
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
                 distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
-                only=None):
+                only=None, adapter=None):
+        if adapter is not None:
+            if format == "torch_dist" or distributed_optimizer or dp is not None:
+                raise InteropError("Megatron LoRA adapters are written in the torch format (MindSpeed-LLM's rank "
+                                   "files), without optimizer options: leave out --format torch_dist, "
+                                   "--distributed-optimizer and --dp")
+            return lora.Writer(root, spec, layout, metas, adapter, iteration)
         if (format or "torch") not in FORMATS:
             raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
         if dp is not None and (format == "torch_dist" or not distributed_optimizer):

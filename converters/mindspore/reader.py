@@ -22,7 +22,7 @@ from ...mappings.mindspore_names import DIALECT_MARKERS, IGNORED_SUFFIXES, LOCAL
 from ...params import param_index, param_table
 from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import Source, TensorMeta
-from . import pt_meta
+from . import lora, pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
 from .dialects import dialect_named, refuse_mla
 from .scalars import is_scalar_tag, scalars_to_state
@@ -82,6 +82,17 @@ class Reader(BaseReader):
     @classmethod
     def options_for_rank(cls, options: dict, rank: int, ranks: int) -> dict:
         return dict(options, verify_share=(rank, ranks))  # each rank checks its share of the files' crcs
+
+    def __new__(cls, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
+                src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True,
+                vocab_size: int | None = None, verify_share: tuple[int, int] = (0, 1)):
+        """A MindFormers LoRA adapter (its pet_config beside the `.ckpt`, or a `.ckpt` of LoRA tensors only with
+        the run's YAML as --model-config) is read by `lora.Reader`."""
+        if lora.holds_adapter(path) or (lora.states_pet_config(model_config) and lora.names_adapter(path)):
+            if any(x is not None for x in (qkv_layout, qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, vocab_size)):
+                raise InteropError(f"{path}: a MindFormers LoRA adapter takes no MindSpore layout options")
+            return lora.Reader(path, model_config)
+        return super().__new__(cls)
 
     def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
                  src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True,

@@ -16,7 +16,7 @@ from ...params import TensorKey, param_index
 from ...rows import RowCollector
 from ...spec import ModelSpec, padded_to_tp
 from ...tensors import TensorMeta
-from . import pt_meta
+from . import lora, pt_meta
 from .files import SIDECAR
 from .dialects import DIALECTS, dialect_named
 from .scalars import state_to_scalars
@@ -37,13 +37,24 @@ class Writer(BaseWriter):
     """
 
     options = ("dialect", "qkv_concat", "qkv_layout", "qkv_bias_layout", "dp")
+    holds_adapter = True  # a LoRA adapter goes to MindFormers' names (`lora.Writer`)
     splits = True
     holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
     padded_vocab = staticmethod(padded_to_tp)
 
+    def __new__(cls, root, spec, layout, metas, dialect: str | None = None, qkv_concat: bool = False,
+                qkv_layout: str | None = None, qkv_bias_layout: str | None = None, dp: int | None = None, only=None,
+                adapter=None):
+        if adapter is None:
+            return super().__new__(cls)
+        if qkv_concat or qkv_layout or qkv_bias_layout or dp:
+            raise InteropError("MindSpore LoRA adapters are written as MindFormers' LoRA models name them "
+                               "(--dialect mindformers or mindformers-mcore, without --qkv-concat, --qkv-layout or --dp)")
+        return lora.Writer(root, spec, layout, metas, adapter, dialect or "mindformers")
+
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  dialect: str | None = None, qkv_concat: bool = False, qkv_layout: str | None = None,
-                 qkv_bias_layout: str | None = None, dp: int | None = None, only=None):
+                 qkv_bias_layout: str | None = None, dp: int | None = None, only=None, adapter=None):
         """`only`: the (tp, pp) ranks (`units`; each with its ep ranks' files) to write, for a conversion split
         over processes (`interop.workers`); None: all of them."""
         dialect = dialect_named(dialect or "mindspeed")

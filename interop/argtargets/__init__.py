@@ -50,6 +50,7 @@ class ArgsTarget:
     positions_from_seq_length = False  # its model sizes the position table by seq_length (MindSpore's)
     markers: tuple = ()  # Python syntax: words without which detect does not parse the file as Python
     unheld_group: str | None = None  # a model config: the given values it has no field for, said as one count
+    describes_model = True  # False: its documents hold no model (an adapter's settings): no model sizes required
 
     def recognises(self, doc) -> bool:
         """Step 1: whether `doc` (the file parsed by `syntax`) is this format's document."""
@@ -307,7 +308,7 @@ def detect(path: Path) -> str:
                 raise InteropError(f"{path}: a YAML mapping with none of the sections interop reads "
                                    f"({', '.join(map(str, list(doc)[:5]))}): use --from")
             return found
-    return _of_syntax("args")[0].name
+    return _first("args", text)
 
 
 def section(doc: dict, key: str) -> dict:

@@ -145,10 +145,17 @@ def _megatron_view(explicit: dict) -> tuple[dict, list[Unmapped], list[str]]:
     return values, entries, warnings
 
 
-def format_args(explicit: dict) -> tuple[str, list[Unmapped], list[str]]:
+# Whose parser takes a fork's flag: what the report says of a flag the target does not write.
+ORIGINS = {"mindspeed": "a MindSpeed / MindSpeed-LLM argument", "mindspeed-llm": "a MindSpeed-LLM argument",
+           "mindspeed-mm": "a MindSpeed-MM argument"}
+HEADER = "# Megatron-LM (core_v0.16) arguments written by `interop map-args`; read them with `interop map-args FILE`."
+
+
+def format_args(explicit: dict, forks: tuple = (), header: str = HEADER) -> tuple[str, list[Unmapped], list[str]]:
     """The flags that say `explicit` to Megatron-LM core_v0.16 (defaults and re-derivable values left out).
 
-    Only upstream flags are written; a MindSpeed-only value or a fork's choice is named instead.
+    Only upstream flags are written, and those of the `forks` (Arg.origin) the target's parser adds; a value
+    only another fork's flag says, or a fork's choice, is named instead.
     """
     values, entries, warnings = _megatron_view(explicit)
     full = M.complete(values)
@@ -165,9 +172,9 @@ def format_args(explicit: dict) -> tuple[str, list[Unmapped], list[str]]:
             continue
         if arg.origin == "megatron<0.16" and arg.dest == "virtual_pipeline_model_parallel_size":
             continue  # said by --num-layers-per-virtual-pipeline-stage (normalize inverts it)
-        if not arg.flags or arg.origin != "megatron":
+        if not arg.flags or (arg.origin != "megatron" and arg.origin not in forks):
             if arg.dest in explicit or arg.dest in M.DERIVED_BY_DEST:
-                where = "a MindSpeed / MindSpeed-LLM argument" if arg.origin == "mindspeed" else "computed"
+                where = ORIGINS.get(arg.origin, "computed") if arg.flags else "computed"
                 entries.append(Unmapped(M.flag_of(arg.dest), value,
                                      f"Megatron-LM core_v0.16 has no flag for it ({where}) and the other flags "
                                      "do not imply it"))
@@ -191,10 +198,8 @@ def format_args(explicit: dict) -> tuple[str, list[Unmapped], list[str]]:
             lines.append(" ".join([arg.flag] + [shlex.quote(str(v)) for v in value]))
         else:
             lines.append(f"{arg.flag} {shlex.quote(repr(value) if isinstance(value, float) else str(value))}")
-    header = ["# Megatron-LM (core_v0.16) arguments written by `interop map-args`; read them with "
-              "`interop map-args FILE`."]
     body = " \\\n".join(lines)
-    return "\n".join(header + env + ([body] if body else [])) + "\n", entries, warnings
+    return "\n".join([header] + env + ([body] if body else [])) + "\n", entries, warnings
 
 
 class MegatronArgs(ArgsTarget):
@@ -203,6 +208,11 @@ class MegatronArgs(ArgsTarget):
     name = "megatron"
     syntax = "args"
     writable = True
+    forks: tuple = ()  # the fork flags (Arg.origin) its parser takes besides Megatron-LM's
+    header = HEADER
+
+    def recognises(self, doc) -> bool:
+        return True  # any args file or launch script no other format of this syntax claims
 
     def load(self, path: Path, env: dict | None) -> tuple[dict, list[Unmapped], list[str]]:
         launch = argsfile.parse_file(path, env)
@@ -221,7 +231,7 @@ class MegatronArgs(ArgsTarget):
         return explicit, unknown, warnings
 
     def write(self, explicit: dict) -> tuple[str, dict, dict, list[str]]:
-        text, entries, warnings = format_args(explicit)
+        text, entries, warnings = format_args(explicit, self.forks, self.header)
         return text, {}, {e.flag: e.why for e in entries}, warnings
 
     def read(self, text: str, where: str) -> tuple[dict, list[Unmapped], list[str]]:
@@ -232,7 +242,7 @@ class MegatronArgs(ArgsTarget):
         return explicit, unknown, warnings
 
     def held(self, before: dict) -> set:
-        return {d for d, a in M.ARGS.items() if a.origin == "megatron" and a.flags}
+        return {d for d, a in M.ARGS.items() if (a.origin == "megatron" or a.origin in self.forks) and a.flags}
 
     def holds(self, dest: str, before: dict, after: dict) -> bool:
         # An even-middled --num-layer-list is said as --decoder-first/last-pipeline-num-layers (an uneven one

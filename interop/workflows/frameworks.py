@@ -32,7 +32,9 @@ def _convert(ckpt, dst, fmt: str, **options):
 
 
 def hf_losses(ckpt, cfg: TrainConfig) -> list[float]:
-    """Train HF transformers' model of the checkpoint for `cfg.steps` updates."""
+    """Train HF transformers' model of the checkpoint for `cfg.steps` updates; with `cfg.adapter` (a LoRA run),
+    that common-format adapter converted to HF PEFT's files, loaded by `PeftModel.from_pretrained` on the frozen
+    model and trained alone."""
     try:
         import transformers
     except ImportError:
@@ -42,10 +44,13 @@ def hf_losses(ckpt, cfg: TrainConfig) -> list[float]:
         _convert(ckpt, Path(tmp) / "hf", "hf")
         model = transformers.AutoModelForCausalLM.from_pretrained(Path(tmp) / "hf", dtype=torch.float32,
                                                                   attn_implementation="eager")
+        if cfg.adapter:
+            model = _peft_model(model, cfg.adapter, Path(tmp) / "peft")
     model.eval()  # no dropout, like the reference trainer; gradients are unaffected by eval()
     vocab = model.config.vocab_size
-    optimizer = make_adamw(model.named_parameters(), cfg.optim())
-    params = [p for p in model.parameters()]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # all, or the adapter's
+    optimizer = make_adamw(named, cfg.optim())
+    params = [p for _, p in named]
     data = TokenData(vocab, cfg.seq_length, cfg.seed, cfg.data)
     losses = []
     for step in range(1, cfg.steps + 1):
@@ -59,6 +64,16 @@ def hf_losses(ckpt, cfg: TrainConfig) -> list[float]:
         optimizer.step()
         losses.append(float(loss.detach()))
     return losses
+
+
+def _peft_model(model, adapter, dst: Path):
+    """`model` with the common-format `adapter` on it, through PEFT's own files and loader (trainable)."""
+    try:
+        import peft
+    except ImportError:
+        raise InteropError("framework hf cannot train a LoRA adapter: peft is not installed") from None
+    _convert(adapter, dst, "peft")
+    return peft.PeftModel.from_pretrained(model, dst, is_trainable=True)
 
 
 def mindspore_losses(ckpt, cfg: TrainConfig) -> list[float]:

@@ -146,6 +146,24 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
                                 f"{spec.moe_aux_loss_coeff}), which the reference trainer computes as Megatron does, "
                                 f"per micro-batch and layer, and transformers otherwise (trainer/moe.py); "
                                 f"compare with hf at moe_aux_loss_coeff 0")
+    if cfg.adapter:  # a LoRA run: the reference trainer's layouts against HF PEFT
+        others = [f for f in frameworks if f not in ("torch", "hf")]
+        if others:
+            problems.append(f"framework {others[0]}: LoRA parity runs the reference trainer and hf (PEFT) only")
+        if cfg.lora_dropout:
+            problems.append(f"LoRA dropout {cfg.lora_dropout}: each run draws its own masks; compare at dropout 0")
+        if "hf" in frameworks and importlib.util.find_spec("peft") is None:
+            problems.append("framework hf: peft is not installed (a LoRA run trains a PEFT adapter)")
+        elif "hf" in frameworks:
+            from ..converters.peft import shares_a
+            adapter = StoreReader(cfg.adapter, verify=False).source.adapter
+            if adapter.shared_a is not None and adapter.fused_a(spec) and shares_a(spec, adapter) != adapter.shared_a:
+                problems.append(f"framework hf: PEFT's LoRA on transformers' {spec.arch} model has "
+                                f"{'an A per projection' if adapter.shared_a else 'one A per fused linear'} where "
+                                f"this adapter has {'one A per fused module' if adapter.shared_a else 'an A each'} "
+                                f"(shared_a {str(adapter.shared_a).lower()}): training there would "
+                                f"{'untie' if adapter.shared_a else 'tie'} them; compare "
+                                f"{'--no-lora-shared-a' if adapter.shared_a else '--lora-shared-a'}")
     if "mindspore" in frameworks and importlib.util.find_spec("mindspore") is None:
         problems.append("framework mindspore: mindspore is not installed")
     if any(f == "megatron" or f.startswith("megatron:") for f in frameworks):
@@ -166,6 +184,17 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
     if problems:
         raise InteropError("; ".join(problems) + (" (drop it from --frameworks / --layouts)" if len(problems) == 1
                                                    else " (drop them from --frameworks / --layouts)"))
+
+
+def _with_adapter(start, cfg: TrainConfig, tmp: Path) -> TrainConfig:
+    """A LoRA run from fresh --lora-* flags: the adapter drawn once (from --seed), so every run starts from it."""
+    if cfg.adapter or cfg.lora_rank is None and cfg.lora_alpha is None and cfg.lora_targets is None:
+        return cfg
+    from interop.store import StoreReader
+    from ..trainer.lora import init_adapter
+    from ..trainer.train import lora_flags
+    spec = StoreReader(start, verify=False).spec
+    return cfg.replace(adapter=str(init_adapter(spec, lora_flags(cfg, spec), tmp / "adapter", seed=cfg.seed)))
 
 
 def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)),
@@ -192,26 +221,28 @@ def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2,
     replicas = max([_unpack(layout)[2] for layout in layouts] + list(megatron_eps.values()))
     gbs = cfg.global_batch_size or 2 * cfg.micro_batch_size * replicas
     cfg = cfg.replace(global_batch_size=gbs, quiet=True)
-    jobs = []
+    jobs = []  # each job runs `cfg` (read when it runs: a LoRA run's starting adapter is set in by then)
     if "torch" in frameworks:
         for layout in layouts:
             tp, pp, dp, ep = _unpack(layout)
-            jobs.append((f"torch {_label(layout)}", lambda start, tp=tp, pp=pp, dp=dp, ep=ep: [r["loss"] for r in train(
-                cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp, dp=dp, ep=ep))]))
+            jobs.append((f"torch {_label(layout)}", lambda start, cfg, tp=tp, pp=pp, dp=dp, ep=ep: [
+                r["loss"] for r in train(cfg.replace(load=start, save=None, resume=False, init_spec=None, tp=tp, pp=pp,
+                                                     dp=dp, ep=ep))]))
     others = {"hf": hf_losses, "mindspore": mindspore_losses, "megatron": megatron_losses}
-    jobs += [(name, lambda start, fn=others[name]: fn(start, cfg.replace(load=start)))
+    jobs += [(name, lambda start, cfg, fn=others[name]: fn(start, cfg.replace(load=start)))
              for name in ("hf", "mindspore", "megatron") if name in frameworks]
-    jobs += [(f"megatron ep{ep}", lambda start, ep=ep: megatron_losses(start, cfg.replace(load=start), ep=ep))
+    jobs += [(f"megatron ep{ep}", lambda start, cfg, ep=ep: megatron_losses(start, cfg.replace(load=start), ep=ep))
              for ep in megatron_eps.values()]
     result = ParityResult({}, tolerance)
     with tempfile.TemporaryDirectory(prefix="interop-parity-") as tmp:
         start = _as_store(ckpt, Path(tmp))
+        cfg = _with_adapter(start, cfg, Path(tmp))
         preflight(start, cfg, layouts, frameworks)
         for i, (label, run) in enumerate(jobs, 1):
             log(f"parity [{i}/{len(jobs)}] {label}: {cfg.steps} steps ...")
             began = time.perf_counter()
             try:
-                losses = run(start)
+                losses = run(start, cfg)
             except (InteropError, TrainingFailed, RuntimeError) as exc:
                 result.failed[label] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 log(f"parity [{i}/{len(jobs)}] {label}: FAILED after {time.perf_counter() - began:.1f} s: "

@@ -178,11 +178,12 @@ class _Stages:
 
 
 def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = None, tolerance: float | None = None,
-           frameworks: bool = True, dst_model_config=None, options: dict | None = None, log=None,
+           frameworks: bool = True, dst_model_config=None, options: dict | None = None, log=None, adapter=None,
            **format_options) -> VerifyResult:
     """Run the fixed batch through `src` and `dst`; see the module docstring.  Reader options for the
     source (`model_config=`, `iteration=`) as keywords or in `options`; `dst_model_config` describes a
-    destination that carries no model description.  `log(line)` gets the estimate (before anything is
+    destination that carries no model description.  `adapter`: a LoRA adapter on `src`: the source run is
+    `src` + adapter (merged in fp32 into the source's copy, `interop.merge`), what `dst` must equal.  `log(line)` gets the estimate (before anything is
     converted or run) and a line per stage as it ends (the CLI prints them on stderr)."""
     check_tolerance(tolerance)
     import torch
@@ -208,13 +209,15 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
         stores = {}
         for which, path, fmt, opts in (("source", src, src_format, src_options),
                                        ("converted", dst, dst_format, dst_options)):
-            if is_store(path):
+            merge = {"adapter": adapter, "merge": True} if which == "source" and adapter is not None else {}
+            if is_store(path) and not merge:
                 stores[which] = Path(path)
             else:
                 stores[which] = Path(tmp) / which
-                stages.run(f"read the {which} ({fmt}) into a common-format copy",
-                           lambda path=path, which=which, fmt=fmt, opts=opts:
-                           convert_here(path, stores[which], src_format=fmt, dst_format="interop", **opts))
+                stages.run(f"read the {which} ({fmt}){' with the adapter merged' if merge else ''} into a "
+                           "common-format copy",
+                           lambda path=path, which=which, fmt=fmt, opts=opts, merge=merge:
+                           convert_here(path, stores[which], src_format=fmt, dst_format="interop", **opts, **merge))
                 # ^ in this process, also under torchrun: the copies are verify's own, in its own temporary folder
         specs = {which: StoreReader(p, verify=False).spec for which, p in stores.items()}
         if _spec_difference(specs["source"], specs["converted"]):
@@ -241,6 +244,10 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
         if frameworks:
             for which, path, fmt in (("source", src, src_format), ("converted", dst, dst_format)):
                 if fmt not in FRAMEWORK_NAMES:
+                    continue
+                if which == "source" and adapter is not None:
+                    result.notes.append(f"source: {FRAMEWORK_NAMES[fmt]} would run the base without the adapter: "
+                                        "not run (the reference model runs base + adapter)")
                     continue
                 try:
                     logits = stages.run(f"{FRAMEWORK_NAMES[fmt]}, {which}",
