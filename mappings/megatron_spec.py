@@ -326,10 +326,9 @@ def sliding_window_of(full: dict, where: str) -> int | None:
     return left + 1
 
 
-def model_args(spec: ModelSpec) -> dict:
-    """The Megatron arguments that state `spec`'s model (no layout, no training): what a config.json says.
-
-    Torch-free: map-args writes a config.json's model through here."""
+def refuse_unstated(spec: ModelSpec) -> None:
+    """One line for a model Megatron's args cannot state (megatron-core would compute another model): the
+    writers ask before writing a file, `model_args` before stating it."""
     if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
         raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
     for why in DS.refusals(spec):
@@ -338,6 +337,13 @@ def model_args(spec: ModelSpec) -> dict:
         raise InteropError("Megatron's add_bias_linear puts biases on the linears, the router's logits and the experts "
                            f"together; this model has linear biases {spec.linear_bias}, a router logit bias "
                            f"{spec.moe_router_logit_bias} and expert biases {spec.has_mlp_bias}")
+
+
+def model_args(spec: ModelSpec) -> dict:
+    """The Megatron arguments that state `spec`'s model (no layout, no training): what a config.json says.
+
+    Torch-free: map-args writes a config.json's model through here."""
+    refuse_unstated(spec)
     model = {dest: getattr(spec, field) for field, dest in SPEC_NUMBERS.items()}
     llama3 = spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3"  # the only one Megatron has
     model |= {

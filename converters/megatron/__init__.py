@@ -68,14 +68,15 @@ class Writer(BaseWriter):
     """The format's writer: opening one gives the writer of the `format` asked for (`--format`, default
     torch), a `torch_format.Writer` or a `torch_dist.Writer` (each subclasses `BaseWriter` itself)."""
 
-    options = ("format", "iteration", "distributed_optimizer", "dp")
+    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
     holds_adapter = True  # LoRA adapters as MindSpeed-LLM saves them (torch format): `lora.Writer`
     padded_vocab = staticmethod(_padded_vocab)
 
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
-                distributed_optimizer: bool | None = None, dp: int | None = None, only=None, adapter=None):
+                distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
+                only=None, adapter=None):
         if adapter is not None:
             if format == "torch_dist" or distributed_optimizer or dp is not None:
                 raise InteropError("Megatron LoRA adapters are written in the torch format (MindSpeed-LLM's rank "
@@ -89,6 +90,8 @@ class Writer(BaseWriter):
                                "(distrib_optim.pt is laid out for one dp; torch_dist loads at any dp)")
         if format == "torch_dist":
             return _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
-                                        distributed_optimizer=distributed_optimizer, only=only)
+                                        distributed_optimizer=distributed_optimizer, transformer_impl=transformer_impl,
+                                        only=only)
         return torch_format.Writer(root, spec, layout, metas, iteration=iteration,
-                                   distributed_optimizer=distributed_optimizer, dp=dp, only=only)
+                                   distributed_optimizer=distributed_optimizer, dp=dp,
+                                   transformer_impl=transformer_impl, only=only)

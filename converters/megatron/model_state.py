@@ -86,7 +86,7 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
         for e in (range(ranks.ep) if r.ep is None else [r.ep]):
             expected[(r.stage, r.chunk, e, r.key)] = r
     ignored: dict[str, int] = {}
-    tied = 0
+    tied = set()  # the last stage's copies of the embedding: the tied head's, the MTP modules'
     for (t, p, v, e), sd in model.ep_dicts.items():
         where = ranks.ep_files[(t, p, e)].path
         for key, value in sd.items():
@@ -114,18 +114,18 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
                 raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
                                    "one dtype expected")
             if not row.transform.reads_back and e == ranks.plan.dense_ep[t]:
-                tied += 1
+                copy = "the MTP modules' embedding" if key.startswith("embedding.") else "the tied embedding"
+                tied.add(copy)
                 if compare_tied:
-                    _check_tied_copy(model, ranks, rows, (t, p, v, e), key)
+                    _check_tied_copy(model, ranks, rows, (t, p, v, e), key, copy)
         for (p2, v2, e2, key), row in expected.items():
             if (p2, v2, e2) == (p, v, e) and key not in sd:
                 raise InteropError(f"{where}: tensor {key} is missing")
     for why, n in sorted(ignored.items()):
         notes.append(f"ignored {n} entries: {why}")
-    if tied:
-        notes.append("dropped the last stage's copy of the tied embedding (checked equal to the input embedding)"
-                     if compare_tied else "dropped the last stage's copy of the tied embedding (compared by the "
-                     "parent process)")
+    how = "checked equal to the input embedding" if compare_tied else "compared by the parent process"
+    for copy in sorted(tied):
+        notes.append(f"dropped the last stage's copy of {copy} ({how})")
     if ranks.ep > 1:
         notes.append(f"read the tensors outside the routed experts from expert-parallel rank 0's files (each of the "
                      f"{ranks.ep} EP ranks holds a copy)")
@@ -133,7 +133,7 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
         notes.append(f"routed experts read from {'the legacy GroupedMLP (weight1/weight2)' if model.experts == 'grouped' else 'TEGroupedMLP (linear_fc1.weightN)'}")
 
 
-def _check_tied_copy(model: "ModelState", ranks: RankFiles, rows, at: tuple, key: str) -> None:
+def _check_tied_copy(model: "ModelState", ranks: RankFiles, rows, at: tuple, key: str, copy: str) -> None:
     """The last stage's copy of a tied embedding, bit for bit the embedding shard of its tp rank: Megatron
     keeps the two equal by an all-reduce, so one that differs is an untied head the args call tied, and
     dropping it would lose the model's head."""
@@ -144,6 +144,9 @@ def _check_tied_copy(model: "ModelState", ranks: RankFiles, rows, at: tuple, key
     word = there.read(model.ep_dicts[(t, embedding.stage, embedding.chunk, e)][embedding.key])
     if head.shape != word.shape or head.dtype != word.dtype or not torch.equal(
             head.contiguous().view(torch.uint8), word.contiguous().view(torch.uint8)):
+        if copy != "the tied embedding":
+            raise InteropError(f"{here.path}: {key}, the last stage's copy of {copy}, differs from "
+                               f"{embedding.key} in {there.path}: megatron-core keeps the two equal")
         raise InteropError(f"{here.path}: {key}, the last stage's copy of the tied embedding, differs from "
                            f"{embedding.key} in {there.path}: the head is not tied (pass --model-config with "
                            "tie_word_embeddings false to read it as the output layer)")

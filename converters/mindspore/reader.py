@@ -162,8 +162,8 @@ class Reader(BaseReader):
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
         dialect.check_layout(spec, layout.tp, f"{path}: ")
-        if dialect.layout_note:
-            notes.append(dialect.layout_note)
+        if dialect.layout_note(spec):
+            notes.append(dialect.layout_note(spec))
         if sidecar is not None and "layout" in sidecar:
             said = ParallelLayout.from_dict(sidecar["layout"])
             if (said.tp, said.pp, said.ep) != (layout.tp, layout.pp, layout.ep):

@@ -174,6 +174,9 @@ def moe_config(spec: ModelSpec, router_bias_update_rate: float = 1e-3) -> dict:
 
 def cannot_build(spec: ModelSpec) -> str | None:
     """Why megatron-core's own GPTModel (local layer spec) cannot compute `spec`, or None."""
+    if spec.is_mla:  # its MLASelfAttention passes k_channels / v_channels to a core attention that takes neither
+        return ("megatron-core's multi-latent attention does not build without Transformer Engine (0.16.1's local "
+                "DotProductAttention takes no k_channels / v_channels)")
     facts = [f for f, has in (("post_norm", spec.post_norm or not spec.pre_norm),
                               ("qk_norm_scope", spec.qk_norm_scope != "head"),
                               ("activation", spec.activation == "geglu_tanh"), ("embed_scale", spec.embed_scale),
