@@ -128,3 +128,44 @@ def test_rank_missing_from_the_args_is_refused(peft_adapter, tmp_path):
     torch.save(common, path)
     assert_refused(cli("convert", tmp_path / "m", tmp_path / "out", "--to", "peft"), tmp_path / "out",
                    "no lora_alpha", "never defaulted")
+
+
+def test_megatron_core_loads_it_as_bridge_declares_it_at_tp2(peft_adapter, tmp_path):
+    """megatron-core's dist_checkpointing.load, given the sharded tensors Bridge's ParallelLinearAdapter declares
+    at tp 2 (helpers/bridge_lora_ref.py), reads each rank's cut: linear_in of linear_qkv / linear_fc1 cut on the
+    rank, of linear_proj / linear_fc2 on the input; every linear_out cut on its rows (fc1: [gate_t; up_t])."""
+    from helpers.bridge_lora_ref import load_at_tp2
+
+    root, cfg = peft_adapter
+    convert(root / "lora", tmp_path / "m", dst_format="megatron", base=root / "base", tp=2, format="torch_dist")
+    folder = next(p for p in (tmp_path / "m").iterdir() if p.is_dir())
+    d = cfg.hidden_size // cfg.num_attention_heads
+    dims = dict(L=cfg.num_hidden_layers, r=4, h=cfg.hidden_size, heads_d=cfg.num_attention_heads * d,
+                ffn=cfg.intermediate_size, fc1=2 * cfg.intermediate_size,
+                qkv=(cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d)
+    (tmp_path / "out").mkdir()
+    ranks = load_at_tp2(folder, dims, tmp_path / "out")
+    ours = load_file(root / "lora" / "adapter_model.safetensors")
+    key = "decoder.layers.{}.adapter.linear_{}.weight"
+    ffn, group = cfg.intermediate_size, cfg.num_attention_heads // cfg.num_key_value_heads * d
+    for layer in range(cfg.num_hidden_layers):
+        a = lambda mod, proj: ours[P.format(layer, mod, proj, "A")]
+        b = lambda mod, proj: ours[P.format(layer, mod, proj, "B")]
+        groups = []  # linear_qkv's B rows, grouped per KV group
+        for g in range(cfg.num_key_value_heads):
+            groups += [b("self_attn", "q_proj")[g * group:(g + 1) * group], b("self_attn", "k_proj")[g * d:(g + 1) * d],
+                       b("self_attn", "v_proj")[g * d:(g + 1) * d]]
+        qkv_b = torch.cat(groups)
+        for t, got in enumerate(ranks):
+            def at(module, which):
+                return got[(key.format(module, which), layer)]
+            assert torch.equal(at("self_attention.linear_qkv", "in"), a("self_attn", "q_proj").chunk(2)[t])
+            assert torch.equal(at("self_attention.linear_qkv", "out"), qkv_b.chunk(2)[t])
+            assert torch.equal(at("self_attention.linear_proj", "in"), a("self_attn", "o_proj").chunk(2, dim=1)[t])
+            assert torch.equal(at("self_attention.linear_proj", "out"), b("self_attn", "o_proj").chunk(2)[t])
+            assert torch.equal(at("mlp.linear_fc1", "in"), a("mlp", "gate_proj").chunk(2)[t])
+            assert torch.equal(at("mlp.linear_fc1", "out"), torch.cat([b("mlp", "gate_proj").chunk(2)[t],
+                                                                       b("mlp", "up_proj").chunk(2)[t]]))
+            assert torch.equal(at("mlp.linear_fc2", "in"), a("mlp", "down_proj").chunk(2, dim=1)[t])
+            assert torch.equal(at("mlp.linear_fc2", "out"), b("mlp", "down_proj").chunk(2)[t])
+        assert ffn == b("mlp", "gate_proj").shape[0]
