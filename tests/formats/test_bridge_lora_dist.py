@@ -100,10 +100,8 @@ def test_peft_to_bridge_torch_dist_tp2_and_back_byte_identical(peft_adapter, tmp
                        ours[P.format(layer, "self_attn", "o_proj", "B")])
 
     convert(tmp_path / "m", tmp_path / "p", dst_format="peft")
-    back = load_file(tmp_path / "p" / "adapter_model.safetensors")
-    assert back.keys() == ours.keys()
-    for k in ours:
-        assert ours[k].dtype == back[k].dtype and torch.equal(ours[k].view(torch.uint8), back[k].view(torch.uint8)), k
+    weights = "adapter_model.safetensors"
+    assert (tmp_path / "p" / weights).read_bytes() == (root / "lora" / weights).read_bytes()  # peft's own file
 
 
 def test_rank_not_divisible_by_tp_is_refused(peft_adapter, tmp_path):
