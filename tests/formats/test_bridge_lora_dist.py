@@ -167,3 +167,22 @@ def test_megatron_core_loads_it_as_bridge_declares_it_at_tp2(peft_adapter, tmp_p
             assert torch.equal(at("mlp.linear_fc2", "in"), a("mlp", "down_proj").chunk(2, dim=1)[t])
             assert torch.equal(at("mlp.linear_fc2", "out"), b("mlp", "down_proj").chunk(2)[t])
         assert ffn == b("mlp", "gate_proj").shape[0]
+
+
+def test_merging_the_bridge_adapter_equals_merging_peft_s(peft_adapter, tmp_path):
+    root, _ = peft_adapter
+    convert(root / "lora", tmp_path / "m", dst_format="megatron", base=root / "base", tp=2, format="torch_dist")
+    convert(root / "base", tmp_path / "a", dst_format="hf", adapter=tmp_path / "m", merge=True)
+    convert(root / "base", tmp_path / "b", dst_format="hf", adapter=root / "lora", merge=True)
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_distinct_q_k_v_a_is_refused_nothing_left(peft_adapter, tmp_path):
+    """peft's q_proj, k_proj, v_proj with three A's: Bridge's linear_qkv holds one linear_in."""
+    root, _ = peft_adapter
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"], init_lora_weights=False)
+    peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(root / "base"), lora).save_pretrained(
+        tmp_path / "qkv")
+    assert_refused(cli("convert", tmp_path / "qkv", tmp_path / "out", "--base", root / "base", "--to", "megatron",
+                       "--format", "torch_dist", "--tp", "2"), tmp_path / "out", "linear_qkv", "--lora-stack-ranks")
