@@ -36,8 +36,9 @@ def _training_options(fn):
         click.option("--lora-targets", help="The modules it adapts: attn.q,attn.k,attn.v,attn.o,mlp.gate,mlp.up,"
                      "mlp.down, or Megatron's linear_qkv,linear_proj,linear_fc1,linear_fc2."),
         click.option("--lora-dropout", type=float, help="Dropout on the adapter's input while training. [0]"),
-        click.option("--lora-shared-a", is_flag=True, default=None, help="q, k, v (and gate, up) share one A, as "
-                     "a LoRA on a fused linear has (MindSpeed-LLM's linear_qkv, PEFT on GPT2's c_attn)."),
+        click.option("--lora-shared-a/--no-lora-shared-a", default=None, help="q, k, v (and gate, up) share one A, "
+                     "as a LoRA on a fused linear has (MindSpeed-LLM's linear_qkv, PEFT on GPT2's c_attn), or have an "
+                     "A each. [a resumed or given adapter: as it says; a fresh one: an A each]"),
     ]
     for option in reversed(options):
         fn = option(fn)

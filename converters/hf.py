@@ -30,7 +30,7 @@ from ..rows import Row, RowCollector
 from ..spec import ModelSpec
 from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ..transforms import BlockScaledFP8, Transform
+from ..transforms import MXFP4, BlockScaledFP8, Transform
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 DEFAULT_SHARD_BYTES = 5 << 30
@@ -166,12 +166,12 @@ FP8_FORMATS = {"e4m3": "float8_e4m3fn"}
 def fp8_layout(config: dict, where: str) -> BlockScaledFP8 | None:
     """The block-scaled FP8 layout config.json's quantization_config states (None: not quantised)."""
     quant = config.get("quantization_config")
-    if quant is None:
+    if quant is None or is_mxfp4(config):
         return None
     if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
         method = quant.get("quant_method") if isinstance(quant, dict) else quant
         raise InteropError(f"{where}: quantization_config quant_method {method!r} is not supported (fp8, block-scaled "
-                           "as DeepSeek-V3 and transformers' fine-grained FP8, is)")
+                           "as DeepSeek-V3 and transformers' fine-grained FP8, and mxfp4, as gpt-oss's release, are)")
     if quant.get("fmt", "e4m3") not in FP8_FORMATS:
         raise InteropError(f"{where}: fp8 fmt {quant['fmt']!r} is not supported (e4m3 is)")
     if quant.get("scale_fmt") not in (None, "float32"):
@@ -180,6 +180,15 @@ def fp8_layout(config: dict, where: str) -> BlockScaledFP8 | None:
         return BlockScaledFP8(quant.get("weight_block_size", [128, 128]))  # FineGrainedFP8Config's default
     except InteropError as exc:
         raise InteropError(f"{where}: {exc}") from None
+
+
+def is_mxfp4(config: dict) -> bool:
+    """config.json states MXFP4 weights (gpt-oss's release: quantization_config quant_method mxfp4)."""
+    quant = config.get("quantization_config")
+    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+
+
+MXFP4_SUFFIXES = ("_blocks", "_scales")  # `X_blocks` + `X_scales` hold MXFP4 tensor `X`
 
 
 class Reader(BaseReader):
@@ -199,8 +208,9 @@ class Reader(BaseReader):
         if ignored:
             notes.append(f"dropped {len(ignored)} buffers that are not parameters "
                          f"({'; '.join(sorted(set(ignored.values())))})")
+        self.mxfp4 = self._mxfp4_pairs(root, config, keys, notes, dequantize_to or "bfloat16")
         self.fp8 = self._fp8_scales(root, config, keys, notes, dequantize_to or "bfloat16")
-        counts = Counter(self.files.meta(k)[0] for k in sorted(keys) if self.files.meta(k)[0].is_floating_point)
+        counts = Counter(self._meta(k)[0] for k in sorted(keys) if self._meta(k)[0].is_floating_point)
         dtype = NAME_OF_DTYPE.get(counts.most_common(1)[0][0], "float32") if counts else "float32"
         if self.fp8:
             dtype = self.fp8_dtype
@@ -229,7 +239,7 @@ class Reader(BaseReader):
                 raise InteropError(f"{root}: tensor {hf_key} is missing (config.json describes a {self.model_type} "
                                    f"model with {spec.num_layers} layers)")
             want = transform.rank_shape()
-            got = self.files.meta(hf_key)[1]
+            got = self._meta(hf_key)[1]
             if got != want:
                 raise InteropError(f"{root}: {hf_key} has shape {list(got)}, config.json implies {list(want)}")
             keys.discard(hf_key)
@@ -279,7 +289,7 @@ class Reader(BaseReader):
         """{fp8 weight key: its scale key}; the scales leave `keys`.  Every float8 weight has its scale of the
         right grid and every scale its float8 weight, or the checkpoint is refused (never read unscaled)."""
         layout = fp8_layout(config, str(root / "config.json"))
-        fp8_keys = sorted(k for k in keys if self.files.meta(k)[0] == torch.float8_e4m3fn)
+        fp8_keys = sorted(k for k in keys if self._meta(k)[0] == torch.float8_e4m3fn)
         scales = {k for k in keys if k.endswith(SCALE_SUFFIX)}
         if layout is None:
             if fp8_keys or scales:
@@ -306,6 +316,39 @@ class Reader(BaseReader):
                          + ("" if dequantize_to == "float32" else "; --dtype fp32 keeps more of each product"))
         return out
 
+    def _mxfp4_pairs(self, root: Path, config: dict, keys: set, notes: list, dequantize_to: str) -> dict:
+        """{HF tensor: (its blocks key, its scales key)} of an MXFP4 checkpoint; `keys` then names the tensors, not
+        their blocks and scales.  Blocks without their scales (or of another grid) are refused in one line."""
+        blocks = sorted(k for k in keys if k.endswith("_blocks"))
+        if not is_mxfp4(config):
+            if blocks:
+                raise InteropError(f"{root}: {blocks[0]} is MXFP4 but config.json has no quantization_config "
+                                   "(quant_method mxfp4)")
+            return {}
+        if dequantize_to not in DTYPE_OF_NAME:
+            raise InteropError(f"dequantize_to must be one of {', '.join(DTYPE_OF_NAME)}, got {dequantize_to!r}")
+        out = {}
+        for key in blocks:
+            name, scales = key[:-len("_blocks")], key[:-len("_blocks")] + "_scales"
+            if self.files.meta(key)[0] != torch.uint8:
+                raise InteropError(f"{root}: {key} is {self.files.meta(key)[0]}, MXFP4 blocks are uint8")
+            MXFP4.check(key, self.files.meta(key)[1], scales, self.files.meta(scales)[1] if scales in keys else None)
+            out[name] = (key, scales)
+            keys -= {key, scales}
+            keys.add(name)
+        self.mxfp4_dtype = dequantize_to
+        if out:
+            notes.append(f"dequantised {len(out)} MXFP4 expert tensors (FP4 E2M1 x 2^(scale - 127) per 32 values, "
+                         f"exact) to {dequantize_to}, as transformers' Mxfp4 integration does; interop writes them "
+                         "unquantised")
+        return out
+
+    def _meta(self, hf_key: str):
+        """(dtype, shape) of an HF tensor as the model holds it: an MXFP4 one's dequantised."""
+        if hf_key in self.mxfp4:
+            return DTYPE_OF_NAME[self.mxfp4_dtype], MXFP4.shape(self.files.meta(self.mxfp4[hf_key][0])[1])
+        return self.files.meta(hf_key)
+
     def stored_fp8(self, hf_key: str, layout: BlockScaledFP8):
         """(fp8 weight, scale) as stored, for an FP8 target in the same block layout; None otherwise."""
         if hf_key not in self.fp8 or layout != self.fp8_layout:
@@ -317,11 +360,14 @@ class Reader(BaseReader):
         if hf_key in self.fp8:
             return self.fp8_layout.dequantize(self.files.read(hf_key), self.files.read(self.fp8[hf_key]),
                                               DTYPE_OF_NAME[self.fp8_dtype])
+        if hf_key in self.mxfp4:
+            blocks, scales = self.mxfp4[hf_key]
+            return MXFP4.dequantize(self.files.read(blocks), self.files.read(scales), DTYPE_OF_NAME[self.mxfp4_dtype])
         return self.files.read(hf_key)
 
     def metas(self) -> list[TensorMeta]:
         def dtype(hf_key):
-            return DTYPE_OF_NAME[self.fp8_dtype] if hf_key in self.fp8 else self.files.meta(hf_key)[0]
+            return DTYPE_OF_NAME[self.fp8_dtype] if hf_key in self.fp8 else self._meta(hf_key)[0]
         return [TensorMeta(p.name, dtype(self.part_of[p.name][0]), p.shape) for p in param_table(self.spec)]
 
     def read(self, name: str) -> torch.Tensor:
@@ -337,8 +383,10 @@ class Reader(BaseReader):
         if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
             return transform.split(self._read_hf(hf_key))[0]
         if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
-            # two held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order
-            while len(self._cached) >= 2:
+            # four held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order, with
+            # their biases (gpt-oss) gate_up, gate_up_bias, down, down_bias, gate_up, ...: each read (and
+            # dequantised) once per layer
+            while len(self._cached) >= 4:
                 del self._cached[next(iter(self._cached))]
             self._cached[hf_key] = transform.split(self._read_hf(hf_key))
         return self._cached[hf_key][i]
@@ -351,7 +399,7 @@ class Reader(BaseReader):
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when HF stores it as it is (not fused, not transposed); else False."""
         hf_key, transform, _, _ = self.part_of[name]
-        if not transform.unchanged or name in self.mirrors or hf_key in self.fp8:  # checked / decoded in read()
+        if not transform.unchanged or name in self.mirrors or hf_key in self.fp8 or hf_key in self.mxfp4:  # checked / decoded in read()
             return False
         self.files.read_into(hf_key, out)
         return True

@@ -10,11 +10,12 @@ giving an A and a B row (`interop.adapter.adapter_table`: GPT2's fused, transpos
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ..adapter import AdapterSpec, LoraNames, adapter_rows, target_of
+from ..adapter import AdapterSpec, LoraNames, adapter_rows, sharing_notes, stated_shared_a, target_of
 from ..contract import BaseReader, BaseWriter
 from ..errors import InteropError
 from ..hf_named import hf_rows, hf_table
@@ -35,6 +36,12 @@ def detect(path) -> bool:
 
 def _table(base: ModelSpec) -> list:
     return TABLES[hf_table(base)]
+
+
+def shares_a(base: ModelSpec, adapter: AdapterSpec) -> bool | None:
+    """Whether PEFT's LoRA on transformers' model of `base` holds `adapter`'s fused groups as one A (GPT2's
+    c_attn: True; Llama's q_proj, k_proj, v_proj: False), as `stated_shared_a` says."""
+    return stated_shared_a(adapter_rows(_table(base), LORA_NAMES, base, adapter, "PEFT"), base, adapter)
 
 
 class Reader(BaseReader):
@@ -93,6 +100,7 @@ class Reader(BaseReader):
             raise InteropError(f"{where}: {exc}") from None
         self.adapter.check_base(base, f"{root}: ")
         self.rows = adapter_rows(_table(base), LORA_NAMES, base, self.adapter, "PEFT")
+        self.adapter = replace(self.adapter, shared_a=stated_shared_a(self.rows, base, self.adapter))
         self.part_of = {}
         for row in self.rows:
             if row.key not in keys:
@@ -158,7 +166,7 @@ class Writer(BaseWriter):
                                   if any(adapter.adapts(p) for p in row.parts))  # GPT2's Conv1D
         self.collector = RowCollector()
         self.stored: dict[str, torch.Tensor] = {}
-        self.notes = []
+        self.notes = sharing_notes(self.rows, spec, adapter, "PEFT")
         dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
         if dropped:
             self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "

@@ -87,6 +87,7 @@ class AdapterSpec:
     dropout: float = 0.0
     layers: tuple[int, ...] | None = None
     base_name: str | None = None
+    shared_a: bool | None = None
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -100,6 +101,8 @@ class AdapterSpec:
             if not self.layers or not all(type(i) is int and i >= 0 for i in self.layers):
                 raise InteropError(f"LoRA layers must be layer numbers (or none: every layer), got {self.layers!r}")
             object.__setattr__(self, "layers", tuple(sorted(set(self.layers))))
+        if self.shared_a is not None and not isinstance(self.shared_a, bool):
+            raise InteropError(f"LoRA shared_a must be true, false or absent, got {self.shared_a!r}")
 
     @property
     def scaling(self) -> float:
@@ -128,6 +131,19 @@ class AdapterSpec:
 
     def index(self, base: ModelSpec) -> dict[str, Param]:
         return {p.name: p for p in self.params(base)}
+
+    def fused_a(self, base: ModelSpec) -> list[tuple[str, ...]]:
+        """The A tensors that ONE A holds where a format fuses their projections: per layer, each input group
+        (`INPUT_GROUPS`) of which the adapter adapts every part the base has, two or more."""
+        have = {target_of(p.name) for p in param_table(base)} - {None}
+        out = []
+        for i in range(base.num_layers):
+            for group in INPUT_GROUPS:
+                present = [t for t in group if (i, t) in have]
+                names = tuple(lora_names(f"layers.{i}.{t}.weight")[0] for t in present)
+                if len(present) > 1 and all(self.adapts(f"layers.{i}.{t}.weight") for t in present):
+                    out.append(names)
+        return out
 
     def check_base(self, base: ModelSpec, where: str = "") -> None:
         """One line naming the first target (or layer) the base model does not have."""
@@ -159,7 +175,7 @@ class AdapterSpec:
     def to_dict(self) -> dict:
         return {"type": "lora", "rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
                 "targets": list(self.targets), "layers": None if self.layers is None else list(self.layers),
-                "base_name": self.base_name}
+                "base_name": self.base_name, "shared_a": self.shared_a}
 
     @classmethod
     def from_dict(cls, data, where: str = "") -> "AdapterSpec":
@@ -175,7 +191,7 @@ class AdapterSpec:
             raise InteropError(f"{prefix}LoRA targets and layers must be lists")
         try:
             return cls(data["rank"], data["alpha"], tuple(targets), data.get("dropout", 0.0),
-                       None if layers is None else tuple(layers), data.get("base_name"))
+                       None if layers is None else tuple(layers), data.get("base_name"), data.get("shared_a"))
         except InteropError as exc:
             raise InteropError(f"{prefix}{exc}") from None
 
@@ -241,6 +257,32 @@ def adapter_table(table, names: LoraNames) -> list[tuple]:
         out.append((native[0], SharedInput if len(parts) > 1 else Copy, [lora_names(p)[0] for p in parts]))
         out.append((native[1], layouts[transform], [lora_names(p)[1] for p in parts]))
     return out
+
+
+def stated_shared_a(rows, base: ModelSpec, adapter: AdapterSpec) -> bool | None:
+    """What a format's `adapter_rows` say of `adapter.shared_a`: True where every fused group (`fused_a`) is one
+    stored A (`SharedInput`: Megatron's linear_qkv, PEFT on GPT2's c_attn), False where none is (PEFT's q_proj,
+    k_proj, v_proj; or no such group), None where the format fuses some and not others."""
+    from .transforms import SharedInput
+    one = {n for row in rows if isinstance(row.transform, SharedInput) for n in row.parts}
+    fused = [all(n in one for n in group) for group in adapter.fused_a(base)]
+    if not any(fused):
+        return False
+    return True if all(fused) else None
+
+
+def sharing_notes(rows, base: ModelSpec, adapter: AdapterSpec, what: str) -> list[str]:
+    """A writer's note where its rows hold the adapter's fused groups otherwise than `adapter.shared_a` says:
+    the values are exact either way (a shared A is equal in every part; parts written as one A were checked
+    equal), what changes is whether training them there keeps them tied."""
+    held = stated_shared_a(rows, base, adapter)
+    if adapter.shared_a is None or held is None or held == adapter.shared_a or not adapter.fused_a(base):
+        return []
+    if adapter.shared_a:
+        return [f"{what} keeps an A per projection: each fused module's shared A (q, k, v; gate, up) is written to "
+                "every part, equal (training there unties them)"]
+    return [f"{what} keeps one A per fused module: the adapter's separate (here equal) A's of q, k, v (gate, up) "
+            "are written as one (training there ties them)"]
 
 
 def adapter_rows(table, names: LoraNames, base: ModelSpec, adapter: AdapterSpec, what: str, **expand_args):

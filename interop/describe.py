@@ -143,8 +143,9 @@ def _describe_store(root: Path) -> Description:
 
 
 def _adapter_note(adapter) -> str:
-    return (f"a LoRA adapter (rank {adapter.rank}, alpha {adapter.alpha:g}, targets {', '.join(adapter.targets)}) "
-            "on the model described")
+    shared = {True: "; one A per fused module", False: "", None: "; A sharing not stated"}[adapter.shared_a]
+    return (f"a LoRA adapter (rank {adapter.rank}, alpha {adapter.alpha:g}, targets {', '.join(adapter.targets)}"
+            f"{shared}) on the model described")
 
 
 def _numel(shape) -> int:

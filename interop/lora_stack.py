@@ -40,7 +40,7 @@ class StackedReader(BaseReader):
         k = max((len(g) for g in groups.values()), default=1)
         targets = tuple(sorted(set(adapter.targets) | {t for t in groups}))
         self.adapter = AdapterSpec(adapter.rank * k, adapter.alpha * k, targets, adapter.dropout, adapter.layers,
-                                   adapter.base_name)
+                                   adapter.base_name, shared_a=True)  # one stacked A per group
         self.adapter.check_base(spec)  # a group member the model lacks: one line
         self.lora, self.r, self.groups = lora, adapter.rank, groups
         self.held = {m.name: m for m in lora.metas() if not TensorKey.parse(m.name).is_optim}

@@ -59,6 +59,7 @@ def layer_params(spec: ModelSpec, i: int, prefix: str | None = None, layer: int 
             (p + "attn.v.bias", (kv_rows,), "column", spec.qkv_bias),
             (p + "attn.q_norm.weight", q_norm, qk_split, spec.qk_norm),
             (p + "attn.k_norm.weight", k_norm, qk_split, spec.qk_norm),
+            (p + "attn.sinks", (spec.heads,), "column", spec.attn_sinks),  # one logit per head: split with them
         ]
     rows += [
         (p + "attn.o.weight", (h, spec.attn_out_dim), "row", True),
@@ -128,20 +129,30 @@ def mtp_params(spec: ModelSpec, k: int) -> list[Param]:
 def moe_params(spec: ModelSpec, i: int | None, p: str | None = None) -> list[Param]:
     """A MoE layer's MLP: the router, each routed expert's MLP (no biases), the shared expert and its gate.
 
-    Names: `layers.{i}.mlp.router.weight` [E, h] (and `router.expert_bias` [E]),
-    `layers.{i}.mlp.experts.{e}.{gate,up,down}.weight`, `layers.{i}.mlp.shared.{gate,up,down}.weight`,
-    `layers.{i}.mlp.shared_gate.weight` [1, h].  Within an expert TP splits like a dense MLP.
+    Names: `layers.{i}.mlp.router.weight` [E, h] (and `router.bias` [E], added to its logits; `router.expert_bias`
+    [E], DeepSeek's choice-only correction), `layers.{i}.mlp.experts.{e}.{gate,up,down}.weight` (and `.bias` with MLP
+    biases: gpt-oss), `layers.{i}.mlp.shared.{gate,up,down}.weight`, `layers.{i}.mlp.shared_gate.weight` [1, h].
+    Within an expert TP splits like a dense MLP.
     """
     h, ffn = spec.hidden, spec.moe_ffn_hidden
     p = f"layers.{i}.mlp." if p is None else p + "mlp."
     out = [Param(p + "router.weight", (spec.num_experts, h), "replicated", i)]
+    if spec.moe_router_logit_bias:
+        out.append(Param(p + "router.bias", (spec.num_experts,), "replicated", i))
     if spec.moe_router_bias:
         out.append(Param(p + "router.expert_bias", (spec.num_experts,), "replicated", i))
+    bias = spec.has_mlp_bias
     for e in range(spec.num_experts):
         if spec.gated_mlp:
             out.append(Param(f"{p}experts.{e}.gate.weight", (ffn, h), "column", i, e))
+            if bias:
+                out.append(Param(f"{p}experts.{e}.gate.bias", (ffn,), "column", i, e))
         out.append(Param(f"{p}experts.{e}.up.weight", (ffn, h), "column", i, e))
+        if bias:
+            out.append(Param(f"{p}experts.{e}.up.bias", (ffn,), "column", i, e))
         out.append(Param(f"{p}experts.{e}.down.weight", (h, ffn), "row", i, e))
+        if bias:
+            out.append(Param(f"{p}experts.{e}.down.bias", (h,), "replicated", i, e))
     if spec.shared_expert_ffn_hidden is not None:
         s = spec.shared_expert_ffn_hidden
         if spec.gated_mlp:

@@ -21,7 +21,10 @@ NORMS = ("layernorm", "rmsnorm")
 # gelu = exact erf GeLU (HF "gelu", Megatron default); gelu_tanh = tanh approximation
 # (HF "gelu_new", Megatron --openai-gelu / bias-gelu fusion); swiglu = SiLU(gate) * up.
 # geglu_tanh = gelu_tanh(gate) * up (Gemma's GeGLU, HF hidden_activation "gelu_pytorch_tanh").
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh")
+# quick_geglu = gate * sigmoid(1.702 * gate) * (up + glu_linear_offset), gate and up clamped by glu_clamp (gpt-oss's
+# experts: HF GptOssExperts._apply_gate with swiglu_alpha 1.702; megatron-core --quick-geglu).
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh", "quick_geglu")
+QUICK_GELU_ALPHA = 1.702  # megatron-core's quick_gelu (fusions/fused_bias_geglu.py) and GptOssConfig.swiglu_alpha
 POSITIONS = ("learned", "rope")
 DTYPES = ("float32", "bfloat16", "float16")
 # Sane bounds, so that a hostile or mistyped description fails here, before anything is sized by it:
@@ -31,7 +34,7 @@ MAX_SIZE = 2**31 - 1
 INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
               "max_positions")
 BOOL_FIELDS = ("tied_embeddings", "qkv_bias", "linear_bias", "qk_norm", "pre_norm", "post_norm", "norm_zero_centered",
-               "embed_scale")
+               "embed_scale", "attn_sinks", "moe_router_logit_bias")
 # What one q/k norm weight covers: each head's head_dim values, shared by the heads (Qwen3, Gemma 3), or the
 # whole projection, heads * head_dim values with a weight each (OLMo 2: RMS over all of a token's q or k).
 QK_NORM_SCOPES = ("head", "projection")
@@ -124,6 +127,16 @@ class ModelSpec:
     sliding_layers: list | None = None
     # Gemma 3: the sliding layers' own rope base, without rope_scaling (which then applies to the other layers)
     rope_local_base: float | None = None
+    # gpt-oss's facts.  attn_sinks: a learned logit per head (`layers.N.attn.sinks`) joins each row of attention
+    # scores in the softmax and is dropped after it (HF `self_attn.sinks`, megatron-core softmax_type learnable);
+    # moe_router_logit_bias: the router linear has a bias added to its logits (`mlp.router.bias`), unlike
+    # moe_router_bias (DeepSeek's choice-only correction); glu_clamp: a gated MLP's gate clamped above at this value
+    # and its up both ways; glu_linear_offset: added to up before the product.  A MoE model with MLP biases
+    # (has_mlp_bias) has biases on every routed expert's gate, up and down.
+    attn_sinks: bool = False
+    moe_router_logit_bias: bool = False
+    glu_clamp: float | None = None
+    glu_linear_offset: float = 0.0
 
     def __post_init__(self):
         for message in _problems(self):
@@ -131,7 +144,7 @@ class ModelSpec:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.activation in ("swiglu", "geglu_tanh")
+        return self.activation in ("swiglu", "geglu_tanh", "quick_geglu")
 
     def is_sliding_layer(self, i: int) -> bool:
         """Whether global layer `i` attends within sliding_window."""
@@ -289,6 +302,14 @@ def _problems(spec: ModelSpec):
         yield f"rope_local_base must be a positive number or None, got {spec.rope_local_base!r}"
     if spec.pre_norm is False and spec.post_norm is False:
         yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
+    if spec.glu_clamp is not None and not (_is_number(spec.glu_clamp) and spec.glu_clamp > 0):
+        yield f"glu_clamp must be a positive number or None, got {spec.glu_clamp!r}"
+    if not _is_number(spec.glu_linear_offset):
+        yield f"glu_linear_offset must be a number, got {spec.glu_linear_offset!r}"
+    if (spec.glu_clamp is not None or spec.glu_linear_offset != 0.0) and spec.activation != "quick_geglu":
+        yield "glu_clamp and glu_linear_offset need activation=quick_geglu"
+    if spec.attn_sinks and spec.is_mla:
+        yield "attn_sinks are per attention head of q/k/v attention, not multi-latent attention"
     yield from moe_problems(spec)
     yield from mla_problems(spec)
     yield from mtp_problems(spec)
@@ -308,7 +329,8 @@ OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sl
                    "rope_interleave": False, "mtp_layers": 0, "mtp_loss_weight": 0.1,
                    "pre_norm": True, "post_norm": False, "qk_norm_scope": "head", "norm_zero_centered": False,
                    "embed_scale": False, "softmax_scale": None, "attn_softcap": None, "logit_softcap": None,
-                   "sliding_layers": None, "rope_local_base": None,
+                   "sliding_layers": None, "rope_local_base": None, "attn_sinks": False,
+                   "moe_router_logit_bias": False, "glu_clamp": None, "glu_linear_offset": 0.0,
                    "attention_dropout": None, "hidden_dropout": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_GROUP_SCORES = ("top2", "max")
@@ -319,7 +341,7 @@ def moe_problems(spec: ModelSpec):
     moe_fields = ("moe_topk", "moe_ffn_hidden", "moe_layers", "shared_expert_ffn_hidden")
     if spec.num_experts is None:
         named = [f for f in moe_fields if getattr(spec, f) is not None] + \
-            [f for f in ("moe_router_bias", "shared_expert_gate") if getattr(spec, f)]
+            [f for f in ("moe_router_bias", "shared_expert_gate", "moe_router_logit_bias") if getattr(spec, f)]
         named += [f for f in ("moe_groups", "moe_group_topk", "moe_group_score") if getattr(spec, f) is not None]
         if spec.moe_routed_scaling != 1.0:
             named.append("moe_routed_scaling")
@@ -341,6 +363,8 @@ def moe_problems(spec: ModelSpec):
         yield f"shared_expert_ffn_hidden must be a positive integer, got {spec.shared_expert_ffn_hidden!r}"
     if spec.shared_expert_gate and spec.shared_expert_ffn_hidden is None:
         yield "shared_expert_gate needs shared_expert_ffn_hidden"
+    if spec.shared_expert_ffn_hidden is not None and spec.has_mlp_bias:
+        yield "a shared expert with biases is not supported (routed experts with biases are: gpt-oss)"
     if spec.moe_router_score not in MOE_ROUTER_SCORES:
         yield f"moe_router_score must be one of {MOE_ROUTER_SCORES}, got {spec.moe_router_score!r}"
     if not _is_number(spec.moe_aux_loss_coeff) or spec.moe_aux_loss_coeff < 0:
@@ -429,6 +453,8 @@ LONGROPE_KEYS = ("type", "short_factor", "long_factor", "original_max_positions"
 # YaRN (DeepSeek-V2/V3 long context): frequencies interpolated between beta_fast and beta_slow rotations, the
 # attention scaled by mscale / mscale_all_dim (0: not given; transformers' yarn rope and DeepSeek's yarn_get_mscale)
 YARN_KEYS = ("type", "factor", "original_max_positions", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+# and optionally "truncate": False (gpt-oss): the correction range's ends kept fractional instead of floor / ceil
+# (transformers' rope_parameters `truncate`, megatron-core's yarn_correction_range_round_to_int); absent: truncated
 
 
 def rope_scaling_problems(scaling, head_dim: int | None = None):
@@ -438,7 +464,9 @@ def rope_scaling_problems(scaling, head_dim: int | None = None):
         if sorted(scaling) != ["factor", "type"] or not (_is_number(scaling["factor"]) and scaling["factor"] > 0):
             yield f"linear rope_scaling must be {{type, factor > 0}}, got {scaling!r}"
     elif isinstance(scaling, dict) and scaling.get("type") == "yarn":
-        if sorted(scaling) != sorted(YARN_KEYS):
+        if scaling.get("truncate", False) is not False:
+            yield f"yarn rope_scaling truncate is only ever stated false (absent: truncated), got {scaling['truncate']!r}"
+        elif sorted(k for k in scaling if k != "truncate") != sorted(YARN_KEYS):
             yield f"rope_scaling must have exactly the keys {list(YARN_KEYS)}, got {scaling!r}"
         elif not all(_is_number(scaling[k]) and scaling[k] > 0 for k in YARN_KEYS[1:5]):
             yield f"yarn rope_scaling factor, original_max_positions and betas must be positive numbers, got {scaling!r}"
@@ -455,11 +483,14 @@ def rope_scaling_problems(scaling, head_dim: int | None = None):
 
 
 def yarn_rope_scaling(factor: float, original_max_positions: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
-                      mscale: float = 0.0, mscale_all_dim: float = 0.0) -> dict:
+                      mscale: float = 0.0, mscale_all_dim: float = 0.0, truncate: bool = True) -> dict:
     """A YaRN rope_scaling fact; the betas default to the paper's (and transformers') 32 and 1."""
-    return {"type": "yarn", "factor": float(factor), "original_max_positions": int(original_max_positions),
-            "beta_fast": float(beta_fast), "beta_slow": float(beta_slow), "mscale": float(mscale),
-            "mscale_all_dim": float(mscale_all_dim)}
+    out = {"type": "yarn", "factor": float(factor), "original_max_positions": int(original_max_positions),
+           "beta_fast": float(beta_fast), "beta_slow": float(beta_slow), "mscale": float(mscale),
+           "mscale_all_dim": float(mscale_all_dim)}
+    if not truncate:
+        out["truncate"] = False
+    return out
 
 
 def _longrope_problems(scaling: dict, head_dim: int | None):

@@ -2,9 +2,9 @@
 
 A config (or a manifest) that asks for far more weights than the checkpoint's files can hold is
 wrong or hostile: converting it would allocate what it asks (tens of GB for 100,000,000 layers)
-before failing.  Every weight is stored at least once in at least 1 byte (block-scaled float8, the
-narrowest dtype the formats here hold: DeepSeek-V3's release), so the files must hold at least 1 byte
-per parameter.
+before failing.  Every weight is stored at least once in at least half a byte (MXFP4, two FP4 values a byte:
+gpt-oss's release; block-scaled float8, DeepSeek-V3's, takes 1), so the files must hold at least 1 byte per two
+parameters.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .errors import InteropError
 from .params import layer_params
 from .spec import ModelSpec
 
-MIN_BYTES_PER_WEIGHT = 1
+WEIGHTS_PER_BYTE = 2  # the narrowest stored weight: MXFP4's 4 bits
 
 
 def min_parameter_count(spec: ModelSpec) -> int:
@@ -53,7 +53,7 @@ def bytes_on_disk(path, enough: int | None = None) -> int:
 
 def check_weights_on_disk(spec: ModelSpec, src) -> None:
     """Refuse a description of more weights than the files under `src` can hold."""
-    need = min_parameter_count(spec) * MIN_BYTES_PER_WEIGHT
+    need = -(-min_parameter_count(spec) // WEIGHTS_PER_BYTE)
     have = bytes_on_disk(src, enough=need)
     if have < need:
         raise InteropError(

@@ -6,7 +6,9 @@ one row here.
 """
 from __future__ import annotations
 
-# canonical name suffix -> (ModelSpec fact, the formats whose tables hold its tensors)
+from fnmatch import fnmatchcase
+
+# canonical name suffix (`*` matches any part: an expert's number) -> (ModelSpec fact, the formats holding its tensors)
 FACT_OF_TENSOR = {
     ".attn_post_norm.weight": ("post_norm", "hf (olmo2, gemma2), megatron (megatron-core names), interop"),
     ".attn_post_norm.bias": ("post_norm", "megatron (megatron-core names), interop"),
@@ -16,6 +18,10 @@ FACT_OF_TENSOR = {
                                        "mindspore --dialect mindformers-mcore, interop"),
     ".attn.k_norm.weight": ("qk_norm", "hf (qwen3, qwen3_moe, olmo2), megatron (megatron-core names), "
                                        "mindspore --dialect mindformers-mcore, interop"),
+    ".attn.sinks": ("attn_sinks", "hf (gpt_oss), megatron (megatron-core names), interop"),
+    ".mlp.router.bias": ("moe_router_logit_bias", "hf (gpt_oss), megatron (megatron-core names), interop"),
+    ".mlp.experts.*.bias": ("has_mlp_bias (biased experts)", "hf (gpt_oss), megatron (megatron-core names, "
+                                                             "sequential or te_grouped experts), interop"),
 }
 
 
@@ -23,6 +29,6 @@ def no_place(where: str, name: str) -> str | None:
     """`where` (e.g. "MindSpore mindspeed names") has no row for canonical tensor `name`: the line that says the
     fact and its holders, or None for a tensor no fact here brings."""
     for suffix, (fact, holders) in FACT_OF_TENSOR.items():
-        if name.endswith(suffix):
+        if fnmatchcase(name, "*" + suffix):
             return f"{where} have no place for {name}: the model's {fact} is held by {holders}"
     return None

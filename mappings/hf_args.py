@@ -46,8 +46,7 @@ TRAINING_KEYS = {
 # model_args' values that are Megatron's implementation, not the model a config.json states (Megatron
 # pads the vocabulary itself; the activation is said once, as interop's derived `activation`).
 NOT_IN_CONFIG = {"padded_vocab_size", "swiglu", "openai_gelu", "bias_gelu_fusion", "bias_swiglu_fusion",
-                 "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent", "rotary_interleaved",
-                 "window_attn_skip_freq"}
+                 "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent", "rotary_interleaved"}
 # moe_args' values that are the parallel layout, not the model.
 MOE_LAYOUT = {"expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel"}
 def held(full: dict) -> set:
@@ -172,7 +171,8 @@ def _readable(doc: dict, model_type: str) -> tuple[dict, list[tuple]]:
     doc, notes = dict(doc), []
     rope = doc.get("rope_parameters") if isinstance(doc.get("rope_parameters"), dict) else doc.get("rope_scaling")
     kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if kind not in ("default", "llama3") and not (kind == "yarn" and model_type in DEEPSEEK_TYPES):
+    yarn_held = model_type in DEEPSEEK_TYPES or HF_FAMILIES.get(model_type, {}).get("yarn")  # gpt_oss: Bridge's fields
+    if kind not in ("default", "llama3") and not (kind == "yarn" and yarn_held):
         notes.append(("rope_parameters", rope, f"rope type {kind!r} has no Megatron equivalent"))
         doc.pop("rope_scaling", None)
         doc["rope_parameters"] = {k: v for k, v in rope.items() if k == "rope_theta"}

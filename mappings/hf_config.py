@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..errors import InteropError
-from ..spec import ModelSpec, llama3_rope_scaling, longrope_scaling
+from ..spec import QUICK_GELU_ALPHA, ModelSpec, llama3_rope_scaling, longrope_scaling
 from . import hf_deepseek
 
 # (spec field, config key, default)
@@ -151,6 +151,15 @@ HF_FAMILIES = {
                                                            "tied_embeddings": True},
                     "norms": "sandwich", "gemma": {"attn_logit_softcapping": None, "final_logit_softcapping": None},
                     "rope_per_layer_type": True, "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/gpt_oss (GptOssConfig, GptOssAttention's `sinks` joined to the softmax, GptOssTopKRouter
+    # F.linear with bias then softmax over the top-k logits, GptOssExperts with biases and _apply_gate's clamped
+    # quick GeLU, `layer_types`, yarn rope_parameters): every layer MoE, q/k/v/o biased by attention_bias (default true)
+    "gpt_oss": {"architecture": "GptOssForCausalLM", "biases": "attention_bias", "qk_norm": False,
+                "sliding": "layer_types", "defaults": {"vocab": 201088, "hidden": 2880, "ffn_hidden": 2880,
+                                                       "num_layers": 36, "heads": 64, "kv_groups": 8,
+                                                       "max_positions": 131072, "norm_eps": 1e-5},
+                "moe": "gpt_oss", "rope_theta": 150000.0, "attention_bias": True, "expert_bias": True,
+                "sinks": True, "clamped_glu": True, "yarn": True, "window": 128},
 }
 # Where the norms sit, per HF_FAMILIES "norms": ModelSpec (pre_norm, post_norm).
 NORM_PLACES = {"pre": (True, False), "post": (False, True), "sandwich": (True, True)}
@@ -170,9 +179,12 @@ MOE_KEYS = {
     "qwen3_moe": [("num_experts", "num_experts", 128), ("moe_topk", "num_experts_per_tok", 8),
                   ("moe_ffn_hidden", "moe_intermediate_size", 768), ("moe_norm_topk", "norm_topk_prob", False),
                   ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
+    "gpt_oss": [("num_experts", "num_local_experts", 128), ("moe_topk", "num_experts_per_tok", 4),
+                ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
 }
 # MoE config keys that describe training, not the model: kept for HF output (Reader.carried), named otherwise.
 MOE_TRAINING_KEYS = {"mixtral": {"output_router_logits": False, "router_jitter_noise": 0.0},
+                     "gpt_oss": {"output_router_logits": False},
                      "qwen2_moe": {"output_router_logits": False}, "qwen3_moe": {"output_router_logits": False},
                      **{model_type: hf_deepseek.TRAINING_KEYS for model_type in hf_deepseek.COMMON}}
 # HF rope_parameters keys of the llama3 rope type <-> ModelSpec.rope_scaling keys.
@@ -184,7 +196,7 @@ LLAMA3_ROPE_KEYS = {"factor": "factor", "low_freq_factor": "low_freq_factor", "h
 GPT2_READS = ("model_type", "n_inner", "activation_function", *GPT2_UNSUPPORTED)
 LLAMA_READS = ("model_type", "hidden_act", "num_key_value_heads", "head_dim", "rope_theta", "rope_parameters",
                "rope_scaling", "attention_bias", "mlp_bias", "qkv_bias", "sliding_window", "use_sliding_window",
-               "decoder_sparse_step", "mlp_only_layers")
+               "decoder_sparse_step", "mlp_only_layers", "layer_types", "swiglu_alpha", "swiglu_limit")
 
 
 def config_keys(model_type: str) -> set:
@@ -233,7 +245,8 @@ def _rope_scaling(config: dict, rope: dict, where: str):
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
-    if kind == "yarn" and config.get("model_type") in hf_deepseek.COMMON:
+    if kind == "yarn" and (config.get("model_type") in hf_deepseek.COMMON
+                           or HF_FAMILIES.get(config.get("model_type"), {}).get("yarn")):
         return hf_deepseek.yarn_from_config(scaling, where)
     if kind == "linear":
         factor = scaling.get("factor")
@@ -268,9 +281,16 @@ def _gemma_fields(config: dict, f: dict, where: str, defaults: dict) -> dict:
         caps[field] = None if value is None else float(value)
     if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or scalar <= 0:
         raise InteropError(f"{where}: query_pre_attn_scalar must be a positive number, got {scalar!r}")
-    window = _optional_int(config, "sliding_window", where) if "sliding_window" in config else 4096
+    return dict(activation=GEMMA_ACTIVATIONS[act], norm_zero_centered=True, embed_scale=True,
+                softmax_scale=float(scalar) ** -0.5, **_layer_windows(config, f, where, 4096), **caps)
+
+
+def _layer_windows(config: dict, f: dict, where: str, default_window: int) -> dict:
+    """sliding_window on the layers `layer_types` names "sliding_attention" (the config classes' default: every
+    other layer from the first, Gemma2Config's and GptOssConfig's)."""
+    window = _optional_int(config, "sliding_window", where) if "sliding_window" in config else default_window
     types = config.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
-                                          for i in range(f["num_layers"])]  # Gemma2Config's default
+                                          for i in range(f["num_layers"])]
     if not isinstance(types, list) or len(types) != f["num_layers"] or not set(types) <= {"sliding_attention",
                                                                                           "full_attention"}:
         raise InteropError(f"{where}: layer_types must list sliding_attention / full_attention per layer, got {types!r}")
@@ -279,8 +299,19 @@ def _gemma_fields(config: dict, f: dict, where: str, defaults: dict) -> dict:
         window, sliding = None, None
     elif len(sliding) == len(types):
         sliding = None
-    return dict(activation=GEMMA_ACTIVATIONS[act], norm_zero_centered=True, embed_scale=True,
-                softmax_scale=float(scalar) ** -0.5, sliding_window=window, sliding_layers=sliding, **caps)
+    return dict(sliding_window=window, sliding_layers=sliding)
+
+
+def _clamped_glu_fields(config: dict, where: str) -> dict:
+    """gpt-oss's experts' activation: swiglu_alpha (transformers' _apply_gate gain; megatron-core's quick_gelu fixes
+    1.702) and swiglu_limit (the clamp), with up + 1 (glu_linear_offset)."""
+    alpha, limit = config.get("swiglu_alpha", QUICK_GELU_ALPHA), config.get("swiglu_limit", 7.0)
+    if alpha != QUICK_GELU_ALPHA:
+        raise InteropError(f"{where}: swiglu_alpha={alpha!r} is not supported ({QUICK_GELU_ALPHA}, quick GeLU's gain "
+                           "as megatron-core fixes it, is)")
+    if limit is not None and (not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0):
+        raise InteropError(f"{where}: swiglu_limit must be a positive number or null, got {limit!r}")
+    return dict(activation="quick_geglu", glu_clamp=None if limit is None else float(limit), glu_linear_offset=1.0)
 
 
 def _gemma_config(spec: ModelSpec) -> dict:
@@ -330,6 +361,9 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         gemma = _gemma_fields(config, f, where, family["gemma"])
     elif config.get("hidden_act", "silu") != "silu":
         raise InteropError(f"{where}: hidden_act {config['hidden_act']!r} is not supported (silu is)")
+    elif family.get("clamped_glu"):  # gpt-oss: the sliding layers, the sinks and the experts' clamped GeLU
+        gemma = {**_clamped_glu_fields(config, where), **_layer_windows(config, f, where, family["window"]),
+                 "attn_sinks": True}
     else:
         gemma = {}
     moe = _moe_fields(config, family, f, where) if family.get("moe") else {}
@@ -356,8 +390,8 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
     elif family["biases"] == "none":
         qkv_bias, linear_bias, mlp_bias = False, False, None
     else:
-        attention_bias = bool(config.get("attention_bias", False))
-        mlp = bool(config.get("mlp_bias", False))
+        attention_bias = bool(config.get("attention_bias", family.get("attention_bias", False)))
+        mlp = bool(config.get("mlp_bias", family.get("expert_bias", False)))
         qkv_bias, linear_bias = attention_bias, attention_bias  # attention_bias is q, k, v and o
         mlp_bias = None if mlp == attention_bias else mlp
     partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
@@ -377,7 +411,7 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         **dict(zip(("pre_norm", "post_norm"), NORM_PLACES[family.get("norms", "pre")])),
         rope_scaling=_rope_scaling(config, rope, where),
         rope_local_base=None if local_base is None else float(local_base),
-        **({} if family.get("gemma") else {"sliding_window": _sliding_window(config, family, where)}),
+        **({} if family["sliding"] == "layer_types" else {"sliding_window": _sliding_window(config, family, where)}),
         attention_dropout=config.get("attention_dropout", 0.0), hidden_dropout=0.0,  # no other dropout in these
         dtype=dtype, **f, **moe, **gemma)
 
@@ -397,8 +431,10 @@ def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
     if out["moe_aux_loss_coeff"] < 0:
         raise InteropError(f"{where}: router_aux_loss_coef must be >= 0, got {out['moe_aux_loss_coeff']!r}")
     out["moe_aux_loss_coeff"] = float(out["moe_aux_loss_coeff"])
-    if kind == "mixtral":  # every layer is MoE; the router always renormalises its top-k
+    if kind in ("mixtral", "gpt_oss"):  # every layer is MoE; the router always renormalises its top-k
         out["moe_ffn_hidden"] = f["ffn_hidden"]
+        if kind == "gpt_oss":  # GptOssTopKRouter: F.linear(x, weight, bias)
+            out["moe_router_logit_bias"] = True
         return out
     if kind == "qwen2_moe":
         out["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock always has shared_expert_gate [1, hidden]
@@ -421,6 +457,8 @@ def hf_family(spec: ModelSpec) -> str:
     """The HF model_type that holds this Llama-style model: the one whose facts match it."""
     if spec.is_mla:
         return hf_deepseek.family(spec)
+    if spec.attn_sinks or spec.moe_router_logit_bias or spec.activation == "quick_geglu":
+        return "gpt_oss"
     if spec.is_moe:
         if spec.shared_expert_ffn_hidden is not None:
             return "qwen2_moe"
@@ -444,7 +482,7 @@ def hf_family(spec: ModelSpec) -> str:
 # What each HF architecture can express; a spec outside it would load as a different model.
 HF_SHAPES = {
     "gpt2": {"norm": ("layernorm",), "position": ("learned",), "activation": ("gelu", "gelu_tanh")},
-    "llama": {"norm": ("rmsnorm",), "position": ("rope",), "activation": ("swiglu", "geglu_tanh")},
+    "llama": {"norm": ("rmsnorm",), "position": ("rope",), "activation": ("swiglu", "geglu_tanh", "quick_geglu")},
 }
 
 
@@ -489,8 +527,9 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
                               ("rope_interleave", False)):  # DeepSeek's facts, held by its classes only
             if getattr(spec, field) != absent:
                 refuse(field, f"HF {model_type} cannot hold {field}={getattr(spec, field)}")
-        if spec.rope_scaling is not None and spec.rope_scaling["type"] == "yarn":
-            refuse("rope_scaling", f"HF {model_type} cannot hold yarn rope scaling (DeepSeek's classes do)")
+        if spec.rope_scaling is not None and spec.rope_scaling["type"] == "yarn" and not family.get("yarn"):
+            refuse("rope_scaling", f"HF {model_type} cannot hold yarn rope scaling (DeepSeek's classes and "
+                                   f"{', '.join(t for t, f in HF_FAMILIES.items() if f.get('yarn'))} do)")
         config = {**family.get("unset", {}), "architectures": [family["architecture"]], "model_type": model_type,
                   "hidden_act": "silu",
                   "num_key_value_heads": spec.kv_groups, "head_dim": spec.head_dim,
@@ -503,7 +542,9 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
             config["attention_bias"] = spec.qkv_bias
             if model_type == "llama":
                 config["mlp_bias"] = spec.has_mlp_bias
-            elif spec.has_mlp_bias:
+            elif family.get("expert_bias") and not spec.has_mlp_bias:
+                refuse("mlp_bias", f"HF {model_type}'s experts always have biases; this model's have none")
+            elif spec.has_mlp_bias and not family.get("expert_bias"):
                 refuse("mlp_bias", f"HF {model_type} has no MLP biases; this model has them")
         elif family["biases"] == "none" and (spec.qkv_bias or spec.linear_bias or spec.has_mlp_bias):
             refuse("qkv_bias" if spec.qkv_bias else "linear_bias", f"HF {model_type} has no biases; this model has them")
@@ -526,6 +567,15 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
         if spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear" and \
                 not family.get("rope_per_layer_type"):
             refuse("rope_scaling", f"HF {model_type}: interop writes linear rope scaling for gemma3_text only")
+        if family.get("clamped_glu"):
+            config.update(swiglu_alpha=QUICK_GELU_ALPHA, swiglu_limit=spec.glu_clamp)
+            if spec.glu_linear_offset != 1.0:
+                refuse("glu_linear_offset", f"HF {model_type} adds 1 to up (glu_linear_offset 1.0); this model adds "
+                                            f"{spec.glu_linear_offset}")
+        if family["sliding"] == "layer_types" and not family.get("gemma"):
+            config["sliding_window"] = spec.sliding_window
+            config["layer_types"] = ["sliding_attention" if spec.is_sliding_layer(i) else "full_attention"
+                                     for i in range(spec.num_layers)]
         if family["sliding"] == "model":
             config["sliding_window"] = spec.sliding_window
         elif family["sliding"] == "per_layer":
@@ -541,7 +591,7 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
         if config.get("model_type") != "phi3":
             refuse("rope_scaling", f"HF {config.get('model_type')} cannot hold longrope scaling (phi3 can: --family phi3)")
         config["original_max_position_embeddings"] = spec.rope_scaling["original_max_positions"]
-    if config.get("model_type") == "mixtral":  # its experts are its MLP: intermediate_size is their width
+    if config.get("model_type") in ("mixtral", "gpt_oss"):  # its experts are its MLP: intermediate_size is their width
         config["intermediate_size"] = spec.moe_ffn_hidden
     config["torch_dtype"] = spec.dtype
     return config
@@ -556,6 +606,14 @@ def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
         where = {(True, False): "before", (False, True): "after", (True, True): "before and after"}
         refuse("post_norm", f"HF {model_type} cannot hold norms {where[(spec.pre_norm, spec.post_norm)]} attention "
                             f"and MLP ({', '.join(holders) or 'no HF family here'} can)")
+    holders = [t for t, f in HF_FAMILIES.items() if f.get("sinks")]  # gpt_oss: its three facts come together
+    for fact, has in (("attn_sinks", spec.attn_sinks), ("activation", spec.activation == "quick_geglu"),
+                      ("moe_router_logit_bias", spec.moe_router_logit_bias)):
+        what = "activation=quick_geglu" if fact == "activation" else fact
+        if has and not family.get("sinks"):
+            refuse(fact, f"HF {model_type} cannot hold {what} ({', '.join(holders)} can)")
+        elif family.get("sinks") and not has:
+            refuse(fact, f"HF {model_type} always has {what}; this model has not")
     gemma = bool(family.get("gemma"))
     gemma_facts = {"norm_zero_centered": spec.norm_zero_centered, "embed_scale": spec.embed_scale,
                    "activation": spec.activation == "geglu_tanh"}
@@ -567,6 +625,8 @@ def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
             refuse(fact, f"HF {model_type} always has {what}; this model has not")
     if not gemma:
         for fact in ("softmax_scale", "attn_softcap", "logit_softcap", "sliding_layers"):
+            if fact == "sliding_layers" and family.get("sliding") == "layer_types":
+                continue
             if getattr(spec, fact) is not None:
                 refuse(fact, f"HF {model_type} cannot hold {fact}={getattr(spec, fact)} (gemma2, gemma3_text can)")
     scope = family.get("qk_norm_scope", "head")
@@ -596,6 +656,14 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
                                     "--renormalize-topk writes HF Mixtral anyway, with a note of the changed rule)")
         if spec.moe_layers is not None:
             cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
+    elif model_type == "gpt_oss":  # GptOssTopKRouter: softmax of the top-k logits; every layer MoE, no shared one
+        if not spec.moe_norm_topk:
+            cannot("moe_norm_topk", "top-k probabilities left unnormalised (gpt-oss's router takes the softmax of "
+                                    "the top-k logits)")
+        if spec.moe_layers is not None:
+            cannot("moe_layers", f"dense layers (only {spec.moe_layers} are MoE)")
+        if spec.shared_expert_ffn_hidden is not None:
+            cannot("shared_expert_ffn_hidden", "a shared expert")
     elif model_type == "qwen3_moe":
         if spec.shared_expert_ffn_hidden is not None:
             cannot("shared_expert_ffn_hidden", "a shared expert")
@@ -610,8 +678,10 @@ def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
 
 
 def _rope_parameters(spec: ModelSpec) -> dict:
-    if spec.rope_scaling is None or spec.rope_scaling["type"] == "yarn":  # yarn: DeepSeek's classes only
+    if spec.rope_scaling is None:
         return {"rope_theta": spec.rope_base, "rope_type": "default"}
+    if spec.rope_scaling["type"] == "yarn":  # written for the families that hold it (gpt_oss)
+        return hf_deepseek.rope_parameters(spec)
     if spec.rope_scaling["type"] == "linear":
         return {"rope_theta": spec.rope_base, "rope_type": "linear", "factor": spec.rope_scaling["factor"]}
     if spec.rope_scaling["type"] == "longrope":

@@ -131,8 +131,9 @@ def yarn_from_config(scaling: dict, where: str) -> dict:
     """ModelSpec.rope_scaling from a yarn rope_parameters / rope_scaling object."""
     if scaling.get("attention_factor") is not None:
         raise InteropError(f"{where}: yarn attention_factor is not supported (it is derived from mscale)")
-    if scaling.get("truncate", True) is not True:
-        raise InteropError(f"{where}: yarn truncate=false is not supported")
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise InteropError(f"{where}: yarn truncate must be true or false, got {truncate!r}")
     if scaling.get("factor") is None or scaling.get("original_max_position_embeddings") is None:
         raise InteropError(f"{where}: yarn rope scaling needs factor and original_max_position_embeddings")
     values = {ours: scaling.get(hf) if scaling.get(hf) is not None else YARN_DEFAULTS.get(ours)
@@ -140,7 +141,7 @@ def yarn_from_config(scaling: dict, where: str) -> dict:
     bad = [k for k, v in values.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
     if bad:
         raise InteropError(f"{where}: yarn rope scaling {bad[0]} must be a number, got {values[bad[0]]!r}")
-    return yarn_rope_scaling(**values)
+    return yarn_rope_scaling(**values, truncate=truncate)
 
 
 def rope_parameters(spec: ModelSpec) -> dict:
@@ -151,6 +152,8 @@ def rope_parameters(spec: ModelSpec) -> dict:
         out["rope_type"] = scaling["type"]
         out.update({hf: scaling[ours] for hf, ours in YARN_KEYS.items()
                     if not (ours in ("mscale", "mscale_all_dim") and scaling[ours] == 0)})
+        if "truncate" in scaling:
+            out["truncate"] = scaling["truncate"]
     return out
 
 

@@ -9,7 +9,7 @@ transformers 5's in-memory MoE experts; read only).
 names are absent from the model (a bias it does not have, the head of a tied model, an
 expert row on a dense layer) is skipped.
 """
-from ..transforms import Copy, GatedMLP, PlainConcat, Stack, Transpose
+from ..transforms import Copy, GatedMLP, InterleavedExperts, PlainConcat, Stack, Transpose
 
 GPT2 = [
     ("transformer.wte.weight", Copy, ["embed.word.weight"]),
@@ -150,8 +150,27 @@ MIRRORS = {"deepseek_v3": [("model.layers.{m}.embed_tokens.weight", "embed.word.
 DEEPSEEK = [("model.embed_tokens.weight", Copy, ["embed.word.weight"]), *DEEPSEEK_LAYER,
             ("model.norm.weight", Copy, ["final_norm.weight"]), ("lm_head.weight", Copy, ["lm_head.weight"])]
 
+# gpt-oss (transformers 5.24 models/gpt_oss/modeling_gpt_oss.py, as save_pretrained writes it and the bf16 hub
+# checkpoints hold it): Llama's attention with biases and `sinks` [heads], the router `mlp.router` with its bias, and
+# every expert of a layer in one tensor each (InterleavedExperts: gate_up_proj [E, h, 2f] gate/up interleaved on the
+# last axis, its bias [E, 2f] alike, down_proj [E, f, h], down_proj_bias [E, h]).  The public release's MXFP4
+# `gate_up_proj_blocks` / `_scales` (and down_proj's) are read into the same tensors (interop/transforms/mxfp4.py).
+_GATE_UP = ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]
+GPT_OSS = [row for row in LLAMA if ".mlp." not in row[0]]
+GPT_OSS[GPT_OSS.index(("model.layers.{i}.self_attn.o_proj.bias", Copy, ["layers.{i}.attn.o.bias"])) + 1:0] = [
+    ("model.layers.{i}.self_attn.sinks", Copy, ["layers.{i}.attn.sinks"]),
+]
+GPT_OSS[GPT_OSS.index(("model.layers.{i}.post_attention_layernorm.weight", Copy, ["layers.{i}.mlp_norm.weight"])) + 1:0] = [
+    ("model.layers.{i}.mlp.router.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("model.layers.{i}.mlp.router.bias", Copy, ["layers.{i}.mlp.router.bias"]),
+    ("model.layers.{i}.mlp.experts.gate_up_proj", InterleavedExperts, _GATE_UP),
+    ("model.layers.{i}.mlp.experts.gate_up_proj_bias", InterleavedExperts, [n.replace(".weight", ".bias") for n in _GATE_UP]),
+    ("model.layers.{i}.mlp.experts.down_proj", InterleavedExperts, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("model.layers.{i}.mlp.experts.down_proj_bias", InterleavedExperts, ["layers.{i}.mlp.experts.{e}.down.bias"]),
+]
+
 # Qwen3-MoE (transformers 5.23 models/qwen3_moe: Qwen3MoeSparseMoeBlock): Qwen2-MoE's router and experts, no shared one.
-TABLES = {"gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "gemma2": POST_NORMS, "gemma3_text": POST_NORMS, "phi3": PHI3, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
+TABLES = {"gpt_oss": GPT_OSS, "gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "gemma2": POST_NORMS, "gemma3_text": POST_NORMS, "phi3": PHI3, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
           "qwen3_moe": LLAMA + QWEN2_MOE[:4], "deepseek_v3": DEEPSEEK + DEEPSEEK_MTP, "deepseek_v2": DEEPSEEK}
 
 # transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with
@@ -164,7 +183,7 @@ STACKED_EXPERTS = [
     ("model.layers.{i}.mlp.experts.down_proj", Stack, ["layers.{i}.mlp.experts.{e}.down.weight"]),
 ]
 _DEEPSEEK_UNSTACKED = [row for row in DEEPSEEK if ".experts.{e}." not in row[0] and ".mlp.gate.weight" not in row[0]]
-STACKED_TABLES = {"mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:],
+STACKED_TABLES = {"gpt_oss": GPT_OSS, "mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:],
                   "qwen3_moe": LLAMA + STACKED_EXPERTS, "deepseek_v2": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS,
                   "deepseek_v3": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS + DEEPSEEK_MTP}
 STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart

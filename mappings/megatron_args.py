@@ -868,6 +868,16 @@ COMPUTED_ARGS = [
     # rope_scaling_factor for the global layers' linear scaling)
     COMPUTED("rotary_base_local", FLOAT, None, origin="bridge"),  # the sliding layers' rope base
     COMPUTED("rope_linear_factor", FLOAT, None, origin="bridge"),  # linear rope scaling (positions / factor)
+    # gpt-oss's YaRN on a GPT model (not multi-latent attention): GPTModelProvider's fields that Megatron-Bridge's
+    # models/gpt_oss/gpt_oss_bridge.py sets with position_embedding_type "yarn" (Megatron-LM's
+    # --position-embedding-type has no yarn; its --rope-type yarn is multi-latent attention's)
+    COMPUTED("yarn_rotary_scaling_factor", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_original_max_position_embeddings", INT, None, origin="bridge"),
+    COMPUTED("yarn_beta_fast", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_beta_slow", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_mscale", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_mscale_all_dim", FLOAT, None, origin="bridge"),
+    COMPUTED("yarn_correction_range_round_to_int", TRUE, True, origin="bridge"),
 ]
 
 ALL = MEGATRON + OLDER + MINDSPEED + LORA + COMPUTED_ARGS
@@ -930,6 +940,8 @@ def _micro_batch_num(a):
 def _activation(a):
     if a["swiglu"]:
         return "swiglu"
+    if a["quick_geglu"]:  # arguments.py: quick_gelu gated (gpt-oss's experts, with the clamp and the offset)
+        return "quick_geglu"
     if a.get("gated_linear_unit") and (a["openai_gelu"] or a["bias_gelu_fusion"]):
         return "geglu_tanh"  # Megatron-Bridge's Gemma: gated_linear_unit with fast_gelu
     return "gelu_tanh" if a["openai_gelu"] or a["bias_gelu_fusion"] else "gelu"
@@ -939,6 +951,7 @@ def _invert_activation(v, a):
     return {"swiglu": {"swiglu": True},
             "gelu_tanh": {"swiglu": False, "openai_gelu": True},
             "geglu_tanh": {"swiglu": False, "openai_gelu": True, "gated_linear_unit": True},
+            "quick_geglu": {"swiglu": False, "quick_geglu": True},
             "gelu": {"swiglu": False, "openai_gelu": False, "bias_gelu_fusion": False}}.get(v)
 
 

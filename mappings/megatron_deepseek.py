@@ -77,7 +77,7 @@ def deepseek_args(spec: ModelSpec) -> dict:
         out.update(q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank, qk_head_dim=spec.qk_nope_head_dim,
                    qk_pos_emb_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, rope_type="rope")
     scaling = spec.rope_scaling
-    if scaling is not None and scaling["type"] == "yarn":
+    if scaling is not None and scaling["type"] == "yarn" and spec.is_mla:  # a GPT model's: megatron_spec.GPT_YARN
         out.update(rope_type="yarn", rotary_scaling_factor=scaling["factor"], mscale=scaling["mscale"],
                    mscale_all_dim=scaling["mscale_all_dim"])
         # no Megatron-LM flag states these: MindSpeed-LLM's spellings, only where they are not core's defaults
@@ -99,8 +99,6 @@ def refusals(spec: ModelSpec) -> list[str]:
     if spec.is_mla and not spec.rope_interleave:
         out.append("megatron-core's multi-latent attention rotates interleaved pairs of the rope part; this model "
                    "rotates its halves (rope_interleave false)")
-    if spec.rope_scaling is not None and spec.rope_scaling["type"] == "yarn" and not spec.is_mla:
-        out.append("megatron-core applies YaRN to multi-latent attention only")
     if spec.moe_groups is not None and (spec.moe_group_score != "top2" or spec.moe_topk != 2 * spec.moe_group_topk):
         out.append(f"megatron-core scores a group by the sum of its moe_router_topk // moe_router_group_topk best "
                    f"experts; this model's groups score {spec.moe_group_score} with top-k {spec.moe_topk} of "
@@ -111,7 +109,7 @@ def refusals(spec: ModelSpec) -> list[str]:
 def losses(spec: ModelSpec) -> list[str]:
     """YaRN values no Megatron-LM flag states (MLATransformerConfig's defaults apply)."""
     scaling = spec.rope_scaling
-    if scaling is None or scaling["type"] != "yarn":
+    if scaling is None or scaling["type"] != "yarn" or not spec.is_mla:  # a GPT model's yarn: Bridge's fields
         return []
     off = {k: scaling[k] for k, v in YARN_FIXED.items() if scaling[k] != v}
     return [f"yarn {', '.join(f'{k} {v}' for k, v in off.items())}: no Megatron-LM flag states it (written as "

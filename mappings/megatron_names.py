@@ -31,6 +31,11 @@ _QK_NORM = [
 ]
 
 
+# Attention sinks (ModelSpec.attn_sinks): megatron-core's DotProductAttention with softmax_type "learnable" holds a
+# `softmax_offset` parameter of its TP rank's heads (transformer/dot_product_attention.py, sharded on axis 0), built
+# before linear_proj; Megatron-Bridge maps HF `self_attn.sinks` to `self_attention.core_attention.softmax_offset`
+# (models/gpt_oss/gpt_oss_bridge.py).
+
 # Norms on the attention's and the MLP's output (ModelSpec.post_norm): Megatron-Bridge folds each into the row-parallel
 # linear before it, as `post_layernorm` (models/olmo2/olmo2_provider.py TERowParallelLinearPostLN, models/gemma/
 # gemma2_bridge.py / gemma3_bridge.py: `self_attention.linear_proj.post_layernorm.weight`,
@@ -61,9 +66,14 @@ def _mlp(prefix: str, fc1: str, fc2: str) -> list:
 # `expert_bias` is the router's persistent buffer (--moe-router-enable-expert-bias); `gate_weight` exists only
 # with --moe-shared-expert-gate (docs/megatron-layouts.md section 3).
 _EXPERT = ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]
+_EXPERT_B = ["layers.{i}.mlp.experts.{e}.gate.bias", "layers.{i}.mlp.experts.{e}.up.bias"]
 _SHARED = ["layers.{i}.mlp.shared.gate.weight", "layers.{i}.mlp.shared.up.weight"]
+# The router's `bias` (added to its logits) and the experts' biases exist with add_bias_linear (router.py TopKRouter,
+# experts' linear_fc1 / linear_fc2): gpt-oss, named so by Megatron-Bridge models/gpt_oss/gpt_oss_bridge.py
+# (`mlp.router.bias`, `mlp.experts.linear_fc1.bias*`, `mlp.experts.local_experts.*.linear_fc1.bias`).
 ROUTER = [
     ("decoder.layers.{i}.mlp.router.weight", Copy, ["layers.{i}.mlp.router.weight"]),
+    ("decoder.layers.{i}.mlp.router.bias", Copy, ["layers.{i}.mlp.router.bias"]),
     ("decoder.layers.{i}.mlp.router.expert_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
 ]
 SHARED_EXPERTS = [
@@ -76,7 +86,10 @@ SHARED_EXPERTS = [
 SEQUENTIAL_EXPERTS = [
     ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", GatedMLP, _EXPERT),
     ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.bias", GatedMLP, _EXPERT_B),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.bias", Copy, ["layers.{i}.mlp.experts.{e}.up.bias"]),
     ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.weight", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.bias", Copy, ["layers.{i}.mlp.experts.{e}.down.bias"]),
 ]
 # Transformer Engine's TEGroupedMLP (--moe-grouped-gemm with TE): one TE GroupedLinear per fc holding
 # `weight0..weight{E_local-1}`, each shaped like SequentialMLP's linear (megatron/core/extensions/
@@ -84,7 +97,10 @@ SEQUENTIAL_EXPERTS = [
 TE_GROUPED_EXPERTS = [
     ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", GatedMLP, _EXPERT),
     ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{j}", Copy, ["layers.{i}.mlp.experts.{e}.up.weight"]),
+    ("decoder.layers.{i}.mlp.experts.linear_fc1.bias{j}", GatedMLP, _EXPERT_B),
+    ("decoder.layers.{i}.mlp.experts.linear_fc1.bias{j}", Copy, ["layers.{i}.mlp.experts.{e}.up.bias"]),
     ("decoder.layers.{i}.mlp.experts.linear_fc2.weight{j}", Copy, ["layers.{i}.mlp.experts.{e}.down.weight"]),
+    ("decoder.layers.{i}.mlp.experts.linear_fc2.bias{j}", Copy, ["layers.{i}.mlp.experts.{e}.down.bias"]),
 ]
 # The legacy GroupedMLP (--moe-grouped-gemm without TE, or --moe-use-legacy-grouped-gemm): one tensor per fc
 # for all of an EP rank's experts (megatron/core/transformer/moe/experts.py GroupedMLP: weight1 [h, E_l*2F/tp],
@@ -102,7 +118,11 @@ EXPERT_LAYOUTS = {"sequential": SEQUENTIAL_EXPERTS, "te_grouped": TE_GROUPED_EXP
 DIST_EXPERT_KEYS = {"decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.weight":
                     "decoder.layers.mlp.experts.experts.linear_fc1.weight",
                     "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.weight":
-                    "decoder.layers.mlp.experts.experts.linear_fc2.weight"}
+                    "decoder.layers.mlp.experts.experts.linear_fc2.weight",
+                    "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc1.bias":
+                    "decoder.layers.mlp.experts.experts.linear_fc1.bias",
+                    "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2.bias":
+                    "decoder.layers.mlp.experts.experts.linear_fc2.bias"}
 
 
 def moe_rows(experts: str = "sequential") -> list:
@@ -115,6 +135,7 @@ MCORE = [
     ("embedding.position_embeddings.weight", Copy, ["embed.position.weight"]),
     ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
     ("decoder.layers.{i}.input_layernorm.bias", Copy, ["layers.{i}.attn_norm.bias"]),
+    ("decoder.layers.{i}.self_attention.core_attention.softmax_offset", Copy, ["layers.{i}.attn.sinks"]),
     ("decoder.layers.{i}.self_attention.linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
     ("decoder.layers.{i}.self_attention.linear_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
     *_ATTN_POST_NORM,  # inside linear_proj: right after its weight and bias in the state dict
@@ -135,6 +156,7 @@ MCORE = [
 MCORE_TE = [
     ("embedding.word_embeddings.weight", Copy, ["embed.word.weight"]),
     ("embedding.position_embeddings.weight", Copy, ["embed.position.weight"]),
+    ("decoder.layers.{i}.self_attention.core_attention.softmax_offset", Copy, ["layers.{i}.attn.sinks"]),
     ("decoder.layers.{i}.self_attention.linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
     ("decoder.layers.{i}.self_attention.linear_proj.bias", Copy, ["layers.{i}.attn.o.bias"]),
     *_ATTN_POST_NORM,  # inside linear_proj: right after its weight and bias in the state dict

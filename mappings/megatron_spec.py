@@ -12,7 +12,7 @@ import math
 
 from ..errors import InteropError
 from ..layout import ParallelLayout
-from ..spec import ModelSpec, llama3_rope_scaling
+from ..spec import ModelSpec, llama3_rope_scaling, yarn_rope_scaling
 from . import megatron_args as M
 from . import megatron_deepseek as DS
 
@@ -105,7 +105,12 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     position = "rope" if pos_type == "rope" else "learned"
     heads, hidden = int(full["num_attention_heads"]), int(full["hidden_size"])
     groups = int(full.get("num_query_groups") or heads) if full.get("group_query_attention") else heads
-    activation = full.get("activation") or ("swiglu" if full.get("swiglu") else "gelu")
+    activation = full.get("activation") or ("swiglu" if full.get("swiglu") else
+                                            "quick_geglu" if full.get("quick_geglu") else "gelu")
+    softmax = full.get("softmax_type") or "vanilla"
+    if softmax not in ("vanilla", "learnable"):
+        raise InteropError(f"{where}: softmax_type={softmax!r} is not supported (vanilla, and learnable: attention "
+                           "sinks, are)")
     padded = full.get("padded_vocab_size") or full.get("vocab_size")
     vocab = full.get("vocab_size") or padded
     if not padded:
@@ -123,7 +128,7 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     pre_norm, post_norm = bool(full.get("pre_norm", True)), bool(full.get("post_norm"))
     if full.get("use_sandwich_norm"):  # MindSpeed's: a norm before and after attention and MLP
         pre_norm, post_norm = True, True
-    rope_scaling = DS.yarn_from_args(full, where) if position == "rope" else None
+    rope_scaling = (DS.yarn_from_args(full, where) or gpt_yarn_from_args(full, where)) if position == "rope" else None
     linear = _optional_float(full, "rope_linear_factor", where)
     if linear is not None and position == "rope":
         rope_scaling = {"type": "linear", "factor": linear}
@@ -153,6 +158,8 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         logit_softcap=_optional_float(full, "final_logit_softcapping", where),
         sliding_layers=_sliding_layers(full, sliding_window, where),
         rope_local_base=_optional_float(full, "rotary_base_local", where),
+        attn_sinks=softmax == "learnable", glu_clamp=_optional_float(full, "activation_func_clamp_value", where),
+        glu_linear_offset=_optional_float(full, "glu_linear_offset", where) or 0.0,
         dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
 
 
@@ -167,15 +174,46 @@ def _optional_float(full: dict, key: str, where: str) -> float | None:
 
 
 def _sliding_layers(full: dict, window, where: str) -> list | None:
-    """`sliding_window_layers` ("0,2,4" or a list): the layers --window-size applies to (None: all)."""
+    """The layers --window-size applies to (None: all): --window-attn-skip-freq (megatron-core transformer/utils.py
+    is_layer_window_attention: an int k windows the layers whose 1-based number is not a multiple of k, a 0/1 list
+    names them), or `sliding_window_layers` ("0,2,4" or a list), what interop wrote before it used the flag."""
+    if window is None:
+        return None
+    skip = full.get("window_attn_skip_freq")
+    if skip not in (None, "", "None"):
+        return _skip_freq_layers(skip, int(full["num_layers"]), where)
     value = full.get("sliding_window_layers")
-    if value in (None, "", "None") or window is None:
+    if value in (None, "", "None"):
         return None
     items = value.split(",") if isinstance(value, str) else value
     try:
         return [int(i) for i in items]
     except (TypeError, ValueError):
         raise InteropError(f"{where}: sliding_window_layers={value!r} is not a list of layer numbers") from None
+
+
+def _skip_freq_layers(skip, num_layers: int, where: str) -> list | None:
+    if isinstance(skip, str) and skip.strip().lstrip("-").isdigit():
+        skip = int(skip)
+    if isinstance(skip, int) and not isinstance(skip, bool) and skip > 0:
+        windowed = [(i + 1) % skip != 0 for i in range(num_layers)]
+    else:
+        windowed = M.moe_layer_pattern(skip, num_layers) if not isinstance(skip, int) else None
+        if windowed is None:
+            raise InteropError(f"{where}: window_attn_skip_freq={skip!r} is not an integer or a 0/1 list of "
+                               f"{num_layers} layers")
+    layers = [i for i, w in enumerate(windowed) if w]
+    return None if len(layers) == num_layers else layers
+
+
+def window_skip_freq(spec: ModelSpec):
+    """--window-attn-skip-freq for spec.sliding_layers: k where the window skips every k-th layer, else the 0/1 list."""
+    if spec.sliding_window is None or spec.sliding_layers is None:
+        return None
+    for k in range(2, spec.num_layers + 1):
+        if [i for i in range(spec.num_layers) if (i + 1) % k] == list(spec.sliding_layers):
+            return k
+    return [int(spec.is_sliding_layer(i)) for i in range(spec.num_layers)]
 
 
 def _float_or_none(value):
@@ -212,6 +250,8 @@ def moe_from_args(full: dict, where: str) -> dict:
                 moe_layers=_moe_layers(full.get("moe_layer_freq", 1), int(full["num_layers"]), where),
                 moe_router_score=score, moe_norm_topk=bool(norm),
                 moe_router_bias=bool(full.get("moe_router_enable_expert_bias")),
+                # megatron-core's TopKRouter has a bias on its logits exactly with add_bias_linear (router.py)
+                moe_router_logit_bias=bool(full.get("add_bias_linear", True)),
                 moe_aux_loss_coeff=float(coeff), shared_expert_ffn_hidden=int(shared) if shared else None,
                 shared_expert_gate=bool(shared and full.get("moe_shared_expert_gate")))
 
@@ -247,6 +287,24 @@ def moe_args(spec: ModelSpec, layout: ParallelLayout) -> dict:
     }
 
 
+# Megatron-Bridge's yarn fields (GPTModelProvider; models/gpt_oss/gpt_oss_bridge.py) <- ModelSpec yarn keys
+GPT_YARN = {"yarn_rotary_scaling_factor": "factor", "yarn_original_max_position_embeddings": "original_max_positions",
+            "yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow", "yarn_mscale": "mscale",
+            "yarn_mscale_all_dim": "mscale_all_dim"}
+
+
+def gpt_yarn_from_args(full: dict, where: str):
+    """ModelSpec.rope_scaling of a GPT model's YaRN (Megatron-Bridge's yarn_* provider fields), else None."""
+    if full.get("yarn_rotary_scaling_factor") in (None, "", "None"):
+        return None
+    values = {ours: _optional_float(full, dest, where) for dest, ours in GPT_YARN.items()}
+    if values["original_max_positions"] is None:
+        raise InteropError(f"{where}: yarn_rotary_scaling_factor without yarn_original_max_position_embeddings")
+    return yarn_rope_scaling(values["factor"], int(values["original_max_positions"]), values["beta_fast"] or 32.0,
+                             values["beta_slow"] or 1.0, values["mscale"] or 0.0, values["mscale_all_dim"] or 0.0,
+                             truncate=full.get("yarn_correction_range_round_to_int", True) is not False)
+
+
 def sliding_window_of(full: dict, where: str) -> int | None:
     """--window-size (left, right) on every layer -> ModelSpec.sliding_window.
 
@@ -262,9 +320,9 @@ def sliding_window_of(full: dict, where: str) -> int | None:
         left, right = (int(w) for w in window)
     except (TypeError, ValueError):
         raise InteropError(f"{where}: window_size={full['window_size']!r} is not a (left, right) pair") from None
-    if right != 0 or left < 0 or full.get("window_attn_skip_freq") not in (None, "", "None"):
-        raise InteropError(f"{where}: window_size={full['window_size']!r} with window_attn_skip_freq="
-                           f"{full.get('window_attn_skip_freq')!r} is not supported (a causal window on every layer is)")
+    if right != 0 or left < 0:
+        raise InteropError(f"{where}: window_size={full['window_size']!r} is not supported (a causal window, "
+                           "(left, 0), is)")
     return left + 1
 
 
@@ -276,11 +334,17 @@ def model_args(spec: ModelSpec) -> dict:
         raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
     for why in DS.refusals(spec):
         raise InteropError(why)
+    if spec.is_moe and not (spec.moe_router_logit_bias == spec.has_mlp_bias == spec.linear_bias):
+        raise InteropError("Megatron's add_bias_linear puts biases on the linears, the router's logits and the experts "
+                           f"together; this model has linear biases {spec.linear_bias}, a router logit bias "
+                           f"{spec.moe_router_logit_bias} and expert biases {spec.has_mlp_bias}")
     model = {dest: getattr(spec, field) for field, dest in SPEC_NUMBERS.items()}
     llama3 = spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3"  # the only one Megatron has
     model |= {
         "group_query_attention": spec.kv_groups != spec.heads, "normalization": NORMS_OUT[spec.norm],
-        "swiglu": spec.activation == "swiglu",
+        "swiglu": spec.activation == "swiglu", "quick_geglu": spec.activation == "quick_geglu",
+        "activation_func_clamp_value": spec.glu_clamp, "glu_linear_offset": spec.glu_linear_offset,
+        "softmax_type": "learnable" if spec.attn_sinks else "vanilla",
         "openai_gelu": spec.activation in ("gelu_tanh", "geglu_tanh"),
         "layernorm_zero_centered_gamma": spec.norm_zero_centered,
         # the fused bias-GeLU is the tanh form: on only when that is the model's GeLU
@@ -294,12 +358,16 @@ def model_args(spec: ModelSpec) -> dict:
         "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm or spec.is_mla,
         "use_rope_scaling": llama3,
         "rope_scaling_factor": spec.rope_scaling["factor"] if llama3 else 8.0,
-        "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": None,
+        "window_size": (spec.sliding_window - 1, 0) if spec.sliding_window else None, "window_attn_skip_freq": window_skip_freq(spec),
         "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
         **DS.deepseek_args(spec),
     }
     if _bridge_facts(spec):  # no Megatron-LM flag: said only when so
         model |= layer_spec_args(spec)
+    scaling = spec.rope_scaling
+    if scaling is not None and scaling["type"] == "yarn" and not spec.is_mla:  # Megatron-Bridge's provider fields
+        model |= {dest: scaling[ours] for dest, ours in GPT_YARN.items()}
+        model["yarn_correction_range_round_to_int"] = scaling.get("truncate", True)
     return model
 
 
@@ -310,7 +378,6 @@ def layer_spec_args(spec: ModelSpec) -> dict:
             "gated_linear_unit": spec.activation == "geglu_tanh", "embedding_scale": spec.embed_scale,
             "softmax_scale": spec.softmax_scale, "attn_logit_softcapping": spec.attn_softcap,
             "final_logit_softcapping": spec.logit_softcap,
-            "sliding_window_layers": None if spec.sliding_layers is None else ",".join(map(str, spec.sliding_layers)),
             "rotary_base_local": spec.rope_local_base,
             "rope_linear_factor": spec.rope_scaling["factor"] if spec.rope_scaling is not None
             and spec.rope_scaling["type"] == "linear" else None}
@@ -320,7 +387,7 @@ def _bridge_facts(spec: ModelSpec) -> bool:
     """Whether the model has a fact only `layer_spec_args` can say (map-args then says them too)."""
     return (not spec.pre_norm or spec.post_norm or spec.qk_norm_scope != "head" or spec.activation == "geglu_tanh"
             or spec.embed_scale or spec.softmax_scale is not None or spec.attn_softcap is not None
-            or spec.logit_softcap is not None or spec.sliding_layers is not None or spec.rope_local_base is not None
+            or spec.logit_softcap is not None or spec.rope_local_base is not None
             or (spec.rope_scaling is not None and spec.rope_scaling["type"] == "linear"))
 
 

@@ -84,8 +84,8 @@ def load_adapter(stage, reader: StoreReader, grid, names: list[str]) -> None:
             tensor = reader.read(name, _box(index, name, grid)).to(params[name].dtype)
             first = loaded.setdefault(params[name], name)
             if first != name and not torch.equal(params[name], tensor):
-                raise InteropError(f"{reader.root}: {name} differs from {first}; a fused module's parts share one A "
-                                   "only in an adapter trained so (drop --lora-shared-a)")
+                raise InteropError(f"{reader.root}: {name} differs from {first}, and the adapter says a fused "
+                                   "module's parts share one A (shared_a): it is damaged")
             params[name].copy_(tensor)
 
 

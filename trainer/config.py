@@ -59,7 +59,9 @@ class TrainConfig:
     lora_alpha: float | None = None
     lora_targets: str | None = None
     lora_dropout: float = 0.0
-    lora_shared_a: bool = False  # q/k/v (gate/up) share one A, as a LoRA on Megatron's fused linear_qkv / GPT2's c_attn
+    # q/k/v (gate/up) share one A, as a LoRA on Megatron's fused linear_qkv / GPT2's c_attn; None: as the adapter
+    # resumed or given says (its `shared_a`), separate for a fresh one
+    lora_shared_a: bool | None = None
     config_file: str | None = None  # the --config file read, and the model it describes ({ModelSpec field: value}):
     config_model: dict | None = None  # checked against the checkpoint's model, which is the one trained
 
@@ -168,6 +170,10 @@ def from_file(path) -> dict:
         value = explicit.get(dest)
         if value is not None and value != "":
             out[field] = _typed(field, value, f"{path}: {dest}")
+    modules = explicit.get("lora_target_modules") or []
+    modules = modules if isinstance(modules, list) else str(modules).replace(",", " ").split()
+    if source.format == "megatron" and {"linear_qkv", "linear_fc1"} & set(map(str, modules)):
+        out["lora_shared_a"] = True  # MindSpeed-LLM's LoRA on megatron-core's fused linears: one A per linear
     if explicit.get("micro_batch_num"):
         out["_micro_batch_num"] = int(explicit["micro_batch_num"])
     out["config_model"] = _config_model(explicit, source.format)

@@ -16,6 +16,7 @@ layout and framework starts from the same numbers.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -106,10 +107,38 @@ def shared_groups(spec: ModelSpec, adapter: AdapterSpec) -> list[tuple[str, ...]
     return groups
 
 
-def check_trainable(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayout, shared_a: bool = False) -> None:
+def settle_shared_a(adapter: AdapterSpec, spec: ModelSpec, read_a, flag: bool | None, where) -> AdapterSpec:
+    """The adapter with its `shared_a` fact settled: as it states (a --lora-shared-a / --no-lora-shared-a `flag`
+    saying otherwise is refused, naming both); an older adapter that does not state it has an A per projection
+    where some fused group's A's differ (`read_a(name)` reads one A whole), else (all equal) the flag must say."""
+    stated = adapter.shared_a
+    option = "--lora-shared-a" if flag else "--no-lora-shared-a"
+    if stated is None:
+        groups = adapter.fused_a(spec)
+        differ = next(((g[0], n) for g in groups for n in g[1:] if not torch.equal(read_a(g[0]), read_a(n))), None)
+        if not groups:
+            stated = bool(flag)  # nothing to share: the fact is moot
+        elif differ is not None:
+            stated = False
+            if flag:
+                raise InteropError(f"--lora-shared-a contradicts {where}: its {differ[1]} differs from {differ[0]}, "
+                                   "so its A's are separate (drop --lora-shared-a)")
+        elif flag is None:
+            raise InteropError(f"{where}: the adapter does not say whether q, k, v (gate, up) share one A, and its "
+                               "A's are equal: give --lora-shared-a (one A, as a fused linear's LoRA) or "
+                               "--no-lora-shared-a (an A each)")
+        else:
+            stated = flag
+    elif flag is not None and flag != stated:
+        raise InteropError(f"{option} contradicts {where}: its adapter states shared_a {str(stated).lower()} "
+                           f"({'one A per fused module' if stated else 'an A per projection'}); drop {option}")
+    return replace(adapter, shared_a=stated)
+
+
+def check_trainable(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayout) -> None:
     """Refuse, in one line, an adapter the trainer cannot train on this base and layout."""
     adapter.check_base(spec)
-    if shared_a:
+    if adapter.shared_a:
         shared_groups(spec, adapter)
     if spec.is_moe or spec.is_mla:
         raise InteropError("the reference trainer trains LoRA adapters on dense models with multi-head attention "
@@ -122,9 +151,9 @@ def check_trainable(spec: ModelSpec, adapter: AdapterSpec, layout: ParallelLayou
                            "a frozen first stage has nothing to train; adapt one of its layers or use fewer stages")
 
 
-def attach(stage: nn.Module, adapter: AdapterSpec, shared_a: bool = False) -> list[str]:
+def attach(stage: nn.Module, adapter: AdapterSpec) -> list[str]:
     """Swap the stage's adapted linears for LoRA ones and freeze everything else; returns the adapter's tensor
-    names on this stage (its trainable parameters, in the stage's parameter order; with `shared_a` the parts of a
+    names on this stage (its trainable parameters, in the stage's parameter order; with `adapter.shared_a` the parts of a
     fused module name one A Parameter)."""
     for name, module in list(stage.named_modules()):
         if not isinstance(module, (ColumnParallelLinear, RowParallelLinear)) or not adapter.adapts(name + ".weight"):
@@ -132,7 +161,7 @@ def attach(stage: nn.Module, adapter: AdapterSpec, shared_a: bool = False) -> li
         kind = LoRAColumnParallelLinear if isinstance(module, ColumnParallelLinear) else LoRARowParallelLinear
         parent, _, child = name.rpartition(".")
         setattr(stage.get_submodule(parent), child, kind(module, adapter))
-    for group in shared_groups(stage.spec, adapter) if shared_a else ():
+    for group in shared_groups(stage.spec, adapter) if adapter.shared_a else ():
         for i in stage.layers:
             first, *others = (stage.get_submodule(f"layers.{i}.{t}") for t in group)
             for module in others:
@@ -152,9 +181,9 @@ def attach(stage: nn.Module, adapter: AdapterSpec, shared_a: bool = False) -> li
     return names
 
 
-def fresh_tensors(spec: ModelSpec, adapter: AdapterSpec, seed: int, shared_a: bool = False) -> dict[str, torch.Tensor]:
+def fresh_tensors(spec: ModelSpec, adapter: AdapterSpec, seed: int) -> dict[str, torch.Tensor]:
     """A new adapter, drawn whole in canonical order from `seed`: A uniform in +-1/sqrt(in) (PEFT's
-    kaiming_uniform_(a=sqrt(5))), B zero (the adapted model starts equal to the base); with `shared_a` a fused
+    kaiming_uniform_(a=sqrt(5))), B zero (the adapted model starts equal to the base); with `adapter.shared_a` a fused
     module's parts take its first part's A."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
@@ -164,7 +193,7 @@ def fresh_tensors(spec: ModelSpec, adapter: AdapterSpec, seed: int, shared_a: bo
             out[p.name] = (torch.rand(p.shape, generator=gen) * 2 - 1) * bound
         else:
             out[p.name] = torch.zeros(p.shape)
-    for group in shared_groups(spec, adapter) if shared_a else ():
+    for group in shared_groups(spec, adapter) if adapter.shared_a else ():
         for i in range(spec.num_layers):
             first = f"layers.{i}.{group[0]}.lora_a"
             for t in group[1:] if first in out else ():
@@ -172,10 +201,10 @@ def fresh_tensors(spec: ModelSpec, adapter: AdapterSpec, seed: int, shared_a: bo
     return out
 
 
-def init_adapter(spec: ModelSpec, adapter: AdapterSpec, dst, seed: int = 1234, shared_a: bool = False) -> Path:
+def init_adapter(spec: ModelSpec, adapter: AdapterSpec, dst, seed: int = 1234) -> Path:
     """Write a fresh adapter (`fresh_tensors`) for base `spec` as a common-format adapter at tp 1, pp 1."""
     layout = ParallelLayout.build(spec.num_layers)
-    tensors = fresh_tensors(spec, adapter, seed, shared_a)
+    tensors = fresh_tensors(spec, adapter, seed)
     metas = [TensorMeta(name, torch.float32, tuple(t.shape)) for name, t in tensors.items()]
     with atomic_directory(dst) as tmp:
         writer = StoreWriter(tmp, spec, layout, metas, adapter=adapter)

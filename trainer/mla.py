@@ -33,7 +33,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 def yarn_inv_freq(dim: int, base: float, scaling: dict, device=None):
     """(inverse frequencies, attention factor on cos / sin) of YaRN, as transformers' _compute_yarn_parameters
-    (truncated correction range): frequencies below beta_slow rotations over the original context are
+    (correction range truncated to whole dimensions unless `truncate` is false: gpt-oss): frequencies below beta_slow rotations over the original context are
     interpolated by `factor`, above beta_fast kept, a linear ramp between."""
     factor, original = scaling["factor"], scaling["original_max_positions"]
     mscale, mscale_all = scaling["mscale"], scaling["mscale_all_dim"]
@@ -43,8 +43,10 @@ def yarn_inv_freq(dim: int, base: float, scaling: dict, device=None):
     def correction_dim(rotations):
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(scaling["beta_fast"])), 0)
-    high = min(math.ceil(correction_dim(scaling["beta_slow"])), dim - 1)
+    low, high = correction_dim(scaling["beta_fast"]), correction_dim(scaling["beta_slow"])
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     pos_freqs = base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float) / dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device=device) - low)

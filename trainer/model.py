@@ -24,6 +24,7 @@ from interop.errors import InteropError
 from interop.layout import ParallelLayout
 from interop.spec import ModelSpec
 
+from .activations import activate
 from .grid import Grid
 from .mla import MLAttention, yarn_inv_freq
 from .moe import MoE
@@ -156,6 +157,8 @@ class Attention(nn.Module):
         self.o = RowParallelLinear(spec.heads * d, h, spec.linear_bias, tp, g)
         self.window = spec.sliding_window
         self.scale, self.softcap = spec.softmax_scale, spec.attn_softcap
+        if spec.attn_sinks:  # gpt-oss: one learned logit per head of this rank (`attn.sinks`, split with the heads)
+            self.sinks = nn.Parameter(torch.zeros(self.heads))
         # q/k norms, before the rotation: over each head's d values (Qwen3), applied to [.., heads, d]; or over
         # the whole projection (OLMo 2), applied to [.., heads * d] before it is cut into heads
         self.qk_norm_scope = spec.qk_norm_scope if spec.qk_norm else None
@@ -178,24 +181,31 @@ class Attention(nn.Module):
         v = self.v(x).view(b, s, self.groups, self.d).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.softcap is not None:
-            y = softcapped_attention(q, k, v, mask, self.scale, self.softcap)
+        if self.softcap is not None or hasattr(self, "sinks"):
+            y = eager_attention(q, k, v, mask, self.scale, self.softcap, getattr(self, "sinks", None))
         else:  # GQA: each kv head serves heads/groups query heads (enable_gqa repeats them without a copy)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                enable_gqa=self.groups != self.heads)
         return self.o(y.transpose(1, 2).reshape(b, s, self.heads * self.d))
 
 
-def softcapped_attention(q, k, v, mask, scale, cap):
-    """Attention whose scores are capped (Gemma 2's attn_logit_softcapping): cap * tanh(q k^T * scale / cap),
-    then the causal (or window) mask and a softmax in fp32, as transformers' eager Gemma 2 attention."""
+def eager_attention(q, k, v, mask, scale, cap=None, sinks=None):
+    """Attention computed step by step, for what SDPA has no option for: scores capped (Gemma 2's
+    attn_logit_softcapping: cap * tanh(q k^T * scale / cap)) as transformers' eager Gemma 2 attention, and / or a
+    learned sink logit per head joined to each row of scores for the softmax and dropped after it (gpt-oss, as
+    transformers' eager GptOssAttention: the row's max subtracted first); the causal (or window) mask, softmax in fp32."""
     repeat = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    scores = torch.tanh(scores / cap) * cap
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
     seq = q.shape[2]
     allowed = mask if mask is not None else torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
+        scores = scores - scores.max(dim=-1, keepdim=True).values
+        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype), v)
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
@@ -209,22 +219,14 @@ class MLP(nn.Module):
         h, tp, g = spec.hidden, grid.tp, grid.tp_group
         f = spec.ffn_hidden if ffn is None else ffn
         bias = spec.has_mlp_bias if bias is None else bias
-        self.activation = spec.activation
+        self.spec = spec
         if spec.gated_mlp:
             self.gate = ColumnParallelLinear(h, f, bias, tp, g)
         self.up = ColumnParallelLinear(h, f, bias, tp, g)
         self.down = RowParallelLinear(f, h, bias, tp, g)
 
     def forward(self, x):
-        if self.activation == "swiglu":
-            y = F.silu(self.gate(x)) * self.up(x)
-        elif self.activation == "geglu_tanh":
-            y = F.gelu(self.gate(x), approximate="tanh") * self.up(x)
-        elif self.activation == "gelu_tanh":
-            y = F.gelu(self.up(x), approximate="tanh")
-        else:
-            y = F.gelu(self.up(x))
-        return self.down(y)
+        return self.down(activate(self.spec, self.gate(x) if self.spec.gated_mlp else None, self.up(x)))
 
 
 class Block(nn.Module):

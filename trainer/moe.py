@@ -29,6 +29,7 @@ from torch import nn
 
 from interop.spec import ModelSpec
 
+from .activations import activate
 from .tp import copy_to_tp, reduce_from_tp
 
 
@@ -140,6 +141,8 @@ class Router(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(spec.num_experts, spec.hidden))
+        # gpt-oss: a bias on the logits (`router.bias`), for the choice and the weights alike
+        self.bias = nn.Parameter(torch.zeros(spec.num_experts)) if spec.moe_router_logit_bias else None
         if spec.moe_router_bias:
             self.register_buffer("expert_bias", torch.zeros(spec.num_experts))
             # tokens each expert was chosen for since the last update (this rank's micro-batches)
@@ -148,27 +151,25 @@ class Router(nn.Module):
             self.expert_bias = None
 
     def forward(self, x):
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class Expert(nn.Module):
-    """One routed expert's tp shard, without the tp reduction (`MoE` does one for all experts)."""
+    """One routed expert's tp shard, without the tp reduction (`MoE` does one for all experts, then adds each
+    expert's down bias once: gpt-oss's experts have biases, gate / up split over tp, down's whole)."""
 
     def __init__(self, spec: ModelSpec, tp: int):
         super().__init__()
-        h, f = spec.hidden, spec.moe_ffn_hidden // tp
-        self.activation = spec.activation
+        h, f, bias = spec.hidden, spec.moe_ffn_hidden // tp, spec.has_mlp_bias
+        self.spec = spec
         if spec.gated_mlp:
-            self.gate = nn.Linear(h, f, bias=False)
-        self.up = nn.Linear(h, f, bias=False)
-        self.down = nn.Linear(f, h, bias=False)
+            self.gate = nn.Linear(h, f, bias=bias)
+        self.up = nn.Linear(h, f, bias=bias)
+        self.down = nn.Linear(f, h, bias=bias)
 
     def forward(self, x):
-        if self.activation == "swiglu":
-            y = F.silu(self.gate(x)) * self.up(x)
-        else:
-            y = F.gelu(self.up(x), approximate="tanh" if self.activation == "gelu_tanh" else "none")
-        return self.down(y)
+        y = activate(self.spec, self.gate(x) if self.spec.gated_mlp else None, self.up(x))
+        return F.linear(y, self.down.weight)  # down.bias: after the tp reduction (MoE._routed)
 
 
 class MoE(nn.Module):
@@ -230,6 +231,8 @@ class MoE(nn.Module):
         sizes = local_counts.sum(0).tolist()
         outputs = [self.experts[str(e)](chunk) for e, chunk in zip(self.local, inputs.split(sizes))]
         y = reduce_from_tp(torch.cat(outputs), self.tp_group)  # one tp all-reduce for every local expert
+        if self.spec.has_mlp_bias:  # each expert's down bias, once per row it computed
+            y = y + torch.cat([self.experts[str(e)].down.bias.expand(n, -1) for e, n in zip(self.local, sizes)])
         y = y[torch.argsort(by_expert)]  # back to source-major order
         if P > 1:
             y = _AllToAll.apply(y, recv, send, self.ep_group)

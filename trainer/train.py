@@ -37,7 +37,7 @@ from .config import TrainConfig
 from .data import TokenData
 from .grid import Grid, build_grid
 from .init import init_checkpoint, read_spec
-from .lora import attach, check_trainable, init_adapter, lora_targets
+from .lora import attach, check_trainable, init_adapter, lora_targets, settle_shared_a
 from .model import Stage, check_model_layout
 from .moe import set_aux_loss_scale, update_expert_bias
 from .optim import clip_grad_norm, lr_at, make_adamw, set_lr
@@ -180,7 +180,8 @@ def lora_flags(cfg: TrainConfig, spec: ModelSpec) -> AdapterSpec | None:
     if missing:
         raise InteropError(f"a LoRA adapter needs {', '.join(missing)} too (rank, alpha and targets are never "
                            "defaulted)")
-    return AdapterSpec(cfg.lora_rank, cfg.lora_alpha, lora_targets(cfg.lora_targets, spec), cfg.lora_dropout)
+    return AdapterSpec(cfg.lora_rank, cfg.lora_alpha, lora_targets(cfg.lora_targets, spec), cfg.lora_dropout,
+                       shared_a=bool(cfg.lora_shared_a))
 
 
 def _adapter(cfg: TrainConfig, spec: ModelSpec, layout: ParallelLayout, resumed_from, resumed_reader, fresh):
@@ -195,20 +196,23 @@ def _adapter(cfg: TrainConfig, spec: ModelSpec, layout: ParallelLayout, resumed_
         where, reader = resumed_from or cfg.adapter, resumed_reader
         adapter = reader.source.adapter
         shapes = {n: e["shape"] for n, e in reader.manifest["tensors"].items() if not TensorKey.parse(n).is_optim}
-        reader.close()
-        adapter.check_tensors(spec, shapes, f"{where}: ")  # the adapter is for this base: one line if not
+        try:
+            adapter.check_tensors(spec, shapes, f"{where}: ")  # the adapter is for this base: one line if not
+            adapter = settle_shared_a(adapter, spec, reader.read, cfg.lora_shared_a, where)  # a fact of the adapter
+        finally:
+            reader.close()
         if flags is not None and (flags.rank, flags.alpha, flags.targets) != (adapter.rank, adapter.alpha,
                                                                                 adapter.targets):
             raise InteropError(f"--lora-* describe another adapter than {where} (rank {adapter.rank}, alpha "
                                f"{adapter.alpha:g}, {', '.join(adapter.targets)}): drop them, or start a new adapter")
-        check_trainable(spec, adapter, layout, cfg.lora_shared_a)
+        check_trainable(spec, adapter, layout)
         return adapter, where
     if flags is None:
         return None, None
-    check_trainable(spec, flags, layout, cfg.lora_shared_a)
+    check_trainable(spec, flags, layout)
     if not fresh:
         fresh.append(tempfile.mkdtemp(prefix="interop-init-"))
-    return flags, init_adapter(spec, flags, Path(fresh[0]) / "adapter", seed=cfg.seed, shared_a=cfg.lora_shared_a)
+    return flags, init_adapter(spec, flags, Path(fresh[0]) / "adapter", seed=cfg.seed)
 
 
 def check_config_model(cfg: TrainConfig, spec: ModelSpec, start) -> None:
@@ -241,8 +245,9 @@ def describe_plan(plan: Plan) -> list[str]:
         trained = sum(math.prod(p.shape) for p in lora.params(spec))
         fresh = plan.fresh_dir is not None and str(plan.adapter_start).startswith(plan.fresh_dir)
         origin = f"fresh (seed {cfg.seed})" if fresh else plan.adapter_start
-        lines.append(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(lora.targets)}: {trained:,} trained "
-                     f"parameters, the base frozen; adapter {origin}")
+        shared = "; one A per fused module (q, k, v; gate, up)" if lora.shared_a and lora.fused_a(spec) else ""
+        lines.append(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(lora.targets)}{shared}: {trained:,} "
+                     f"trained parameters, the base frozen; adapter {origin}")
     if plan.resumed:
         trainer = {}
         try:
@@ -313,7 +318,7 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     reader = open_checkpoint(plan.start)
     load_weights(stage, reader, grid)
     if plan.adapter is not None:  # LoRA: the base frozen, the adapter (and its optimizer state) from its own checkpoint
-        names = attach(stage, plan.adapter, cfg.lora_shared_a)
+        names = attach(stage, plan.adapter)
         reader.close()
         reader = open_checkpoint(plan.adapter_start, "adapter")
         load_adapter(stage, reader, grid, names)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ...adapter import AdapterSpec, adapter_rows, target_of
+from ...adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.megatron_save import iteration_name, write_tracker
@@ -140,6 +141,7 @@ class Reader(BaseReader):
         except InteropError as exc:
             raise InteropError(f"{where}: {exc}") from None
         self.rows = _stage_rows(spec, self.adapter, layout)
+        self.adapter = replace(self.adapter, shared_a=stated_shared_a(self.rows, spec, self.adapter))
         self.part_of = {}
         for row in self.rows:
             for t in range(self.tp):
@@ -196,7 +198,7 @@ class Writer(BaseWriter):
         self.row_of = {n: row for row in self.rows for n in row.parts}
         self.collector = RowCollector()
         self.models = {(t, p, v): OrderedDict() for t, p in layout.ranks() for v in range(layout.vpp)}
-        self.notes = []
+        self.notes = sharing_notes(self.rows, spec, adapter, "Megatron (megatron-core's fused linears)")
         dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
         if dropped:
             self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "

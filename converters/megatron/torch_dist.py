@@ -54,8 +54,8 @@ from .training import from_megatron, optimizer_hyper, to_megatron
 from .rows import expand_rows
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
-_EXPERT_TEMPLATE = "decoder.layers.{{i}}.mlp.experts.local_experts.{{j}}.{fc}.weight"
+_EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.(weight|bias)$")
+_EXPERT_TEMPLATE = "decoder.layers.{{i}}.mlp.experts.local_experts.{{j}}.{fc}.{kind}"
 # the distributed optimizer's `dp_reshardable` buckets (megatron-core 0.14+): one flat tensor per bucket and kind
 # (keyed by the tp x pp rank, `dp_group_idx_<pp rank * tp + tp rank>`, and the model chunk's buffer, `gbuf_idx`)
 _BUCKET = re.compile(r"^optimizer\.distributed\.dp_group_idx_(\d+)\.gbuf_idx_(\d+)\.dtype_\((.+)\)\.bucket_idx_(\d+)\."
@@ -75,7 +75,7 @@ def stacked_key(key: str, homogeneous: bool = True) -> tuple[str, int | tuple | 
     linear_fc1.weight`, (5,))."""
     m = _EXPERT.match(key)
     if m:
-        stacked = DIST_EXPERT_KEYS[_EXPERT_TEMPLATE.format(fc=m.group(3))]
+        stacked = DIST_EXPERT_KEYS[_EXPERT_TEMPLATE.format(fc=m.group(3), kind=m.group(4))]
         layer, expert = int(m.group(1)), int(m.group(2))
         if homogeneous:
             return stacked, (layer, expert)

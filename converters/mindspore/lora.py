@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import yaml
 
-from ...adapter import AdapterSpec, adapter_rows, target_of
+from ...adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile, save_ckpt
@@ -162,6 +163,7 @@ class Reader(BaseReader):
         except InteropError as exc:
             raise InteropError(f"{where}: {exc}") from None
         self.rows = adapter_rows(table, names, spec, self.adapter, "MindFormers")
+        self.adapter = replace(self.adapter, shared_a=stated_shared_a(self.rows, spec, self.adapter))
         self.part_of = {}
         for row in self.rows:
             got = self.file.meta(row.key)[1] if row.key in keys else None
@@ -207,6 +209,7 @@ class Writer(BaseWriter):
         self.notes = [] if adapter.layers is None else [
             f"MindFormers' pet_config adapts every layer its target_modules match: layers other than "
             f"{', '.join(map(str, adapter.layers))} have no LoRA tensors in model.ckpt (a run would start them new)"]
+        self.notes += sharing_notes(self.rows, spec, adapter, "MindFormers")
         dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
         if dropped:
             self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "

@@ -11,10 +11,12 @@ from .experts import GroupedExperts
 from .fp8 import BlockScaledFP8
 from .grouped_qkv import GroupedQKV
 from .interleave import Interleave
+from .interleaved_experts import InterleavedExperts
+from .mxfp4 import MXFP4
 from .rope_pairs import RopePairs
 from .shared import SharedInput
 from .stack import Stack
 from .transpose import Transpose
 
 __all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "RopePairs", "Stack",
-           "GroupedExperts", "BlockScaledFP8", "SharedInput"]
+           "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput"]

@@ -182,7 +182,8 @@ def cannot_build(spec: ModelSpec) -> str | None:
                               ("sliding_layers", spec.sliding_layers is not None),
                               ("rope_local_base", spec.rope_local_base is not None),
                               ("rope_scaling", spec.rope_scaling is not None
-                               and spec.rope_scaling["type"] != "llama3")) if has]
+                               and spec.rope_scaling["type"] != "llama3"),
+                              ("attn_sinks", spec.attn_sinks), ("activation", spec.activation == "quick_geglu")) if has]
     if facts:
         return (f"megatron-core's own GPT model (local layer spec) cannot compute this model's {', '.join(facts)} "
                 "(Megatron-Bridge's layer specs and providers do)")

@@ -154,6 +154,16 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
             problems.append(f"LoRA dropout {cfg.lora_dropout}: each run draws its own masks; compare at dropout 0")
         if "hf" in frameworks and importlib.util.find_spec("peft") is None:
             problems.append("framework hf: peft is not installed (a LoRA run trains a PEFT adapter)")
+        elif "hf" in frameworks:
+            from ..converters.peft import shares_a
+            adapter = StoreReader(cfg.adapter, verify=False).source.adapter
+            if adapter.shared_a is not None and adapter.fused_a(spec) and shares_a(spec, adapter) != adapter.shared_a:
+                problems.append(f"framework hf: PEFT's LoRA on transformers' {spec.arch} model has "
+                                f"{'an A per projection' if adapter.shared_a else 'one A per fused linear'} where "
+                                f"this adapter has {'one A per fused module' if adapter.shared_a else 'an A each'} "
+                                f"(shared_a {str(adapter.shared_a).lower()}): training there would "
+                                f"{'untie' if adapter.shared_a else 'tie'} them; compare "
+                                f"{'--no-lora-shared-a' if adapter.shared_a else '--lora-shared-a'}")
     if "mindspore" in frameworks and importlib.util.find_spec("mindspore") is None:
         problems.append("framework mindspore: mindspore is not installed")
     if any(f == "megatron" or f.startswith("megatron:") for f in frameworks):
@@ -184,8 +194,7 @@ def _with_adapter(start, cfg: TrainConfig, tmp: Path) -> TrainConfig:
     from ..trainer.lora import init_adapter
     from ..trainer.train import lora_flags
     spec = StoreReader(start, verify=False).spec
-    return cfg.replace(adapter=str(init_adapter(spec, lora_flags(cfg, spec), tmp / "adapter", seed=cfg.seed,
-                                                shared_a=cfg.lora_shared_a)))
+    return cfg.replace(adapter=str(init_adapter(spec, lora_flags(cfg, spec), tmp / "adapter", seed=cfg.seed)))
 
 
 def parity(ckpt, cfg: TrainConfig, layouts=((1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1)),

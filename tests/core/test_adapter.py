@@ -160,6 +160,26 @@ def test_adapter_rows_follow_the_weight_rows():
         adapter_rows(MCORE, names, BASE, AdapterSpec(4, 8, ("attn.q",)), "Megatron")
 
 
+def test_shared_a_is_a_fact_of_the_adapter():
+    """Whether q, k, v (gate, up) share one A: stated by the rows a format stores (one SharedInput A: shared),
+    carried by the common format's description, absent (None) in an older one, anything but a bool refused."""
+    from interop.adapter import LoraNames, adapter_rows, stated_shared_a
+    from interop.mappings.megatron_names import MCORE
+    names = LoraNames(".adapter.linear_in.weight", ".adapter.linear_out.weight")
+    qkv = AdapterSpec(4, 8, ("attn.q", "attn.k", "attn.v", "attn.o"))
+    assert stated_shared_a(adapter_rows(MCORE, names, BASE, qkv, "Megatron"), BASE, qkv) is True
+    alone = AdapterSpec(4, 8, ("attn.o",))  # no fused group adapted: nothing shared
+    assert stated_shared_a(adapter_rows(MCORE, names, BASE, alone, "Megatron"), BASE, alone) is False
+    assert qkv.fused_a(BASE)[0] == ("layers.0.attn.q.lora_a", "layers.0.attn.k.lora_a", "layers.0.attn.v.lora_a")
+    for fact in (True, False, None):
+        spec = AdapterSpec(4, 8, ("attn.q",), shared_a=fact)
+        assert AdapterSpec.from_dict(spec.to_dict()) == spec
+    older = {k: v for k, v in qkv.to_dict().items() if k != "shared_a"}
+    assert AdapterSpec.from_dict(older).shared_a is None
+    with pytest.raises(InteropError, match="shared_a must be true, false or absent, got 'yes'"):
+        AdapterSpec.from_dict(dict(older, shared_a="yes"))
+
+
 def test_stacked_ranks_share_one_a_and_keep_every_delta(tmp_path):
     from interop.lora_stack import StackedReader
     adapter = AdapterSpec(rank=2, alpha=3, targets=("attn.q", "attn.k", "mlp.down"))  # v left out: a zero B
@@ -175,6 +195,7 @@ def test_stacked_ranks_share_one_a_and_keep_every_delta(tmp_path):
     stacked = StackedReader(StoreReader(tmp_path / "a"))
     new = stacked.source.adapter
     assert (new.rank, new.alpha, new.targets) == (6, 9, ("attn.k", "attn.q", "attn.v", "mlp.down"))
+    assert new.shared_a is True  # one stacked A per group
     assert {m.name for m in stacked.metas()} == set(new.index(BASE))
     a = [stacked.read(f"layers.1.attn.{x}.lora_a") for x in "qkv"]
     assert torch.equal(a[0], a[1]) and torch.equal(a[0], a[2]) and a[0].shape == (6, 32)

@@ -72,7 +72,7 @@ def test_hf_megatron_round_trip_and_reference_model(gemma2, tmp_path):
     args = vars(state["args"])
     assert (args["layernorm_zero_centered_gamma"], args["gated_linear_unit"], args["openai_gelu"]) == (True, True, True)
     assert (args["attn_logit_softcapping"], args["final_logit_softcapping"], args["embedding_scale"]) == (3.0, 5.0, True)
-    assert args["window_size"] == (F.SLIDING_WINDOW - 1, 0) and args["sliding_window_layers"] == "0,2"
+    assert args["window_size"] == (F.SLIDING_WINDOW - 1, 0) and args["window_attn_skip_freq"] == 2
     assert "decoder.layers.1.self_attention.linear_proj.post_layernorm.weight" in state["model"]
     assert "decoder.layers.1.mlp.linear_fc2.post_layernorm.weight" in state["model"]
     convert(tmp_path / "torch", tmp_path / "dist", dst_format="megatron", tp=2, pp=2, options={"format": "torch_dist"})

@@ -81,6 +81,7 @@ def test_a_peft_saved_adapter_round_trips_through_the_common_format_at_tp2_pp2(l
     reader = StoreReader(tmp_path / "i")
     adapter = reader.source.adapter
     assert (adapter.rank, adapter.alpha, adapter.dropout, adapter.layers) == (4, 8, 0.05, None)
+    assert adapter.shared_a is False  # q_proj, k_proj, v_proj: an A each
     assert adapter.targets == ("attn.k", "attn.o", "attn.q", "attn.v", "mlp.down", "mlp.gate", "mlp.up")
     assert reader.spec.kv_groups == 4 and reader.spec.vocab == VOCAB
     shards = reader.manifest["tensors"]
@@ -163,7 +164,10 @@ def test_gpt2_fused_c_attn_one_a_for_q_k_v(tmp_path):
     a = [reader.read(f"layers.0.attn.{x}.lora_a") for x in "qkv"]
     assert torch.equal(a[0], a[1]) and torch.equal(a[0], a[2])
     assert reader.source.adapter.targets == ("attn.k", "attn.o", "attn.q", "attn.v", "mlp.down")  # c_proj: both
+    assert reader.source.adapter.shared_a is True  # one A for the fused c_attn, stated in interop.json
     reader.close()
+    code, err, out = cli("inspect", tmp_path / "i", "--no-tensors")
+    assert code == 0 and "one A per fused module" in out, err
     convert(tmp_path / "i", tmp_path / "back", dst_format="peft")
     x, y = load_file(lora / "adapter_model.safetensors"), load_file(tmp_path / "back" / "adapter_model.safetensors")
     assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)

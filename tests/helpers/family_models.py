@@ -1,4 +1,4 @@
-"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 / Gemma 2 / Gemma 3 models built with transformers' own classes (nothing downloaded)."""
+"""Tiny Qwen2 / Qwen3 / Llama-3.x / Mistral / OLMo 2 / Phi-3 / Gemma 2 / Gemma 3 / gpt-oss models built with transformers' own classes (nothing downloaded)."""
 from __future__ import annotations
 
 import torch
@@ -61,6 +61,15 @@ def build(kind: str, seed: int = 0):
                                                sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=24,
                                                rope_parameters=rope, pad_token_id=None)
         model = transformers.Gemma3ForCausalLM(config)
+    elif kind == "gpt_oss":  # sinks, q/k/v/o biases, every other layer windowed, YaRN without truncation (original
+        # context 8, shorter than the test sequences), 4 experts with biases, top-2, router bias, a clamp that bites
+        rope = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 8, "rope_theta": 150000.0}
+        config = transformers.GptOssConfig(**{**COMMON, "intermediate_size": 32, "max_position_embeddings": 256},
+                                           head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                           sliding_window=SLIDING_WINDOW, rope_parameters=rope, swiglu_limit=0.5,
+                                           pad_token_id=None)
+        model = transformers.GptOssForCausalLM(config)
     else:
         raise ValueError(kind)
     # Non-trivial norms and biases, so that a swapped tensor cannot hide behind ones and zeros.
@@ -69,8 +78,12 @@ def build(kind: str, seed: int = 0):
     one = 0.0 if kind.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
+            if "norm" in name or name.endswith("bias") or name.endswith("sinks"):
                 p.copy_(torch.randn_like(p) * 0.1 + (one if name.endswith("weight") else 0.0))
+        if kind == "gpt_oss":  # router logits with clear margins: a top-k choice that is a near-tie flips with the
+            # order of float sums (tp, ep), a discrete change no tolerance covers; x10 keeps 10 training steps clear
+            for layer in model.model.layers:
+                layer.mlp.router.weight.mul_(10.0)
     return model.eval()
 
 

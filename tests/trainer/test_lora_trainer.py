@@ -4,6 +4,7 @@ adapter with AdamW state for the adapter only; bad adapters refused in one line.
 from __future__ import annotations
 
 import json
+from dataclasses import replace  # TrainConfig.replace keeps a field given None
 
 import pytest
 import torch
@@ -137,11 +138,14 @@ def test_a_mindspeed_llm_script_or_a_peft_config_configures_the_lora_run(tmp_pat
     script.write_text("python posttrain_gpt.py --lora-target-modules linear_qkv linear_fc2 --lora-alpha 8 --lr 1e-4\n")
     cfg = load_config(script)
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lr) == (16, 8.0, "linear_qkv,linear_fc2", 1e-4)
+    assert cfg.lora_shared_a is True  # its linear_qkv is one fused linear with one A
+    assert load_config(script, lora_shared_a=False).lora_shared_a is False  # a flag overrides the file
     peft_config = tmp_path / "adapter_config.json"
     peft_config.write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
                                        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}))
     cfg = load_config(peft_config)
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) == (4, 8.0, "linear_qkv,linear_proj")
+    assert cfg.lora_shared_a is None  # PEFT's q_proj, k_proj, v_proj: the adapter's own description decides
 
 
 def test_shared_a_trains_a_fused_linears_lora_as_peft_on_gpt2_and_megatron_hold_it(tmp_path):
@@ -163,3 +167,63 @@ def test_shared_a_trains_a_fused_linears_lora_as_peft_on_gpt2_and_megatron_hold_
     assert any("optimizer state" in n for n in summary.notes)
     with pytest.raises(InteropError, match="attn.q, attn.k, attn.v are one fused linear"):
         prepare(cfg.replace(load=str(gpt2), lora_targets="attn.q,attn.v"))
+
+
+def test_shared_a_is_the_adapters_fact_a_resume_takes_it_and_a_contradicting_flag_is_one_line(base, tmp_path):
+    """The trainer states shared_a in the adapter it saves: a resume WITHOUT --lora-shared-a continues the tied
+    adapter exactly; --no-lora-shared-a against it is one `error:` line naming both; an older adapter (the fact
+    absent) with equal A's is refused naming --lora-shared-a, one whose A's differ reads as separate."""
+    cfg = TrainConfig(load=str(base), steps=4, **RUN, lora_rank=2, lora_alpha=4.0,
+                      lora_targets="linear_qkv,linear_fc1", lora_shared_a=True)
+    straight = train(cfg)
+    first = train(cfg.replace(stop_at=2, save=str(tmp_path / "run")))
+    step2 = tmp_path / "run" / "step_000002"
+    manifest = json.loads((step2 / "interop.json").read_text())
+    assert manifest["adapter"]["shared_a"] is True
+    resumed = train(replace(cfg, lora_shared_a=None, resume=True, save=str(tmp_path / "run")))  # no flag
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(first + resumed, straight)) < 1e-5
+    saved = StoreReader(tmp_path / "run" / "step_000004")
+    assert saved.source.adapter.shared_a is True
+    assert torch.equal(saved.read("layers.2.attn.q.lora_a"), saved.read("layers.2.attn.v.lora_a"))
+    assert not torch.equal(saved.read("layers.2.attn.q.lora_a"), StoreReader(step2).read("layers.2.attn.q.lora_a"))
+
+    result = CliRunner().invoke(main, ["train", "--load", str(base), "--adapter", str(step2), "--steps", "4",
+                                       "--no-lora-shared-a", "--save", str(tmp_path / "other")])
+    assert result.exit_code != 0 and not (tmp_path / "other").exists()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --no-lora-shared-a contradicts ") and \
+        str(step2) in lines[0] and "shared_a true" in lines[0], result.output
+
+    # an older adapter: no shared_a in its description
+    older = tmp_path / "older"
+    older.mkdir()
+    for f in step2.iterdir():
+        (older / f.name).write_bytes(f.read_bytes())
+    del manifest["adapter"]["shared_a"]
+    (older / "interop.json").write_text(json.dumps(manifest))
+    given = replace(cfg, adapter=str(older), lora_rank=None, lora_alpha=None, lora_targets=None)
+    with pytest.raises(InteropError, match="does not say whether q, k, v .* share one A.* --lora-shared-a"):
+        prepare(replace(given, lora_shared_a=None))
+    assert prepare(given).adapter.shared_a is True  # the flag settles it
+    separate = tmp_path / "separate"
+    init_adapter(read_spec(write_spec(tmp_path / "l.yaml", LLAMA)),
+                 AdapterSpec(rank=2, alpha=4.0, targets=("attn.q", "attn.k", "attn.v")), separate)
+    data = json.loads((separate / "interop.json").read_text())
+    del data["adapter"]["shared_a"]
+    (separate / "interop.json").write_text(json.dumps(data))
+    sep = replace(cfg, adapter=str(separate), lora_rank=None, lora_alpha=None, lora_targets=None)
+    assert prepare(replace(sep, lora_shared_a=None)).adapter.shared_a is False  # its A's differ
+    with pytest.raises(InteropError, match="--lora-shared-a contradicts .*layers.0.attn.k.lora_a differs from "
+                                           "layers.0.attn.q.lora_a"):
+        prepare(sep)
+
+
+def test_parity_refuses_hf_where_peft_ties_a_otherwise_than_the_adapter(base):
+    """PEFT's LoRA on Llama's q_proj, k_proj, v_proj has an A each: a shared-A run has no PEFT twin there, and
+    parity says so before any run (one line) rather than report a loss gap."""
+    from interop.workflows.parity import parity
+    cfg = TrainConfig(steps=2, **RUN, lora_rank=2, lora_alpha=4.0, lora_targets="linear_qkv", lora_shared_a=True)
+    with pytest.raises(InteropError, match="framework hf: PEFT's LoRA on transformers' .* an A per projection .*"
+                                           "--no-lora-shared-a"):
+        parity(base, cfg, layouts=[(1, 1, 1)], frameworks=["torch", "hf"], log=None)
