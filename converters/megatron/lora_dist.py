@@ -19,7 +19,9 @@ dict to `.adapter.` keys without `_extra_state` (training/checkpointing.py `appl
 
 Bridge keeps the LoRA settings (dim, alpha) in the iteration's `run_config.yaml`; interop states them in
 common.pt's args as for the torch-format adapter (`lora_r`, `lora_alpha`, `lora_dropout`), which the reader
-requires (run_config.yaml is not read yet).
+requires (run_config.yaml is not read yet).  Without run_config.yaml Bridge's loader takes tp, pp and whether
+optimizer and rng state were saved from those args (training/checkpointing.py
+`_extract_megatron_lm_args_from_state_dict`): `no_save_optim` and `no_save_rng` are set, as neither is written.
 """
 from __future__ import annotations
 
@@ -215,7 +217,10 @@ class Writer(BaseWriter):
         modules = sorted({row.key.split(".")[-4] for row in self.rows})  # linear_qkv, linear_proj, ...
         args |= {LORA_ARGS["rank"]: self.adapter.rank, LORA_ARGS["alpha"]: self.adapter.alpha,
                  LORA_ARGS["dropout"]: self.adapter.dropout, "lora_target_modules": modules,
-                 "ckpt_format": "torch_dist", "iteration": 0 if iteration == "release" else iteration}
+                 "ckpt_format": "torch_dist", "iteration": 0 if iteration == "release" else iteration,
+                 # no optimizer, no rng state saved: Megatron-Bridge's loader, without run_config.yaml, takes
+                 # save_optim / save_rng from these (checkpointing.py _extract_megatron_lm_args_from_state_dict)
+                 "no_save_optim": True, "no_save_rng": True}
         args = argparse.Namespace(**args)
         self.out.finish({"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": args.iteration})
         self.partial.rename(self.root / iteration_name(iteration))

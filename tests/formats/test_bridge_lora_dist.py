@@ -75,6 +75,9 @@ def test_peft_to_bridge_torch_dist_tp2_and_back_byte_identical(peft_adapter, tmp
     common = torch.load(folder / "common.pt", weights_only=False)
     args = common["args"]
     assert (args.lora_r, args.lora_alpha, args.tensor_model_parallel_size, args.ckpt_format) == (4, 8, 2, "torch_dist")
+    # Bridge's loader, without run_config.yaml, reads save_optim / save_rng from the args
+    # (training/checkpointing.py _extract_megatron_lm_args_from_state_dict): neither is in an adapter checkpoint
+    assert args.no_save_optim and args.no_save_rng
 
     # the global tensors hold what Bridge's cut implies: A whole, B in the base weight's global row order
     ours = load_file(root / "lora" / "adapter_model.safetensors")
