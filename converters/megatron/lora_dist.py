@@ -18,10 +18,12 @@ dict to `.adapter.` keys without `_extra_state` (training/checkpointing.py `appl
 `PEFT.adapter_key_filter` in peft/base.py), so no `_extra_state` objects are written.
 
 Bridge keeps the LoRA settings (dim, alpha) in the iteration's `run_config.yaml`; interop states them in
-common.pt's args as for the torch-format adapter (`lora_r`, `lora_alpha`, `lora_dropout`), which the reader
-requires (run_config.yaml is not read yet).  Without run_config.yaml Bridge's loader takes tp, pp and whether
-optimizer and rng state were saved from those args (training/checkpointing.py
-`_extract_megatron_lm_args_from_state_dict`): `no_save_optim` and `no_save_rng` are set, as neither is written.
+common.pt's args as for the torch-format adapter (`lora_r`, `lora_alpha`, `lora_dropout`); the reader takes
+them from the args, else from run_config.yaml's `peft` (dim, alpha, dropout); the base model from the args or
+`--model-config` (Bridge's common.pt has no args; its run_config.yaml's `model` is not read).  Without
+run_config.yaml Bridge's loader takes tp, pp and whether optimizer and rng state were saved from those args
+(training/checkpointing.py `_extract_megatron_lm_args_from_state_dict`): `no_save_optim` and `no_save_rng` are
+set, as neither is written.
 """
 from __future__ import annotations
 
@@ -77,6 +79,28 @@ def _check(spec: ModelSpec, layout: ParallelLayout, adapter: AdapterSpec) -> Non
                            f"{adapter.rank} is not a multiple of tp={layout.tp}")
 
 
+RUN_CONFIG = "run_config.yaml"
+BRIDGE_PEFT = {"rank": "dim", "alpha": "alpha", "dropout": "dropout"}  # peft/lora.py `LoRA` fields
+
+
+def _run_config_lora(folder: Path) -> dict | None:
+    """The LoRA settings Megatron-Bridge writes in the iteration's run_config.yaml: its ConfigContainer
+    (training/config.py, field `peft`) dumped by `yaml.safe_dump` (utils/yaml_utils.py), `peft` holding the
+    `LoRA` dataclass's dim, alpha, dropout.  None when there is no such file or section."""
+    import yaml
+
+    path = folder / RUN_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        peft = (yaml.safe_load(path.read_text()) or {}).get("peft")
+    except (yaml.YAMLError, AttributeError) as exc:
+        raise InteropError(f"{path}: not a Megatron-Bridge run config ({str(exc).splitlines()[0]})") from None
+    if not isinstance(peft, dict):
+        return None
+    return {ours: peft.get(theirs) for ours, theirs in BRIDGE_PEFT.items()}
+
+
 class Reader(BaseReader):
     """A Megatron-Bridge LoRA checkpoint (torch_dist, adapter only) as canonical `lora_a` / `lora_b` tensors."""
 
@@ -100,10 +124,12 @@ class Reader(BaseReader):
             full = dict(full, vocab_size=vocab_size)
         full = dict(full, padded_vocab_size=full.get("padded_vocab_size") or full.get("vocab_size"))
         lora = {ours: (stored or {}).get(theirs) for ours, theirs in LORA_ARGS.items()}
+        if lora["rank"] is None and lora["alpha"] is None:
+            lora = _run_config_lora(self.dir) or lora
         for key in ("rank", "alpha"):
             if lora[key] is None:
-                raise InteropError(f"{where}: the args carry no {LORA_ARGS[key]} (the LoRA {key}): refused, never "
-                                   "defaulted")
+                raise InteropError(f"{where}: the args carry no {LORA_ARGS[key]} (the LoRA {key}), nor does a "
+                                   f"{RUN_CONFIG} beside it (peft: {BRIDGE_PEFT[key]}): refused, never defaulted")
         keys = self.ckpt.keys()
         dtype = self.ckpt.meta(keys[0])[0]
         spec = spec_from_args(full, str(self.dir), NAME_OF_DTYPE.get(dtype, "float32"))

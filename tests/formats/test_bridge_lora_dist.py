@@ -189,3 +189,25 @@ def test_distinct_q_k_v_a_is_refused_nothing_left(peft_adapter, tmp_path):
         tmp_path / "qkv")
     assert_refused(cli("convert", tmp_path / "qkv", tmp_path / "out", "--base", root / "base", "--to", "megatron",
                        "--format", "torch_dist", "--tp", "2"), tmp_path / "out", "linear_qkv", "--lora-stack-ranks")
+
+
+def test_bridge_s_own_common_pt_and_run_config_read_with_model_config(peft_adapter, tmp_path):
+    """As Bridge saves it: common.pt without args (training/checkpointing.py generate_state_dict: checkpoint_version,
+    iteration, ...), the LoRA settings in run_config.yaml (`peft:` the LoRA dataclass, yaml.safe_dump of the
+    ConfigContainer, utils/yaml_utils.py); the base from --model-config."""
+    import yaml
+
+    root, _ = peft_adapter
+    convert(root / "lora", tmp_path / "m", dst_format="megatron", base=root / "base", tp=2, format="torch_dist")
+    folder = next(p for p in (tmp_path / "m").iterdir() if p.is_dir())
+    torch.save({"checkpoint_version": 3.0, "iteration": 1}, folder / "common.pt")
+    (folder / "run_config.yaml").write_text(yaml.safe_dump({
+        "model": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1},
+        "peft": {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 4, "alpha": 8, "dropout": 0.0,
+                 "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]}}))
+    convert(tmp_path / "m", tmp_path / "p", dst_format="peft", model_config=root / "base" / "config.json")
+    weights = "adapter_model.safetensors"
+    assert (tmp_path / "p" / weights).read_bytes() == (root / "lora" / weights).read_bytes()
+    (folder / "run_config.yaml").write_text(yaml.safe_dump({"peft": {"dim": 4}}))
+    assert_refused(cli("convert", tmp_path / "m", tmp_path / "out", "--to", "peft", "--model-config",
+                       root / "base" / "config.json"), tmp_path / "out", "no lora_alpha", "never defaulted")
