@@ -211,3 +211,17 @@ def test_bridge_s_own_common_pt_and_run_config_read_with_model_config(peft_adapt
     (folder / "run_config.yaml").write_text(yaml.safe_dump({"peft": {"dim": 4}}))
     assert_refused(cli("convert", tmp_path / "m", tmp_path / "out", "--to", "peft", "--model-config",
                        root / "base" / "config.json"), tmp_path / "out", "no lora_alpha", "never defaulted")
+
+
+@pytest.mark.parametrize("tp,pp,vpp", [(1, 3, 1), (2, 3, 2)])
+def test_any_pipeline_layout_same_global_tensors(peft_adapter, tmp_path, tp, pp, vpp):
+    """torch_dist stores global tensors: the pipeline is the args' only (megatron-core reshards on load)."""
+    root, _ = peft_adapter
+    convert(root / "lora", tmp_path / "m", dst_format="megatron", base=root / "base", tp=tp, pp=pp, vpp=vpp,
+            format="torch_dist")
+    folder = next(p for p in (tmp_path / "m").iterdir() if p.is_dir())
+    args = torch.load(folder / "common.pt", weights_only=False)["args"]
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (tp, pp)
+    convert(tmp_path / "m", tmp_path / "p", dst_format="peft")
+    weights = "adapter_model.safetensors"
+    assert (tmp_path / "p" / weights).read_bytes() == (root / "lora" / weights).read_bytes()
