@@ -30,6 +30,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Sane bounds, so that a hostile or mistyped description fails here, before anything is sized by it:
 # the deepest published decoders have a few hundred layers; every size must fit a torch dimension.
 MAX_LAYERS = 10_000
+# Experts over all MoE layers (each 2-3 tensors, a row apiece in every table): DeepSeek-V3 has 256 x 58 =
+# 14,848; a million experts in one layer would build tables of millions of rows before any file is read.
+MAX_EXPERTS_IN_MODEL = 1 << 18
 MAX_SIZE = 2**31 - 1
 INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
               "max_positions")
@@ -358,6 +361,11 @@ def moe_problems(spec: ModelSpec):
     if spec.moe_layers is not None and (not isinstance(spec.moe_layers, (list, tuple)) or not all(
             _is_int(i) and 0 <= i < spec.num_layers for i in spec.moe_layers)):
         yield f"moe_layers must be a list of layer numbers below {spec.num_layers}, got {spec.moe_layers!r}"
+        return
+    moe_layers = spec.num_layers if spec.moe_layers is None else len(set(spec.moe_layers))
+    if _is_int(spec.num_layers) and spec.num_experts * moe_layers > MAX_EXPERTS_IN_MODEL:
+        yield (f"num_experts {spec.num_experts:,} x {moe_layers:,} MoE layers is more than {MAX_EXPERTS_IN_MODEL:,} "
+               "experts in the model (DeepSeek-V3 has 14,848)")
     if spec.shared_expert_ffn_hidden is not None and not (
             _is_int(spec.shared_expert_ffn_hidden) and 1 <= spec.shared_expert_ffn_hidden <= MAX_SIZE):
         yield f"shared_expert_ffn_hidden must be a positive integer, got {spec.shared_expert_ffn_hidden!r}"

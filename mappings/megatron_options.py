@@ -24,6 +24,9 @@ OPTIONS = (
                                                       "distrib_optim.pt laid out for --dp N."}, kind="switch"),
     FormatOption("model_config", {"convert": MODEL_CONFIG_HELP, "inspect": MODEL_CONFIG_HELP}, kind="path"),
     FormatOption("vocab_size", {"convert": VOCAB_SIZE_HELP, "inspect": VOCAB_SIZE_HELP}, kind="int"),
+    FormatOption("allow_identical_ranks", {"convert": "Megatron torch source: read a tensor-parallel rank folder "
+                                                      "whose split tensors are all byte-identical to rank 0's (refused "
+                                                      "by default: a copied folder, not a model)."}, kind="flag"),
     FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
                                    "laid out for."}, kind="int"),
 )

@@ -49,16 +49,18 @@ class Reader(BaseReader):
     """The format's reader: opening one gives the reader of the layout on disk, a `torch_dist.Reader` for a
     DCP iteration directory, a `torch_format.Reader` otherwise (each subclasses `BaseReader` itself)."""
 
-    options = ("iteration", "model_config", "vocab_size")
+    options = ("iteration", "model_config", "vocab_size", "allow_identical_ranks")
 
-    def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
-        if _is_torch_dist(path, iteration):
+    def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
+                allow_identical_ranks: bool | None = None):
+        if _is_torch_dist(path, iteration):  # global tensors: no rank folders to compare
             from . import lora_dist  # a Megatron-Bridge LoRA adapter (`.adapter.linear_in` / `linear_out` only)
             if lora_dist.holds_adapter(iteration_dir(path, iteration)[0]):
                 return lora_dist.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
             return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
         try:
-            return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+            return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size,
+                                       allow_identical_ranks=bool(allow_identical_ranks))
         except InteropError:  # a LoRA adapter's rank files (no embedding, no base weights) are not a model's
             if not lora.holds_adapter(path, iteration):
                 raise

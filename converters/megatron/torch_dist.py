@@ -470,6 +470,15 @@ class Reader(BaseReader):
         _, key, layer, _ = self.row_of[base_param_name(name)]
         return self._read_stored(self._key_prefix(name) + key, layer)
 
+    def copied(self, name: str) -> None:
+        """`byte_ranges(name)` went file to file: its chunk's record is CRC-checked in the background."""
+        _, key, layer, _ = self.row_of[base_param_name(name)]
+        key = self._key_prefix(name) + key
+        self.ckpt.check_later(key, *self._box(key, layer))
+
+    def confirm(self) -> None:
+        self.ckpt.confirm()
+
     def close(self) -> None:
         self._cache.clear()
 

@@ -50,7 +50,7 @@ from .checkpoint import CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_FILE, final
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
 from .model_spec import layout_of, model_args, spec_of
-from .model_state import ModelState, check_tensors
+from .model_state import ModelState, check_distinct_ranks, check_tensors
 from .optimizer import (DENSE, EXPERT, distrib_entry, expert_data_parallel, expert_groups, is_expert_param, pack,
                         parameter_order)
 from .optimizer_state import OptimizerState
@@ -71,9 +71,16 @@ _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replac
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch` format (rank files)."""
 
-    options = ("iteration", "model_config", "vocab_size")
+    options = ("iteration", "model_config", "vocab_size", "allow_identical_ranks")
 
-    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
+    @classmethod
+    def options_for_worker(cls, options: dict) -> dict:
+        return dict(options, verify=False)  # the parent compared the tied head's copy with the embedding
+
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
+                 verify: bool = True, allow_identical_ranks: bool = False):
+        """`verify=False` skips reading tensor bytes to check the files (a tied head's stored copy): a
+        `--workers` worker, whose parent checked them."""
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
         ranks = RankFiles(self.dir)
@@ -98,7 +105,8 @@ class Reader(BaseReader):
         self.spec = spec
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart)
-        check_tensors(model, ranks, self.rows, spec, notes)
+        check_tensors(model, ranks, self.rows, spec, notes, compare_tied=verify)
+        check_distinct_ranks(model, ranks, self.rows, notes, allow_identical_ranks)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
         optimizer = OptimizerState(ranks, model, self.rows, spec, stored or {}, first)
         self.moments, self.moment_files = optimizer.moments, optimizer.files  # (distrib_optim.pt: their own files)
@@ -280,6 +288,19 @@ class Reader(BaseReader):
                 for i, part in enumerate(parts):
                     self._native.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
         return self._native.get(name)
+
+    def copied(self, name: str) -> None:
+        """`byte_ranges(name)` went file to file: each rank's record it came from is CRC-checked in the
+        background (`confirm`), as `read` checks what it reads."""
+        dicts, base, files = self._stored(name)
+        row, _ = self.row_of[base]
+        dicts, files = self._on_ep_rank(dicts, files, row)
+        for t in [0] if self._replicated(row) else range(self._ranks(row)):
+            files[(t, row.stage)].check_later(dicts[(t, row.stage, row.chunk)][row.key])
+
+    def confirm(self) -> None:
+        for f in {id(f): f for files in (self.ep_files, self.moment_files) for f in files.values()}.values():
+            f.confirm()
 
     def close(self) -> None:
         self._cache.clear()

@@ -25,7 +25,7 @@ from ...tensors import Source, TensorMeta
 from . import lora, pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
 from .dialects import dialect_named, refuse_mla
-from .scalars import is_scalar_tag, scalars_to_state
+from .scalars import BadScalar, is_scalar_tag, scalars_to_state
 
 FORMAT = "mindspore"
 
@@ -198,8 +198,16 @@ class Reader(BaseReader):
         self.prefixes = dialect.moments
         self.row_of = {p: row for row in self.rows for p in row.parts}
         scalars = self._check(notes)
-        state, scalar_notes = scalars_to_state(scalars)
+        try:
+            state, scalar_notes = scalars_to_state(scalars)
+        except BadScalar as exc:
+            raise InteropError(f"{self.files[(0, 0)].path}: {exc}: the training state is damaged") from None
         notes += scalar_notes
+        optimizer = (state.get("megatron") or {}).get("optimizer")
+        if optimizer and not self.optim:  # step and param groups stored, the moments not: say what is missing
+            notes.append(f"no optimizer moments ({', '.join(p + '*' for p in self.prefixes.values())}) in the rank "
+                         f"files although their scalars say an optimizer ran (step {optimizer.get('step')}): "
+                         "weights only")
         if sidecar is not None:
             state = _merge_state(sidecar.get("state") or {}, state)
         if meta is not None and sidecar is None:  # (interop's own pt_meta restates what its sidecar records)
