@@ -54,10 +54,13 @@ class Reader(BaseReader):
     def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
                 allow_identical_ranks: bool | None = None):
         if _is_torch_dist(path, iteration):  # global tensors: no rank folders to compare
-            from . import lora_dist  # a Megatron-Bridge LoRA adapter (`.adapter.linear_in` / `linear_out` only)
-            if lora_dist.holds_adapter(iteration_dir(path, iteration)[0]):
-                return lora_dist.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
-            return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+            try:
+                return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+            except InteropError:  # a Megatron-Bridge LoRA adapter (`.adapter.linear_in` / `linear_out` only)?
+                from . import lora_dist
+                if not lora_dist.holds_adapter(iteration_dir(path, iteration)[0]):
+                    raise
+            return lora_dist.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
         try:
             return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size,
                                        allow_identical_ranks=bool(allow_identical_ranks))
