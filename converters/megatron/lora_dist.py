@@ -41,7 +41,7 @@ from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import BRIDGE_LORA_NAMES, LORA_ARGS, MCORE
 from ...mappings.megatron_spec import args_from_spec, layout_from_args, spec_from_args
-from ...params import TensorKey
+from ...params import TensorKey, param_index
 from ...rows import RowCollector, expand
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -73,7 +73,8 @@ def _check(spec: ModelSpec, layout: ParallelLayout, adapter: AdapterSpec) -> Non
     if adapter.layers is not None:
         raise InteropError(f"{WHAT} LoRA adapts its target modules in every layer (their tensors are layer-stacked): "
                            f"an adapter of layers {list(adapter.layers)} only has no such form")
-    column = any(t in ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up") for t in adapter.targets)
+    index = param_index(spec)  # the weights the adapter adapts, and how tp cuts them
+    column = any(index[f"layers.0.{t}.weight"].split == "column" for t in adapter.targets)
     if column and adapter.rank % layout.tp:
         raise InteropError(f"{WHAT} LoRA cuts linear_in of a column-parallel module on its rank: rank "
                            f"{adapter.rank} is not a multiple of tp={layout.tp}")
