@@ -9,8 +9,8 @@ A name table (`mappings/*_names.py`) lists (native template, transform class, ca
     global number, `{j}` its number on its expert-parallel rank), or, when the transform stores every
     expert in one tensor (`Transform.every_expert`), one row per expert-parallel rank listing its
     experts' parts expert by expert;
-  - `{m}` is a multi-token-prediction module (native layer num_layers + k, canonical `mtp.{k}.`): the row
-    repeats per module;
+  - `{m}` is a multi-token-prediction module (native layer num_layers + k, canonical `mtp.{k}.`; a native `{k}`:
+    the module's own number, Megatron's `mtp.layers.{k}`): the row repeats per module;
   - a row whose canonical tensors the model lacks (a bias, an untied head) is skipped, and the first row
     that claims a native name wins (so a gated fc1 row comes before the plain one).
 
@@ -59,11 +59,12 @@ def _mtp_modules(template, spec: ModelSpec):
     """A row of an MTP module (`{m}`: its native layer number, num_layers + k; `{k}` in the canonical parts:
     its module number, DeepSeek-V3) once per module; any other row as it is."""
     key, transform, parts = template
-    if "{m}" not in key:
+    if "{m}" not in key and "{k}" not in key:
         yield template
         return
     for k in range(spec.mtp_layers):
-        yield key.replace("{m}", str(spec.num_layers + k)), transform, [p.replace("{k}", str(k)) for p in parts]
+        yield (key.replace("{m}", str(spec.num_layers + k)).replace("{k}", str(k)), transform,
+               [p.replace("{k}", str(k)) for p in parts])
 
 
 def expand(table, spec: ModelSpec, *, layers=None, first: int = 0, ep: int = 1, keep=None, stage: int = 0,

@@ -203,7 +203,42 @@ LEGACY = [
 TE_MOE_NORM = {"decoder.layers.{i}.pre_mlp_layernorm.weight", "decoder.layers.{i}.pre_mlp_layernorm.bias"}
 TE_FUSED_MLP_NORM = {"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias"}
 
-TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY}
+# Multi-token prediction modules (megatron-core 0.16.1 transformer/multi_token_prediction.py: GPTModel.mtp, a
+# MultiTokenPredictionBlock whose `layers.{k}` are MultiTokenPredictionLayer: enorm, hnorm, eh_proj (column
+# parallel over [enorm(embedding); hnorm(hidden)]), `transformer_layer` (a decoder layer named as the others) and
+# final_layernorm), registered after the decoder and before output_layer.  Megatron-Bridge names GLM-4.5's the same
+# (src/megatron/bridge/models/glm/glm45_bridge.py: mtp.layers.{k}.enorm / hnorm / eh_proj / final_layernorm,
+# mtp.layers.{k}.transformer_layer.* <- model.layers.{num_layers + k}.*).  `{k}` numbers the module.
+MTP_LAYER = "mtp.layers.{k}.transformer_layer."
+
+
+def _mtp_rows(table: list) -> list:
+    layer = [(key.replace("decoder.layers.{i}.", MTP_LAYER), t, [c.replace("layers.{i}.", "mtp.{k}.layer.")
+                                                                 for c in parts])
+             for key, t, parts in table if key.startswith("decoder.layers.{i}.")]
+    return [("mtp.layers.{k}.enorm.weight", Copy, ["mtp.{k}.enorm.weight"]),
+            ("mtp.layers.{k}.hnorm.weight", Copy, ["mtp.{k}.hnorm.weight"]),
+            ("mtp.layers.{k}.eh_proj.weight", Copy, ["mtp.{k}.eh_proj.weight"]),
+            *layer, ("mtp.layers.{k}.final_layernorm.weight", Copy, ["mtp.{k}.final_norm.weight"])]
+
+
+def _with_mtp(table: list) -> list:
+    head = next(n for n, (key, _, _) in enumerate(table) if key == "output_layer.weight")
+    return table[:head] + _mtp_rows(table) + table[head:]
+
+
+def is_mtp_key(key: str) -> bool:
+    return key.startswith("mtp.layers.")
+
+
+def decoder_key(key: str) -> str:
+    """An MTP module's key (`mtp.layers.0.transformer_layer.x`) as the decoder layers' template
+    (`decoder.layers.{i}.x`: which norms a TE MoE layer keeps apart); its own tensors' keys as they are."""
+    _, found, rest = key.partition(".transformer_layer.")
+    return "decoder.layers.{i}." + rest if found else key
+
+
+TABLES = {"mcore": _with_mtp(MCORE), "mcore_te": _with_mtp(MCORE_TE), "legacy": LEGACY}
 
 # Older legacy spellings, renamed component by component before a key is matched.
 LEGACY_ALIASES = {

@@ -17,7 +17,7 @@ import torch
 from ...layout import ParallelLayout
 from ...memory import BufferPool
 from ...mappings.megatron_names import (EXPERT_LAYOUTS, IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TE_FUSED_MLP_NORM,
-                                        TE_MOE_NORM, TIED_HEAD)
+                                        TE_MOE_NORM, TIED_HEAD, decoder_key, is_mtp_key)
 from ...params import param_index
 from ...rows import Row, check_placed, expand
 from ...spec import ModelSpec
@@ -55,20 +55,25 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
     for p, chunks in enumerate(layout.stages):
         for v, (start, stop) in enumerate(chunks):
             def keep(key, i, here=(p, v)):
-                if i is None:  # the embedding on the first chunk, the final norm and head on the last
+                if is_mtp_key(key):  # an MTP module: on the last chunk, its layer built like the last layer
+                    if here != (last_stage, last_chunk):
+                        return False
+                    key, moe = decoder_key(key), spec.is_mtp_moe()
+                elif i is None:  # the embedding on the first chunk, the final norm and head on the last
                     first = key.startswith(("embedding.", "language_model.embedding."))
                     return here == (0, 0) if first else here == (last_stage, last_chunk)
+                else:
+                    moe = spec.is_moe_layer(i)
                 if scheme == "mcore_te" and key in TE_MOE_NORM:
-                    return moe_norm_apart and spec.is_moe_layer(i)
-                return not (scheme == "mcore_te" and key in TE_FUSED_MLP_NORM and moe_norm_apart
-                            and spec.is_moe_layer(i))
+                    return moe_norm_apart and moe
+                return not (scheme == "mcore_te" and key in TE_FUSED_MLP_NORM and moe_norm_apart and moe)
             rows += expand(table, spec, layers=range(start, stop), first=start, ep=layout.ep, keep=keep,
                            stage=p, chunk=v, present=present)
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
                 embedding = present["embed.word.weight"]
                 rows.append(Row(TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name], p, v))
-    why = ("multi-latent attention and MTP modules have no Megatron names in interop yet: --to hf or --to interop "
-           "hold them" if spec.is_mla or spec.mtp_layers else "e.g. q/k norms need megatron-core, not the legacy model")
+    why = ("multi-latent attention has no Megatron names in interop yet: --to hf or --to interop hold it"
+           if spec.is_mla else "MTP modules and q/k norms need megatron-core, not the legacy model")
     check_placed(rows, spec, f"Megatron's {scheme}", why)
     return rows
 
