@@ -369,3 +369,6 @@ def scheme_of(keys) -> str | None:
 # flag: `lora_dropout` is interop's, kept for a round trip).
 LORA_NAMES = LoraNames(".lora_A.default.weight", ".lora_B.default.weight")
 LORA_ARGS = {"rank": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout"}
+# Megatron-Bridge's PEFT (src/megatron/bridge/peft/adapter_wrapper.py puts the adapter under `<module>.adapter.`,
+# utils.py ParallelLinearAdapter names its two linears `linear_in` (A) and `linear_out` (B)), in torch_dist.
+BRIDGE_LORA_NAMES = LoraNames(".adapter.linear_in.weight", ".adapter.linear_out.weight")
