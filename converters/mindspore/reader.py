@@ -219,7 +219,9 @@ class Reader(BaseReader):
                 named = (from_meta["megatron"].get("args") or {}).get("tokenizer_model")
                 if isinstance(named, str) and named and "tokenizer_model" not in state:
                     state["tokenizer_model"] = named  # neutral (interop.state): an HF target takes the file
-        self.source = Source(spec, layout, state=state, notes=notes)
+        bare = any(f.crc is None for f in [*self.files.values(), *self.ep_files.values()])
+        self.source = Source(spec, layout, state=state, notes=notes,
+                             unchecked="MindSpore .ckpt files without a crc_num trailer" if bare else None)
 
     @staticmethod
     def _description(path: Path, sidecar, model_config, meta, dtype: str, vocab_size, notes: list[str]):
