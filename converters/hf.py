@@ -118,6 +118,11 @@ class _WeightFiles:
     def meta(self, key):
         return self.where[key].meta(key)
 
+    @property
+    def unchecked(self) -> str | None:
+        """safetensors has no checksum (a `.bin`'s zip records have their CRC-32s)."""
+        return "HF safetensors files" if any(isinstance(h, SafetensorsFile) for h in self.where.values()) else None
+
     def read(self, key) -> torch.Tensor:
         return self.where[key].read(key)
 
@@ -264,7 +269,7 @@ class Reader(BaseReader):
         if keys:
             raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {self.model_type} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
-        self.source = Source(spec, None, notes=notes)
+        self.source = Source(spec, None, notes=notes, unchecked=self.files.unchecked)
         self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         files = {name: root / name for name in MODEL_FILES if (root / name).is_file()}

@@ -142,6 +142,8 @@ class Reader(BaseReader):
         self.file.close()
 
 
+_SAVE_ORDER = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
 class Writer(BaseWriter):
     """A LoRA adapter as PEFT saves it, loadable by `peft.PeftModel.from_pretrained(base_model, DST)`."""
 
@@ -186,10 +188,13 @@ class Writer(BaseWriter):
 
     def finish_units(self, state: dict | None = None) -> dict:
         self.collector.check_done("PEFT adapter: ")
-        entries = [(row.key, self.stored[row.key].dtype, tuple(self.stored[row.key].shape)) for row in self.rows]
+        # in the order peft's save_pretrained (safetensors 0.8 `save_file`) writes them: wider dtype first (F64,
+        # F32, BF16, F16), then by name; so an adapter read from peft is written back byte for byte
+        keys = sorted(self.stored, key=lambda k: (_SAVE_ORDER.get(self.stored[k].dtype, len(_SAVE_ORDER)), k))
+        entries = [(k, self.stored[k].dtype, tuple(self.stored[k].shape)) for k in keys]
         writer = SafetensorsWriter(self.root / WEIGHTS, entries, {"format": "pt"})
-        for row in self.rows:
-            writer.write(row.key, self.stored[row.key])
+        for k in keys:
+            writer.write(k, self.stored[k])
         nbytes, crc = writer.close()
         return {WEIGHTS: {"bytes": nbytes, "crc32": crc}}
 

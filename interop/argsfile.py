@@ -197,12 +197,25 @@ def _arith(expr: str) -> int:
     return ev(ast.parse(expr.replace("/", "//").replace("////", "//"), mode="eval"))
 
 
+MAX_EXPANDED = 16 << 20  # characters all of a script's expansions may produce: 16 x the largest file
+
+
 class _Shell:
     def __init__(self, env: dict[str, str], overrides: dict[str, str]):
         self.vars: dict[str, object] = dict(env)
         self.overrides = dict(overrides)
         self.vars.update(overrides)
         self.unresolved: list[str] = []
+        self.expanded = 0  # characters produced by expansions so far (`A="$A$A"` 40 times is 2**40)
+
+    def _taken(self, name: str, value):
+        """`value` of variable `name` as it is expanded, counted against MAX_EXPANDED: a script whose
+        variables double (`A="$A$A"`) would otherwise take memory without bound, not a launch."""
+        self.expanded += len(value) if isinstance(value, str) else sum(len(v) + 1 for v in value)
+        if self.expanded > MAX_EXPANDED:
+            raise InteropError(f"its variables expand to more than {MAX_EXPANDED >> 20} MiB of text (${name} "
+                               "grows as it is used: a variable doubling itself?); not a launch script")
+        return value
 
     def _missing(self, name: str) -> str:
         if name not in self.unresolved:
@@ -227,6 +240,7 @@ class _Shell:
         value = self.vars.get(name)
         if value is None:
             return self._missing(name)
+        self._taken(name, value)
         if isinstance(value, list):
             if index in ("@", "*"):
                 return list(value)
@@ -267,6 +281,7 @@ class _Shell:
             empty = current is None or (op.startswith(":") and current in ("", []))
             if op.endswith("-") or op.endswith("="):
                 if not empty:
+                    self._taken(name, current)
                     return [(current if isinstance(current, str) else " ".join(current), True)]
                 default = "".join(s for s, _ in self.expand_text(word))
                 if op.endswith("="):
@@ -425,7 +440,7 @@ def parse_text(text: str, env: dict[str, str] | None = None) -> LaunchArgs:
     return LaunchArgs(tokens, launcher, variables, list(shell.unresolved), _world_size(launcher, variables))
 
 
-MAX_ARGS_FILE = 16 << 20  # bytes: a launch script is a few KB
+MAX_ARGS_FILE = 1 << 20  # bytes: a launch script is a few KB; a 1 MiB one is read in ~2 s
 
 
 def parse_file(path: str | Path, env: dict[str, str] | None = None) -> LaunchArgs:

@@ -207,6 +207,14 @@ def _replace(tmp: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _make_parents(folder: Path) -> list[Path]:
+    """Create `folder` and its missing parents; the ones created, deepest first (a failed run removes them:
+    `out/a/b/model` refused or interrupted leaves no `out/a/b`)."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
 @contextlib.contextmanager
 def atomic_directory(dst, force: bool = False, inputs=(), notes: list[str] | None = None):
     """Yield a temporary directory beside `dst`; on success it becomes `dst`, on error it vanishes.
@@ -214,7 +222,7 @@ def atomic_directory(dst, force: bool = False, inputs=(), notes: list[str] | Non
     `inputs` are paths `--force` must not delete; `notes`, when given, gets a line for each stale
     temporary sibling removed (else the line goes nowhere)."""
     dst = check_destination(dst, force, inputs)
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(dst.parent)
     for name in remove_stale_siblings(dst):
         if notes is not None:
             notes.append(f"removed {dst.parent / name}, left behind by an earlier run that was killed")
@@ -226,6 +234,11 @@ def atomic_directory(dst, force: bool = False, inputs=(), notes: list[str] | Non
         _publish(tmp, dst, force)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:  # the parents this run created, deepest first, while they are still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         if isinstance(exc, OSError) and exc.filename is None:
             exc.filename = str(dst)  # "error: DST: No space left on device", not a bare strerror
         raise

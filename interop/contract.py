@@ -83,6 +83,10 @@ class BaseReader(abc.ABC):
         """[(file, offset, length)] holding `name` as it is (row-major, its dtype); None: not so stored."""
         return None
 
+    def copied(self, name: str) -> None:
+        """The engine copied `byte_ranges(name)` file to file: check (in the background, reported by `confirm`)
+        what reading them would have checked, e.g. a record's CRC-32.  Default: nothing to check."""
+
     def fused_row(self, name: str):
         """(transform, names) of the fused row that stores `name` (its parts in order); None: stored alone."""
         return None

@@ -51,6 +51,7 @@ class Summary:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     rank: int = 0  # of a distributed conversion (`interop.distributed`): rank 0 reports the job, the others nothing
+    unchecked: str | None = None  # the source's files whose tensor bytes no checksum covers (`Source.unchecked`)
 
     def lines(self, verbose: bool = False) -> list[str]:
         """The CLI text.  A note is one line; what follows a note's first newline is its detail, shown with
@@ -64,6 +65,9 @@ class Summary:
             first, _, detail = note.partition("\n")
             out.append(f"  note: {first}" + (" (-v: more)" if detail and not verbose else ""))
             out += [f"    {line}" for line in detail.splitlines()] if verbose else []
+        if self.unchecked:
+            out.append(f"  unchecked: {self.unchecked} carry no checksums; damaged tensor bytes there show only in "
+                       f"`interop verify {self.src} {self.dst}`")
         return out
 
 
@@ -300,7 +304,7 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         if progress:
             progress.start(sum(m.nbytes for m in metas_in))
         summary = Summary(str(src), str(dst), src_format, dst_format, layout.tp, layout.pp, layout.vpp,
-                          layout.describe(), notes=list(reader.source.notes))
+                          layout.describe(), notes=list(reader.source.notes), unchecked=reader.source.unchecked)
         task = Task(str(src), reader_cls, writer_cls, reader_options, writer_options, "", out_spec, layout,
                     tuple(metas_in), tuple(metas_out), spec.vocab)
         if group is not None:

@@ -10,7 +10,7 @@ A name table (`mappings/*_names.py`) lists (native template, transform class, ca
     expert in one tensor (`Transform.every_expert`), one row per expert-parallel rank listing its
     experts' parts expert by expert;
   - `{m}` is a multi-token-prediction module (native layer num_layers + k, canonical `mtp.{k}.`): the row
-    repeats per module;
+    repeats per module; `{k}` in a native name is the module's own number (Megatron's `mtp.layers.{k}.`);
   - a row whose canonical tensors the model lacks (a bias, an untied head) is skipped, and the first row
     that claims a native name wins (so a gated fc1 row comes before the plain one).
 
@@ -56,14 +56,15 @@ def _expanded(key: str, transform, parts, i, local, spec: ModelSpec, ep: int):
 
 
 def _mtp_modules(template, spec: ModelSpec):
-    """A row of an MTP module (`{m}`: its native layer number, num_layers + k; `{k}` in the canonical parts:
-    its module number, DeepSeek-V3) once per module; any other row as it is."""
+    """A row of an MTP module (`{m}`: its native layer number, num_layers + k, DeepSeek-V3's; `{k}`: its module
+    number, in the canonical parts and in Megatron's names) once per module; any other row as it is."""
     key, transform, parts = template
-    if "{m}" not in key:
+    if "{m}" not in key and "{k}" not in key:
         yield template
         return
     for k in range(spec.mtp_layers):
-        yield key.replace("{m}", str(spec.num_layers + k)), transform, [p.replace("{k}", str(k)) for p in parts]
+        native = key.replace("{m}", str(spec.num_layers + k)).replace("{k}", str(k))
+        yield native, transform, [p.replace("{k}", str(k)) for p in parts]
 
 
 def expand(table, spec: ModelSpec, *, layers=None, first: int = 0, ep: int = 1, keep=None, stage: int = 0,

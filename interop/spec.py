@@ -30,6 +30,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Sane bounds, so that a hostile or mistyped description fails here, before anything is sized by it:
 # the deepest published decoders have a few hundred layers; every size must fit a torch dimension.
 MAX_LAYERS = 10_000
+# Experts over all MoE layers (each 2-3 tensors, a row apiece in every table): DeepSeek-V3 has 256 x 58 =
+# 14,848; a million experts in one layer would build tables of millions of rows before any file is read.
+MAX_EXPERTS_IN_MODEL = 1 << 18
 MAX_SIZE = 2**31 - 1
 INT_FIELDS = ("num_layers", "hidden", "ffn_hidden", "heads", "kv_groups", "head_dim", "vocab", "padded_vocab",
               "max_positions")
@@ -57,6 +60,10 @@ class ModelSpec:
     activation: str
     position: str
     rope_base: float = 10000.0
+    # Partial rotary (GLM-4.5, Phi-3 variants; HF partial_rotary_factor, Megatron --rotary-percent): rope turns the
+    # first int(head_dim * rotary_percent) values of each q/k head, in halves of that part (rotate-half), and
+    # leaves the rest of the head as it is.
+    rotary_percent: float = 1.0
     tied_embeddings: bool = True
     qkv_bias: bool = False  # biases on q, k, v
     linear_bias: bool = False  # biases on o, gate/up and down
@@ -149,6 +156,13 @@ class ModelSpec:
     def is_sliding_layer(self, i: int) -> bool:
         """Whether global layer `i` attends within sliding_window."""
         return self.sliding_window is not None and (self.sliding_layers is None or i in self.sliding_layers)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many values of each q/k head rope turns (MLA: its decoupled rope part)."""
+        if self.is_mla:
+            return self.qk_rope_head_dim
+        return int(self.head_dim * self.rotary_percent)
 
     @property
     def is_moe(self) -> bool:
@@ -300,6 +314,15 @@ def _problems(spec: ModelSpec):
             yield f"sliding_layers must be a list of layer numbers below {spec.num_layers}, got {spec.sliding_layers!r}"
     if spec.rope_local_base is not None and not (_is_number(spec.rope_local_base) and spec.rope_local_base > 0):
         yield f"rope_local_base must be a positive number or None, got {spec.rope_local_base!r}"
+    if not (_is_number(spec.rotary_percent) and 0 < spec.rotary_percent <= 1):
+        yield f"rotary_percent must be a number in (0, 1], got {spec.rotary_percent!r}"
+    elif spec.rotary_percent != 1.0:
+        dim = int(spec.head_dim * spec.rotary_percent) if _is_int(spec.head_dim) else 0
+        if spec.position != "rope" or spec.kv_lora_rank is not None:
+            yield "rotary_percent below 1 needs position=rope without multi-latent attention"
+        elif dim < 2 or dim % 2:
+            yield (f"rotary_percent {spec.rotary_percent} of head_dim {spec.head_dim} turns {dim} values: rope needs "
+                   "an even number of them, at least 2")
     if spec.pre_norm is False and spec.post_norm is False:
         yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
     if spec.glu_clamp is not None and not (_is_number(spec.glu_clamp) and spec.glu_clamp > 0):
@@ -316,11 +339,12 @@ def _problems(spec: ModelSpec):
     if spec.rope_scaling is not None:
         if spec.position != "rope":
             yield "rope_scaling needs position=rope"
-        yield from rope_scaling_problems(spec.rope_scaling, spec.head_dim if _is_int(spec.head_dim) else None)
+        yield from rope_scaling_problems(spec.rope_scaling, int(spec.head_dim * spec.rotary_percent)
+                                         if _is_int(spec.head_dim) and _is_number(spec.rotary_percent) else None)
 
 
 # Fields left out of `to_dict` when they hold their "absent" value, so older descriptions stay unchanged.
-OPTIONAL_FIELDS = {"mlp_bias": None, "qk_norm": False, "rope_scaling": None, "sliding_window": None,
+OPTIONAL_FIELDS = {"mlp_bias": None, "rotary_percent": 1.0, "qk_norm": False, "rope_scaling": None, "sliding_window": None,
                    "num_experts": None, "moe_topk": None, "moe_ffn_hidden": None, "moe_layers": None,
                    "moe_router_score": "softmax", "moe_norm_topk": True, "moe_router_bias": False,
                    "moe_aux_loss_coeff": 0.0, "shared_expert_ffn_hidden": None, "shared_expert_gate": False,
@@ -358,6 +382,11 @@ def moe_problems(spec: ModelSpec):
     if spec.moe_layers is not None and (not isinstance(spec.moe_layers, (list, tuple)) or not all(
             _is_int(i) and 0 <= i < spec.num_layers for i in spec.moe_layers)):
         yield f"moe_layers must be a list of layer numbers below {spec.num_layers}, got {spec.moe_layers!r}"
+        return
+    moe_layers = spec.num_layers if spec.moe_layers is None else len(set(spec.moe_layers))
+    if _is_int(spec.num_layers) and spec.num_experts * moe_layers > MAX_EXPERTS_IN_MODEL:
+        yield (f"num_experts {spec.num_experts:,} x {moe_layers:,} MoE layers is more than {MAX_EXPERTS_IN_MODEL:,} "
+               "experts in the model (DeepSeek-V3 has 14,848)")
     if spec.shared_expert_ffn_hidden is not None and not (
             _is_int(spec.shared_expert_ffn_hidden) and 1 <= spec.shared_expert_ffn_hidden <= MAX_SIZE):
         yield f"shared_expert_ffn_hidden must be a positive integer, got {spec.shared_expert_ffn_hidden!r}"
@@ -502,7 +531,7 @@ def _longrope_problems(scaling: dict, head_dim: int | None):
         if not isinstance(factors, list) or not all(_is_number(f) and f > 0 for f in factors):
             yield f"longrope {key} must be a list of positive numbers"
         elif head_dim is not None and len(factors) != head_dim // 2:
-            yield f"longrope {key} must have head_dim / 2 = {head_dim // 2} values, got {len(factors)}"
+            yield f"longrope {key} must have rotary_dim / 2 = {head_dim // 2} values, got {len(factors)}"
     if not (_is_int(scaling["original_max_positions"]) and scaling["original_max_positions"] > 0):
         yield f"longrope original_max_positions must be a positive integer, got {scaling['original_max_positions']!r}"
     if not (_is_number(scaling["attention_factor"]) and scaling["attention_factor"] > 0):

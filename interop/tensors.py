@@ -40,3 +40,4 @@ class Source:
     state: dict = field(default_factory=dict)  # iteration, scheduler, rng, ... (JSON-able)
     notes: list[str] = field(default_factory=list)  # what was dropped or could not be mapped, and why
     adapter: AdapterSpec | None = None  # a LoRA adapter source: its tensors adapt `spec`, the base model's
+    unchecked: str | None = None  # which of its files hold tensor bytes no checksum covers ("HF safetensors files")

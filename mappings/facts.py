@@ -23,6 +23,14 @@ FACT_OF_TENSOR = {
     ".mlp.experts.*.bias": ("has_mlp_bias (biased experts)", "hf (gpt_oss), megatron (megatron-core names, "
                                                              "sequential or te_grouped experts), interop"),
 }
+# multi-latent attention and MTP modules (DeepSeek-V2 / V3)
+_MLA = ("multi-latent attention (kv_lora_rank)", "hf (deepseek_v3, deepseek_v2), megatron (megatron-core names), "
+        "mindspore --dialect mindformers-mcore, interop")
+FACT_OF_TENSOR |= {suffix: _MLA for suffix in (".attn.q_down.weight", ".attn.q_down_norm.weight", ".attn.q_up.weight",
+                                               ".attn.kv_down.weight", ".attn.kv_down_norm.weight", ".attn.kv_up.weight")}
+FACT_OF_TENSOR |= {suffix: ("mtp_layers", "hf (deepseek_v3), megatron (megatron-core names), mindspore --dialect "
+                                          "mindformers-mcore, interop")
+                   for suffix in (".enorm.weight", ".hnorm.weight", ".eh_proj.weight")}
 
 
 def no_place(where: str, name: str) -> str | None:

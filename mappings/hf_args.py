@@ -46,7 +46,7 @@ TRAINING_KEYS = {
 # model_args' values that are Megatron's implementation, not the model a config.json states (Megatron
 # pads the vocabulary itself; the activation is said once, as interop's derived `activation`).
 NOT_IN_CONFIG = {"padded_vocab_size", "swiglu", "openai_gelu", "bias_gelu_fusion", "bias_swiglu_fusion",
-                 "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent", "rotary_interleaved"}
+                 "add_position_embedding", "use_rotary_position_embeddings", "rotary_interleaved"}
 # moe_args' values that are the parallel layout, not the model.
 MOE_LAYOUT = {"expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel"}
 def held(full: dict) -> set:
@@ -99,8 +99,6 @@ def _describable(full: dict) -> tuple[dict, dict]:
     for dest, ok in UNSUPPORTED_ARGS.items():
         if full.get(dest) not in (ok, None):
             drop(dest, ok, f"no Hugging Face model here has {dest}={full[dest]!r}")
-    if full.get("rotary_percent") not in (None, 1.0):
-        drop("rotary_percent", 1.0, "the HF models rotate the whole head (rotary_percent 1.0)")
     if full.get("qk_layernorm") and full.get("normalization") != "RMSNorm":
         drop("qk_layernorm", False, "the HF models' q/k norms are RMSNorms")
     try:

@@ -96,6 +96,9 @@ def _spec(where: str, **fields) -> ModelSpec:
 #   rope_theta  the config class's rope_theta when config.json names none (LLAMA's 10000 otherwise)
 #   norms       where the layer norms sit (absent: "pre", Llama's): "post" (OLMo 2: after attention and MLP only)
 #   qk_norm_scope  what one q/k norm covers when qk_norm (absent: "head", Qwen3's): "projection" (OLMo 2)
+#   qk_norm_key the config key that says whether the model has q/k norms (GLM-4.5's use_qk_norm), else qk_norm holds
+#   partial_rotary  the family's class applies partial_rotary_factor (rope on part of each head): its default
+#   holds       DeepSeek's facts the family's class holds too (GLM-4.5: MTP modules, groups, routed scaling)
 #   unset       keys written as null unless the source says them: the config class's default would change the model
 #               (Olmo2Config's pad_token_id 1 makes embedding row 1 a padding row, whose gradient is zero)
 HF_FAMILIES = {
@@ -131,8 +134,18 @@ HF_FAMILIES = {
     # only (hf_names.PHI3).  It holds no fact Llama / Mistral lack, so it is written when asked (`--family phi3`,
     # or an HF phi3 source) and read always.  pad_token_id's default 32000 would make a padding row: unset.
     "phi3": {"architecture": "Phi3ForCausalLM", "biases": "none", "qk_norm": False, "sliding": "model",
+             "partial_rotary": 1.0,
              "defaults": {"vocab": 32064, "hidden": 3072, "ffn_hidden": 8192, "max_positions": 4096, "norm_eps": 1e-5},
              "unset": {"pad_token_id": None}},
+    # transformers 5.24 models/glm4_moe (Glm4MoeConfig, Glm4MoeAttention, Glm4MoeTopkRouter, Glm4MoeMoE): q, k, v
+    # biased by attention_bias (o_proj never), q/k RMSNorm per head when use_qk_norm, partial rotary (rope on the
+    # first head_dim * partial_rotary_factor values, rotate-half; 0.5 when the config names none), DeepSeek-V3's
+    # sigmoid router with the correction bias and groups, shared experts, dense first layers, MTP modules
+    "glm4_moe": {"architecture": "Glm4MoeForCausalLM", "biases": "qkv_attention_bias", "qk_norm": False,
+                 "qk_norm_key": "use_qk_norm", "sliding": None, "partial_rotary": 0.5,
+                 "defaults": {"vocab": 151552, "hidden": 4096, "ffn_hidden": 10944, "num_layers": 46, "heads": 96,
+                              "kv_groups": 8, "max_positions": 131072, "norm_eps": 1e-5},
+                 "moe": "glm4_moe", "holds": ("mtp_layers", "moe_groups", "moe_routed_scaling")},
     # transformers 5.24 models/gemma2 (Gemma2Config, Gemma2RMSNorm (1 + w), Gemma2Model's sqrt(hidden) normalizer,
     # Gemma2Attention query_pre_attn_scalar ** -0.5 and attn_logit_softcapping, final_logit_softcapping,
     # layer_types): the sandwich of four norms per layer, GeGLU with tanh GeLU (hidden_activation)
@@ -176,6 +189,9 @@ MOE_KEYS = {
                   ("moe_ffn_hidden", "moe_intermediate_size", 1408),
                   ("shared_expert_ffn_hidden", "shared_expert_intermediate_size", 5632),
                   ("moe_norm_topk", "norm_topk_prob", False), ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
+    "glm4_moe": [("num_experts", "n_routed_experts", 128), ("moe_topk", "num_experts_per_tok", 8),
+                 ("moe_ffn_hidden", "moe_intermediate_size", 1408), ("moe_routed_scaling", "routed_scaling_factor", 1.0),
+                 ("moe_norm_topk", "norm_topk_prob", True)],
     "qwen3_moe": [("num_experts", "num_experts", 128), ("moe_topk", "num_experts_per_tok", 8),
                   ("moe_ffn_hidden", "moe_intermediate_size", 768), ("moe_norm_topk", "norm_topk_prob", False),
                   ("moe_aux_loss_coeff", "router_aux_loss_coef", 0.001)],
@@ -186,6 +202,7 @@ MOE_KEYS = {
 MOE_TRAINING_KEYS = {"mixtral": {"output_router_logits": False, "router_jitter_noise": 0.0},
                      "gpt_oss": {"output_router_logits": False},
                      "qwen2_moe": {"output_router_logits": False}, "qwen3_moe": {"output_router_logits": False},
+                     "glm4_moe": {"output_router_logits": False},
                      **{model_type: hf_deepseek.TRAINING_KEYS for model_type in hf_deepseek.COMMON}}
 # HF rope_parameters keys of the llama3 rope type <-> ModelSpec.rope_scaling keys.
 LLAMA3_ROPE_KEYS = {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
@@ -205,8 +222,12 @@ def config_keys(model_type: str) -> set:
         return {key for _, key, _ in GPT2_KEYS} | set(GPT2_READS)
     if model_type in hf_deepseek.COMMON:
         return hf_deepseek.config_keys(model_type)
-    moe = MOE_KEYS.get(HF_FAMILIES[model_type].get("moe"), [])
-    return {key for _, key, _ in LLAMA_KEYS + moe} | set(LLAMA_READS)
+    family = HF_FAMILIES[model_type]
+    moe = MOE_KEYS.get(family.get("moe"), [])
+    extra = set(hf_deepseek.SIGMOID_ROUTING_READS) if family.get("holds") else set()
+    extra |= {family["qk_norm_key"]} if family.get("qk_norm_key") else set()
+    extra |= {"partial_rotary_factor"} if family.get("partial_rotary") is not None else set()
+    return {key for _, key, _ in LLAMA_KEYS + moe} | set(LLAMA_READS) | extra
 
 
 def spec_from_hf_config(config: dict, dtype: str = "float32", where: str = "config.json") -> ModelSpec:
@@ -389,14 +410,23 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         linear_bias, mlp_bias = False, None
     elif family["biases"] == "none":
         qkv_bias, linear_bias, mlp_bias = False, False, None
+    elif family["biases"] == "qkv_attention_bias":
+        qkv_bias, linear_bias, mlp_bias = _bool(config, "attention_bias", where), False, None
     else:
         attention_bias = bool(config.get("attention_bias", family.get("attention_bias", False)))
         mlp = bool(config.get("mlp_bias", family.get("expert_bias", False)))
         qkv_bias, linear_bias = attention_bias, attention_bias  # attention_bias is q, k, v and o
         mlp_bias = None if mlp == attention_bias else mlp
-    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise InteropError(f"{where}: partial_rotary_factor={partial!r} is not supported (rotary on the whole head is)")
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is None:
+        partial = family.get("partial_rotary", 1.0)
+    if family.get("partial_rotary") is None and partial not in (1, 1.0):
+        holders = ", ".join(t for t, fam in HF_FAMILIES.items() if fam.get("partial_rotary") is not None)
+        raise InteropError(f"{where}: partial_rotary_factor={partial!r}: transformers' {model_type} rotates the whole "
+                           f"head ({holders} apply it)")
+    if not isinstance(partial, (int, float)) or isinstance(partial, bool):
+        raise InteropError(f"{where}: partial_rotary_factor must be a number, got {partial!r}")
+    qk_norm = _bool(config, family["qk_norm_key"], where) if family.get("qk_norm_key") else family["qk_norm"]
     heads = f["heads"]
     rope_base = rope.get("rope_theta", config.get("rope_theta", family.get("rope_theta", 10000.0)))
     if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool):
@@ -406,7 +436,7 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         kv_groups=_optional_int(config, "num_key_value_heads", where) or family["defaults"].get("kv_groups", heads),
         head_dim=_head_dim(config, f, where), padded_vocab=f["vocab"], norm="rmsnorm",
         activation=gemma.pop("activation", "swiglu"), position="rope", rope_base=float(rope_base),
-        qkv_bias=qkv_bias, linear_bias=linear_bias, mlp_bias=mlp_bias, qk_norm=family["qk_norm"],
+        qkv_bias=qkv_bias, linear_bias=linear_bias, mlp_bias=mlp_bias, qk_norm=qk_norm, rotary_percent=float(partial),
         qk_norm_scope=family.get("qk_norm_scope", "head"),
         **dict(zip(("pre_norm", "post_norm"), NORM_PLACES[family.get("norms", "pre")])),
         rope_scaling=_rope_scaling(config, rope, where),
@@ -414,6 +444,13 @@ def _llama_spec(config: dict, model_type: str, dtype: str, where: str) -> ModelS
         **({} if family["sliding"] == "layer_types" else {"sliding_window": _sliding_window(config, family, where)}),
         attention_dropout=config.get("attention_dropout", 0.0), hidden_dropout=0.0,  # no other dropout in these
         dtype=dtype, **f, **moe, **gemma)
+
+
+def _bool(config: dict, key: str, where: str) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise InteropError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _dropout(value: float | None) -> float:
@@ -428,6 +465,9 @@ def _moe_fields(config: dict, family: dict, f: dict, where: str) -> dict:
         # transformers 5's Qwen3MoeConfig saves num_experts under its attribute_map target (and reads either)
         config = {**config, "num_experts": config["num_local_experts"]}
     out = _read_table(config, MOE_KEYS[kind], where)
+    if family.get("holds"):  # GLM-4.5: DeepSeek-V3's routing facts, read by the one reader of them
+        return {**out, **hf_deepseek.sigmoid_routing({**config, "model_type": config.get("model_type")}, {**f, **out},
+                                                     where, hf_deepseek.SIGMOID_ROUTING_DEFAULTS[kind])}
     if out["moe_aux_loss_coeff"] < 0:
         raise InteropError(f"{where}: router_aux_loss_coef must be >= 0, got {out['moe_aux_loss_coeff']!r}")
     out["moe_aux_loss_coeff"] = float(out["moe_aux_loss_coeff"])
@@ -460,6 +500,8 @@ def hf_family(spec: ModelSpec) -> str:
     if spec.attn_sinks or spec.moe_router_logit_bias or spec.activation == "quick_geglu":
         return "gpt_oss"
     if spec.is_moe:
+        if spec.moe_router_score == "sigmoid" or spec.moe_router_bias or spec.mtp_layers:
+            return "glm4_moe"  # DeepSeek-V3's routing without multi-latent attention
         if spec.shared_expert_ffn_hidden is not None:
             return "qwen2_moe"
         # q/k norms without Mixtral's every-layer sliding window: Qwen3-MoE; otherwise Mixtral says what it lacks
@@ -524,8 +566,8 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
         model_type = model_type or hf_family(spec)
         family = HF_FAMILIES[model_type]
         for field, absent in (("mtp_layers", 0), ("moe_groups", None), ("moe_routed_scaling", 1.0),
-                              ("rope_interleave", False)):  # DeepSeek's facts, held by its classes only
-            if getattr(spec, field) != absent:
+                              ("rope_interleave", False)):  # DeepSeek's facts, held by its classes (and GLM-4.5's)
+            if getattr(spec, field) != absent and field not in family.get("holds", ()):
                 refuse(field, f"HF {model_type} cannot hold {field}={getattr(spec, field)}")
         if spec.rope_scaling is not None and spec.rope_scaling["type"] == "yarn" and not family.get("yarn"):
             refuse("rope_scaling", f"HF {model_type} cannot hold yarn rope scaling (DeepSeek's classes and "
@@ -548,11 +590,25 @@ def hf_config_from_spec(spec: ModelSpec, cannot: list | None = None, model_type:
                 refuse("mlp_bias", f"HF {model_type} has no MLP biases; this model has them")
         elif family["biases"] == "none" and (spec.qkv_bias or spec.linear_bias or spec.has_mlp_bias):
             refuse("qkv_bias" if spec.qkv_bias else "linear_bias", f"HF {model_type} has no biases; this model has them")
+        elif family["biases"] == "qkv_attention_bias":
+            if spec.linear_bias or spec.has_mlp_bias:
+                refuse("linear_bias", f"HF {model_type} has biases on q, k and v only; this model has others")
+            config["attention_bias"] = spec.qkv_bias
         elif family["biases"] == "qkv_key":
             if spec.linear_bias or spec.has_mlp_bias:
                 refuse("linear_bias", f"HF {model_type} has biases on q, k and v only; this model has others")
             config["qkv_bias"] = spec.qkv_bias
-        if family.get("moe"):
+        if family.get("qk_norm_key"):
+            config[family["qk_norm_key"]] = spec.qk_norm
+        if family.get("partial_rotary") is not None:
+            config["rope_parameters"]["partial_rotary_factor"] = spec.rotary_percent
+        elif spec.rotary_percent != 1.0:
+            holders = ", ".join(t for t, fam in HF_FAMILIES.items() if fam.get("partial_rotary") is not None)
+            refuse("rotary_percent", f"HF {model_type} cannot hold partial rotary (rotary_percent="
+                                     f"{spec.rotary_percent}: {holders} can)")
+        if family.get("holds"):
+            config.update(_sigmoid_moe_config(spec, model_type, refuse))
+        elif family.get("moe"):
             config.update(_moe_config(spec, model_type, refuse))
         if family.get("gemma"):
             del config["hidden_act"]
@@ -636,6 +692,17 @@ def _check_family_norms(spec: ModelSpec, model_type: str, refuse) -> None:
                                 f"({', '.join(holders)} can)")
     if family.get("qk_norm") and not spec.qk_norm:
         refuse("qk_norm", f"HF {model_type} always has q/k norms; this model has none")
+
+
+def _sigmoid_moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:
+    """GLM-4.5's MoE keys: its table's and DeepSeek-V3's routing facts (hf_deepseek.sigmoid_routing_config)."""
+    def cannot(field: str, what: str) -> None:
+        refuse(field, f"HF {model_type} cannot hold this mixture-of-experts model: it has {what}")
+
+    out = hf_deepseek.sigmoid_routing_config(spec, cannot)
+    out.update({key: getattr(spec, field) for field, key, _ in MOE_KEYS[model_type]})
+    out.update(MOE_TRAINING_KEYS[model_type])
+    return out
 
 
 def _moe_config(spec: ModelSpec, model_type: str, refuse) -> dict:

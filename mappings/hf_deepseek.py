@@ -75,26 +75,11 @@ def spec_from_config(config: dict, dtype: str, where: str, read_table, rope_scal
                            "multi-latent attention has one k/v per head")
     nope = _int(config, "qk_nope_head_dim", 128, where)
     q_rank = _int(config, "q_lora_rank", 1536, where)
-    shared = _int(config, "n_shared_experts", 1 if model_type == "deepseek_v3" else 2, where, positive=False)
-    dense = _int(config, "first_k_dense_replace", 3 if model_type == "deepseek_v3" else 0, where, positive=False)
-    if _int(config, "moe_layer_freq", 1, where) != 1:
-        raise InteropError(f"{where}: moe_layer_freq={config['moe_layer_freq']} is not supported (transformers' "
-                           "DeepSeek makes every layer from first_k_dense_replace on MoE)")
-    if dense >= f["num_layers"]:
-        raise InteropError(f"{where}: first_k_dense_replace ({dense}) leaves no MoE layer")
-    if not shared:
-        raise InteropError(f"{where}: n_shared_experts=0 is not supported (DeepSeek's MoE has shared experts)")
     fields = dict(f)
     if model_type == "deepseek_v3":
-        if config.get("scoring_func", "sigmoid") != "sigmoid":
-            raise InteropError(f"{where}: scoring_func {config['scoring_func']!r} is not supported "
-                               "(transformers' DeepSeek-V3 router is a sigmoid)")
-        groups = _int(config, "n_group", 8, where)
-        fields.update(moe_router_score="sigmoid", moe_router_bias=True, moe_groups=groups,
-                      moe_group_topk=_int(config, "topk_group", 4, where), moe_group_score="top2",
-                      mtp_layers=_int(config, "num_nextn_predict_layers", config.get("num_mtp_layers", 1), where,
-                                      positive=False))
+        fields.update(sigmoid_routing(config, f, where, SIGMOID_ROUTING_DEFAULTS[model_type]))
     else:
+        fields.update(shared_and_dense(config, f, where, 2, 0))
         fields["moe_topk"] = _int(config, "num_experts_per_tok", None, where)
         if fields["moe_topk"] is None:
             raise InteropError(f"{where}: num_experts_per_tok is missing (DeepSeek-V2 has no default)")
@@ -119,12 +104,76 @@ def spec_from_config(config: dict, dtype: str, where: str, read_table, rope_scal
         return ModelSpec(
             arch="llama", kv_groups=heads, head_dim=nope + fields["qk_rope_head_dim"], padded_vocab=f["vocab"],
             norm="rmsnorm", activation="swiglu", position="rope", rope_base=float(rope_base),
-            rope_scaling=rope_scaling(config, rope, where), q_lora_rank=q_rank,
-            moe_layers=None if dense == 0 else list(range(dense, f["num_layers"])),
-            shared_expert_ffn_hidden=shared * f["moe_ffn_hidden"], moe_aux_loss_coeff=float(aux), dtype=dtype,
-            **fields)
+            rope_scaling=rope_scaling(config, rope, where), q_lora_rank=q_rank, moe_aux_loss_coeff=float(aux),
+            dtype=dtype, **fields)
     except InteropError as exc:
         raise InteropError(f"{where}: {exc}") from None
+
+
+# The config classes' defaults of the sigmoid routing keys: (n_shared_experts, first_k_dense_replace, n_group,
+# topk_group, MTP layers).  transformers 5.24 DeepseekV3Config, Glm4MoeConfig.
+SIGMOID_ROUTING_DEFAULTS = {"deepseek_v3": (1, 3, 8, 4, 1), "glm4_moe": (1, 1, 1, 1, 1)}
+# Config keys of the sigmoid routing (read by sigmoid_routing, written by sigmoid_routing_config).
+SIGMOID_ROUTING_READS = ("n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "scoring_func", "n_group",
+                         "topk_group", "num_nextn_predict_layers", "num_mtp_layers", "topk_method")
+
+
+def shared_and_dense(config: dict, f: dict, where: str, shared_default: int, dense_default: int) -> dict:
+    """Shared experts (n_shared_experts whole experts in one MLP) and dense first layers (first_k_dense_replace):
+    DeepSeek-V2 / V3's and GLM-4.5's MoE."""
+    shared = _int(config, "n_shared_experts", shared_default, where, positive=False)
+    dense = _int(config, "first_k_dense_replace", dense_default, where, positive=False)
+    if _int(config, "moe_layer_freq", 1, where) != 1:
+        raise InteropError(f"{where}: moe_layer_freq={config['moe_layer_freq']} is not supported (transformers' "
+                           "classes make every layer from first_k_dense_replace on MoE)")
+    if dense >= f["num_layers"]:
+        raise InteropError(f"{where}: first_k_dense_replace ({dense}) leaves no MoE layer")
+    if not shared:
+        raise InteropError(f"{where}: n_shared_experts=0 is not supported (this family's MoE has shared experts)")
+    return {"moe_layers": None if dense == 0 else list(range(dense, f["num_layers"])),
+            "shared_expert_ffn_hidden": shared * f["moe_ffn_hidden"]}
+
+
+def sigmoid_routing(config: dict, f: dict, where: str, defaults: tuple) -> dict:
+    """DeepSeek-V3's and GLM-4.5's router (sigmoid scores, `e_score_correction_bias` for the choice, n_group groups
+    scored by their two best, topk_group kept), shared experts, dense first layers and MTP modules."""
+    shared, dense, groups, group_topk, mtp = defaults
+    if config.get("scoring_func", "sigmoid") != "sigmoid":
+        raise InteropError(f"{where}: scoring_func {config['scoring_func']!r} is not supported "
+                           f"(transformers' {config['model_type']} router is a sigmoid)")
+    return {**shared_and_dense(config, f, where, shared, dense), "moe_router_score": "sigmoid",
+            "moe_router_bias": True, "moe_groups": _int(config, "n_group", groups, where),
+            "moe_group_topk": _int(config, "topk_group", group_topk, where), "moe_group_score": "top2",
+            "mtp_layers": _int(config, "num_nextn_predict_layers", config.get("num_mtp_layers", mtp), where,
+                               positive=False)}
+
+
+def shared_and_dense_config(spec: ModelSpec, cannot) -> dict:
+    """n_shared_experts and first_k_dense_replace for a spec; `cannot(field, what)` for what they cannot say."""
+    moe_layers = list(range(spec.num_layers)) if spec.moe_layers is None else list(spec.moe_layers)
+    dense = spec.num_layers - len(moe_layers)
+    if moe_layers != list(range(dense, spec.num_layers)):
+        cannot("moe_layers", f"MoE layers {moe_layers} (its MoE layers are every layer from first_k_dense_replace on)")
+    shared = spec.shared_expert_ffn_hidden
+    if shared is None or shared % spec.moe_ffn_hidden or spec.shared_expert_gate:
+        cannot("shared_expert_ffn_hidden", f"shared experts of {shared} (its shared experts are n_shared_experts "
+                                           f"whole ungated experts of {spec.moe_ffn_hidden})")
+    return {"n_shared_experts": (shared or spec.moe_ffn_hidden) // spec.moe_ffn_hidden, "first_k_dense_replace": dense}
+
+
+def sigmoid_routing_config(spec: ModelSpec, cannot) -> dict:
+    """The config keys of sigmoid_routing's facts."""
+    if spec.moe_router_score != "sigmoid":
+        cannot("moe_router_score", f"a {spec.moe_router_score} router (its router is a sigmoid)")
+    if not spec.moe_router_bias:
+        cannot("moe_router_bias", "a sigmoid router without the score-correction bias")
+    if spec.moe_groups is not None and spec.moe_group_score != "top2":
+        cannot("moe_group_score", f"groups scored by their {spec.moe_group_score} (it sums the two best)")
+    if spec.moe_groups is None and spec.num_experts < 2:
+        cannot("num_experts", "a single expert (a group is scored by its two best)")
+    return {**shared_and_dense_config(spec, cannot), "n_group": spec.moe_groups or 1,
+            "topk_group": spec.moe_group_topk or 1, "num_nextn_predict_layers": spec.mtp_layers,
+            "routed_scaling_factor": spec.moe_routed_scaling, "norm_topk_prob": spec.moe_norm_topk}
 
 
 def yarn_from_config(scaling: dict, where: str) -> dict:
@@ -176,23 +225,11 @@ def config_from_spec(spec: ModelSpec, refuse) -> dict:
         cannot("rope_scaling", f"{spec.rope_scaling['type']} rope scaling (DeepSeek's is yarn)")
     if spec.has_mlp_bias or spec.linear_bias:
         cannot("linear_bias", "biases")
-    moe_layers = list(range(spec.num_layers)) if spec.moe_layers is None else list(spec.moe_layers)
-    dense = spec.num_layers - len(moe_layers)
-    if moe_layers != list(range(dense, spec.num_layers)):
-        cannot("moe_layers", f"MoE layers {moe_layers} (DeepSeek's are every layer from first_k_dense_replace on)")
-    shared = spec.shared_expert_ffn_hidden
-    if shared is None or shared % spec.moe_ffn_hidden or spec.shared_expert_gate:
-        cannot("shared_expert_ffn_hidden", f"shared experts of {shared} (DeepSeek's are n_shared_experts whole "
-                                           f"ungated experts of {spec.moe_ffn_hidden})")
-    groups = {"moe_groups": spec.moe_groups or 1, "moe_group_topk": spec.moe_group_topk or 1}
     if model_type == "deepseek_v3":
-        if not spec.moe_router_bias:
-            cannot("moe_router_bias", "a sigmoid router without the score-correction bias")
-        if spec.moe_groups is not None and spec.moe_group_score != "top2":
-            cannot("moe_group_score", f"groups scored by their {spec.moe_group_score} (V3 sums the two best)")
-        if spec.moe_groups is None and spec.num_experts < 2:
-            cannot("num_experts", "a single expert (V3 scores a group by its two best)")
+        routing = sigmoid_routing_config(spec, cannot)
     else:
+        routing = {**shared_and_dense_config(spec, cannot), "n_group": spec.moe_groups or 1,
+                   "topk_group": spec.moe_group_topk or 1}
         if spec.moe_router_bias:
             cannot("moe_router_bias", "a router expert bias")
         if spec.moe_norm_topk:
@@ -206,13 +243,10 @@ def config_from_spec(spec: ModelSpec, refuse) -> dict:
     config = {
         "architectures": [ARCHITECTURES[model_type]], "model_type": model_type, "hidden_act": "silu",
         "num_key_value_heads": spec.heads, "q_lora_rank": spec.q_lora_rank, "qk_nope_head_dim": spec.qk_nope_head_dim,
-        "n_shared_experts": (shared or spec.moe_ffn_hidden) // spec.moe_ffn_hidden, "first_k_dense_replace": dense,
-        "n_group": groups["moe_groups"], "topk_group": groups["moe_group_topk"], "rope_theta": spec.rope_base,
+        **routing, "rope_theta": spec.rope_base,
         "rope_parameters": rope_parameters(spec), "attention_bias": False, "attention_dropout": 0.0,
         "aux_loss_alpha": spec.moe_aux_loss_coeff, "num_experts_per_tok": spec.moe_topk}
-    if model_type == "deepseek_v3":
-        config["num_nextn_predict_layers"] = spec.mtp_layers
-    else:
+    if model_type != "deepseek_v3":
         config["topk_method"] = "greedy" if spec.moe_groups is None else "group_limited_greedy"
         config["norm_topk_prob"] = False
         if spec.moe_groups is None:  # greedy routing reads no groups (the class default)

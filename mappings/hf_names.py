@@ -150,6 +150,21 @@ MIRRORS = {"deepseek_v3": [("model.layers.{m}.embed_tokens.weight", "embed.word.
 DEEPSEEK = [("model.embed_tokens.weight", Copy, ["embed.word.weight"]), *DEEPSEEK_LAYER,
             ("model.norm.weight", Copy, ["final_norm.weight"]), ("lm_head.weight", Copy, ["lm_head.weight"])]
 
+# GLM-4.5 (transformers 5.24 models/glm4_moe; the zai-org/GLM-4.5 hub checkpoints, which conversion_mapping.py's
+# "glm4_moe" -> qwen2_moe entry stacks on load only): Llama's attention (q/k/v biases, optional q_norm / k_norm) and
+# dense MLP, DeepSeek's router (`mlp.gate` + `e_score_correction_bias`), per-expert tensors and `shared_experts`;
+# its MTP modules stored as DeepSeek-V3's, `model.layers.{m}` after the last layer (Glm4MoePreTrainedModel ignores
+# model.layers.46.* / 92.* on load).
+_DEEPSEEK_MOE = [row for row in DEEPSEEK_LAYER if ".mlp.gate." in row[0] or ".experts." in row[0]
+                 or ".shared_experts." in row[0]]
+GLM4_MOE_LAYER = [row for row in LLAMA if "{i}" in row[0]] + _DEEPSEEK_MOE
+GLM4_MOE_MTP = [row if "{i}" not in row[0] else
+                (row[0].replace("model.layers.{i}.", "model.layers.{m}."), row[1],
+                 [c.replace("layers.{i}.", "mtp.{k}.layer.") for c in row[2]])
+                for row in DEEPSEEK_MTP[:3] + GLM4_MOE_LAYER + DEEPSEEK_MTP[-1:]]
+MIRRORS["glm4_moe"] = MIRRORS["deepseek_v3"]
+GLM4_MOE = [LLAMA[0], *GLM4_MOE_LAYER, LLAMA[-2], LLAMA[-1]]
+
 # gpt-oss (transformers 5.24 models/gpt_oss/modeling_gpt_oss.py, as save_pretrained writes it and the bf16 hub
 # checkpoints hold it): Llama's attention with biases and `sinks` [heads], the router `mlp.router` with its bias, and
 # every expert of a layer in one tensor each (InterleavedExperts: gate_up_proj [E, h, 2f] gate/up interleaved on the
@@ -171,7 +186,8 @@ GPT_OSS[GPT_OSS.index(("model.layers.{i}.post_attention_layernorm.weight", Copy,
 
 # Qwen3-MoE (transformers 5.23 models/qwen3_moe: Qwen3MoeSparseMoeBlock): Qwen2-MoE's router and experts, no shared one.
 TABLES = {"gpt_oss": GPT_OSS, "gpt2": GPT2, "llama": LLAMA, "olmo2": POST_NORMS, "gemma2": POST_NORMS, "gemma3_text": POST_NORMS, "phi3": PHI3, "mixtral": LLAMA + MIXTRAL_MOE, "qwen2_moe": LLAMA + QWEN2_MOE,
-          "qwen3_moe": LLAMA + QWEN2_MOE[:4], "deepseek_v3": DEEPSEEK + DEEPSEEK_MTP, "deepseek_v2": DEEPSEEK}
+          "qwen3_moe": LLAMA + QWEN2_MOE[:4], "deepseek_v3": DEEPSEEK + DEEPSEEK_MTP, "deepseek_v2": DEEPSEEK,
+          "glm4_moe": GLM4_MOE + GLM4_MOE_MTP}
 
 # transformers 5.23's in-memory names (MixtralExperts / Qwen2MoeExperts: gate_up_proj [E, 2 * ffn, hidden] with
 # each expert's gate rows then its up rows, down_proj [E, hidden, ffn]; Mixtral's router renamed to mlp.gate),
@@ -185,7 +201,9 @@ STACKED_EXPERTS = [
 _DEEPSEEK_UNSTACKED = [row for row in DEEPSEEK if ".experts.{e}." not in row[0] and ".mlp.gate.weight" not in row[0]]
 STACKED_TABLES = {"gpt_oss": GPT_OSS, "mixtral": LLAMA + STACKED_EXPERTS, "qwen2_moe": LLAMA + STACKED_EXPERTS + QWEN2_MOE[4:],
                   "qwen3_moe": LLAMA + STACKED_EXPERTS, "deepseek_v2": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS,
-                  "deepseek_v3": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS + DEEPSEEK_MTP}
+                  "deepseek_v3": _DEEPSEEK_UNSTACKED + STACKED_EXPERTS + DEEPSEEK_MTP,
+                  "glm4_moe": [row for row in GLM4_MOE if ".experts.{e}." not in row[0]
+                               and ".mlp.gate.weight" not in row[0]] + STACKED_EXPERTS + GLM4_MOE_MTP}
 STACKED_EXPERT_SUFFIXES = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # tells the layout apart
 
 # What `--dtype fp8` keeps in bf16 (DeepSeek-V3's release: embeddings, output heads and the router; norms and

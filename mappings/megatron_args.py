@@ -1156,8 +1156,9 @@ def _list_expression(node):
         left, right = _list_expression(node.left), _list_expression(node.right)
         if isinstance(node.op, ast.Mult) and isinstance(left, int) and isinstance(right, int):
             raise ValueError("a number, not a layer list")
-        if isinstance(node.op, ast.Mult) and max(len(x) if isinstance(x, list) else x for x in (left, right)) > 100000:
-            raise ValueError("more layers than a model has")
+        sizes = [len(x) if isinstance(x, list) else x for x in (left, right)]
+        if (sizes[0] * sizes[1] if isinstance(node.op, ast.Mult) else sizes[0] + sizes[1]) > 100000:
+            raise ValueError("more layers than a model has")  # checked before the list is built
         return left + right if isinstance(node.op, ast.Add) else left * right
     raise ValueError("not a list expression")
 

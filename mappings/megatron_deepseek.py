@@ -99,7 +99,9 @@ def refusals(spec: ModelSpec) -> list[str]:
     if spec.is_mla and not spec.rope_interleave:
         out.append("megatron-core's multi-latent attention rotates interleaved pairs of the rope part; this model "
                    "rotates its halves (rope_interleave false)")
-    if spec.moe_groups is not None and (spec.moe_group_score != "top2" or spec.moe_topk != 2 * spec.moe_group_topk):
+    # (a token keeping every group, GLM-4.5's one group of all experts, chooses nothing by the group scores)
+    if spec.moe_groups is not None and spec.moe_group_topk < spec.moe_groups and (
+            spec.moe_group_score != "top2" or spec.moe_topk != 2 * spec.moe_group_topk):
         out.append(f"megatron-core scores a group by the sum of its moe_router_topk // moe_router_group_topk best "
                    f"experts; this model's groups score {spec.moe_group_score} with top-k {spec.moe_topk} of "
                    f"{spec.moe_group_topk} groups")

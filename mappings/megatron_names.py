@@ -17,7 +17,7 @@ bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
 from ..adapter import LoraNames
-from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV
+from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, PlainConcat, RowsSplit
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
@@ -179,6 +179,98 @@ MCORE_TE = [
     ("output_layer.weight", Copy, ["lm_head.weight"]),
 ]
 
+
+def _mla(te: bool) -> list:
+    """Multi-latent attention (DeepSeek-V2/V3) as megatron-core names it, in its state-dict order
+    (transformer/multi_latent_attention.py MLASelfAttention; models/gpt/gpt_layer_specs.py with
+    multi_latent_attention=True and --qk-layernorm, which builds the compression norms):
+    - the local spec: `input_layernorm`, `linear_proj`, `linear_q_proj` (no q compression) or `linear_q_down_proj`
+      + `linear_q_up_proj`, `linear_kv_down_proj`, `linear_kv_up_proj`, then `q_layernorm` and `kv_layernorm`; every
+      linear a ColumnParallelLinear, so the two down projections are cut on their rows over TP (`RowsSplit`);
+    - the Transformer Engine spec: the input norm stays apart (TENorm), the down projections are TELinear
+      (parallel_mode 'duplicated': whole on every rank) and the compression norms are fused into the up projections
+      (TELayerNormColumnParallelLinear `layer_norm_weight`, registered before its `weight`).
+    Each head's q rows are its qk_head_dim (nope) part then its qk_pos_emb_head_dim (rope) part, kv_up's its k_nope
+    rows then its v rows, kv_down's rows the latent then the shared rope key: the canonical layouts (interop/params.py
+    mla_rows).  Confirmed on a real 0.16.1 local-spec model (tests/helpers/mcore_mla.py)."""
+    a, down = "decoder.layers.{i}.self_attention.", Copy if te else RowsSplit
+    q_norm, kv_norm = ["layers.{i}.attn.q_down_norm.weight"], ["layers.{i}.attn.kv_down_norm.weight"]
+    rows = [
+        ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+        (a + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+        (a + "linear_q_proj.weight", Copy, ["layers.{i}.attn.q.weight"]),
+        (a + "linear_q_down_proj.weight", down, ["layers.{i}.attn.q_down.weight"]),
+        *([(a + "linear_q_up_proj.layer_norm_weight", Copy, q_norm)] if te else []),
+        (a + "linear_q_up_proj.weight", Copy, ["layers.{i}.attn.q_up.weight"]),
+        (a + "linear_kv_down_proj.weight", down, ["layers.{i}.attn.kv_down.weight"]),
+        *([(a + "linear_kv_up_proj.layer_norm_weight", Copy, kv_norm)] if te else []),
+        (a + "linear_kv_up_proj.weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
+    ]
+    return rows if te else rows + [(a + "q_layernorm.weight", Copy, q_norm), (a + "kv_layernorm.weight", Copy, kv_norm)]
+
+
+def mtp_rows(table: list) -> list:
+    """megatron-core's multi-token prediction modules (transformer/multi_token_prediction.py
+    MultiTokenPredictionLayer, on the last pipeline stage): `mtp.layers.{k}.enorm` (the next token's embedding),
+    `hnorm` (the hidden state), `eh_proj` ([h, 2h] over [enorm(embedding); hnorm(hidden)], a column-parallel
+    linear: its h output rows cut over TP), the decoder layer under `transformer_layer.` (the last decoder layer's
+    spec: `table`'s layer rows) and `final_layernorm`; embedding and output head are the model's own.  torch_dist
+    keeps these keys, module numbers included (MultiTokenPredictionBlock.sharded_state_dict).  MindFormers'
+    mcore-style GPTModel names its MTP modules alike (parallel_core/training_graph/transformer/
+    multi_token_prediction.py; its deepseek3 built on CPU)."""
+    layer = "decoder.layers.{i}."
+    rows = [("mtp.layers.{k}.enorm.weight", Copy, ["mtp.{k}.enorm.weight"]),
+            ("mtp.layers.{k}.hnorm.weight", Copy, ["mtp.{k}.hnorm.weight"]),
+            ("mtp.layers.{k}.eh_proj.weight", Copy, ["mtp.{k}.eh_proj.weight"])]
+    rows += [(MTP_LAYER + key[len(layer):], transform, [p.replace("layers.{i}.", "mtp.{k}.layer.") for p in parts])
+             for key, transform, parts in table if key.startswith(layer)]
+    return rows + [("mtp.layers.{k}.final_layernorm.weight", Copy, ["mtp.{k}.final_norm.weight"])]
+
+
+MTP_LAYER = "mtp.layers.{k}.transformer_layer."
+
+
+# MindSpeed-LLM's multi-latent attention (examples/mcore/deepseek3/convert_ckpt_deepseek3.py, the layout its
+# DeepSeek-V3 training loads; torch format without args): `linear_qkv` = [q_a; kv_a] whole on every TP rank,
+# `linear_qb` / `linear_kvb` (q_up / kv_up) cut by heads, `q_layernorm` / `k_layernorm` the compression norms.
+_MS = "decoder.layers.{i}.self_attention."
+MINDSPEED_LLM_MLA = [
+    ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    (_MS + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
+    (_MS + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    (_MS + "q_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
+    (_MS + "k_layernorm.weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),
+    (_MS + "linear_qb.weight", Copy, ["layers.{i}.attn.q_up.weight"]),
+    (_MS + "linear_kvb.weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
+]
+# ... and its MTP modules' names where megatron-core's differ (the same script: with MTP the model's final norm is
+# `final_layernorm.weight`, each module's `mtp.final_layernorms.{k}.weight`)
+MTP_RENAMES = {"mindspeed_llm": {"decoder.final_layernorm.weight": "final_layernorm.weight",
+                                 "mtp.layers.{k}.final_layernorm.weight": "mtp.final_layernorms.{k}.weight"}}
+
+
+def _mla_table(table: list, attention_rows: list) -> list:
+    """`table` with its attention rows (and the fused input norm) replaced by `attention_rows`."""
+    attention = ("self_attention.", "input_layernorm.")
+    out = []
+    for row in table:
+        key = row[0]
+        if key.startswith("decoder.layers.{i}.") and key[len("decoder.layers.{i}."):].startswith(attention):
+            if key.endswith("self_attention.linear_proj.weight"):
+                out += attention_rows
+            continue
+        out.append(row)
+    return out
+
+
+def with_mtp(table: list, scheme: str = "mcore") -> list:
+    """`table` with the MTP modules between the final norm and the output layer (megatron-core's GPTModel
+    state-dict order), their decoder layer named as `table`'s layers (`MTP_RENAMES`: a scheme's own names)."""
+    at = next(n for n, row in enumerate(table) if row[0] == "output_layer.weight")
+    renames = MTP_RENAMES.get(scheme, {})
+    return [(renames.get(key, key), t, parts) for key, t, parts in table[:at] + mtp_rows(table) + table[at:]]
+
+
 # legacy megatron/model (nested dicts under `model`, flattened here with dots)
 LEGACY = [
     ("language_model.embedding.word_embeddings.weight", Copy, ["embed.word.weight"]),
@@ -203,7 +295,13 @@ LEGACY = [
 TE_MOE_NORM = {"decoder.layers.{i}.pre_mlp_layernorm.weight", "decoder.layers.{i}.pre_mlp_layernorm.bias"}
 TE_FUSED_MLP_NORM = {"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias"}
 
-TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY}
+TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY, "mindspeed_llm": MCORE}
+# A multi-latent-attention model's tables (its attention rows and MTP modules; the legacy model has neither).
+# megatron-core's local spec gives MLA layers no sharded_state_dict_keys_map, so its torch_dist keys are its
+# state-dict names (`input_layernorm`, `pre_mlp_layernorm`, `q_layernorm`), not the Transformer Engine ones
+# (models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec: the map is on the non-MLA branch only).
+MLA_TABLES = {"mcore": _mla_table(MCORE, _mla(te=False)), "mcore_te": _mla_table(MCORE_TE, _mla(te=True)),
+              "mindspeed_llm": _mla_table(MCORE, MINDSPEED_LLM_MLA)}
 
 # Older legacy spellings, renamed component by component before a key is matched.
 LEGACY_ALIASES = {
@@ -216,7 +314,7 @@ LEGACY_ALIASES = {
 
 # The last pipeline stage's copy of the tied input embedding (pp > 1): Megatron keeps it in
 # sync by an all-reduce, so it equals embed.word.weight and is written, never read back.
-TIED_HEAD = {"mcore": "output_layer.weight", "mcore_te": "output_layer.weight",
+TIED_HEAD = {"mcore": "output_layer.weight", "mcore_te": "output_layer.weight", "mindspeed_llm": "output_layer.weight",
              "legacy": "word_embeddings_for_head.weight"}
 
 # Modules that carry an `_extra_state` entry in a megatron-core state dict (None for the
@@ -230,8 +328,17 @@ EXTRA_STATE_MODULES = [
     "decoder.layers.{i}.mlp.experts.local_experts.{j}.linear_fc2",
     "decoder.layers.{i}.mlp.shared_experts.linear_fc1",
     "decoder.layers.{i}.mlp.shared_experts.linear_fc2",
+    "decoder.layers.{i}.self_attention.linear_q_proj",
+    "decoder.layers.{i}.self_attention.linear_q_down_proj",
+    "decoder.layers.{i}.self_attention.linear_q_up_proj",
+    "decoder.layers.{i}.self_attention.linear_kv_down_proj",
+    "decoder.layers.{i}.self_attention.linear_kv_up_proj",
+    "mtp.layers.{k}.eh_proj",
     "output_layer",
 ]
+# ... and the same linears of an MTP module's decoder layer (`{k}`: the module)
+EXTRA_STATE_MODULES += [MTP_LAYER + m[len("decoder.layers.{i}."):] for m in EXTRA_STATE_MODULES
+                        if m.startswith("decoder.layers.{i}.")]
 
 # Entries that are not weights: dropped, with the reason reported.
 IGNORED_SUFFIXES = {
@@ -246,8 +353,10 @@ def scheme_of(keys) -> str | None:
     keys = list(keys)
     if any(k.startswith("language_model.") for k in keys):
         return "legacy"
-    if any(k.endswith("linear_qkv.layer_norm_weight") for k in keys):
+    if any(k.endswith(("linear_qkv.layer_norm_weight", "linear_kv_up_proj.layer_norm_weight")) for k in keys):
         return "mcore_te"
+    if any(k.endswith((".self_attention.linear_qb.weight", ".self_attention.linear_kvb.weight")) for k in keys):
+        return "mindspeed_llm"
     if any(k.startswith(("decoder.", "embedding.", "output_layer.")) for k in keys):
         return "mcore"
     return None
@@ -260,3 +369,6 @@ def scheme_of(keys) -> str | None:
 # flag: `lora_dropout` is interop's, kept for a round trip).
 LORA_NAMES = LoraNames(".lora_A.default.weight", ".lora_B.default.weight")
 LORA_ARGS = {"rank": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout"}
+# Megatron-Bridge's PEFT (src/megatron/bridge/peft/adapter_wrapper.py puts the adapter under `<module>.adapter.`,
+# utils.py ParallelLinearAdapter names its two linears `linear_in` (A) and `linear_out` (B)), in torch_dist.
+BRIDGE_LORA_NAMES = LoraNames(".adapter.linear_in.weight", ".adapter.linear_out.weight")

@@ -24,6 +24,14 @@ OPTIONS = (
                                                       "distrib_optim.pt laid out for --dp N."}, kind="switch"),
     FormatOption("model_config", {"convert": MODEL_CONFIG_HELP, "inspect": MODEL_CONFIG_HELP}, kind="path"),
     FormatOption("vocab_size", {"convert": VOCAB_SIZE_HELP, "inspect": VOCAB_SIZE_HELP}, kind="int"),
+    FormatOption("allow_identical_ranks", {"convert": "Megatron torch source: read a tensor-parallel rank folder "
+                                                      "whose split tensors are all byte-identical to rank 0's (refused "
+                                                      "by default: a copied folder, not a model)."}, kind="flag"),
+    FormatOption("transformer_impl", {"convert": "Megatron output: the layer spec whose names it is written in, local "
+                                                 "(default) or transformer_engine (Megatron-LM's default on GPUs: its "
+                                                 "norms fused into the next linear; multi-latent attention's "
+                                                 "torch_dist names differ between the two)."},
+                 choices=("local", "transformer_engine")),
     FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
                                    "laid out for."}, kind="int"),
 )

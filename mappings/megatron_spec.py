@@ -92,8 +92,6 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     for dest, ok in UNSUPPORTED_ARGS.items():
         if full.get(dest, ok) not in (ok, None) and full.get(dest) != ok:
             raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported")
-    if full.get("rotary_percent", 1.0) not in (None, 1.0):
-        raise InteropError(f"{where}: rotary_percent={full['rotary_percent']} is not supported (1.0 is)")
     norm = NORMS.get(full.get("normalization") or "LayerNorm")
     if norm is None:
         raise InteropError(f"{where}: normalization={full['normalization']!r} is not supported")
@@ -146,7 +144,9 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         vocab=int(vocab), padded_vocab=int(padded),
         max_positions=int(full.get("max_position_embeddings") or full.get("seq_length") or 0) or 2048,
         norm=norm, norm_eps=float(full.get("norm_epsilon") or 1e-5), activation=activation, position=position,
-        rope_base=float(full.get("rotary_base") or 10000), tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
+        rope_base=float(full.get("rotary_base") or 10000),
+        rotary_percent=float(full.get("rotary_percent") or 1.0) if position == "rope" else 1.0,
+        tied_embeddings=not full.get("untie_embeddings_and_output_weights"),
         qkv_bias=bool(linear_bias or full.get("add_qkv_bias")), linear_bias=linear_bias,
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
         attention_dropout=_float_or_none(full.get("attention_dropout")),
@@ -326,10 +326,9 @@ def sliding_window_of(full: dict, where: str) -> int | None:
     return left + 1
 
 
-def model_args(spec: ModelSpec) -> dict:
-    """The Megatron arguments that state `spec`'s model (no layout, no training): what a config.json says.
-
-    Torch-free: map-args writes a config.json's model through here."""
+def refuse_unstated(spec: ModelSpec) -> None:
+    """One line for a model Megatron's args cannot state (megatron-core would compute another model): the
+    writers ask before writing a file, `model_args` before stating it."""
     if spec.qkv_bias != spec.linear_bias and not (spec.qkv_bias and not spec.linear_bias):
         raise InteropError("Megatron cannot describe biases on the output/MLP linears without q/k/v biases")
     for why in DS.refusals(spec):
@@ -338,6 +337,13 @@ def model_args(spec: ModelSpec) -> dict:
         raise InteropError("Megatron's add_bias_linear puts biases on the linears, the router's logits and the experts "
                            f"together; this model has linear biases {spec.linear_bias}, a router logit bias "
                            f"{spec.moe_router_logit_bias} and expert biases {spec.has_mlp_bias}")
+
+
+def model_args(spec: ModelSpec) -> dict:
+    """The Megatron arguments that state `spec`'s model (no layout, no training): what a config.json says.
+
+    Torch-free: map-args writes a config.json's model through here."""
+    refuse_unstated(spec)
     model = {dest: getattr(spec, field) for field, dest in SPEC_NUMBERS.items()}
     llama3 = spec.rope_scaling is not None and spec.rope_scaling["type"] == "llama3"  # the only one Megatron has
     model |= {
@@ -353,7 +359,7 @@ def model_args(spec: ModelSpec) -> dict:
         "position_embedding_type": "rope" if spec.position == "rope" else "learned_absolute",
         "add_position_embedding": spec.position == "learned", "use_rotary_position_embeddings": spec.position == "rope",
         "rotary_base": int(spec.rope_base) if float(spec.rope_base).is_integer() else spec.rope_base,
-        "rotary_percent": 1.0, "rotary_interleaved": False,
+        "rotary_percent": spec.rotary_percent, "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not spec.tied_embeddings,
         "add_bias_linear": spec.linear_bias, "add_qkv_bias": spec.qkv_bias, "qk_layernorm": spec.qk_norm or spec.is_mla,
         "use_rope_scaling": llama3,

@@ -161,9 +161,31 @@ MINDFORMERS_MCORE = [
     ("decoder.final_layernorm.weight", Copy, ["final_norm.weight"]),
     ("output_layer.weight", Copy, ["lm_head.weight"]),
 ]
-# Multi-latent attention (deepseek3's default): parameter names that mark it; such a checkpoint is refused.
+# Multi-latent attention as MindFormers 2.1.0's deepseek3 builds it by default (mla_qkv_concat=True:
+# parallel_core/training_graph/transformer/multi_latent_attention.py MLASelfAttentionConcatenated, "the same structure
+# as MindSpeed"): `linear_qkv` = [q_down; kv_down] (or [q; kv_down] without q compression), split as
+# (q_lora_rank, kv_lora_rank, qk_pos_emb_head_dim) after the projection; `linear_qb` = q_up, `linear_kvb` = kv_up;
+# `q_layernorm` / `k_layernorm` the compression norms (with qk_layernorm: True); the rope part rotated as interleaved
+# pairs like megatron-core's (rope_utils.py multi_latent_attention), so HF's rows are copied as they are.  Read off
+# TrainingDeepseekV3ForCausalLM built on CPU (tests/formats/test_mindformers_mla.py).
+_MF_ATTN = "decoder.layers.{i}.self_attention."
+MINDFORMERS_MCORE_MLA_ATTENTION = [
+    ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+    (_MF_ATTN + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+    (_MF_ATTN + "q_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
+    (_MF_ATTN + "linear_qb.weight", Copy, ["layers.{i}.attn.q_up.weight"]),
+    (_MF_ATTN + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
+    (_MF_ATTN + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q.weight", "layers.{i}.attn.kv_down.weight"]),
+    (_MF_ATTN + "k_layernorm.weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),
+    (_MF_ATTN + "linear_kvb.weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
+]
+# ... and with mla_qkv_concat=False (megatron-core's names): names that mark it; such a checkpoint is refused.
 MINDFORMERS_MCORE_MLA_MARKERS = (".self_attention.linear_q_down_proj.", ".self_attention.linear_kv_down_proj.",
                                  ".self_attention.linear_q_proj.", ".self_attention.linear_kv_up_proj.")
+
+MINDFORMERS_MCORE_MLA = [row for row in MINDFORMERS_MCORE if not row[0].startswith(
+    ("decoder.layers.{i}.self_attention.", "decoder.layers.{i}.input_layernorm."))]
+MINDFORMERS_MCORE_MLA[1:1] = MINDFORMERS_MCORE_MLA_ATTENTION
 
 # (dialect, arch, qkv_concat) -> table
 TABLES = {

@@ -15,6 +15,7 @@ import yaml
 
 from interop.atomic import atomic_directory
 from interop.errors import InteropError
+from interop.io import bounded_yaml
 from interop.io.small_files import read_small_text
 from interop.layout import ParallelLayout
 from interop.params import param_table
@@ -27,7 +28,7 @@ def read_spec(path) -> ModelSpec:
     """A ModelSpec from a YAML or JSON file holding its fields (arch, num_layers, hidden, ...)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(read_small_text(path, "model spec"))
+        data = bounded_yaml.safe_load(read_small_text(path, "model spec"))
     except (yaml.YAMLError, RecursionError) as exc:
         raise InteropError(f"{path}: cannot read the model spec ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):

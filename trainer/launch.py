@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from interop.errors import InteropError
 
 from .config import TrainConfig
-from .train import Plan, cleanup, describe_plan, prepare, run
+from .train import Plan, cleanup, describe_plan, discard_failed_save, prepare, run
 
 
 class TrainingFailed(Exception):
@@ -58,6 +58,10 @@ def train(cfg: TrainConfig) -> list[dict]:
             _announce(plan)
         try:
             return run(plan, int(os.environ["RANK"]), plan.world, int(os.environ.get("LOCAL_RANK", 0)))
+        except BaseException:
+            if int(os.environ["RANK"]) == 0:
+                discard_failed_save(plan)
+            raise
         finally:
             cleanup(plan)
     plan = prepare(cfg)
@@ -66,6 +70,9 @@ def train(cfg: TrainConfig) -> list[dict]:
         if plan.world == 1:
             return run(plan)
         return spawn(plan)
+    except BaseException:
+        discard_failed_save(plan)
+        raise
     finally:
         cleanup(plan)
 

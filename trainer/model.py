@@ -78,9 +78,10 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 
 
 def rope_tables(spec: ModelSpec, seq: int, device=None):
-    """cos/sin [seq, head_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default);
-    multi-latent attention rotates its qk_rope_head_dim part only, YaRN scales cos / sin by its attention factor."""
-    d = spec.qk_rope_head_dim if spec.is_mla else spec.head_dim
+    """cos/sin [seq, rotary_dim] for rotary embeddings, rotate-half convention (HF Llama, Megatron default);
+    multi-latent attention rotates its qk_rope_head_dim part only, partial rotary its first rotary_dim values;
+    YaRN scales cos / sin by its attention factor."""
+    d = spec.rotary_dim
     scaling = spec.rope_scaling
     if scaling is not None and scaling["type"] == "longrope":
         return longrope_tables(spec, seq, device)
@@ -101,7 +102,7 @@ def rope_tables(spec: ModelSpec, seq: int, device=None):
 def longrope_tables(spec: ModelSpec, seq: int, device=None):
     """LongRoPE (Phi-3): each base frequency divided by its short factor (sequences up to the original context)
     or long factor (longer ones), cos and sin multiplied by the attention factor (transformers' longrope)."""
-    d, scaling = spec.head_dim, spec.rope_scaling
+    d, scaling = spec.rotary_dim, spec.rope_scaling
     factors = scaling["long_factor"] if seq > scaling["original_max_positions"] else scaling["short_factor"]
     ext = torch.tensor(factors, dtype=torch.float32, device=device)
     inv_freq = 1.0 / (ext * spec.rope_base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
@@ -138,8 +139,12 @@ def attention_mask(spec: ModelSpec, seq: int, device=None):
 
 
 def apply_rope(x, cos, sin):
-    """x [b, heads, seq, d]: rotate each (x_i, x_{i+d/2}) pair by its position's angle."""
-    half = x.shape[-1] // 2
+    """x [b, heads, seq, d]: rotate each (x_i, x_{i+r/2}) pair of the first r = cos.shape[-1] values by its
+    position's angle; the rest of the head (partial rotary) passes unchanged."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+    half = r // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 

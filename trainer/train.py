@@ -57,6 +57,7 @@ class Plan:
     fresh_dir: str | None = None  # temporary checkpoint made from --init-spec (deleted after the run)
     adapter: AdapterSpec | None = None  # a LoRA adapter trains on the frozen base `start`
     adapter_start: str | None = None  # the common-format adapter it starts from (fresh, given, or resumed)
+    made_save: bool = False  # --save did not exist before this run (a run that fails before saving removes it)
 
     @property
     def world(self) -> int:
@@ -161,13 +162,14 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
     if cfg.data:
         TokenData(spec.vocab, cfg.seq_length, cfg.seed, cfg.data)  # opens and checks the file
+    made_save = bool(cfg.save) and not Path(cfg.save).exists()
     if cfg.save:
         try:
             Path(cfg.save).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InteropError(f"{cfg.save}: cannot create the save directory ({exc.strerror})") from None
     return Plan(cfg, spec, layout, str(start), start_step, consumed, resumed, fresh[0] if fresh else None, adapter,
-                None if adapter_start is None else str(adapter_start))
+                None if adapter_start is None else str(adapter_start), made_save)
 
 
 def lora_flags(cfg: TrainConfig, spec: ModelSpec) -> AdapterSpec | None:
@@ -450,3 +452,10 @@ def _trim_metrics(path: Path, start_step: int) -> None:
 def cleanup(plan: Plan) -> None:
     if plan.fresh_dir:
         shutil.rmtree(plan.fresh_dir, ignore_errors=True)
+
+
+def discard_failed_save(plan: Plan) -> None:
+    """A run that failed (bad --data ids, a signal) before its first checkpoint leaves no --save folder it
+    created: nothing of it is usable, and the next run would find a folder it did not ask for."""
+    if plan.made_save and newest_checkpoint(plan.cfg.save) is None:
+        shutil.rmtree(plan.cfg.save, ignore_errors=True)

@@ -49,13 +49,21 @@ class Reader(BaseReader):
     """The format's reader: opening one gives the reader of the layout on disk, a `torch_dist.Reader` for a
     DCP iteration directory, a `torch_format.Reader` otherwise (each subclasses `BaseReader` itself)."""
 
-    options = ("iteration", "model_config", "vocab_size")
+    options = ("iteration", "model_config", "vocab_size", "allow_identical_ranks")
 
-    def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
-        if _is_torch_dist(path, iteration):
-            return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+    def __new__(cls, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
+                allow_identical_ranks: bool | None = None):
+        if _is_torch_dist(path, iteration):  # global tensors: no rank folders to compare
+            try:
+                return _torch_dist().Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+            except InteropError:  # a Megatron-Bridge LoRA adapter (`.adapter.linear_in` / `linear_out` only)?
+                from . import lora_dist
+                if not lora_dist.holds_adapter(iteration_dir(path, iteration)[0]):
+                    raise
+            return lora_dist.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
         try:
-            return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size)
+            return torch_format.Reader(path, iteration=iteration, model_config=model_config, vocab_size=vocab_size,
+                                       allow_identical_ranks=bool(allow_identical_ranks))
         except InteropError:  # a LoRA adapter's rank files (no embedding, no base weights) are not a model's
             if not lora.holds_adapter(path, iteration):
                 raise
@@ -66,19 +74,23 @@ class Writer(BaseWriter):
     """The format's writer: opening one gives the writer of the `format` asked for (`--format`, default
     torch), a `torch_format.Writer` or a `torch_dist.Writer` (each subclasses `BaseWriter` itself)."""
 
-    options = ("format", "iteration", "distributed_optimizer", "dp")
+    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
-    holds_adapter = True  # LoRA adapters as MindSpeed-LLM saves them (torch format): `lora.Writer`
+    holds_adapter = True  # LoRA adapters: MindSpeed-LLM's (torch format, `lora.Writer`), Megatron-Bridge's
+    # (torch_dist, `lora_dist.Writer`)
     padded_vocab = staticmethod(_padded_vocab)
 
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
-                distributed_optimizer: bool | None = None, dp: int | None = None, only=None, adapter=None):
+                distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
+                only=None, adapter=None):
         if adapter is not None:
-            if format == "torch_dist" or distributed_optimizer or dp is not None:
-                raise InteropError("Megatron LoRA adapters are written in the torch format (MindSpeed-LLM's rank "
-                                   "files), without optimizer options: leave out --format torch_dist, "
+            if distributed_optimizer or dp is not None:
+                raise InteropError("Megatron LoRA adapters are written without optimizer options: leave out "
                                    "--distributed-optimizer and --dp")
+            if format == "torch_dist":  # Megatron-Bridge's PEFT names
+                from . import lora_dist
+                return lora_dist.Writer(root, spec, layout, metas, adapter, iteration)
             return lora.Writer(root, spec, layout, metas, adapter, iteration)
         if (format or "torch") not in FORMATS:
             raise InteropError(f"--format {format} is not a Megatron format (known: {', '.join(FORMATS)})")
@@ -87,6 +99,8 @@ class Writer(BaseWriter):
                                "(distrib_optim.pt is laid out for one dp; torch_dist loads at any dp)")
         if format == "torch_dist":
             return _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
-                                        distributed_optimizer=distributed_optimizer, only=only)
+                                        distributed_optimizer=distributed_optimizer, transformer_impl=transformer_impl,
+                                        only=only)
         return torch_format.Writer(root, spec, layout, metas, iteration=iteration,
-                                   distributed_optimizer=distributed_optimizer, dp=dp, only=only)
+                                   distributed_optimizer=distributed_optimizer, dp=dp,
+                                   transformer_impl=transformer_impl, only=only)

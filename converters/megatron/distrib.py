@@ -88,7 +88,7 @@ def coalesced_offsets(buffer: Buffer) -> dict[str, int]:
     return {key: firsts[s.bucket] + s.start for key, s in buffer.slots.items()}
 
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_LAYER = re.compile(r"(?:^|\.)(?<!mtp\.)layers\.(\d+)\.")  # a decoder layer; MTP modules follow the final norm
 
 
 def module_order(keys: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ from .args import check_model_config, explicit_args
 from .model_state import ModelState
 from .rank_files import RankFiles
 
-LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+LAYER_KEY = re.compile(r"(?:^|\.)(?<!mtp\.)layers\.(\d+)\.")  # decoder layers (legacy: encoder.layers), not MTP modules
 
 
 def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[str]) -> dict:

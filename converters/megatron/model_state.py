@@ -10,7 +10,7 @@ from collections import OrderedDict
 import torch
 
 from ...errors import InteropError
-from ...mappings.megatron_names import scheme_of
+from ...mappings.megatron_names import TIED_HEAD, scheme_of
 from ...spec import ModelSpec
 from .rank_files import RankFiles
 from .rows import flatten, ignored_why, legacy_key
@@ -77,14 +77,16 @@ def shard_of(row, t: int, e: int, ranks: RankFiles) -> tuple[int, int]:
     return (ranks.plan.folders[(t, e)], ranks.etp) if row.ep is not None else (t, ranks.tp)
 
 
-def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, notes: list[str]) -> None:
-    """Every stored tensor is mapped, a tied copy, or reported; shapes agree with the args."""
+def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, notes: list[str],
+                  compare_tied: bool = True) -> None:
+    """Every stored tensor is mapped, a tied copy (`compare_tied`: read and checked equal to the embedding),
+    or reported; shapes agree with the args."""
     expected = {}
     for r in rows:
         for e in (range(ranks.ep) if r.ep is None else [r.ep]):
             expected[(r.stage, r.chunk, e, r.key)] = r
     ignored: dict[str, int] = {}
-    tied = 0
+    tied = set()  # the last stage's copies of the embedding: the tied head's, the MTP modules'
     for (t, p, v, e), sd in model.ep_dicts.items():
         where = ranks.ep_files[(t, p, e)].path
         for key, value in sd.items():
@@ -93,6 +95,10 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
                 why = ignored_why(key)
                 if why is not None and key.endswith("_extra_state") and value is None:
                     why = "empty _extra_state slots (no Transformer Engine / fp8 metadata in them)"
+                if why is None and spec.tied_embeddings and key == TIED_HEAD[model.scheme]:
+                    raise InteropError(f"{where}: holds an output layer ({key}) but the args say the embedding is "
+                                       "tied (untie_embeddings_and_output_weights false): pass --model-config "
+                                       "with tie_word_embeddings false to read it")
                 if why is None:
                     raise InteropError(f"{where}: tensor {key} does not belong to this {spec.arch} model "
                                        "(args describe a different model?)")
@@ -107,16 +113,73 @@ def check_tensors(model: "ModelState", ranks: RankFiles, rows, spec: ModelSpec, 
             if isinstance(peer, torch.Tensor) and value.dtype != peer.dtype:  # its pieces are joined as one
                 raise InteropError(f"{where}: {key} is stored as {value.dtype} here, as {peer.dtype} by tp rank 0: "
                                    "one dtype expected")
-            tied += not row.transform.reads_back and e == ranks.plan.dense_ep[t]
+            if not row.transform.reads_back and e == ranks.plan.dense_ep[t]:
+                copy = "the MTP modules' embedding" if key.startswith("embedding.") else "the tied embedding"
+                tied.add(copy)
+                if compare_tied:
+                    _check_tied_copy(model, ranks, rows, (t, p, v, e), key, copy)
         for (p2, v2, e2, key), row in expected.items():
             if (p2, v2, e2) == (p, v, e) and key not in sd:
                 raise InteropError(f"{where}: tensor {key} is missing")
     for why, n in sorted(ignored.items()):
         notes.append(f"ignored {n} entries: {why}")
-    if tied:
-        notes.append("dropped the last stage's copy of the tied embedding (it equals the input embedding)")
+    how = "checked equal to the input embedding" if compare_tied else "compared by the parent process"
+    for copy in sorted(tied):
+        notes.append(f"dropped the last stage's copy of {copy} ({how})")
     if ranks.ep > 1:
         notes.append(f"read the tensors outside the routed experts from expert-parallel rank 0's files (each of the "
                      f"{ranks.ep} EP ranks holds a copy)")
     if model.experts != "sequential":
         notes.append(f"routed experts read from {'the legacy GroupedMLP (weight1/weight2)' if model.experts == 'grouped' else 'TEGroupedMLP (linear_fc1.weightN)'}")
+
+
+def _check_tied_copy(model: "ModelState", ranks: RankFiles, rows, at: tuple, key: str, copy: str) -> None:
+    """The last stage's copy of a tied embedding, bit for bit the embedding shard of its tp rank: Megatron
+    keeps the two equal by an all-reduce, so one that differs is an untied head the args call tied, and
+    dropping it would lose the model's head."""
+    t, p, v, e = at
+    embedding = next(r for r in rows if r.parts == ("embed.word.weight",) and r.transform.reads_back)
+    here, there = ranks.ep_files[(t, p, e)], ranks.ep_files[(t, embedding.stage, e)]
+    head = here.read(model.ep_dicts[at][key])
+    word = there.read(model.ep_dicts[(t, embedding.stage, embedding.chunk, e)][embedding.key])
+    if head.shape != word.shape or head.dtype != word.dtype or not torch.equal(
+            head.contiguous().view(torch.uint8), word.contiguous().view(torch.uint8)):
+        if copy != "the tied embedding":
+            raise InteropError(f"{here.path}: {key}, the last stage's copy of {copy}, differs from "
+                               f"{embedding.key} in {there.path}: megatron-core keeps the two equal")
+        raise InteropError(f"{here.path}: {key}, the last stage's copy of the tied embedding, differs from "
+                           f"{embedding.key} in {there.path}: the head is not tied (pass --model-config with "
+                           "tie_word_embeddings false to read it as the output layer)")
+
+
+def check_distinct_ranks(model: "ModelState", ranks: RankFiles, rows, notes: list[str], allow: bool) -> None:
+    """A tensor-parallel rank file whose split tensors are ALL byte-identical to tp rank 0's is a copied
+    folder (a damaged or hand-assembled checkpoint), not a model: its shards would be read as the others'
+    halves.  Compared by the records' CRC-32s in the zip directories (nothing read); one identical split
+    tensor is common (zero biases), all of them is not.  `allow` (--allow-identical-ranks) reads it, noted."""
+    if ranks.tp < 2:
+        return
+    split = {(r.stage, r.chunk, r.key) for r in rows if r.ep is None and r.transform.reads_back
+             and not r.transform.replicated}
+    for (t, p, v, e), sd in model.ep_dicts.items():
+        if t == 0 or e != ranks.plan.dense_ep[t]:
+            continue
+        peer, here, there = model.ep_dicts.get((0, p, v, ranks.plan.dense_ep[0])), ranks.ep_files[(t, p, e)], \
+            ranks.ep_files[(0, p, ranks.plan.dense_ep[0])]
+        if peer is None:
+            continue
+        known = []  # per split tensor with a CRC on both sides: identical?
+        for key, x in sd.items():
+            y = peer.get(key)
+            if (p, v, key) in split and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+                a, b = here.record_checksum(x), there.record_checksum(y)
+                if a is not None and b is not None and a[0] and b[0]:
+                    known.append(a == b)
+        if not known or not all(known):
+            continue
+        where = f"{here.path.parent.name} and {there.path.parent.name}"
+        if not allow:
+            raise InteropError(f"{here.path}: every split tensor ({len(known)}) is byte-identical to tensor-parallel "
+                               f"rank 0's ({there.path}): a copied rank folder, not a model (pass "
+                               "--allow-identical-ranks if it is genuinely so)")
+        notes.append(f"{where}: every split tensor is byte-identical (read as given: --allow-identical-ranks)")

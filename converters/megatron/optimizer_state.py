@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ...errors import InteropError
 from ...io.torch_file import LazyTorchFile
 from ...spec import ModelSpec
 from . import distrib
@@ -36,9 +37,13 @@ class OptimizerState:
         with the distributed optimizer, their own buffers over the expert-data-parallel group), saved as a list
         of the two state dicts; EP rank e's files hold the experts of that rank (`optimizer.split_experts`).
         At ep 1 the experts are ordinary parameters (`allreduce` True: tensor_parallel/layers.py), one optimizer."""
-        distributed = (self.ranks.dir / self.ranks.rank_dirs[(0, 0)] / DISTRIB_OPTIM_FILE).is_file()
-        if "optimizer" not in first and not distributed:
+        distributed = any((self.ranks.dir / d / DISTRIB_OPTIM_FILE).is_file() for d in self.ranks.rank_dirs.values())
+        without = [f for f in self.ranks.ep_files.values() if not isinstance(f.obj, dict) or "optimizer" not in f.obj]
+        if len(without) == len(self.ranks.ep_files) and not distributed:
             return None, None
+        if without:  # some rank files have an optimizer, this one none: all or nothing, and said
+            return None, (f"optimizer state not converted ({without[0].path} holds none, other rank files do); "
+                          "weights converted")
         found, hyper, expert_groups = {k: {} for k in KINDS}, None, None
         for (t, p, e), f in self.ranks.ep_files.items():
             params = [((v, key), key, tuple(x.shape)) for v in range(len(self.model.chunks[p]))
@@ -124,6 +129,13 @@ class OptimizerState:
                 return (f"{path.name}: chunk {v} holds {world.get('numel_unpadded')} elements, megatron-core's "
                         f"layout of its parameters at dp {dp} {sum(buffer.unpadded)}")
             offsets = distrib.coalesced_offsets(buffer)
+            for theirs in distrib.KINDS:
+                have = world.get(theirs)
+                need = max((offsets[key] + buffer.slots[key].numel for (c, key), _, _ in params if c == v), default=0)
+                if not isinstance(have, torch.Tensor) or have.dim() != 1 or have.numel() < need:
+                    got = f"{have.numel():,} elements" if isinstance(have, torch.Tensor) else type(have).__name__
+                    raise InteropError(f"{path}: chunk {v}'s {theirs} buffer holds {got}, its parameters need "
+                                       f"{need:,}: the file is cut short or damaged")
             for (c, key), _, shape in params:
                 if c != v:
                     continue

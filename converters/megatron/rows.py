@@ -16,8 +16,9 @@ import torch
 
 from ...layout import ParallelLayout
 from ...memory import BufferPool
-from ...mappings.megatron_names import (EXPERT_LAYOUTS, IGNORED_SUFFIXES, LEGACY_ALIASES, TABLES, TE_FUSED_MLP_NORM,
-                                        TE_MOE_NORM, TIED_HEAD)
+from ...errors import InteropError
+from ...mappings.megatron_names import (EXPERT_LAYOUTS, IGNORED_SUFFIXES, LEGACY_ALIASES, MLA_TABLES, TABLES,
+                                        TE_FUSED_MLP_NORM, TE_MOE_NORM, TIED_HEAD, with_mtp)
 from ...params import param_index
 from ...rows import Row, check_placed, expand
 from ...spec import ModelSpec
@@ -26,19 +27,35 @@ from ...transforms import Tied
 EXPERT_ROWS = {key for table in EXPERT_LAYOUTS.values() for key, _, _ in table}
 
 
-def _table(scheme: str, experts: str) -> list:
-    """The scheme's rows with the routed experts as `experts` (sequential, te_grouped, grouped) lays them out."""
-    if experts == "sequential":
-        return TABLES[scheme]
-    out, placed = [], False
-    for row in TABLES[scheme]:
-        if row[0] in EXPERT_ROWS:
-            if not placed:
-                out += EXPERT_LAYOUTS[experts]
-                placed = True
-            continue
-        out.append(row)
-    return out
+def _table(scheme: str, experts: str, spec: ModelSpec) -> list:
+    """The scheme's rows for the model (multi-latent attention's, the MTP modules' where it has them) with the
+    routed experts as `experts` (sequential, te_grouped, grouped) lays them out."""
+    if (spec.is_mla or spec.mtp_layers) and scheme not in MLA_TABLES:
+        raise InteropError(f"Megatron's {scheme} model has no multi-latent attention or MTP modules: megatron-core "
+                           "names hold them")
+    table = MLA_TABLES[scheme] if spec.is_mla else TABLES[scheme]
+    if experts != "sequential":
+        out, placed = [], False
+        for row in table:
+            if row[0] in EXPERT_ROWS:
+                if not placed:
+                    out += EXPERT_LAYOUTS[experts]
+                    placed = True
+                continue
+            out.append(row)
+        table = out
+    return with_mtp(table, scheme) if spec.mtp_layers else table
+
+
+_DECODER = "decoder.layers.{i}."
+
+
+def _layer_template(key: str) -> str:
+    """An MTP module's layer key (`mtp.layers.0.transformer_layer.X`, or its template) as a decoder layer's
+    template (`decoder.layers.{i}.X`): the rules for a layer's rows apply to it alike."""
+    if key.startswith("mtp.layers."):
+        return _DECODER + key.split(".transformer_layer.", 1)[1] if ".transformer_layer." in key else key
+    return key
 
 
 def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: str = "sequential",
@@ -50,26 +67,34 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
     keep `pre_mlp_layernorm` (else a MoE layer's norm has the dense layers' name)."""
     present = param_index(spec)
     last_stage, last_chunk = layout.pp - 1, layout.vpp - 1
-    table = _table(scheme, experts)
+    table = _table(scheme, experts, spec)
     rows = []
     for p, chunks in enumerate(layout.stages):
         for v, (start, stop) in enumerate(chunks):
+            first_row = len(rows)
+
             def keep(key, i, here=(p, v)):
-                if i is None:  # the embedding on the first chunk, the final norm and head on the last
+                mtp = key.startswith("mtp.")  # MTP modules: on the last chunk, their layer as a decoder layer
+                if i is None and not mtp:  # the embedding on the first chunk, the final norm and head on the last
                     first = key.startswith(("embedding.", "language_model.embedding."))
                     return here == (0, 0) if first else here == (last_stage, last_chunk)
+                if mtp and here != (last_stage, last_chunk):
+                    return False
+                moe, key = spec.is_mtp_moe() if mtp else spec.is_moe_layer(i), _layer_template(key)
                 if scheme == "mcore_te" and key in TE_MOE_NORM:
-                    return moe_norm_apart and spec.is_moe_layer(i)
-                return not (scheme == "mcore_te" and key in TE_FUSED_MLP_NORM and moe_norm_apart
-                            and spec.is_moe_layer(i))
+                    return moe_norm_apart and moe
+                return not (scheme == "mcore_te" and key in TE_FUSED_MLP_NORM and moe_norm_apart and moe)
             rows += expand(table, spec, layers=range(start, stop), first=start, ep=layout.ep, keep=keep,
                            stage=p, chunk=v, present=present)
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
                 embedding = present["embed.word.weight"]
                 rows.append(Row(TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name], p, v))
-    why = ("multi-latent attention and MTP modules have no Megatron names in interop yet: --to hf or --to interop "
-           "hold them" if spec.is_mla or spec.mtp_layers else "e.g. q/k norms need megatron-core, not the legacy model")
-    check_placed(rows, spec, f"Megatron's {scheme}", why)
+            if spec.mtp_layers and (p, v) == (last_stage, last_chunk) != (0, 0):
+                # the MTP modules' own embedding copy (models/gpt/gpt_model.py: built where pre_process or
+                # mtp_process; tied to the first stage's by tie_word_embeddings_state_dict)
+                embedding = present["embed.word.weight"]
+                rows.insert(first_row, Row(TABLES[scheme][0][0], Tied.bind(spec, [embedding]), [embedding.name], p, v))
+    check_placed(rows, spec, f"Megatron's {scheme}", "e.g. q/k norms need megatron-core, not the legacy model")
     return rows
 
 

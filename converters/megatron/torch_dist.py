@@ -44,7 +44,8 @@ from ...rows import RowCollector
 from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
-from ...mappings.megatron_spec import args_from_spec, args_losses, layout_from_args, spec_from_args
+from ...mappings.megatron_spec import (args_from_spec, args_losses, layout_from_args, refuse_unstated,
+                                        spec_from_args)
 from .args import args_dict, check_args, check_model_config, base_args, explicit_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, final_iteration
@@ -56,6 +57,10 @@ from .rows import expand_rows
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.(weight|bias)$")
 _EXPERT_TEMPLATE = "decoder.layers.{{i}}.mlp.experts.local_experts.{{j}}.{fc}.{kind}"
+# an MTP module's routed experts: stacked on the global expert axis alone (its layer has no layer offsets:
+# MultiTokenPredictionBlock.sharded_state_dict passes none; confirmed on a real 0.16.1 model)
+_MTP_EXPERT = re.compile(r"^(mtp\.layers\.\d+\.transformer_layer\.mlp\.experts)\.local_experts\.(\d+)\.(linear_fc[12])"
+                         r"\.(weight|bias)$")
 # the distributed optimizer's `dp_reshardable` buckets (megatron-core 0.14+): one flat tensor per bucket and kind
 # (keyed by the tp x pp rank, `dp_group_idx_<pp rank * tp + tp rank>`, and the model chunk's buffer, `gbuf_idx`)
 _BUCKET = re.compile(r"^optimizer\.distributed\.dp_group_idx_(\d+)\.gbuf_idx_(\d+)\.dtype_\((.+)\)\.bucket_idx_(\d+)\."
@@ -73,6 +78,9 @@ def stacked_key(key: str, homogeneous: bool = True) -> tuple[str, int | tuple | 
     global layer number in every key (transformer_block.py sharded_state_dict, `non_homogeneous_layers` when
     moe_layer_freq is a list or > 1), and the experts are stacked alone: (`decoder.layers.3.mlp.experts.experts.
     linear_fc1.weight`, (5,))."""
+    m = _MTP_EXPERT.match(key)
+    if m:
+        return f"{m.group(1)}.experts.{m.group(3)}.{m.group(4)}", (int(m.group(2)),)
     m = _EXPERT.match(key)
     if m:
         stacked = DIST_EXPERT_KEYS[_EXPERT_TEMPLATE.format(fc=m.group(3), kind=m.group(4))]
@@ -90,6 +98,14 @@ def homogeneous(spec: ModelSpec) -> bool:
     """Whether megatron-core stacks this model's layers in torch_dist: not when some layers are MoE and others
     dense (moe_layer_freq a list, which is how interop writes `moe_layers`)."""
     return not (spec.is_moe and spec.moe_layers is not None)
+
+
+def dist_scheme(spec: ModelSpec, te: bool = False) -> str:
+    """The names interop writes in torch_dist: the sharded keys every megatron-core layer spec shares (the
+    Transformer Engine names, which the local spec maps its norms to), except for multi-latent attention, whose
+    local spec keeps its own names (no sharded_state_dict_keys_map: gpt_layer_specs.py get_gpt_layer_local_spec):
+    those unless `te` (--transformer-impl transformer_engine)."""
+    return "mcore" if spec.is_mla and not te else "mcore_te"
 
 
 def global_shape(spec: ModelSpec, at, shape) -> tuple:
@@ -470,6 +486,15 @@ class Reader(BaseReader):
         _, key, layer, _ = self.row_of[base_param_name(name)]
         return self._read_stored(self._key_prefix(name) + key, layer)
 
+    def copied(self, name: str) -> None:
+        """`byte_ranges(name)` went file to file: its chunk's record is CRC-checked in the background."""
+        _, key, layer, _ = self.row_of[base_param_name(name)]
+        key = self._key_prefix(name) + key
+        self.ckpt.check_later(key, *self._box(key, layer))
+
+    def confirm(self) -> None:
+        self.ckpt.confirm()
+
     def close(self) -> None:
         self._cache.clear()
 
@@ -502,7 +527,7 @@ def _unflatten(stored: torch.Tensor, fragments: tuple, weight: tuple) -> torch.T
 def _extra_template(module: str) -> str:
     """The EXTRA_STATE_MODULES template `module` (a layer's linear) matches, or '' (no `_extra_state`)."""
     for m in EXTRA_STATE_MODULES:
-        if re.fullmatch(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+"), module):
+        if re.fullmatch(re.sub(r"\\\{[ijk]\\\}", r"\\d+", re.escape(m)), module):
             return m
     return ""
 
@@ -510,13 +535,14 @@ def _extra_template(module: str) -> str:
 class Writer(BaseWriter):
     """Writes `save/iter_XXXXXXX/` in torch_dist, loadable by Megatron-LM at any tp/pp."""
 
-    options = ("iteration", "distributed_optimizer")
+    options = ("iteration", "distributed_optimizer", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
-                 iteration: int | None = None, distributed_optimizer: bool | None = None, only=None):
+                 iteration: int | None = None, distributed_optimizer: bool | None = None,
+                 transformer_impl: str | None = None, only=None):
         """`only`: the `.distcp` files (`units`: 0 for the embedding, final norm and output layer, 1 + i for
         decoder layer i) to write, for a conversion split over processes (`interop.workers`); None: all."""
         spec.check_tp(layout.tp)
@@ -525,7 +551,10 @@ class Writer(BaseWriter):
         self.index = param_index(spec)
         if layout.ep > 1:
             spec.check_ep(layout.ep)
-        self.rows = _rows(spec, "mcore_te")
+        self.impl = transformer_impl or "local"
+        te = self.impl == "transformer_engine"
+        self.rows = _rows(spec, dist_scheme(spec, te), moe_norm_apart=te)
+        refuse_unstated(spec)  # before a file is written
         self.notes: list[str] = args_losses(spec)
         self.row_of = {n: r for r in self.rows for n in r.parts}
         if spec.is_moe and any(TensorKey.parse(m.name).is_optim for m in metas):
@@ -593,6 +622,7 @@ class Writer(BaseWriter):
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = args_from_spec(self.spec, self.layout, base, divisor)
+        args["transformer_impl"] = self.impl
         iteration = final_iteration(self.iteration, state)
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if self.kinds:  # a schedule matters to a run that resumes its optimizer
@@ -633,7 +663,8 @@ class Writer(BaseWriter):
         n, written = self.spec.num_layers, set()
         for row in self.rows:
             module = row.key.rsplit(".", 1)[0]
-            if "{i}" not in _extra_template(module):
+            template = _extra_template(module)
+            if "{i}" not in template and "{k}" not in template:
                 continue
             key, layer = stacked_key(row.key, self.homogeneous)
             name = f"{key.rsplit('.', 1)[0]}._extra_state"

@@ -43,14 +43,14 @@ from ...params import TensorKey, base_param_name, param_index, param_table
 from ...rows import RowCollector
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ...mappings.megatron_spec import args_from_spec, args_losses
+from ...mappings.megatron_spec import args_from_spec, args_losses, refuse_unstated
 from .args import args_dict, check_args, base_args, padded_vocab, vocab_divisor
 from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_FILE, final_iteration, iteration_dir, rank_dir_name
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
 from .model_spec import layout_of, model_args, spec_of
-from .model_state import ModelState, check_tensors
+from .model_state import ModelState, check_distinct_ranks, check_tensors
 from .optimizer import (DENSE, EXPERT, distrib_entry, expert_data_parallel, expert_groups, is_expert_param, pack,
                         parameter_order)
 from .optimizer_state import OptimizerState
@@ -61,8 +61,7 @@ from .rows import expand_rows, read_ranks
 DISTRIB_KIND = {ours: theirs for theirs, ours in distrib.KINDS.items()}  # optim kind -> distrib_optim.pt's
 EXPERT_SCRATCH = "distrib_optim.experts.scratch"  # the expert optimizer's pieces, beside the dense optimizer's
 # modules whose state dict holds an `_extra_state` entry (layer and local expert numbers as digits)
-_EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replace(r"\{j\}", r"\d+")
-                                   for m in EXTRA_STATE_MODULES))
+_EXTRA_STATE = re.compile("|".join(re.sub(r"\\\{[ijk]\\\}", r"\\d+", re.escape(m)) for m in EXTRA_STATE_MODULES))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -71,9 +70,16 @@ _EXTRA_STATE = re.compile("|".join(re.escape(m).replace(r"\{i\}", r"\d+").replac
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch` format (rank files)."""
 
-    options = ("iteration", "model_config", "vocab_size")
+    options = ("iteration", "model_config", "vocab_size", "allow_identical_ranks")
 
-    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None):
+    @classmethod
+    def options_for_worker(cls, options: dict) -> dict:
+        return dict(options, verify=False)  # the parent compared the tied head's copy with the embedding
+
+    def __init__(self, path, iteration: int | None = None, model_config=None, vocab_size: int | None = None,
+                 verify: bool = True, allow_identical_ranks: bool = False):
+        """`verify=False` skips reading tensor bytes to check the files (a tied head's stored copy): a
+        `--workers` worker, whose parent checked them."""
         self.root = Path(path)
         self.dir, it = iteration_dir(self.root, iteration)
         ranks = RankFiles(self.dir)
@@ -98,7 +104,8 @@ class Reader(BaseReader):
         self.spec = spec
         self.index = param_index(spec)
         self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart)
-        check_tensors(model, ranks, self.rows, spec, notes)
+        check_tensors(model, ranks, self.rows, spec, notes, compare_tied=verify)
+        check_distinct_ranks(model, ranks, self.rows, notes, allow_identical_ranks)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
         optimizer = OptimizerState(ranks, model, self.rows, spec, stored or {}, first)
         self.moments, self.moment_files = optimizer.moments, optimizer.files  # (distrib_optim.pt: their own files)
@@ -176,9 +183,10 @@ class Reader(BaseReader):
         if len(set(dtypes.values())) > 1:  # never cast one rank's bytes to its peers' type
             raise InteropError(f"{self.dir}: {row.key} is stored as {', '.join(str(d) for d in dtypes.values())} "
                                "by the tp ranks (tp 0, 1, ...): one dtype expected")
-        if self._replicated(row):  # rank 0's copy
+        if self._replicated(row):  # rank 0's copy (a fused one, MindSpeed-LLM's [q_a; kv_a], split into its parts)
             tensor = files[(0, row.stage)].read(stored[0])
-            return [tensor if out is None else out[0].copy_(tensor)]
+            parts = row.transform.split(tensor) if len(row.parts) > 1 else [tensor]
+            return parts if out is None else [o.copy_(x) for o, x in zip(out, parts)]
         read_into = lambda t, runs: files[(t, row.stage)].read_into(stored[t], runs)  # noqa: E731
         return read_ranks(row, read_into, n, stored[0].dtype, self.memory, out)
 
@@ -281,6 +289,19 @@ class Reader(BaseReader):
                     self._native.setdefault(part, key if len(parts) == 1 else f"{key} [part {i + 1}/{len(parts)}]")
         return self._native.get(name)
 
+    def copied(self, name: str) -> None:
+        """`byte_ranges(name)` went file to file: each rank's record it came from is CRC-checked in the
+        background (`confirm`), as `read` checks what it reads."""
+        dicts, base, files = self._stored(name)
+        row, _ = self.row_of[base]
+        dicts, files = self._on_ep_rank(dicts, files, row)
+        for t in [0] if self._replicated(row) else range(self._ranks(row)):
+            files[(t, row.stage)].check_later(dicts[(t, row.stage, row.chunk)][row.key])
+
+    def confirm(self) -> None:
+        for f in {id(f): f for files in (self.ep_files, self.moment_files) for f in files.values()}.values():
+            f.confirm()
+
     def close(self) -> None:
         self._cache.clear()
 
@@ -291,14 +312,14 @@ class Reader(BaseReader):
 class Writer(BaseWriter):
     """Writes a Megatron-LM `torch` checkpoint (megatron-core names) that Megatron can load."""
 
-    options = ("iteration", "distributed_optimizer", "dp")
+    options = ("iteration", "distributed_optimizer", "dp", "transformer_impl")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (EP rank folders)
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  iteration: int | None = None, distributed_optimizer: bool | None = None, dp: int | None = None,
-                 only=None):
+                 transformer_impl: str | None = None, only=None):
         """`only`: the (tp, pp) rank files (`units`) to write, for a conversion split over processes
         (`interop.workers`); None: all of them."""
         spec.check_tp(layout.tp)
@@ -308,11 +329,18 @@ class Writer(BaseWriter):
             raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
         self.root, self.spec, self.layout, self.iteration = Path(root), spec, layout, iteration
         self.index = param_index(spec)
-        self.rows = expand_rows("mcore", spec, layout)
+        # the Transformer Engine spec's names (its MoE layers keep pre_mlp_layernorm apart), or the local spec's
+        self.impl = transformer_impl or "local"
+        te = self.impl == "transformer_engine"
+        if te and distributed_optimizer:
+            raise InteropError("--transformer-impl transformer_engine with --distributed-optimizer: distrib_optim.pt "
+                               "is laid out in the local spec's parameter order only (write --format torch_dist)")
+        self.rows = expand_rows("mcore_te" if te else "mcore", spec, layout, moe_norm_apart=te)
         self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({key.kind for key in map(TensorKey.parse, self.names) if key.is_optim})
+        refuse_unstated(spec)  # before a file is written
         self.notes: list[str] = args_losses(spec)
         self.pending = RowCollector()
         self.memory = BufferPool(keep=4)  # fused or strided rank tensors, reused once written
@@ -468,6 +496,7 @@ class Writer(BaseWriter):
         base = base_args(meg)
         divisor = vocab_divisor(self.spec.vocab, self.spec.padded_vocab, self.layout.tp) or 128
         args = args_from_spec(self.spec, self.layout, base, divisor)
+        args["transformer_impl"] = self.impl
         expert_notes = []
         if self.spec.is_moe and args.get("moe_grouped_gemm"):
             # the rank files hold SequentialMLP's keys (local_experts.N): a run building GroupedMLP would not load them

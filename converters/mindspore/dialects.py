@@ -13,6 +13,7 @@ from pathlib import Path
 from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...mappings import mindspore_names as names
+from ...mappings.megatron_names import with_mtp
 from ...rows import Row, check_placed, expand
 from ...spec import ModelSpec
 from .files import mindformers_file, mindspeed_file
@@ -34,7 +35,6 @@ class Dialect:
     scalars = False  # training-state scalars beside the tensors (step, epoch, optimizer, scheduler)
     pt_meta = False  # `pt_meta/` for the framework's reverse converter
     strategy = False  # `strategy/` files describing the shards (tp or pp > 1)
-    layout_note: str | None = None  # what a reader and a writer say about the fused layouts they take
     moe_archs: tuple[str, ...] | None = ("llama",)  # the architectures its MoE models have (None: any)
     every_layer_moe = True  # its MoE models make every layer MoE
 
@@ -93,10 +93,20 @@ class Dialect:
                 raise InteropError(f"--qkv-layout must be one of {', '.join(names.QKV_LAYOUTS)}, got {layout!r}")
         table = [(name, self.fused_layout(name, transform, qkv_layout, qkv_bias_layout), parts)
                  for name, transform, parts in table + self.moe_table(spec, qkv_concat)]
+        if spec.mtp_layers:
+            table = self.with_mtp(table)
         rows = expand(table, spec)
         for row in rows:
             row.key = self.model_name(row.key, spec)
         return rows
+
+    def layout_note(self, spec: ModelSpec) -> str | None:
+        """What a reader and a writer say about the fused layouts they take (None: nothing)."""
+        return None
+
+    def with_mtp(self, table: list) -> list:
+        """`table` with its names for MTP modules (none by default: the model's MTP tensors are then refused)."""
+        return table
 
     def converter_names(self, rows: list[Row], spec: ModelSpec) -> dict[str, str]:
         """{model name: the name the framework's converter writes} where they differ (read either)."""
@@ -198,14 +208,30 @@ class MindFormersMcoreDialect(MindFormersDialect):
     moments = names.OPTIM_PREFIXES["mindformers-mcore"]
     tied_heads = ("output_layer.weight",)
     fuses_qkv = False
-    layout_note = ("linear_qkv grouped per KV group, linear_fc1 rows interleaved gate/up: MindFormers' defaults "
-                   "use_contiguous_weight_layout_attention=False, use_interleaved_weight_layout_mlp=True")
     every_layer_moe = False  # dense layers (first_k_dense_replace) and sigmoid scores: the same names
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         pass
 
+    def layout_note(self, spec: ModelSpec) -> str:
+        attention = ("linear_qkv = [q_down; kv_down] (mla_qkv_concat=True)" if spec.is_mla else
+                     "linear_qkv grouped per KV group")
+        return (f"{attention}, linear_fc1 rows interleaved gate/up: MindFormers' defaults "
+                f"{'mla_qkv_concat=True' if spec.is_mla else 'use_contiguous_weight_layout_attention=False'}, "
+                "use_interleaved_weight_layout_mlp=True")
+
+    def table(self, spec: ModelSpec, qkv_concat: bool) -> list:
+        """Multi-latent attention as deepseek3 names it (mla_qkv_concat, its default), else the dialect's table."""
+        return names.MINDFORMERS_MCORE_MLA if spec.is_mla else super().table(spec, qkv_concat)
+
+    def with_mtp(self, table: list) -> list:
+        """deepseek3's MTP modules, `mtp.layers.{k}.*` as megatron-core names them, after the final norm."""
+        return with_mtp(table)
+
     def check_layout(self, spec: ModelSpec, tp: int, where: str = "") -> None:
+        if spec.is_mla and tp > 1:
+            raise InteropError(f"{where}MindFormers' multi-latent attention (linear_qkv = [q_down; kv_down], "
+                               f"replicated) is read and written at --tp 1 (one model.ckpt), not tp={tp}")
         if spec.is_moe and tp > 1:
             raise InteropError(f"{where}MindFormers' mcore-style experts (FFNGroupedGEMM weight1 / weight2) are placed "
                                f"by expert parallelism, not cut by tensor parallelism: MoE is read and written at "
@@ -223,8 +249,10 @@ def dialect_named(name: str) -> Dialect:
 
 
 def refuse_mla(tags, where: str) -> None:
-    """Multi-latent attention (MindFormers deepseek3's default) has no place in the canonical tensors."""
+    """MindFormers' multi-latent attention with mla_qkv_concat=False (megatron-core's separate projections) is not
+    read: its default concatenated layout is."""
     for tag in tags:
         if any(marker in tag for marker in names.MINDFORMERS_MCORE_MLA_MARKERS):
-            raise InteropError(f"{where}: {tag} is multi-latent attention (DeepSeek-V3 MLA), which interop does not "
-                               "convert")
+            raise InteropError(f"{where}: {tag} is MindFormers' multi-latent attention with mla_qkv_concat=False, "
+                               "which interop does not read (its default, mla_qkv_concat=True: linear_qkv / linear_qb "
+                               "/ linear_kvb, is)")

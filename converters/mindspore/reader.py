@@ -26,7 +26,7 @@ from ...tensors import Source, TensorMeta
 from . import lora, pt_meta
 from .files import SIDECAR, old_mindspeed_tree, rank_folders, single_file
 from .dialects import dialect_named, refuse_mla
-from .scalars import is_scalar_tag, scalars_to_state
+from .scalars import BadScalar, is_scalar_tag, scalars_to_state
 
 FORMAT = "mindspore"
 
@@ -163,8 +163,8 @@ class Reader(BaseReader):
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
         dialect.check_layout(spec, layout.tp, f"{path}: ")
-        if dialect.layout_note:
-            notes.append(dialect.layout_note)
+        if dialect.layout_note(spec):
+            notes.append(dialect.layout_note(spec))
         if sidecar is not None and "layout" in sidecar:
             said = ParallelLayout.from_dict(sidecar["layout"])
             if (said.tp, said.pp, said.ep) != (layout.tp, layout.pp, layout.ep):
@@ -201,8 +201,16 @@ class Reader(BaseReader):
         self.prefixes = dialect.moments
         self.row_of = {p: row for row in self.rows for p in row.parts}
         scalars = self._check(notes)
-        state, scalar_notes = scalars_to_state(scalars)
+        try:
+            state, scalar_notes = scalars_to_state(scalars)
+        except BadScalar as exc:
+            raise InteropError(f"{self.files[(0, 0)].path}: {exc}: the training state is damaged") from None
         notes += scalar_notes
+        optimizer = (state.get("megatron") or {}).get("optimizer")
+        if optimizer and not self.optim:  # step and param groups stored, the moments not: say what is missing
+            notes.append(f"no optimizer moments ({', '.join(p + '*' for p in self.prefixes.values())}) in the rank "
+                         f"files although their scalars say an optimizer ran (step {optimizer.get('step')}): "
+                         "weights only")
         if sidecar is not None:
             state = _merge_state(sidecar.get("state") or {}, state)
         if meta is not None and sidecar is None:  # (interop's own pt_meta restates what its sidecar records)
@@ -214,7 +222,9 @@ class Reader(BaseReader):
                 named = (from_meta["megatron"].get("args") or {}).get("tokenizer_model")
                 if isinstance(named, str) and named and "tokenizer_model" not in state:
                     state["tokenizer_model"] = named  # neutral (interop.state): an HF target takes the file
-        self.source = Source(spec, layout, state=state, notes=notes)
+        bare = any(f.crc is None for f in [*self.files.values(), *self.ep_files.values()])
+        self.source = Source(spec, layout, state=state, notes=notes,
+                             unchecked="MindSpore .ckpt files without a crc_num trailer" if bare else None)
 
     @staticmethod
     def _description(path: Path, sidecar, model_config, meta, dtype: str, vocab_size, notes: list[str]):

@@ -59,12 +59,30 @@ def state_to_scalars(state: dict) -> tuple[dict[str, torch.Tensor], list[str]]:
     return out, notes
 
 
+class BadScalar(ValueError):
+    """A training-state scalar that is not a finite number (NaN, Inf), or not whole where a count belongs."""
+
+
+def _checked(tag: str, value: torch.Tensor, whole: bool) -> torch.Tensor:
+    """`value` when every element is finite (and, with `whole`, an integer): NaN in a step count would
+    raise deep in `int()`, NaN in a learning rate would train nothing."""
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise BadScalar(f"scalar {tag} is {value.tolist()}: not a finite number")
+    if whole and value.is_floating_point() and not bool((value == value.round()).all()):
+        raise BadScalar(f"scalar {tag} is {value.tolist()}: not a whole number")
+    return value
+
+
 def scalars_to_state(scalars: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
-    """Training state (iteration, optimizer hyperparameters, scheduler) from one rank file's scalars."""
+    """Training state (iteration, optimizer hyperparameters, scheduler) from one rank file's scalars.
+    A value that is not finite (or not whole where a count belongs) raises `BadScalar`."""
     state, groups, scheduler, dropped = {}, {}, {}, []
     step = None
     for tag, value in scalars.items():
         m = GROUP_TAG.match(tag)
+        if tag in (STEP_NUM, EPOCH_NUM, STATE_STEP) or tag in SCHEDULER_TYPES or m:  # what the state takes
+            _checked(tag, value, tag in (STEP_NUM, EPOCH_NUM, STATE_STEP) or tag in SCHEDULER_STYLES
+                     or SCHEDULER_TYPES.get(tag) == "int32")
         if tag == STEP_NUM:
             state["iteration"] = int(value.item())
         elif tag == EPOCH_NUM:

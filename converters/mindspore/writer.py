@@ -268,8 +268,8 @@ class Writer(BaseWriter):
             for p in range(self.layout.pp):
                 strategy = stage_strategy(self.spec, self.layout, self.rows, p)
                 (self.root / "strategy" / f"strategy_stage{p}.json").write_text(json.dumps(strategy, indent=1))
-        if self.dialect.layout_note:
-            self.notes.append(self.dialect.layout_note)
+        if self.dialect.layout_note(self.spec):
+            self.notes.append(self.dialect.layout_note(self.spec))
         if self.qkv_concat:
             self.notes.append(f"w_qkv / w_gate_hidden written {self.qkv_layout} "
                               f"({'MindFormers r1.3' if self.qkv_layout == 'plain' else 'MindFormers r1.5 and later'}"

@@ -30,12 +30,13 @@ import yaml
 
 from ..errors import InteropError
 from ..formats import registered
+from ..io import bounded_yaml
 from ..io.small_files import read_small_text, require_small_file
 from ..argtable import MISSING, Unmapped, get_path, read_table, typed, write_table
 from ..mappings import megatron_args as M
 
 GROUP = "interop.mapargs_targets"
-MAX_TEXT = 16 * 1024 * 1024  # config files are small; anything bigger is not one
+MAX_TEXT = 1 << 20  # config files are a few KB (the largest real launch script ~30 KB); parsing is linear but slow in Python
 SYNTAXES = ("checkpoint", "json", "python", "yaml", "args")
 
 
@@ -188,7 +189,7 @@ class YamlTarget(TableTarget):
         return self.header + (LAUNCH_COMMENT.format(launch, self.name, launch) if launch else "") + text
 
     def parse(self, text: str, where: str) -> dict:
-        return yaml.safe_load(text)
+        return bounded_yaml.safe_load(text)
 
     def launch(self, text: str) -> dict:
         found = LAUNCH_LINE.search(text)
@@ -297,7 +298,7 @@ def detect(path: Path) -> str:
         return found
     if _looks_like_yaml(text):
         try:
-            doc = yaml.safe_load(text)
+            doc = bounded_yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise InteropError(f"{path}: cannot read YAML ({str(exc).splitlines()[0][:200]})") from None
         except RecursionError:

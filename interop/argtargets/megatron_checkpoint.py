@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..argtable import Unmapped
+from ..argtable import Unmapped, typed
 from ..errors import InteropError
 from ..io.megatron_save import TRACKER, iteration_name, read_tracker
 from ..mappings import megatron_args as M
@@ -45,7 +45,7 @@ class MegatronCheckpoint(ArgsTarget):
             if arg is None:
                 ignored.append(key)
                 continue
-            value = to_plain(value)
+            value = typed(dest, to_plain(value), str(file))  # a string where an int belongs: one line, not a crash
             if value != arg.default:
                 explicit[dest] = value
         entries = [Unmapped("(checkpoint args)", sorted(ignored), f"{len(ignored)} stored args interop does not model",

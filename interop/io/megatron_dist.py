@@ -59,7 +59,7 @@ from ..shards import Box, tiling_error
 from .megatron_save import TRACKER, iteration_name, read_tracker
 from .paths import inside
 from .safe_pickle import safe_torch_load
-from .torch_file import _BATCH, _CRC_THREAD, _crc_views, append_tensor
+from .torch_file import _BATCH, _CRC_THREAD, _crc_of_range, _crc_views, append_tensor
 from .writeback import Writeback
 from .zip_records import BadLocalHeader, zip_records
 
@@ -438,6 +438,7 @@ class DcpCheckpoint:
         if not (self.path / DCP_METADATA).is_file():
             raise InteropError(f"{self.path}: not a PyTorch DCP checkpoint (no .metadata)")
         self._reader = _Reader(self.path)
+        self._later = {}  # {(file, offset): (span, future CRC-32)} of chunks copied file to file
         entries = self._reader.read_metadata().state_dict_metadata
         self._tensors = {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
         self._objects = [k for k, v in entries.items() if isinstance(v, BytesStorageMetadata)]
@@ -500,6 +501,22 @@ class DcpCheckpoint:
         copy can take them from there.  None otherwise."""
         span = self._guarded(key, offsets, sizes, self._reader.box_span)
         return None if span is None else (str(span.file), span.offset, span.nbytes)
+
+    def check_later(self, key: str, offsets, sizes) -> None:
+        """The box's bytes were copied file to file (`span`): check its record's CRC-32 on the CRC thread, as
+        `read_box` would have; `confirm` reports it.  Each record once."""
+        span = self._guarded(key, offsets, sizes, self._reader.box_span)
+        if span is not None and span.crc and (span.file, span.offset) not in self._later:
+            self._later[(span.file, span.offset)] = (span, _CRC_THREAD.submit(_crc_of_range, span.file, span.offset,
+                                                                              span.nbytes))
+
+    def confirm(self) -> None:
+        """Raise if a chunk `check_later` was asked for fails its CRC-32."""
+        later, self._later = self._later, {}
+        for span, crc in later.values():
+            if crc.result() != span.crc:
+                raise InteropError(f"{span.file}: a chunk at offset {span.offset} fails its CRC-32 check; the file "
+                                   "is damaged")
 
     def _guarded(self, key: str, offsets, sizes, job):
         dtype, shape = self.meta(key)

@@ -57,6 +57,11 @@ TYPES = {
 }
 TYPE_OF_DTYPE = {v: k for k, v in TYPES.items()}
 STR_TYPE = "str"
+# Values per file, checked while indexing (~15 us each): a rank file holds a few dozen scalars (step,
+# epoch, optimizer groups, scheduler, rng) and at most some 200,000 tensors (a whole MoE model with
+# its moments); a file of a million tiny Values is a bomb, refused before it costs minutes and GBs.
+MAX_SCALARS = 10_000
+MAX_VALUES = 1_000_000
 
 
 # ---------------------------------------------------------------- reading
@@ -237,7 +242,7 @@ class CkptFile:
                 os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_NORMAL)  # tensors are read whole: readahead again
 
     def _index(self, buf, end: int) -> None:
-        pos, last = 0, None
+        pos, last, scalars = 0, None, 0
         parts: dict[str, list] = {}
         try:
             while pos < end:
@@ -246,6 +251,11 @@ class CkptFile:
                 if number != 1 or wire != 2:
                     raise _Corrupt(f"top-level field {number} (wire {wire}) at byte {start}, expected a value")
                 tag, (dims, ttype, chunk) = _value(buf, value, pos)
+                scalars += dims in ((), (0,))
+                if scalars > MAX_SCALARS or len(parts) >= MAX_VALUES:
+                    what = f"{MAX_SCALARS:,} scalars" if scalars > MAX_SCALARS else f"{MAX_VALUES:,} values"
+                    raise InteropError(f"{self.path}: more than {what} (a rank file holds a few dozen scalars and "
+                                       "at most some 200,000 tensors); refused unread")
                 if tag == last:
                     first = parts[tag]
                     if first[0] != dims or first[1] != ttype:

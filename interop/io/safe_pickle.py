@@ -24,6 +24,7 @@ import numpy.core.multiarray
 import torch
 
 from ..errors import InteropError
+from .zip_records import InflationBomb, check_expansion
 
 # Real objects a checkpoint may name, by the dotted path the pickle uses.
 ALLOWED = {
@@ -140,6 +141,8 @@ def load_pickle(path, names: list[str] | None = None, map_location="cpu", mmap: 
     if not path.is_file():
         raise InteropError(f"{path}: no such file")
     is_zip = zipfile.is_zipfile(path)
+    if is_zip:
+        _check_expansion(path)
     if names is None:
         names = []
         if is_zip:
@@ -155,6 +158,17 @@ def load_pickle(path, names: list[str] | None = None, map_location="cpu", mmap: 
         raise
     except Exception as exc:
         raise InteropError(f"{path}: cannot load safely ({_first_line(exc)})") from None
+
+
+def _check_expansion(path: Path) -> None:
+    """torch inflates a compressed record into a buffer of its declared size: bound that first."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            check_expansion(z)
+    except InflationBomb as exc:
+        raise InteropError(f"{path}: {exc}") from None
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise InteropError(f"{path}: not a readable zip file ({_first_line(exc)})") from None
 
 
 def _first_line(exc: Exception) -> str:

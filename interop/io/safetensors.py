@@ -34,7 +34,9 @@ DTYPE_CODES = {
     "F8_E4M3": torch.float8_e4m3fn,  # block-scaled FP8 weights (DeepSeek-V3; transformers fine-grained FP8)
 }
 CODE_OF_DTYPE = {v: k for k, v in DTYPE_CODES.items()}
-MAX_HEADER = 100 << 20
+# Header bytes: ~100 per tensor, so 16 MiB is ~170,000 tensors in one file (a whole DeepSeek-V3 is ~95,000);
+# parsing one costs ~20 us a tensor in Python, so an 80 MB header of 1.5 million entries is refused unread.
+MAX_HEADER = 16 << 20
 
 
 def dtype_from_code(code: str) -> torch.dtype:
@@ -64,7 +66,11 @@ class SafetensorsFile:
             self.close()
             raise InteropError(f"{self.path}: not a safetensors file (only {size} bytes)")
         (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER or 8 + n > size:
+        if n > MAX_HEADER:
+            self.close()
+            raise InteropError(f"{self.path}: its safetensors header claims {n:,} bytes, more than {MAX_HEADER:,} "
+                               "(~170,000 tensors): refused unread")
+        if 8 + n > size:
             self.close()
             raise InteropError(f"{self.path}: corrupt or truncated safetensors header")
         try:

@@ -31,7 +31,7 @@ from ..errors import InteropError
 from . import background
 from .safe_pickle import load_pickle, safe_torch_load
 from .writeback import Writeback
-from .zip_records import zip_records
+from .zip_records import InflationBomb, check_expansion, zip_records
 from .zipfile_writer import ALIGNMENT, ZipWriter
 
 STORAGE_TYPES = {
@@ -61,10 +61,13 @@ def _records(path: Path) -> tuple[dict[int, _Record], bool]:
     size and CRC-32 there lets a read check that it stays inside the record and verify it."""
     try:
         with zipfile.ZipFile(path) as z, open(path, "rb", buffering=0) as f:
+            check_expansion(z)
             by_offset, compressed = {}, False
             for record in zip_records(z, f.fileno()):
                 compressed = compressed or not record.stored
                 by_offset[record.offset] = _Record(record.name, record.size, record.crc)
+    except InflationBomb as exc:
+        raise InteropError(f"{path}: {exc}") from None
     except (OSError, zipfile.BadZipFile, ValueError, struct.error) as exc:
         raise InteropError(f"{path}: not a readable zip file ({exc})") from None
     return by_offset, compressed
@@ -81,6 +84,7 @@ class LazyTorchFile:
     def __init__(self, path):
         self.path = Path(path)
         self.placeholders = []
+        self._later = {}  # {record offset: (record, future CRC-32)} of records copied file to file
         if not self.path.is_file():
             raise InteropError(f"{self.path}: no such file")
         self.lazy = zipfile.is_zipfile(self.path)
@@ -122,6 +126,38 @@ class LazyTorchFile:
         whole = start == 0 and nbytes == record.size and record.crc != 0
         return offset + start, nbytes, record if whole else None
 
+    def record_checksum(self, t: torch.Tensor) -> tuple[int, int] | None:
+        """(CRC-32, bytes) of the record meta tensor `t` views whole, from the zip's directory (nothing read);
+        None for a partial view or a record without a CRC."""
+        if t.device.type != "meta" or t.numel() == 0:
+            return None
+        _, _, record = self._span(t)
+        return None if record is None else (record.crc, record.size)
+
+    def check_later(self, t: torch.Tensor) -> None:
+        """Check the CRC-32 of the record meta tensor `t` views whole, on the CRC thread (the bytes were copied
+        file to file, never read here); `confirm` reports it.  A record is checked once; a partial view not."""
+        if t.device.type != "meta" or t.numel() == 0:
+            return
+        pos, nbytes, record = self._span(t)
+        if record is not None and pos not in self._later:
+            self._later[pos] = (record, _CRC_THREAD.submit(_crc_of_range, self.path, pos, nbytes))
+
+    def _check_record_later(self, t: torch.Tensor) -> None:
+        """`t` views part of its record (a parameter's run of distrib_optim.pt's flat buffer): the whole
+        record is CRC-checked once, on the CRC thread (from the page cache its reads filled); `confirm`
+        reports it."""
+        offset = getattr(t.untyped_storage(), "_checkpoint_offset", None)
+        record = self._records.get(offset) if offset is not None else None
+        if record is not None and record.crc and offset not in self._later:
+            self._later[offset] = (record, _CRC_THREAD.submit(_crc_of_range, self.path, offset, record.size))
+
+    def confirm(self) -> None:
+        """Raise if a record `check_later` was asked for fails its CRC-32."""
+        later, self._later = self._later, {}
+        for record, crc in later.values():
+            self._check_crc(record, crc.result())
+
     def _check_crc(self, record: _Record | None, crc: int) -> None:
         if record is not None and crc != record.crc:
             raise InteropError(f"{self.path}: record {record.name} fails its CRC-32 check "
@@ -141,6 +177,8 @@ class LazyTorchFile:
             raise InteropError(f"{self.path}: truncated (a tensor needs {len(buf)} bytes at offset {pos}, {got} there)")
         if record is not None:
             self._check_crc(record, zlib.crc32(buf))
+        else:
+            self._check_record_later(t)
         flat = torch.frombuffer(buf, dtype=t.dtype)
         if t.is_contiguous():
             return flat.view(t.shape)
@@ -161,6 +199,8 @@ class LazyTorchFile:
             return
         item = t.element_size()
         offset, _, record = self._span(t)
+        if record is None:
+            self._check_record_later(t)
         bytes_of = {}
         views = []
         for x, start, stop in runs:
@@ -186,6 +226,20 @@ class LazyTorchFile:
                     crc = _CRC_THREAD.submit(_crc_views, batch, crc)
         if record is not None:
             self._check_crc(record, crc.result() if crc is not None else 0)
+
+
+def _crc_of_range(path, pos: int, nbytes: int) -> int:
+    """CRC-32 of `nbytes` of `path` from `pos` (just copied by the kernel: in the page cache), in 64 MiB reads."""
+    crc, buf = 0, bytearray(min(nbytes, _CHUNK))
+    with open(path, "rb", buffering=0) as f:
+        while nbytes:
+            view = memoryview(buf)[:min(nbytes, len(buf))]
+            got = os.preadv(f.fileno(), [view], pos)
+            if got != len(view):
+                raise InteropError(f"{path}: truncated (a record needs {len(view)} bytes at offset {pos}, {got} there)")
+            crc = zlib.crc32(view, crc)
+            pos, nbytes = pos + got, nbytes - got
+    return crc
 
 
 def _crc_views(views, before) -> int:

@@ -13,10 +13,30 @@ from typing import Iterator, NamedTuple
 
 LOCAL_HEADER = 30
 LOCAL_MAGIC = b"PK\x03\x04"
+MAX_EXPANSION = 64  # float weights deflate to ~90%; only zeros (a bomb) expand 1000x
+FREE_EXPANSION = 64 << 20  # bytes any compressed records may expand to regardless (small all-zero buffers)
 
 
 class BadLocalHeader(zipfile.BadZipFile):
     """A record's local header is not where the central directory says."""
+
+
+class InflationBomb(zipfile.BadZipFile):
+    """Compressed records that would expand far beyond what weights can (a DEFLATE bomb)."""
+
+
+def check_expansion(zf: zipfile.ZipFile) -> None:
+    """Raise `InflationBomb` when the compressed records of `zf` declare more than `MAX_EXPANSION` times their
+    compressed bytes (plus `FREE_EXPANSION`): a reader (torch's too) allocates the declared size and inflates
+    into it, so a few MB of DEFLATEd zeros would take GBs.  Declared sizes bound what either reader inflates."""
+    packed = unpacked = 0
+    for info in zf.infolist():
+        if info.compress_type != zipfile.ZIP_STORED:
+            packed, unpacked = packed + info.compress_size, unpacked + info.file_size
+    if unpacked > FREE_EXPANSION + MAX_EXPANSION * packed:
+        raise InflationBomb(f"its compressed records expand {unpacked // max(packed, 1):,}x, to {unpacked:,} bytes "
+                            f"from {packed:,} (more than {MAX_EXPANSION}x + {FREE_EXPANSION >> 20} MiB is refused: "
+                            "weights never compress so well; a DEFLATE bomb?)")
 
 
 class ZipRecord(NamedTuple):

@@ -6,7 +6,7 @@ rank t stores, and how the split axis maps; its docstring draws the layout.  Nam
 """
 from .base import Transform
 from .concat import GatedMLP, PlainConcat
-from .copy import Copy, Tied
+from .copy import Copy, RowsSplit, Tied
 from .experts import GroupedExperts
 from .fp8 import BlockScaledFP8
 from .grouped_qkv import GroupedQKV
@@ -18,5 +18,5 @@ from .shared import SharedInput
 from .stack import Stack
 from .transpose import Transpose
 
-__all__ = ["Transform", "Copy", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave", "RopePairs", "Stack",
-           "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput"]
+__all__ = ["Transform", "Copy", "RowsSplit", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave",
+           "RopePairs", "Stack", "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput"]

@@ -39,3 +39,20 @@ class Tied(Copy):
     Megatron keeps it equal to the embedding by an all-reduce, so it is written, never read back."""
 
     reads_back = False
+
+
+class RowsSplit(Copy):
+    """One canonical tensor, stored unchanged, that TP cuts on its rows (axis 0) whatever its canonical split:
+    a projection every rank computes whole but a framework stores as a column-parallel linear.
+
+        canonical x [rows, cols] (replicated) -> TP rank t stores rows [t*rows/tp, (t+1)*rows/tp)
+
+    megatron-core's local layer spec builds multi-latent attention's down projections (`linear_q_down_proj`
+    [q_lora_rank, h], `linear_kv_down_proj` [kv_lora_rank + qk_rope_head_dim, h]) as ColumnParallelLinear with
+    gather_output=False and gathers their output itself (transformer/multi_latent_attention.py MLASelfAttention:
+    "if linear_q_down_proj is ColumnParallelLinear: q_compressed: [s, b, q_lora_rank / TP]"); the Transformer
+    Engine spec's TELinear (parallel_mode 'duplicated') holds them whole on every rank (`Copy`)."""
+
+    @classmethod
+    def bind(cls, spec, params) -> "RowsSplit":
+        return cls([p.shape for p in params], 0)

@@ -167,11 +167,16 @@ def moe_config(spec: ModelSpec, router_bias_update_rate: float = 1e-3) -> dict:
         moe_router_pre_softmax=spec.moe_router_score == "softmax" and not spec.moe_norm_topk,
         moe_router_enable_expert_bias=spec.moe_router_bias, moe_router_bias_update_rate=router_bias_update_rate,
         moe_aux_loss_coeff=coeff, moe_router_load_balancing_type="aux_loss" if coeff > 0 else "none",
+        moe_router_num_groups=spec.moe_groups, moe_router_group_topk=spec.moe_group_topk,
+        moe_router_topk_scaling_factor=None if spec.moe_routed_scaling == 1.0 else spec.moe_routed_scaling,
         moe_grouped_gemm=False, moe_token_dispatcher_type="allgather")
 
 
 def cannot_build(spec: ModelSpec) -> str | None:
     """Why megatron-core's own GPTModel (local layer spec) cannot compute `spec`, or None."""
+    if spec.is_mla:  # its MLASelfAttention passes k_channels / v_channels to a core attention that takes neither
+        return ("megatron-core's multi-latent attention does not build without Transformer Engine (0.16.1's local "
+                "DotProductAttention takes no k_channels / v_channels)")
     facts = [f for f, has in (("post_norm", spec.post_norm or not spec.pre_norm),
                               ("qk_norm_scope", spec.qk_norm_scope != "head"),
                               ("activation", spec.activation == "geglu_tanh"), ("embed_scale", spec.embed_scale),
@@ -209,7 +214,8 @@ def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: 
         bias_activation_fusion=False, params_dtype=torch.float32, use_cpu_initialization=True,
         bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
         persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
-        qk_layernorm=spec.qk_norm, expert_model_parallel_size=ep, **moe_config(spec, router_bias_update_rate))
+        qk_layernorm=spec.qk_norm, expert_model_parallel_size=ep, mtp_num_layers=spec.mtp_layers or None,
+        **moe_config(spec, router_bias_update_rate))
     scaling = spec.rope_scaling
     if scaling is not None and scaling != llama3_rope_scaling(scaling.get("factor", 0)):
         raise InteropError(f"megatron-core's rope scaling fixes low_freq_factor 1, high_freq_factor 4 and "
@@ -222,9 +228,16 @@ def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: 
         layers = get_gpt_layer_local_spec(normalization=norm, qk_layernorm=spec.qk_norm)
     # A sliding window is given as the attention mask (causal_mask); megatron-core's own window_size
     # builds its mask on CUDA only.
+    mtp = None
+    if spec.mtp_layers:  # MultiTokenPredictionBlock: each module's layer built like the last decoder layer
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+        last = layers.layer_specs[-1] if spec.is_moe else layers
+        mtp = get_gpt_mtp_block_spec(config, last, use_transformer_engine=False)
     return GPTModel(config, layers, vocab_size=spec.padded_vocab, max_sequence_length=spec.max_positions,
+                    mtp_block_spec=mtp,
                     position_embedding_type="rope" if spec.position == "rope" else "learned_absolute",
-                    rotary_base=int(spec.rope_base), share_embeddings_and_output_weights=spec.tied_embeddings,
+                    rotary_base=int(spec.rope_base), rotary_percent=spec.rotary_percent,
+                    share_embeddings_and_output_weights=spec.tied_embeddings,
                     rope_scaling=scaling is not None, rope_scaling_factor=scaling["factor"] if scaling else 8.0)
 
 
@@ -367,6 +380,9 @@ def _forward(ckpt: str, tokens):
         tokens = torch.from_numpy(tokens)
         b, s = tokens.shape
         positions = torch.arange(s).unsqueeze(0).expand(b, s)
+        # MTP modules (loaded strictly above) compute only a training loss from labels: the logits are the
+        # main model's, so its forward runs without them
+        model.mtp_process, model.config.mtp_num_layers = False, None
         with torch.no_grad():
             logits = model(input_ids=tokens, position_ids=positions, attention_mask=causal_mask(spec, s))
         return logits[..., :spec.vocab].float().numpy().copy()

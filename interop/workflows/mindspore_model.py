@@ -24,6 +24,9 @@ from ..transforms import GatedMLP, GroupedQKV, Interleave
 from ..io.small_files import read_json_object
 
 
+RUNS_DIALECTS = ("mindspeed", "mindformers")  # the names `_layer` and `_globals` know
+
+
 @dataclass
 class MsModel:
     spec: ModelSpec
@@ -155,10 +158,11 @@ def _norm(spec: ModelSpec, x, weight, bias=None):
 
 
 def _rope(spec: ModelSpec, x, seq: int):
-    """HF Llama's rotate_half RoPE (Megatron's default, non-interleaved)."""
+    """HF Llama's rotate_half RoPE (Megatron's default, non-interleaved), on the first rotary_dim values of each
+    head (partial rotary: the rest passes unchanged)."""
     import mindspore as ms
     import mindspore.ops as ops
-    d = spec.head_dim
+    d = spec.rotary_dim
     inv = 1.0 / (spec.rope_base ** (np.arange(0, d, 2, dtype=np.float32) / d))
     scale = 1.0
     if spec.rope_scaling is not None and spec.rope_scaling["type"] == "longrope":  # trainer/model.py longrope_tables
@@ -176,8 +180,10 @@ def _rope(spec: ModelSpec, x, seq: int):
     freqs = np.outer(np.arange(seq, dtype=np.float32), inv)
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = ms.Tensor(np.cos(emb) * scale), ms.Tensor(np.sin(emb) * scale)
+    x, rest = (x[..., :d], x[..., d:]) if d < spec.head_dim else (x, None)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + ops.cat([-x2, x1], axis=-1) * sin
+    out = x * cos + ops.cat([-x2, x1], axis=-1) * sin
+    return out if rest is None else ops.cat([out, rest], axis=-1)
 
 
 def logits(m: MsModel, tokens: np.ndarray):

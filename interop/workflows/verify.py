@@ -371,12 +371,15 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
         raise FrameworkUnavailable(f"mindspore is not installed ({exc}); ran in the reference model only") from None
     sidecar = Path(path) / "mindspore_model.json"  # interop's optional description; real MindSpeed files lack it
     desc = read_json_object(sidecar, "MindSpore model description") if sidecar.is_file() else None
+    dialect = (desc or {}).get("dialect")
+    if dialect is not None and dialect not in mindspore_model.RUNS_DIALECTS:
+        raise FrameworkUnavailable(f"interop's model in mindspore ops runs the {' and '.join(mindspore_model.RUNS_DIALECTS)} "
+                                   f"dialects, not {dialect}; the MindSpore checkpoint ran in the reference model only")
     layout = (desc or {}).get("layout")  # a MindFormers output of another tool may have none: converted below
     if not isinstance(layout, dict) or layout.get("tp") != 1 or layout.get("pp") != 1:
-        from ..convert import convert
-        dialect = (desc or {}).get("dialect")
+        from ..convert import convert_here
         qkv = (desc or {}).get("qkv_concat") or None
-        convert(store, tmp, src_format="interop", dst_format="mindspore", dialect=dialect, qkv_concat=qkv)
+        convert_here(store, tmp, src_format="interop", dst_format="mindspore", dialect=dialect, qkv_concat=qkv)
         path = tmp
     model = mindspore_model.load(path)
     return torch.from_numpy(mindspore_model.logits(model, tokens.numpy()).asnumpy()).float()

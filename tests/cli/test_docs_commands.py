@@ -25,7 +25,7 @@ def bash_blocks(path: Path) -> list[str]:
 def commands(block: str) -> list[str]:
     """The `interop ...` commands of a block, comments dropped ([...] marks optional flags in a synopsis: dropped)."""
     out = []
-    for line in re.sub(r"\\\n\s*", " ", block).splitlines():  # a line continued with a backslash is one command
+    for line in block.replace("\\\n", " ").splitlines():  # a line continued with a backslash is one command
         line = line.split("  #")[0].split(" # ")[0].strip()
         if line.startswith("interop "):
             out.append(re.sub(r"\s*\[[^\]]*\]", "", line))

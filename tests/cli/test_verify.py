@@ -37,6 +37,16 @@ def test_verify_mindspeed_files_without_interop_sidecar(hf_checkpoints, tmp_path
     assert "interop's model in mindspore ops, converted (mindspore)" in result.output and "OK" in result.output
 
 
+def test_a_dialect_the_mindspore_ops_model_cannot_run_is_a_note(hf_checkpoints, tmp_path):
+    """mindformers-mcore names are not the ops model's: a note saying so, the reference model's comparison
+    standing (was: a KeyError traceback)."""
+    result = cli("convert", hf_checkpoints["llama"], tmp_path / "mfm", "--to", "mindspore", "--dialect",
+                 "mindformers-mcore", "--verify", "-q")
+    assert result.exit_code == 0, result.output
+    assert "not mindformers-mcore; the MindSpore checkpoint ran in the reference model only" in result.output
+    assert "reference model, converted (mindspore)" in result.output and "OK" in result.output
+
+
 def test_verify_megatron_in_megatron_core(hf_checkpoints, tmp_path):
     pytest.importorskip("megatron.core")
     convert(hf_checkpoints["gpt2"], tmp_path / "meg", dst_format="megatron", tp=2, pp=2)

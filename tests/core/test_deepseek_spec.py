@@ -94,3 +94,20 @@ def test_routing_facts_need_experts():
         ModelSpec(**dense, moe_groups=8)
     with pytest.raises(InteropError, match="moe_routed_scaling needs num_experts"):
         ModelSpec(**dense, moe_routed_scaling=2.5)
+
+
+def test_partial_rotary_fact_is_validated_and_absent_when_whole():
+    """rotary_percent: rope on the first int(head_dim * percent) values; an odd or empty part, a percent outside
+    (0, 1], or one on multi-latent attention is refused; 1.0 is left out of the stored description."""
+    from interop.spec import ModelSpec
+    base = dict(arch="llama", num_layers=2, hidden=64, ffn_hidden=96, heads=4, kv_groups=2, head_dim=16, vocab=250,
+                padded_vocab=250, max_positions=64, norm="rmsnorm", norm_eps=1e-5, activation="swiglu",
+                position="rope")
+    assert ModelSpec(**base, rotary_percent=0.5).rotary_dim == 8 and ModelSpec(**base).rotary_dim == 16
+    assert "rotary_percent" not in ModelSpec(**base).to_dict()
+    assert ModelSpec.from_dict(ModelSpec(**base, rotary_percent=0.25).to_dict()).rotary_percent == 0.25
+    for bad, message in ((0.2, "even number"), (0.0, r"in \(0, 1\]"), (1.5, r"in \(0, 1\]"), ("half", r"in \(0, 1\]")):
+        with pytest.raises(InteropError, match=message):
+            ModelSpec(**base, rotary_percent=bad)
+    with pytest.raises(InteropError, match="rotary_percent below 1 needs position=rope"):
+        ModelSpec(**{**base, "position": "learned"}, rotary_percent=0.5)

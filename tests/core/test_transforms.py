@@ -14,7 +14,7 @@ import torch
 from interop.params import param_index
 from interop.shards import shard_box
 from interop.spec import ModelSpec
-from interop.transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Stack, Tied, Transpose
+from interop.transforms import Copy, GatedMLP, RowsSplit, GroupedQKV, Interleave, PlainConcat, Stack, Tied, Transpose
 
 
 def _parts(shapes):
@@ -41,6 +41,7 @@ CASES = {
     "copy column": lambda: Copy([(8, 6)], 0),
     "copy row": lambda: Copy([(6, 8)], 1),
     "copy replicated": lambda: Copy([(6,)], None),
+    "rows split": lambda: RowsSplit([(8, 6)], 0),
     "tied": lambda: Tied([(8, 6)], 0),
     "transpose row": lambda: Transpose([(6, 8)], 1),
     "transpose column": lambda: Transpose([(8, 6)], 0),
@@ -274,3 +275,13 @@ def test_equal_transforms_are_the_same_class_with_the_same_parameters():
     assert GatedMLP([(8, 6), (8, 6)], 0) != Interleave([(8, 6), (8, 6)], 0)
     assert GatedMLP([(8, 6), (8, 6)], 0) != GatedMLP([(8, 4), (8, 4)], 0)
     assert Stack([(8, 6)] * 4, 0, per=2) != Stack([(8, 6)] * 4, 0, per=1)
+
+
+def test_rows_split_cuts_rows_whatever_the_canonical_split():
+    """megatron-core's local-spec MLA down projections: replicated canonically, stored as column-parallel
+    linears (rank t holds rows t*n/tp ..)."""
+    from interop.params import Param
+    x = torch.arange(8 * 3, dtype=torch.float32).reshape(8, 3)
+    t = RowsSplit.bind(None, [Param("layers.0.attn.kv_down.weight", (8, 3), "replicated", 0)])
+    assert t.axis == 0 and t.rank_shape(1, 2) == (4, 3)
+    assert torch.equal(t.to_rank([x], 1, 2), x[4:]) and t != Copy([(8, 3)], 0)

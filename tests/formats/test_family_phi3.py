@@ -125,3 +125,24 @@ def test_family_option_refuses_what_it_cannot_hold(phi3, tmp_path):
     with pytest.raises(InteropError, match="HF phi3 has no biases"):
         hf_config_from_spec(spec, model_type="phi3")
     assert not (tmp_path / "a").exists()
+
+
+def test_partial_rotary_phi3_through_megatron_and_mindspore(tmp_path):
+    """Phi-3 with partial_rotary_factor 0.5 (Phi3RotaryEmbedding / apply_rotary_pos_emb: rotate-half on the first
+    head_dim * factor values, GLM-4.5's fact): Megatron's --rotary-percent and the MindSpore store keep it; verify
+    checks transformers, megatron-core's GPTModel (rotary_percent) and interop's model in MindSpore ops."""
+    torch.manual_seed(0)
+    config = transformers.Phi3Config(**{**F.COMMON, "head_dim": 16}, tie_word_embeddings=False, pad_token_id=None,
+                                     partial_rotary_factor=0.5)
+    transformers.Phi3ForCausalLM(config).save_pretrained(tmp_path / "src")
+    assert hf_spec(tmp_path / "src").rotary_dim == 8
+    convert(tmp_path / "src", tmp_path / "meg", dst_format="megatron", tp=2)
+    convert(tmp_path / "meg", tmp_path / "back", dst_format="hf", options={"family": "phi3"})
+    a, b = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["rope_parameters"]["partial_rotary_factor"] == 0.5
+    convert(tmp_path / "src", tmp_path / "ms", dst_format="mindspore", options={"dialect": "mindspeed"})
+    for out, label in (("meg", "megatron-core, converted (megatron)"),
+                       ("ms", "interop's model in mindspore ops, converted (mindspore)")):
+        result = verify(tmp_path / "src", tmp_path / out)
+        assert result.ok and label in [c.label for c in result.checks], result.lines()

@@ -11,7 +11,7 @@ Names and TP cuts confirmed in the tools' sources (Ascend/MindSpeed-LLM c77308a,
 Megatron-Bridge (src/megatron/bridge/peft/utils.py ParallelLinearAdapter, adapter_wrapper.py) names the same
 tensors `<module>.adapter.linear_in.weight` / `.adapter.linear_out.weight` and cuts every one of them over tp
 (linear_in of a column-parallel module on its rank dimension, linear_out of a row-parallel one on its rows), in
-torch_dist checkpoints: not written here yet (docs/adapters.md).
+torch_dist checkpoints: tests/formats/test_bridge_lora_dist.py.
 """
 from __future__ import annotations
 

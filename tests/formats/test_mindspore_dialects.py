@@ -29,7 +29,7 @@ def test_each_dialect_owns_its_files_and_names(tmp_path):
     assert {r.key for r in mc.rows(spec)} >= {"decoder.layers.1.self_attention.linear_qkv.weight"}
     assert ms.moments["optim.exp_avg."] == "exp_avg." and mc.moments["optim.exp_avg."] == "adam_m."
     assert (ms.virtual_chunks, mf.virtual_chunks, mf.fuses_qkv, mc.fuses_qkv) == (True, False, True, False)
-    assert mc.layout_note and not ms.layout_note
+    assert mc.layout_note(spec) and not ms.layout_note(spec)
 
 
 def test_a_dialect_refuses_what_its_framework_cannot_hold():

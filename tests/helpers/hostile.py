@@ -70,3 +70,28 @@ def assert_refused(result, dst, *fragments, code: int = 2, marker: Path | None =
     if marker is not None:
         assert not Path(marker).exists(), f"{marker} appeared: something in the input ran"
     return line
+
+
+def cli_measured(*args, timeout=120):
+    """(exit code, stderr, seconds, peak RSS in MiB) of `python -m interop ARGS` in a fresh interpreter: the
+    peak is the child's own (`wait4`), so a bomb that allocates GBs before failing shows here."""
+    import tempfile
+    import time
+    with tempfile.TemporaryFile() as err:
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "interop", *map(str, args)], stdout=subprocess.DEVNULL,
+                                stderr=err, cwd=REPO)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - start > timeout:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                proc.returncode = -9
+                raise AssertionError(f"interop {' '.join(map(str, args))} ran past {timeout} s")
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        seconds = time.monotonic() - start
+        err.seek(0)
+        return proc.returncode, err.read().decode(errors="replace"), seconds, usage.ru_maxrss / 1024

@@ -9,7 +9,8 @@ What is flipped is what the format can detect: formats without checksums over te
 (HF safetensors, torch_dist `.distcp`, MindSpore `.ckpt` written without `crc_num`) get
 their flips in headers, pickles and metadata only (the README says so); tensor bytes of
 the common format (CRC-32 per file) and of Megatron `.pt` files (CRC-32 per zip record)
-are flipped too.  Truncations go anywhere.
+are flipped too.  Truncations go anywhere.  Describing JSON files are made 3 GiB sparse or given a key
+twice; a tensor-parallel rank file (Megatron, the common format) is replaced by a copy of another.
 """
 import json
 import os
@@ -109,10 +110,31 @@ def _json_damage(rng: random.Random, dst: Path) -> str | None:
     return f"key {key!r} twice in {victim.relative_to(dst)}"
 
 
+# rank files a copy of another could replace: each must be seen (Megatron: the split tensors' record CRC-32s;
+# the common format: interop.json's per-file CRC-32s); MindSpore and torch_dist are not checked for it yet
+RANK_FILES = {"megatron": "model_optim_rng.pt", "interop": "model-tp*.safetensors"}
+
+
+def _duplicate_rank(rng: random.Random, fmt: str, dst: Path) -> str | None:
+    """One tensor-parallel rank's file replaced by a copy of another's (a hand-assembled checkpoint)."""
+    files = sorted(dst.rglob(RANK_FILES[fmt])) if fmt in RANK_FILES else []
+    if fmt == "megatron":  # the same pipeline stage, another tp rank
+        files = [f for f in files if f.parent.name.endswith(files[0].parent.name[-4:])] if files else []
+    if len(files) < 2:
+        return None
+    a, b = rng.sample(files, 2)
+    shutil.copy(a, b)
+    return f"{b.relative_to(dst)} replaced by a copy of {a.relative_to(dst)}"
+
+
 def _damage(rng: random.Random, fmt: str, src: Path, dst: Path) -> str:
     shutil.copytree(src, dst)
     if rng.random() < 0.2:
         what = _json_damage(rng, dst)
+        if what is not None:
+            return what
+    if rng.random() < 0.15:
+        what = _duplicate_rank(rng, fmt, dst)
         if what is not None:
             return what
     flippable = _flippable(fmt, dst)

@@ -2,7 +2,7 @@
 within seconds, before any work and with nothing left behind; the limit is named in the line.
 
 Limits (README "What you can rely on"): tracker and DeepSpeed `latest` files 4,096 bytes, a torch_dist
-`metadata.json` 1 MiB, `interop.json` 64 MiB, args files and configs 16 MiB, `train --seq-length` 16,384.
+`metadata.json` 1 MiB, `interop.json` 64 MiB, args files and configs 1 MiB, `train --seq-length` 16,384.
 """
 import os
 import time
@@ -109,7 +109,7 @@ def test_map_args_input_is_bounded(tmp_path, kind):
     if kind == "sparse":
         src = tmp_path / "args.sh"
         _sparse(src)
-        words = ["16,777,216"]
+        words = ["1,048,576"]
     elif kind == "fifo":
         src = tmp_path / "args.fifo"
         os.mkfifo(src)  # no writer: a plain open would wait for ever

@@ -1,0 +1,146 @@
+"""Bounded: small inputs that stand for huge ones are refused in one line, in seconds and a few hundred MB.
+
+Each case is a file of a few MB at most that a naive reader would expand into GBs or minutes: a DEFLATE
+bomb in a torch.save zip (a Megatron rank file, `pytorch_model.bin`, a torch_dist `common.pt`), a `.ckpt`
+with a million scalar Values appended, a safetensors header claiming 80 MB, a config asking for a million
+experts, a YAML "billion laughs", a launch script whose variable doubles 40 times, a `--moe-layer-freq`
+product of 3 billion layers.  Each run is a fresh interpreter whose own peak RSS (`wait4`) is asserted:
+importing torch alone takes ~300 MiB, the bombs would take 3 GiB to 22 GiB.
+
+Limits (docs/guarantees.md "Bounded"): compressed zip records expand at most 64x + 64 MiB; a `.ckpt` holds
+at most 10,000 scalars and 1,000,000 Values; a safetensors header at most 16 MiB; at most 262,144 experts
+over a model's MoE layers; YAML aliases expand to at most max(1,000,000, 2 x the text) values and
+characters; a launch script's expansions at most 16 MiB; a `--moe-layer-freq` list at most 100,000 layers.
+"""
+import json
+import shutil
+
+import pytest
+import torch
+
+from helpers.bombs import append_scalars, deflate_bomb_pt
+from helpers.hostile import assert_refused, cli_measured, run
+from helpers.moe_models import hf_model
+
+PEAK_MIB = 1024  # a refused bomb's whole process, torch included
+SECONDS = 90  # the refusal itself is well under a second; a fresh interpreter on a shared CPU is not
+
+
+def assert_bounded(result, dst, *words):
+    code, stderr, seconds, peak = result
+    assert_refused((code, stderr), dst, *words)
+    assert seconds < SECONDS, f"took {seconds:.1f} s, over the {SECONDS} s bound"
+    assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB, over the {PEAK_MIB} MiB bound"
+
+
+@pytest.fixture(scope="module")
+def sources(hf_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bomb-sources")
+    hf = hf_checkpoints["llama"]
+    for name, *args in (("torch", "--to", "megatron"), ("dist", "--to", "megatron", "--format", "torch_dist"),
+                        ("ms", "--to", "mindspore")):
+        code, out = run("convert", hf, root / name, *args)
+        assert code == 0, out
+    return {"torch": root / "torch", "dist": root / "dist", "ms": root / "ms", "hf": hf}
+
+
+def _copy(src, tmp_path):
+    shutil.copytree(src, tmp_path / "src")
+    return tmp_path / "src"
+
+
+def test_deflate_bomb_in_a_megatron_rank_file(sources, tmp_path):
+    src = _copy(sources["torch"], tmp_path)
+    rank = next(src.rglob("model_optim_rng.pt"))
+    deflate_bomb_pt(rank, rank, gib=3)
+    assert rank.stat().st_size < 32 << 20
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
+                   "model_optim_rng.pt", "expand", "64x", "DEFLATE bomb")
+
+
+def test_deflate_bomb_in_pytorch_model_bin(sources, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(sources["hf"] / "config.json", src)
+    from safetensors.torch import load_file
+    torch.save(load_file(sources["hf"] / "model.safetensors"), tmp_path / "plain.bin")
+    deflate_bomb_pt(tmp_path / "plain.bin", src / "pytorch_model.bin", gib=3)
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "interop"), tmp_path / "out",
+                   "pytorch_model.bin", "64x", "DEFLATE bomb")
+
+
+def test_deflate_bomb_in_torch_dist_common_pt(sources, tmp_path):
+    src = _copy(sources["dist"], tmp_path)
+    common = next(src.rglob("common.pt"))
+    deflate_bomb_pt(common, common, gib=3)
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
+                   "common.pt", "64x", "DEFLATE bomb")
+
+
+def test_ckpt_with_a_million_scalars_appended(sources, tmp_path):
+    src = _copy(sources["ms"], tmp_path)
+    ckpt = next(src.rglob("*.ckpt"))
+    append_scalars(ckpt, 1_000_000)  # 28 MB; indexed whole: ~35 s and 2 GB
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
+                   ckpt.name, "more than 10,000 scalars")
+
+
+def test_safetensors_header_of_80_mb(sources, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(sources["hf"] / "config.json", src)
+    with open(src / "model.safetensors", "wb") as f:  # sparse: the length field is what is refused
+        f.write((80_000_000).to_bytes(8, "little") + b'{"')
+        f.truncate(8 + 80_000_000 + 4096)
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "interop"), tmp_path / "out",
+                   "model.safetensors", "80,000,000", "16,777,216")
+
+
+def test_a_million_experts_in_a_config(tmp_path):
+    src = tmp_path / "src"
+    hf_model("mixtral").save_pretrained(src)
+    config = json.loads((src / "config.json").read_text())
+    config["num_local_experts"] = 1_000_000  # tables of 6 million rows: minutes and ~5 GB before
+    (src / "config.json").write_text(json.dumps(config))
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "megatron"), tmp_path / "out",
+                   "num_experts 1,000,000", "262,144")
+
+
+LAUGHS = "".join(f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("where", ["top", "value"])
+def test_yaml_billion_laughs(tmp_path, where):
+    doc = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + LAUGHS
+    body = ("training_config:\n  seed: 42\nmodel_config:\n  num_layers: *i\n" if where == "value"
+            else "training_config:\n  seed: 42\nmodel_config:\n  num_layers: 2\n")
+    path = tmp_path / "pretrain.yaml"
+    path.write_text(doc + body)
+    assert_bounded(cli_measured("map-args", path, "--to", "megatron", "-o", tmp_path / "out.sh"),
+                   tmp_path / "out.sh", "aliases", "1,000,000")
+
+
+def test_yaml_billion_laughs_in_a_train_spec(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text('a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + LAUGHS +
+                    "arch: llama\n")
+    assert_bounded(cli_measured("train", "--init-spec", path, "--save", tmp_path / "run", "--steps", "1"),
+                   tmp_path / "run", "aliases")
+
+
+def test_launch_script_variable_doubling(tmp_path):
+    path = tmp_path / "run.sh"
+    path.write_text('A=x\n' + 'A="$A$A"\n' * 40 + 'torchrun pretrain_gpt.py --num-layers 2 --data-path "$A"\n')
+    assert_bounded(cli_measured("map-args", path, "--to", "mindspeed", "-o", tmp_path / "out.yaml"),
+                   tmp_path / "out.yaml", "16 MiB", "$A")
+
+
+def test_moe_layer_freq_product_is_not_built(tmp_path):
+    path = tmp_path / "run.sh"
+    path.write_text("torchrun pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4 "
+                    "--seq-length 64 --max-position-embeddings 64 --num-experts 8 "
+                    "--moe-layer-freq '([1]*99999)*30000'\n")
+    code, stderr, seconds, peak = cli_measured("map-args", path, "--to", "mindspeed", "-o", tmp_path / "out.yaml")
+    assert seconds < SECONDS and peak < PEAK_MIB, (seconds, peak)  # 59 s and 22 GB before
+    assert code == 0 and "Traceback" not in stderr, stderr
+    assert "unmapped: --moe-layer-freq='([1]*99999)*30000'" in stderr  # not read as a pattern: said so
