@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..adapter import AdapterSpec, LoraNames, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ..adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, sharing_notes, stated_shared_a, target_of
 from ..contract import BaseReader, BaseWriter
 from ..errors import InteropError
 from ..hf_named import hf_rows, hf_table
@@ -167,10 +167,7 @@ class Writer(BaseWriter):
         self.collector = RowCollector()
         self.stored: dict[str, torch.Tensor] = {}
         self.notes = sharing_notes(self.rows, spec, adapter, "PEFT")
-        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
-        if dropped:
-            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
-                              f"a PEFT adapter holds weights only")
+        self.notes += optimizer_dropped_notes(metas, 'a PEFT adapter holds weights only')
 
     def wants(self, name: str) -> bool:
         return not TensorKey.parse(name).is_optim

@@ -271,6 +271,13 @@ def stated_shared_a(rows, base: ModelSpec, adapter: AdapterSpec) -> bool | None:
     return True if all(fused) else None
 
 
+def optimizer_dropped_notes(metas, why: str) -> list[str]:
+    """The note of a writer that stores an adapter's weights only: which optimizer moments it leaves out, and why."""
+    from .params import TensorKey
+    dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
+    return [f"the adapter's optimizer state not written ({', '.join(dropped)}): {why}"] if dropped else []
+
+
 def sharing_notes(rows, base: ModelSpec, adapter: AdapterSpec, what: str) -> list[str]:
     """A writer's note where its rows hold the adapter's fused groups otherwise than `adapter.shared_a` says:
     the values are exact either way (a shared A is equal in every part; parts written as one A were checked

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ...adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ...adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, sharing_notes, stated_shared_a, target_of
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.megatron_save import iteration_name, write_tracker
@@ -199,10 +199,7 @@ class Writer(BaseWriter):
         self.collector = RowCollector()
         self.models = {(t, p, v): OrderedDict() for t, p in layout.ranks() for v in range(layout.vpp)}
         self.notes = sharing_notes(self.rows, spec, adapter, "Megatron (megatron-core's fused linears)")
-        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
-        if dropped:
-            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
-                              f"interop writes Megatron LoRA adapters without an optimizer")
+        self.notes += optimizer_dropped_notes(metas, 'interop writes Megatron LoRA adapters without an optimizer')
 
     def wants(self, name: str) -> bool:
         return not TensorKey.parse(name).is_optim

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ...adapter import AdapterSpec, adapter_rows, target_of
+from ...adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, target_of
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io import megatron_dist as dist
@@ -200,10 +200,7 @@ class Writer(BaseWriter):
         dtype_of = {m.name: m.dtype for m in metas}
         self.collector = RowCollector()
         self.notes = []
-        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
-        if dropped:
-            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): interop writes "
-                              "Megatron LoRA adapters without an optimizer")
+        self.notes += optimizer_dropped_notes(metas, 'interop writes Megatron LoRA adapters without an optimizer')
         self.root.mkdir(parents=True, exist_ok=True)
         self.partial = self.root / ".partial"
         self.out = dist.DistWriter(self.partial)

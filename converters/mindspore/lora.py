@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ...adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ...adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, sharing_notes, stated_shared_a, target_of
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile, save_ckpt
@@ -210,10 +210,7 @@ class Writer(BaseWriter):
             f"MindFormers' pet_config adapts every layer its target_modules match: layers other than "
             f"{', '.join(map(str, adapter.layers))} have no LoRA tensors in model.ckpt (a run would start them new)"]
         self.notes += sharing_notes(self.rows, spec, adapter, "MindFormers")
-        dropped = sorted({k.kind for k in (TensorKey.parse(m.name) for m in metas) if k.is_optim})
-        if dropped:
-            self.notes.append(f"the adapter's optimizer state not written ({', '.join(dropped)}): "
-                              f"interop writes MindFormers LoRA adapters without an optimizer")
+        self.notes += optimizer_dropped_notes(metas, 'interop writes MindFormers LoRA adapters without an optimizer')
 
     def wants(self, name: str) -> bool:
         return not TensorKey.parse(name).is_optim

@@ -74,12 +74,22 @@ def assert_refused(result, dst, *fragments, code: int = 2, marker: Path | None =
 
 def cli_measured(*args, timeout=120):
     """(exit code, stderr, seconds, peak RSS in MiB) of `python -m interop ARGS` in a fresh interpreter: the
-    peak is the child's own (`wait4`), so a bomb that allocates GBs before failing shows here."""
+    peak is the child's own address space's (`VmHWM` at exit, written to a side file), so a bomb that allocates
+    GBs before failing shows here.  Not `wait4`'s ru_maxrss: Linux carries the forking process's peak (pytest's,
+    GBs late in a full run) across exec into it."""
     import tempfile
     import time
     with tempfile.TemporaryFile() as err:
         start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "interop", *map(str, args)], stdout=subprocess.DEVNULL,
+        hwm = Path(tempfile.mkdtemp()) / "hwm"
+        shim = ("import atexit, runpy, sys\n"
+                "def _hwm():\n"
+                "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+                f"    open({str(hwm)!r}, 'w').write(line.split()[1])\n"
+                "atexit.register(_hwm)\n"
+                "sys.argv = ['interop', *sys.argv[1:]]\n"
+                "runpy.run_module('interop', run_name='__main__', alter_sys=True)\n")
+        proc = subprocess.Popen([sys.executable, "-c", shim, *map(str, args)], stdout=subprocess.DEVNULL,
                                 stderr=err, cwd=REPO)
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -94,4 +104,5 @@ def cli_measured(*args, timeout=120):
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
         seconds = time.monotonic() - start
         err.seek(0)
-        return proc.returncode, err.read().decode(errors="replace"), seconds, usage.ru_maxrss / 1024
+        peak_kib = int(hwm.read_text()) if hwm.is_file() else usage.ru_maxrss
+        return proc.returncode, err.read().decode(errors="replace"), seconds, peak_kib / 1024
