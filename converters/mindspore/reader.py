@@ -183,6 +183,7 @@ class Reader(BaseReader):
         first = self.files[(0, 0)]
         self.tag_of = self._resolve_names(spec, layout)
         if model_config is not None and sidecar is None and meta is None:
+            self.spec, self.layout = spec, layout  # (_home finds an expert's ep rank file by them)
             self._refuse_other_model(model_config, spec, layout)
         embed = self.tag_of[self.rows[0].key]
         if embed not in first:
@@ -391,8 +392,7 @@ class Reader(BaseReader):
         the first contradiction met).  A vocabulary matrix may hold more rows (padding), not fewer."""
         index, differ, seen = param_index(spec), [], set()
         for row in self.rows:
-            stage = layout.stage_of(index[row.parts[0]])
-            f, tag = self.files[(0, stage)], self.tag_of[row.key]
+            f, tag = self._home(0, index[row.parts[0]], self.tag_of[row.key])  # an expert in its ep rank's file
             want = tuple(row.transform.rank_shape(0, layout.tp))
             vocab = index[row.parts[0]].split == "vocab"
             pattern = re.sub(r"\.\d+\.", ".N.", tag)

@@ -3,6 +3,7 @@ is (no removed command, option or choice), and runs, with its own arguments, on 
 fixtures laid out under the names the docs use (issue 27 item 14: `test_every_documented_command_runs`); the
 README's first conversion also from a shell, exactly as written; every file the docs link to exists (issue 23)."""
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -196,16 +197,24 @@ NOT_YET = ("./lora-", "./base ", "--adapter ", "--lora-rank")
 RUN = [(page, cmd) for k, (page, cmd) in enumerate(ALL)
        if cmd not in [c for _, c in ALL[:k]] and not any(mark in cmd + " " for mark in NOT_YET)]  # once each
 
+# The two commands that take most of the time (measured on 2 cores: parity over four frameworks 62 s, the 100-step
+# training run from a YAML 83 s, of 200 s for all) run only with INTEROP_DOC_COMMANDS=all; their capabilities keep
+# their own default tests (tests/trainer/). Every other documented command runs by default (about 55 s).
+SLOW = ("interop parity ", "interop train --config ")
+EVERY = os.environ.get("INTEROP_DOC_COMMANDS") == "all"
+
 
 def test_every_documented_command_runs(named_inputs, tmp_path, monkeypatch):
     """Each command of README.md and docs/, in page order, with the doc's own arguments, in a folder that holds
     what it reads under the doc's names (what an earlier command wrote is there for a later one: the run a
     `train --resume` continues, the YAML map-args wrote) and not what it writes; exit 0 and its output there.
-    30 distinct commands: about 12 minutes on 2 shared cores (parity over four frameworks, the verifies)."""
+    30 distinct commands: 200 s on 2 cores with INTEROP_DOC_COMMANDS=all, about 55 s without the two SLOW ones."""
     from click.testing import CliRunner
     from interop.cli.main import main as cli
     failures = []
     for k, (page, command) in enumerate(RUN):
+        if not EVERY and command.startswith(SLOW):
+            continue
         argv = shlex.split(command)[1:]
         here = tmp_path / f"{k:02d}"
         here.mkdir()
