@@ -3,7 +3,7 @@ plus `strategy/strategy_stage0.json`, as MindFormers' weights are, A and B cut l
 
 How MindFormers cuts them (mindformers 2.1.0, mindpet 1.0.4 installed here; checked below against the real code):
 - legacy models (LlamaForCausalLM): mindformers/pet/tuners/lora_adapter.py lines 121-145 give mindpet's
-  LoRADense (mindpet/delta/lora.py `shard`, lines 133-164, takes them from its caller) the Linear's matmul
+  LoRADense (mindpet/delta/lora.py `shard`, lines 133-166, takes them from its caller) the Linear's matmul
   strategy ((dp, mp_in), (mp_out, mp_in)) as lora_a_matmul ((dp, mp_in), (1, mp_in)) and lora_b_matmul
   ((dp, 1), (mp_out, 1)); with transpose_b the second input IS the parameter, so A [r, in] is cut on `in` only
   where the weight is (wo, w2: row-parallel, models/llama/llama_transformer.py:314, llama_layer.py:474) and
