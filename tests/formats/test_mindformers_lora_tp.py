@@ -86,6 +86,11 @@ def test_peft_to_mindformers_tp2_and_back_is_byte_identical(adapter, tmp_path):
     convert(adapter / "mf2", tmp_path / "one", dst_format="mindspore")  # tp 2 -> tp 1: the tp 1 write, exactly
     assert {k: v.tolist() for k, v in load_ckpt(tmp_path / "one" / "model.ckpt").items()} == \
         {k: v.tolist() for k, v in single.items()}
+    for n in (1, 2):  # merged into the base from either: the same bytes
+        convert(adapter / "base", tmp_path / f"merged{n}", dst_format="hf", adapter=adapter / f"mf{n}", merge=True)
+    merged = [load_file(tmp_path / f"merged{n}" / "model.safetensors") for n in (1, 2)]
+    assert sorted(merged[0]) == sorted(merged[1])
+    assert all(torch.equal(merged[0][k], merged[1][k]) for k in merged[0])
 
 
 def test_legacy_lora_dense_strategies_are_the_written_split(adapter, tmp_path, monkeypatch):
