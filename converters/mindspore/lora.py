@@ -218,6 +218,9 @@ class Reader(BaseReader):
                     raise InteropError(f"{f.path}: {row.key} " + ("is missing" if got is None else
                                        f"has shape {list(got)}; the base model and lora_rank={self.adapter.rank} "
                                        f"need {list(want)}" + (f" at tp={self.tp}" if self.tp > 1 else "")))
+                if f.meta(row.key)[0] != first.meta(row.key)[0]:  # never cast one rank's bytes to another's type
+                    raise InteropError(f"{f.path}: {row.key} is {f.meta(row.key)[0]}, tp rank 0's "
+                                       f"{first.meta(row.key)[0]}: one tensor type expected")
             extra = sorted(held - {row.key for row in self.rows})
             if extra:
                 raise InteropError(f"{f.path}: {extra[0]} is not in tp rank 0's file")

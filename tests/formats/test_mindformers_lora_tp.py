@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 from helpers.hf_models import build
 from helpers.hostile import assert_refused, cli, run
 from interop.convert import convert
-from interop.io.ms_ckpt import CkptFile, load_ckpt
+from interop.io.ms_ckpt import CkptFile, load_ckpt, save_ckpt
 
 peft = pytest.importorskip("peft")
 ms = pytest.importorskip("mindspore")
@@ -189,6 +189,10 @@ def test_a_missing_or_misshapen_rank_is_one_line(adapter, tmp_path):
     (bad / "rank_1" / "checkpoint_1.ckpt").unlink()
     shutil.copy(adapter / "mf1" / "model.ckpt", bad / "rank_1" / "checkpoint_1.ckpt")  # a tp 1 file as rank 1
     assert_refused(cli("convert", bad, tmp_path / "out", "--to", "peft"), tmp_path / "out", "rank_1", "at tp=2")
+    half = {k: v.half() for k, v in load_ckpt(adapter / "mf2" / "rank_1" / "checkpoint_1.ckpt").items()}
+    save_ckpt(bad / "rank_1" / "checkpoint_1.ckpt", half)  # rank 1 in another dtype: never cast to rank 0's
+    assert_refused(cli("convert", bad, tmp_path / "out", "--to", "peft"), tmp_path / "out", "rank_1",
+                   "one tensor type expected")
     assert_refused(cli("convert", adapter / "lora", tmp_path / "out", "--to", "mindspore", "--base",
                        adapter / "base", "--tp", "3"), tmp_path / "out", "3")
 
