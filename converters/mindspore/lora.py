@@ -47,13 +47,13 @@ from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile, save_ckpt
 from ...io.small_files import read_json_object, require_small_file
+from ...layout import ParallelLayout
 from ...mappings.mindspore_names import LORA_DIALECTS, PET_CONFIG, TABLES
 from ...model_config import spec_from_file
 from ...params import TensorKey
 from ...rows import expand
 from ...spec import ModelSpec, padded_to_tp
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from ...layout import ParallelLayout
 from .files import SIDECAR, SINGLE_FILE, mindformers_file, rank_folders
 from .strategy import stage_strategy
 

@@ -93,6 +93,23 @@ def test_peft_to_mindformers_tp2_and_back_is_byte_identical(adapter, tmp_path):
     assert all(torch.equal(merged[0][k], merged[1][k]) for k in merged[0])
 
 
+def test_tp4_one_kv_group_per_rank_and_resharded_to_tp2(adapter, tmp_path):
+    """tp 4 over 4 KV groups: wk's B is one group's 8 rows per rank; MindSpore -> MindSpore to tp 2 gives the
+    tp 2 write's bytes; PEFT comes back byte for byte."""
+    convert(adapter / "lora", tmp_path / "mf4", dst_format="mindspore", base=adapter / "base", tp=4)
+    with CkptFile(tmp_path / "mf4" / "rank_3" / "checkpoint_3.ckpt") as f:
+        assert f.meta("model.layers.0.attention.wk.mindpet_delta_lora_b")[1] == (8, 4)
+        assert f.meta("model.layers.0.feed_forward.w2.mindpet_delta_lora_a")[1] == (4, 24)
+    convert(tmp_path / "mf4", tmp_path / "mf2", dst_format="mindspore", tp=2)
+    for t in range(2):
+        got = load_ckpt(tmp_path / "mf2" / f"rank_{t}" / f"checkpoint_{t}.ckpt")
+        want = load_ckpt(adapter / "mf2" / f"rank_{t}" / f"checkpoint_{t}.ckpt")
+        assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert _strategy(tmp_path / "mf2") == _strategy(adapter / "mf2")
+    convert(tmp_path / "mf4", tmp_path / "back", dst_format="peft")
+    _same_peft(adapter / "lora", tmp_path / "back")
+
+
 def test_legacy_lora_dense_strategies_are_the_written_split(adapter, tmp_path, monkeypatch):
     """MindFormers' own LoraModel around LlamaForCausalLM at model_parallel 2 (semi-auto parallel; its device
     count check asks the communication group, which a CPU test has not got: told 2): each LoRADense's
