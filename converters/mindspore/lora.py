@@ -23,14 +23,15 @@ MindFormers LoRA layers do:
 On disk (what interop writes and reads), as MindFormers' weights are (`files.mindformers_file`):
 
     adapter/
-      model.ckpt             tp 1: the LoRA tensors only (MindFormers legacy Llama names, `--dialect mindformers`)
-      rank_{t}/checkpoint_{t}.ckpt   tp > 1: tp rank t's slices, and
-      strategy/strategy_stage0.json  their split for `mindspore.transform_checkpoints`
+      model.ckpt             tp 1, pp 1: the LoRA tensors only (MindFormers legacy Llama names, `--dialect mindformers`)
+      rank_{r}/checkpoint_{r}.ckpt    else: tp rank t of stage p (r = p * tp + t), its stage's layers' slices, and
+      strategy/strategy_stage{p}.json their split for `mindspore.transform_checkpoints`
       pet_config.yaml        `model: model_config: pet_config: {...}` as a MindFormers YAML nests it
       mindspore_model.json   interop's description of the base model (`spec`), as beside its MindSpore models
 
 A MindFormers run's own adapter is read with `--model-config RUN.yaml` (the base model and its pet_config); tp
-comes from the tensors' shapes, and rank folders past the first tp are data-parallel copies (not read).
+comes from the tensors' shapes, a file's stage from its layers, and a stage's rank folders past its first tp are
+data-parallel copies (not read).
 """
 from __future__ import annotations
 
@@ -173,7 +174,7 @@ class Reader(BaseReader):
 
     def _describe(self, folder: Path, pet: dict, where, model_config, notes: list[str]) -> None:
         first = self.files[0]
-        keys = set(first.keys())
+        keys = set().union(*(f.keys() for f in self.files.values()))
         dtype = first.meta(sorted(keys)[0])[0] if keys else torch.float32
         if model_config is not None:
             spec = spec_from_file(model_config, NAME_OF_DTYPE.get(dtype, "float32"))
@@ -206,30 +207,71 @@ class Reader(BaseReader):
             raise InteropError(f"{where}: {exc}") from None
         self.rows = adapter_rows(table, names, spec, self.adapter, "MindFormers")
         self.adapter = replace(self.adapter, shared_a=stated_shared_a(self.rows, spec, self.adapter))
-        self.tp = self._tp_from_shapes(first, keys)
+        self.tp = self._tp_from_shapes(first)
         spec.check_tp(self.tp)
-        self._keep_tp_ranks(notes)
-        for t, f in self.files.items():
-            held = set(f.keys())
-            for row in self.rows:
+        index = self.adapter.index(spec)
+        self.layer_of = {row.key: index[row.parts[0]].layer for row in self.rows}
+        self.layout = self._place(spec, notes)
+        self.stage_of = {row.key: self.layout.stage_of_layer(self.layer_of[row.key]) for row in self.rows}
+        for (t, p), f in self.files.items():
+            held, mine = set(f.keys()), [row for row in self.rows if self.stage_of[row.key] == p]
+            for row in mine:
                 got = f.meta(row.key)[1] if row.key in held else None
                 want = row.transform.rank_shape(t, self.tp)
                 if got != want:
                     raise InteropError(f"{f.path}: {row.key} " + ("is missing" if got is None else
                                        f"has shape {list(got)}; the base model and lora_rank={self.adapter.rank} "
                                        f"need {list(want)}" + (f" at tp={self.tp}" if self.tp > 1 else "")))
-                if f.meta(row.key)[0] != first.meta(row.key)[0]:  # never cast one rank's bytes to another's type
+                stage_first = self.files[(0, p)]
+                if f.meta(row.key)[0] != stage_first.meta(row.key)[0]:  # never cast a rank's bytes to another's type
                     raise InteropError(f"{f.path}: {row.key} is {f.meta(row.key)[0]}, tp rank 0's "
-                                       f"{first.meta(row.key)[0]}: one tensor type expected")
-            extra = sorted(held - {row.key for row in self.rows})
+                                       f"{stage_first.meta(row.key)[0]}: one tensor type expected")
+            extra = sorted(held - {row.key for row in mine})
             if extra:
-                raise InteropError(f"{f.path}: {extra[0]} is not in tp rank 0's file")
+                raise InteropError(f"{f.path}: {extra[0]} is not in tp rank 0's file of its stage")
         self.part_of = {n: (row, i) for row in self.rows for i, n in enumerate(row.parts)}
         self._cached = (None, None)
-        self.source = Source(spec, ParallelLayout.build(spec.num_layers, self.tp), notes=notes, adapter=self.adapter)
+        self.source = Source(spec, self.layout, notes=notes, adapter=self.adapter)
 
-    def _tp_from_shapes(self, first: CkptFile, keys: set) -> int:
+    def _place(self, spec: ModelSpec, notes: list[str]) -> ParallelLayout:
+        """{global rank: file} -> {(tp rank, stage): file} and the layout.  A file's stage is the layers its
+        LoRA tensors belong to; within a stage, MindFormers numbers rank p * dp * tp + d * tp + t, so a
+        stage's first tp files are its tp ranks and the rest data-parallel copies (closed unread).  Stage p
+        is taken to run from its first adapted layer to the next stage's (layers without LoRA tensors have no
+        stage on disk)."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r, f in sorted(self.files.items()):
+            layers = tuple(sorted({self.layer_of[k] for k in f.keys() if k in self.layer_of}))
+            if not layers:
+                raise InteropError(f"{f.path}: holds no LoRA tensor")
+            groups.setdefault(layers, []).append(r)
+        stages = sorted(groups)
+        for a, b in zip(stages, stages[1:]):
+            if a[-1] >= b[0]:
+                raise InteropError(f"{Path(self.files[groups[b][0]].path).parent.parent}: rank files hold LoRA "
+                                   f"tensors of layers {list(a)} and {list(b)}: not one pipeline stage each")
+        by_rank, self.files, extra = self.files, {}, 0
+        for p, layers in enumerate(stages):
+            ranks = groups[layers]
+            for t in range(self.tp):
+                if t >= len(ranks) or ranks[t] - ranks[0] != t:
+                    raise InteropError(f"{Path(by_rank[ranks[0]].path).parent.parent}: the LoRA tensors' shapes "
+                                       f"say tp={self.tp}; rank_{ranks[0] + t} (tp rank {t} of stage {p}) is missing")
+                self.files[(t, p)] = by_rank[ranks[t]]
+            if len(ranks) % self.tp:
+                raise InteropError(f"{Path(by_rank[ranks[0]].path).parent.parent}: stage {p} has {len(ranks)} rank "
+                                   f"files, no multiple of tp={self.tp}")
+            for r in ranks[self.tp:]:
+                by_rank[r].close()
+                extra += 1
+        if extra:
+            notes.append(f"read data-parallel rank 0's files; {extra} data-parallel copies were not read")
+        bounds = [0] + [layers[0] for layers in stages[1:]] + [spec.num_layers]
+        return ParallelLayout(self.tp, len(stages), tuple(((a, b),) for a, b in zip(bounds, bounds[1:])))
+
+    def _tp_from_shapes(self, first: CkptFile) -> int:
         """tp, from rank 0's slice of the first tensor TP cuts (B of a column-parallel weight, A of a row one)."""
+        keys = set(first.keys())
         for row in self.rows:
             axis = row.transform.native_axis
             if axis is None or row.key not in keys:
@@ -241,23 +283,8 @@ class Reader(BaseReader):
             return full[axis] // local[axis]
         return 1
 
-    def _keep_tp_ranks(self, notes: list[str]) -> None:
-        """Ranks 0 .. tp-1 are tp ranks (MindFormers numbers rank d * tp + t at pipeline stage 0); the ones after
-        are data-parallel copies, closed unread."""
-        ranks = sorted(self.files)
-        if ranks[:self.tp] != list(range(self.tp)) or len(ranks) % self.tp:
-            missing = next((t for t in range(self.tp) if t not in self.files), None)
-            raise InteropError(f"{Path(self.files[0].path).parent.parent}: the LoRA tensors' shapes say tp={self.tp}; "
-                               + (f"rank_{missing} is missing" if missing is not None else
-                                  f"{len(ranks)} rank folders are no multiple of it"))
-        for r in ranks[self.tp:]:
-            self.files.pop(r).close()
-        if len(ranks) > self.tp:
-            notes.append(f"read data-parallel rank 0's files (ranks 0-{self.tp - 1}); {len(ranks) - self.tp} "
-                         "data-parallel copies were not read")
-
     def metas(self) -> list[TensorMeta]:
-        return [TensorMeta(p.name, self.files[0].meta(self.part_of[p.name][0].key)[0], p.shape)
+        return [TensorMeta(p.name, self._file(0, self.part_of[p.name][0]).meta(self.part_of[p.name][0].key)[0], p.shape)
                 for p in self.adapter.params(self.source.spec)]
 
     def read(self, name: str) -> torch.Tensor:
@@ -265,8 +292,11 @@ class Reader(BaseReader):
         if self._cached[0] is not row:  # q, k and v (gate, up) come from one stored tensor: read it once
             ranks = [0] if row.transform.replicated else range(self.tp)
             self._cached = (None, None)
-            self._cached = (row, row.transform.from_ranks([self.files[t].read(row.key) for t in ranks]))
+            self._cached = (row, row.transform.from_ranks([self._file(t, row).read(row.key) for t in ranks]))
         return self._cached[1][i]
+
+    def _file(self, t: int, row) -> CkptFile:
+        return self.files[(t, self.stage_of[row.key])]
 
     def native_name(self, name: str) -> str | None:
         return self.part_of[name][0].key
@@ -286,13 +316,20 @@ class Writer(BaseWriter):
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], adapter: AdapterSpec,
                  dialect: str = "mindformers"):
-        if layout.pp != 1 or layout.ep != 1:
-            raise InteropError(f"MindFormers LoRA adapters are written at --pp 1 --ep 1 (any --tp), not "
-                               f"pp={layout.pp} ep={layout.ep}")
+        if layout.vpp != 1 or layout.ep != 1:
+            raise InteropError(f"MindFormers LoRA adapters are written without virtual pipeline chunks or expert "
+                               f"parallelism (--vpp 1 --ep 1), not vpp={layout.vpp} ep={layout.ep}")
         spec.check_tp(layout.tp)
         self.root, self.spec, self.layout, self.adapter, self.dialect = Path(root), spec, layout, adapter, dialect
         table, self.names = _names(dialect, spec)
         self.rows = adapter_rows(table, self.names, spec, adapter, "MindFormers")
+        self.index = adapter.index(spec)
+        held = {layout.stage_of(self.index[row.parts[0]]) for row in self.rows}
+        for p in range(layout.pp):
+            if p not in held:  # its files would hold nothing, and no reader could tell their stage
+                raise InteropError(f"MindFormers LoRA adapter at --pp {layout.pp}: stage {p} (layers "
+                                   f"{layout.layers_of_stage(p)[0]}-{layout.layers_of_stage(p)[-1]}) holds none of "
+                                   f"the adapted layers {', '.join(map(str, adapter.layers or ()))}")
         self.row_of = {n: row for row in self.rows for n in row.parts}
         self.got: dict[str, torch.Tensor] = {}
         self.notes = [] if adapter.layers is None else [
@@ -310,16 +347,17 @@ class Writer(BaseWriter):
         self.got[name] = tensor
 
     def finish_units(self, state: dict | None = None) -> dict:
-        tp = self.layout.tp
-        for t in range(tp):
-            path = mindformers_file(self.root, t, 0, tp, 1)
+        tp, pp = self.layout.tp, self.layout.pp
+        for t, p in self.layout.ranks():
+            path = mindformers_file(self.root, t, p, tp, pp)
             path.parent.mkdir(parents=True, exist_ok=True)
             save_ckpt(path, {row.key: row.transform.to_rank([self.got[n] for n in row.parts], t, tp).contiguous()
-                             for row in self.rows})
-        if tp > 1:  # where each rank's slices sit, for mindspore.transform_checkpoints (as beside the weights)
-            strategy = stage_strategy(self.spec, self.layout, self.rows, 0, self.adapter.index(self.spec))
+                             for row in self.rows if self.layout.stage_of(self.index[row.parts[0]]) == p})
+        if tp * pp > 1:  # where each rank's slices sit, for mindspore.transform_checkpoints (as beside the weights)
             (self.root / "strategy").mkdir()
-            (self.root / "strategy" / "strategy_stage0.json").write_text(json.dumps(strategy, indent=1))
+            for p in range(pp):
+                strategy = stage_strategy(self.spec, self.layout, self.rows, p, self.index)
+                (self.root / "strategy" / f"strategy_stage{p}.json").write_text(json.dumps(strategy, indent=1))
         return {}
 
     def finish_global(self, state: dict | None, results: dict) -> None:

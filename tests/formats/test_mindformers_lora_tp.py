@@ -1,5 +1,5 @@
-"""MindFormers LoRA adapters at tp > 1 (converters/mindspore/lora.py): `rank_{t}/checkpoint_{t}.ckpt` per tp rank
-plus `strategy/strategy_stage0.json`, as MindFormers' weights are, A and B cut like the weight they adapt.
+"""MindFormers LoRA adapters at tp / pp > 1 (converters/mindspore/lora.py): `rank_{p*tp+t}/checkpoint_{p*tp+t}.ckpt`
+per rank plus `strategy/strategy_stage{p}.json`, as MindFormers' weights are, A and B cut like the weight they adapt.
 
 How MindFormers cuts them (mindformers 2.1.0, mindpet 1.0.4 installed here; checked below against the real code):
 - legacy models (LlamaForCausalLM): mindformers/pet/tuners/lora_adapter.py lines 121-145 give mindpet's
@@ -55,6 +55,17 @@ def adapter(tmp_path_factory):
 
 def _strategy(folder):
     return json.loads((folder / "strategy" / "strategy_stage0.json").read_text())["parallel_layout_item"]
+
+
+def _run_yaml(adapter, path):
+    """The run's YAML: the base's model_config (written by `interop map-args` from its config.json) and the
+    pet_config of the PEFT adapter."""
+    code, out = run("map-args", adapter / "base" / "config.json", "--to", "mindformers", "-o", path)
+    assert code == 0, out
+    doc = yaml.safe_load(path.read_text())
+    doc["model_config"]["pet_config"] = {"pet_type": "lora", "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.05,
+                                         "target_modules": ".*wq|.*wk|.*wv|.*wo|.*w1|.*w2|.*w3"}
+    path.write_text(yaml.safe_dump(doc))
 
 
 def _same_peft(a, b):
@@ -181,12 +192,7 @@ def test_a_runs_tp2_adapter_with_data_parallel_copies_reads_with_its_yaml(adapte
     """A MindFormers run's own output: rank_0..rank_3 at dp 2 x tp 2 (rank d * tp + t), LoRA tensors only, no
     pet_config beside them and no interop sidecar: the run's YAML says the base and the LoRA settings, the
     shapes say tp, the data-parallel copies are left unread (a note says so)."""
-    code, out = run("map-args", adapter / "base" / "config.json", "--to", "mindformers", "-o", tmp_path / "run.yaml")
-    assert code == 0, out
-    doc = yaml.safe_load((tmp_path / "run.yaml").read_text())
-    doc["model_config"]["pet_config"] = {"pet_type": "lora", "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.05,
-                                         "target_modules": ".*wq|.*wk|.*wv|.*wo|.*w1|.*w2|.*w3"}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
+    _run_yaml(adapter, tmp_path / "run.yaml")
     for r in range(4):
         (tmp_path / "run" / f"rank_{r}").mkdir(parents=True)
         shutil.copy(adapter / "mf2" / f"rank_{r % 2}" / f"checkpoint_{r % 2}.ckpt",
@@ -201,7 +207,8 @@ def test_a_missing_or_misshapen_rank_is_one_line(adapter, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(adapter / "mf2", bad)
     shutil.rmtree(bad / "rank_1")
-    assert_refused(cli("convert", bad, tmp_path / "out", "--to", "peft"), tmp_path / "out", "tp=2", "rank_1 is missing")
+    assert_refused(cli("convert", bad, tmp_path / "out", "--to", "peft"), tmp_path / "out", "tp=2",
+                   "rank_1 (tp rank 1 of stage 0) is missing")
     shutil.copytree(adapter / "mf2" / "rank_1", bad / "rank_1")
     (bad / "rank_1" / "checkpoint_1.ckpt").unlink()
     shutil.copy(adapter / "mf1" / "model.ckpt", bad / "rank_1" / "checkpoint_1.ckpt")  # a tp 1 file as rank 1
@@ -300,3 +307,64 @@ def test_mcore_style_lora_tp2_is_cut_as_mindformers_states_and_loads(tmp_path, m
     assert back.source.adapter == dataclasses.replace(adapter, shared_a=True)
     for name, t in tensors.items():
         assert torch.equal(back.read(name), t), name
+
+
+@pytest.mark.parametrize("tp,pp,uneven", [(2, 2, False), (1, 3, True)])
+def test_pipeline_stages_round_trip_and_merge_by_mindspore(adapter, tmp_path, tp, pp, uneven):
+    """--pp (uneven with --first-stage-layers / --last-stage-layers): rank p * tp + t holds stage p's layers only,
+    one strategy file per stage; MindSpore's merge_pipeline_strategys + transform_checkpoints give exactly the
+    tp 1 adapter; PEFT comes back byte for byte."""
+    convert(adapter / "lora", tmp_path / "mf", dst_format="mindspore", base=adapter / "base", tp=tp, pp=pp,
+            first_stage_layers=1 if uneven else None, last_stage_layers=1 if uneven else None)
+    stages = [[0], [1, 2, 3, 4], [5]] if uneven else [[0, 1, 2], [3, 4, 5]]
+    for p, layers in enumerate(stages):
+        for t in range(tp):
+            r = p * tp + t
+            loaded = ms.load_checkpoint(str(tmp_path / "mf" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+            assert {int(k.split(".")[2]) for k in loaded} == set(layers), (p, t)
+    assert sorted(p.name for p in (tmp_path / "mf" / "strategy").iterdir()) == \
+        [f"strategy_stage{p}.json" for p in range(pp)]
+    ms.merge_pipeline_strategys(str(tmp_path / "mf" / "strategy"), str(tmp_path / "merged_strategy.json"))
+    ms.transform_checkpoints(str(tmp_path / "mf"), str(tmp_path / "merged"), "ckpt",
+                             str(tmp_path / "merged_strategy.json"), None)
+    merged = ms.load_checkpoint(next(str(p) for p in (tmp_path / "merged" / "rank_0").glob("*.ckpt")))
+    single = load_ckpt(adapter / "mf1" / "model.ckpt")
+    assert sorted(merged) == sorted(single)
+    assert all(torch.equal(torch.from_numpy(merged[k].asnumpy()), v) for k, v in single.items())
+    code, out = run("inspect", tmp_path / "mf")
+    assert code == 0 and f"layout: tp={tp} pp={pp}" in out, out
+    convert(tmp_path / "mf", tmp_path / "back", dst_format="peft")
+    _same_peft(adapter / "lora", tmp_path / "back")
+
+
+def test_a_runs_pipelined_adapter_with_data_parallel_copies(adapter, tmp_path):
+    """tp 2, pp 2, dp 2 as a MindFormers run numbers its ranks (p * dp * tp + d * tp + t), no sidecar: stages
+    from the layers each file holds, tp from the shapes, the data-parallel copies unread."""
+    convert(adapter / "lora", tmp_path / "mf", dst_format="mindspore", base=adapter / "base", tp=2, pp=2)
+    _run_yaml(adapter, tmp_path / "run.yaml")
+    for p in range(2):
+        for d in range(2):
+            for t in range(2):
+                r = p * 4 + d * 2 + t
+                (tmp_path / "run" / f"rank_{r}").mkdir(parents=True)
+                shutil.copy(tmp_path / "mf" / f"rank_{p * 2 + t}" / f"checkpoint_{p * 2 + t}.ckpt",
+                            tmp_path / "run" / f"rank_{r}" / f"llama_rank_{r}-2_20.ckpt")
+    code, out = run("convert", tmp_path / "run", tmp_path / "back", "--to", "peft", "--model-config",
+                    tmp_path / "run.yaml")
+    assert code == 0 and "4 data-parallel copies were not read" in out, out
+    _same_peft(adapter / "lora", tmp_path / "back")
+
+
+def test_some_layers_adapted_at_pp2(adapter, tmp_path):
+    """PEFT's layers_to_transform: a stage with adapted layers round-trips; a stage with none is refused in one
+    line (its files would hold nothing, and no reader could place them)."""
+    torch.manual_seed(4)
+    for layers, name in (([1, 4], "ok"), ([0, 1], "none")):
+        lora = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=TARGETS,
+                               layers_to_transform=layers)
+        peft.get_peft_model(build("llama"), lora).save_pretrained(tmp_path / name)
+    convert(tmp_path / "ok", tmp_path / "ok-mf", dst_format="mindspore", base=adapter / "base", tp=2, pp=2)
+    convert(tmp_path / "ok-mf", tmp_path / "ok-back", dst_format="peft")
+    _same_peft(tmp_path / "ok", tmp_path / "ok-back")
+    assert_refused(cli("convert", tmp_path / "none", tmp_path / "out", "--to", "mindspore", "--base", adapter / "base",
+                       "--pp", "2"), tmp_path / "out", "stage 1", "none of the adapted layers 0, 1")
