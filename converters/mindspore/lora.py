@@ -250,22 +250,23 @@ class Reader(BaseReader):
             if a[-1] >= b[0]:
                 raise InteropError(f"{Path(self.files[groups[b][0]].path).parent.parent}: rank files hold LoRA "
                                    f"tensors of layers {list(a)} and {list(b)}: not one pipeline stage each")
-        by_rank, self.files, extra = self.files, {}, 0
+        placed = {}
         for p, layers in enumerate(stages):
             ranks = groups[layers]
+            where = Path(self.files[ranks[0]].path).parent.parent
             for t in range(self.tp):
                 if t >= len(ranks) or ranks[t] - ranks[0] != t:
-                    raise InteropError(f"{Path(by_rank[ranks[0]].path).parent.parent}: the LoRA tensors' shapes "
-                                       f"say tp={self.tp}; rank_{ranks[0] + t} (tp rank {t} of stage {p}) is missing")
-                self.files[(t, p)] = by_rank[ranks[t]]
+                    raise InteropError(f"{where}: the LoRA tensors' shapes say tp={self.tp}; rank_{ranks[0] + t} "
+                                       f"(tp rank {t} of stage {p}) is missing")
+                placed[(t, p)] = self.files[ranks[t]]
             if len(ranks) % self.tp:
-                raise InteropError(f"{Path(by_rank[ranks[0]].path).parent.parent}: stage {p} has {len(ranks)} rank "
-                                   f"files, no multiple of tp={self.tp}")
-            for r in ranks[self.tp:]:
-                by_rank[r].close()
-                extra += 1
-        if extra:
-            notes.append(f"read data-parallel rank 0's files; {extra} data-parallel copies were not read")
+                raise InteropError(f"{where}: stage {p} has {len(ranks)} rank files, no multiple of tp={self.tp}")
+        copies = [f for r, f in self.files.items() if all(f is not g for g in placed.values())]
+        for f in copies:
+            f.close()
+        self.files = placed
+        if copies:
+            notes.append(f"read data-parallel rank 0's files; {len(copies)} data-parallel copies were not read")
         bounds = [0] + [layers[0] for layers in stages[1:]] + [spec.num_layers]
         return ParallelLayout(self.tp, len(stages), tuple(((a, b),) for a, b in zip(bounds, bounds[1:])))
 
@@ -284,8 +285,11 @@ class Reader(BaseReader):
         return 1
 
     def metas(self) -> list[TensorMeta]:
-        return [TensorMeta(p.name, self._file(0, self.part_of[p.name][0]).meta(self.part_of[p.name][0].key)[0], p.shape)
-                for p in self.adapter.params(self.source.spec)]
+        out = []
+        for p in self.adapter.params(self.source.spec):
+            row = self.part_of[p.name][0]
+            out.append(TensorMeta(p.name, self._file(0, row).meta(row.key)[0], p.shape))
+        return out
 
     def read(self, name: str) -> torch.Tensor:
         row, i = self.part_of[name]
