@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..adapter_writer import AdapterWriter
 from ..adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ..adapter_writer import AdapterWriter
 from ..contract import BaseReader
 from ..errors import InteropError
 from ..hf_named import hf_rows, hf_table

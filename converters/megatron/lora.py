@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ...adapter_writer import AdapterWriter
 from ...adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ...adapter_writer import AdapterWriter
 from ...contract import BaseReader
 from ...errors import InteropError
 from ...io.megatron_save import iteration_name, write_tracker

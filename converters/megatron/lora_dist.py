@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ...adapter_writer import AdapterWriter
 from ...adapter import AdapterSpec, adapter_rows, target_of
+from ...adapter_writer import AdapterWriter
 from ...contract import BaseReader
 from ...errors import InteropError
 from ...io import megatron_dist as dist

@@ -43,15 +43,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from ...adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, sharing_notes, stated_shared_a, target_of
-from ...contract import BaseReader, BaseWriter
+from ...adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ...adapter_writer import AdapterWriter
+from ...contract import BaseReader
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile, save_ckpt
 from ...io.small_files import read_json_object, require_small_file
 from ...layout import ParallelLayout
 from ...mappings.mindspore_names import LORA_DIALECTS, PET_CONFIG, TABLES
 from ...model_config import spec_from_file
-from ...params import TensorKey
 from ...rows import expand
 from ...spec import ModelSpec, padded_to_tp
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -310,12 +310,11 @@ class Reader(BaseReader):
             f.close()
 
 
-class Writer(BaseWriter):
+class Writer(AdapterWriter):
     """A LoRA adapter as MindFormers' LoRA model names it (`dialect` mindformers or mindformers-mcore): one
     model.ckpt at tp 1, else a file per tp rank and the strategy file, as MindFormers' weights are written."""
 
     options = ("dialect",)
-    holds_adapter = True
     padded_vocab = staticmethod(padded_to_tp)
 
     def __init__(self, root, spec: ModelSpec, layout, metas: list[TensorMeta], adapter: AdapterSpec,
@@ -326,37 +325,34 @@ class Writer(BaseWriter):
         spec.check_tp(layout.tp)
         self.root, self.spec, self.layout, self.adapter, self.dialect = Path(root), spec, layout, adapter, dialect
         table, self.names = _names(dialect, spec)
-        self.rows = adapter_rows(table, self.names, spec, adapter, "MindFormers")
+        rows = adapter_rows(table, self.names, spec, adapter, "MindFormers")
         self.index = adapter.index(spec)
-        held = {layout.stage_of(self.index[row.parts[0]]) for row in self.rows}
+        held = {layout.stage_of(self.index[row.parts[0]]) for row in rows}
         for p in range(layout.pp):
             if p not in held:  # its files would hold nothing, and no reader could tell their stage
                 raise InteropError(f"MindFormers LoRA adapter at --pp {layout.pp}: stage {p} (layers "
                                    f"{layout.layers_of_stage(p)[0]}-{layout.layers_of_stage(p)[-1]}) holds none of "
                                    f"the adapted layers {', '.join(map(str, adapter.layers or ()))}")
-        self.row_of = {n: row for row in self.rows for n in row.parts}
-        self.got: dict[str, torch.Tensor] = {}
+        self.slices = {rank: {} for rank in layout.ranks()}  # {(tp rank, stage): {key: its slice}}
         self.notes = [] if adapter.layers is None else [
             f"MindFormers' pet_config adapts every layer its target_modules match: layers other than "
             f"{', '.join(map(str, adapter.layers))} have no LoRA tensors in model.ckpt (a run would start them new)"]
-        self.notes += sharing_notes(self.rows, spec, adapter, "MindFormers")
-        self.notes += optimizer_dropped_notes(metas, 'interop writes MindFormers LoRA adapters without an optimizer')
+        self.notes += sharing_notes(rows, spec, adapter, "MindFormers")
+        self.use_rows(rows, metas, 'interop writes MindFormers LoRA adapters without an optimizer')
 
-    def wants(self, name: str) -> bool:
-        return not TensorKey.parse(name).is_optim
-
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
-            return
-        self.got[name] = tensor
+    def place(self, row, parts) -> None:
+        p = self.layout.stage_of(self.index[row.parts[0]])
+        for t in range(self.layout.tp):
+            self.slices[(t, p)][row.key] = row.transform.to_rank(parts, t, self.layout.tp).contiguous()
 
     def finish_units(self, state: dict | None = None) -> dict:
+        self.collector.check_done("MindFormers LoRA adapter: ")
         tp, pp = self.layout.tp, self.layout.pp
         for t, p in self.layout.ranks():
             path = mindformers_file(self.root, t, p, tp, pp)
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_ckpt(path, {row.key: row.transform.to_rank([self.got[n] for n in row.parts], t, tp).contiguous()
-                             for row in self.rows if self.layout.stage_of(self.index[row.parts[0]]) == p})
+            held = self.slices.pop((t, p))
+            save_ckpt(path, {row.key: held[row.key] for row in self.rows if row.key in held})  # in table order
         if tp * pp > 1:  # where each rank's slices sit, for mindspore.transform_checkpoints (as beside the weights)
             (self.root / "strategy").mkdir()
             for p in range(pp):
