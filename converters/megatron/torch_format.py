@@ -335,7 +335,7 @@ class Writer(BaseWriter):
         if te and distributed_optimizer:
             raise InteropError("--transformer-impl transformer_engine with --distributed-optimizer: distrib_optim.pt "
                                "is laid out in the local spec's parameter order only (write --format torch_dist)")
-        self.rows = expand_rows("mcore_te" if te else "mcore", spec, layout, moe_norm_apart=te)
+        self.rows = self._expand_rows(te)
         self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
@@ -373,6 +373,15 @@ class Writer(BaseWriter):
         # the expert optimizer's buffers: one per model chunk that holds routed experts, numbered in chunk order
         self.expert_chunks = {p: sorted({r.chunk for r in self.rows if r.stage == p and is_expert_param(r.key)})
                               for p in range(layout.pp)}
+
+    # what a fork of Megatron-LM writes differently (`mindspeed_llm.Writer`)
+    experts = "sequential"  # how routed experts are stored (`EXPERT_LAYOUTS`): SequentialMLP's local_experts.N
+    extra_state = True  # each linear module's (empty) `_extra_state` entry, as megatron-core's state_dict has it
+    default_iteration: int | str = "release"  # the iteration folder when neither --iteration nor the source says one
+
+    def _expand_rows(self, te: bool) -> list:
+        """The rows this writer stores: megatron-core's local or Transformer Engine spec names."""
+        return expand_rows("mcore_te" if te else "mcore", self.spec, self.layout, moe_norm_apart=te)
 
     def _check_distrib(self, distributed_optimizer: bool | None, dp: int | None) -> bool:
         """Whether distrib_optim.pt files are written (refused in one line where they cannot be)."""
@@ -484,7 +493,7 @@ class Writer(BaseWriter):
                 out[pending_extra + "._extra_state"] = None
                 pending_extra = None
             out[key] = refs[key]
-            if _EXTRA_STATE.fullmatch(module):
+            if self.extra_state and _EXTRA_STATE.fullmatch(module):
                 pending_extra = module
         if pending_extra is not None:
             out[pending_extra + "._extra_state"] = None
@@ -498,13 +507,14 @@ class Writer(BaseWriter):
         args = args_from_spec(self.spec, self.layout, base, divisor)
         args["transformer_impl"] = self.impl
         expert_notes = []
-        if self.spec.is_moe and args.get("moe_grouped_gemm"):
+        if self.spec.is_moe and args.get("moe_grouped_gemm") and self.experts == "sequential":
             # the rank files hold SequentialMLP's keys (local_experts.N): a run building GroupedMLP would not load them
             args["moe_grouped_gemm"] = args["moe_use_legacy_grouped_gemm"] = False
             expert_notes.append("the experts are written as SequentialMLP (local_experts.N) and the args say "
                               "moe_grouped_gemm=False; for --moe-grouped-gemm runs write --format torch_dist, "
                               "whose expert layout is the same for every expert implementation")
         iteration = final_iteration(self.iteration, state)
+        iteration = self.default_iteration if iteration == "release" else iteration
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if not self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
             notes = []
