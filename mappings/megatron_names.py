@@ -260,6 +260,16 @@ MINDSPEED_LLM_QB_MLA = _mindspeed_llm_mla("linear_qb", "linear_kvb", "k_layernor
 _MINDSPEED_LLM_MTP = {"decoder.final_layernorm.weight": "final_layernorm.weight",
                       "mtp.layers.{k}.final_layernorm.weight": "mtp.final_layernorms.{k}.weight"}
 MTP_RENAMES = {"mindspeed_llm": _MINDSPEED_LLM_MTP, "mindspeed_llm_qb": _MINDSPEED_LLM_MTP}
+# The order its converter fills a rank's state dict in (convert_hf2mg.py run(): set_model_preprocess, then per MTP
+# module set_mtp_preprocess (enorm, hnorm, eh_proj, the embedding copy), its layer, set_mtp_postprocess, then the
+# decoder layers (set_model_layer_norm, _attn, _mlp), then set_model_postprocess); a layer's keys in this order:
+MINDSPEED_LLM_LAYER_ORDER = (
+    "input_layernorm.", "pre_mlp_layernorm.", "self_attention.linear_qkv.", "self_attention.linear_proj.",
+    "self_attention.q_layernorm.", "self_attention.kv_layernorm.", "self_attention.k_layernorm.",
+    "self_attention.linear_q_up_proj.", "self_attention.linear_kv_up_proj.", "mlp.linear_fc1.", "mlp.linear_fc2.",
+    "mlp.router.weight", "mlp.router.expert_bias", "mlp.shared_experts.linear_fc1.", "mlp.shared_experts.linear_fc2.",
+    "mlp.experts.weight1", "mlp.experts.weight2")
+MINDSPEED_LLM_MTP_ORDER = ("enorm.", "hnorm.", "eh_proj.")
 
 
 def _mla_table(table: list, attention_rows: list) -> list:

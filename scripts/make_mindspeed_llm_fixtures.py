@@ -10,7 +10,9 @@ empty parent packages.  The HF source is tests/helpers/deepseek_models.py's tiny
 the first dense, MTP), rebuilt by the test from the same seed; its tensors' sha256 are recorded too, so a changed
 builder fails loudly instead of comparing against another model.  Written per case (`<case>.json`): the folders,
 the tracker, each rank file's top-level entries, `checkpoint_version`, `iteration`, its args namespace and every
-model tensor (key in stored order, shape, dtype, sha256 of its bytes).
+model tensor (key in stored order, shape, dtype, sha256 of its bytes).  Then the other way: interop's own
+`--fork mindspeed-llm` output of the same model is converted back to HF by MindSpeed-LLM's Mg2HfConvert (which reads
+the args namespace interop wrote), and `mg2hf_of_interop` records which HF tensors it left out or changed.
 """
 from __future__ import annotations
 
@@ -38,13 +40,13 @@ CASES = {
 }
 
 
-def converter_module(root: Path):
-    """MindSpeed-LLM's convert_hf2mg module, its package __init__ files skipped."""
-    for name in ("mindspeed_llm", "mindspeed_llm.tasks", "mindspeed_llm.tasks.checkpoint"):
-        package = types.ModuleType(name)
-        package.__path__ = [str(root.joinpath(*name.split(".")))]
-        sys.modules[name] = package
-    return importlib.import_module("mindspeed_llm.tasks.checkpoint.convert_hf2mg")
+def converter_module(root: Path, name: str = "convert_hf2mg"):
+    """A MindSpeed-LLM converter module (convert_hf2mg, convert_mg2hf), its package __init__ files skipped."""
+    for package_name in ("mindspeed_llm", "mindspeed_llm.tasks", "mindspeed_llm.tasks.checkpoint"):
+        package = types.ModuleType(package_name)
+        package.__path__ = [str(root.joinpath(*package_name.split(".")))]
+        sys.modules[package_name] = package
+    return importlib.import_module(f"mindspeed_llm.tasks.checkpoint.{name}")
 
 
 def cli_args(hf: Path, out: Path, **given) -> argparse.Namespace:
@@ -71,24 +73,46 @@ def plain(v):
 
 
 def fingerprint(out: Path) -> dict:
-    folders = {}
+    """The folders and their rank files as MindSpeed-LLM wrote them (one args namespace: every file holds the same)."""
+    folders, args = {}, []
     for f in sorted(out.glob("iter_*/*/model_optim_rng.pt")):
         obj = torch.load(f, map_location="cpu", weights_only=False)
+        args.append({k: plain(v) for k, v in sorted(vars(obj["args"]).items())})
         folders[f"{f.parent.parent.name}/{f.parent.name}"] = {
-            "entries": sorted(obj), "checkpoint_version": obj["checkpoint_version"], "iteration": obj["iteration"],
-            "args": {k: plain(v) for k, v in sorted(vars(obj["args"]).items())},
+            "entries": list(obj), "checkpoint_version": obj["checkpoint_version"], "iteration": obj["iteration"],
             "model": [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj["model"].items()]}
-    return {"tracker": (out / "latest_checkpointed_iteration.txt").read_text(), "files": folders}
+    assert all(a == args[0] for a in args)
+    return {"tracker": (out / "latest_checkpointed_iteration.txt").read_text(), "args": args[0], "files": folders}
+
+
+def mg2hf_of_interop(root: Path, hf: Path, work: Path, changes: dict, given: dict) -> dict:
+    """interop writes `hf` as MindSpeed-LLM; MindSpeed-LLM's Mg2HfConvert reads it back: what it lost or changed."""
+    from interop.convert import convert
+
+    tp, pp, ep = (given[f"target_{x}_parallel_size"] for x in ("tensor", "pipeline", "expert"))
+    counts = [int(n) for n in given["num_layer_list"].split(",")] if given.get("num_layer_list") else None
+    convert(hf, work / "interop", dst_format="megatron", tp=tp, pp=pp, ep=ep,
+            first_stage_layers=counts[0] if counts else None, options={"fork": "mindspeed-llm"})
+    back = work / "mindspeed_llm_hf"
+    converter_module(root, "convert_mg2hf").Mg2HfConvert(cli_args(
+        work / "interop", back, load_model_type="mg", save_model_type="hf", hf_cfg_dir=str(hf),
+        mtp_num_layers=given.get("mtp_num_layers", 0), moe_grouped_gemm=given.get("moe_grouped_gemm", False))).run()
+    want, got = load_file(hf / "model.safetensors"), {}
+    for f in sorted(back.glob("*.safetensors")):
+        got.update(load_file(f))
+    return {"missing": sorted(set(want) - set(got)), "extra": sorted(set(got) - set(want)),
+            "differ": sorted(k for k in set(want) & set(got) if not torch.equal(want[k], got[k]))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mindspeed_llm", type=Path, help="a MindSpeed-LLM checkout")
     parser.add_argument("out", type=Path)
+    parser.add_argument("--commit", help="the checkout's commit when it is not a git repository")
     a = parser.parse_args()
     module = converter_module(a.mindspeed_llm)
     commit = subprocess.run(["git", "-C", str(a.mindspeed_llm), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+                            text=True).stdout.strip() or a.commit or "unknown"
     a.out.mkdir(parents=True, exist_ok=True)
     for case, (changes, given) in CASES.items():
         with tempfile.TemporaryDirectory() as tmp:
@@ -99,6 +123,7 @@ def main() -> None:
                       "hf_config_changes": changes, "arguments": given,
                       "hf": {k: sha(v) for k, v in sorted(load_file(hf / "model.safetensors").items())},
                       **fingerprint(mg)}
+            record["mg2hf_of_interop"] = mg2hf_of_interop(a.mindspeed_llm, hf, Path(tmp), changes, given)
         (a.out / f"{case}.json").write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
         print(f"{case}: {len(record['files'])} rank files")
 

@@ -19,6 +19,7 @@ tests/formats/test_mindspeed_llm_writer.py compares every tensor with what MindS
 from __future__ import annotations
 
 from ...errors import InteropError
+from ...mappings.megatron_names import MINDSPEED_LLM_LAYER_ORDER, MINDSPEED_LLM_MTP_ORDER
 from ...params import base_param_name
 from . import torch_format
 from .rows import expand_rows
@@ -57,6 +58,11 @@ class Writer(torch_format.Writer):
     def write(self, name: str, tensor) -> None:
         super().write(name, self._vocab_rows(name, tensor))
 
+    def _model_dict(self, t: int, p: int, v: int, e: int):
+        """Rank (t, p, e)'s state dict in the order MindSpeed-LLM's converter fills it (MINDSPEED_LLM_LAYER_ORDER)."""
+        out = super()._model_dict(t, p, v, e)
+        return type(out)(sorted(out.items(), key=lambda item: _write_order(item[0], p)))
+
     def _final(self, state: dict) -> tuple:
         args, iteration, scheduler, notes = super()._final(state)
         spec, layout = self.spec, self.layout
@@ -72,5 +78,29 @@ class Writer(torch_format.Writer):
         if spec.is_moe:
             shared = spec.shared_expert_ffn_hidden
             vars(args).update(first_k_dense_replace=dense, router_bias=spec.moe_router_bias,
+                              norm_topk_prob=spec.moe_norm_topk,  # its --norm-topk-prob
                               n_shared_experts=shared // spec.moe_ffn_hidden if shared else None)
         return args, iteration, scheduler, notes
+
+
+def _in_layer(rest: str) -> int:
+    return next((n for n, start in enumerate(MINDSPEED_LLM_LAYER_ORDER) if rest.startswith(start)),
+                len(MINDSPEED_LLM_LAYER_ORDER))
+
+
+def _write_order(key: str, stage: int) -> tuple:
+    """Where convert_hf2mg.py puts `key` in stage `stage`'s state dict: the embedding, the MTP modules, the decoder
+    layers, the final norm, the output layer."""
+    parts = key.split(".")
+    if key.startswith("embedding."):  # the last stage's copy belongs to the first MTP module's preprocess
+        return (0,) if stage == 0 else (1, 0, len(MINDSPEED_LLM_MTP_ORDER))
+    if key.startswith("mtp.final_layernorms."):
+        return (1, int(parts[2]), len(MINDSPEED_LLM_MTP_ORDER) + 2)
+    if key.startswith("mtp.layers."):
+        k, rest = int(parts[2]), ".".join(parts[3:])
+        if rest.startswith("transformer_layer."):
+            return (1, k, len(MINDSPEED_LLM_MTP_ORDER) + 1, _in_layer(rest[len("transformer_layer."):]))
+        return (1, k, next((n for n, start in enumerate(MINDSPEED_LLM_MTP_ORDER) if rest.startswith(start)), 99))
+    if key.startswith("decoder.layers."):
+        return (2, int(parts[2]), _in_layer(".".join(parts[3:])))
+    return (3, key.startswith("output_layer."))  # the final norm, then the head
