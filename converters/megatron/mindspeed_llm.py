@@ -10,7 +10,7 @@ model_builder.py MegatronModel, at c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91); th
 - MTP: `final_layernorm.weight` for the model's final norm, `mtp.final_layernorms.K.weight` per module;
 - no `_extra_state` entries; the vocabulary unpadded (its recipes train with `--padded-vocab-size` = the vocab and
   `--make-vocab-size-divisible-by 1`; it cuts the rows with torch.chunk, so the vocab must divide by tp);
-- `iter_0000001` and a tracker saying 1 unless an iteration is asked for or the source has one;
+- `iter_0000001` and a tracker saying 1 (no newline) unless an iteration is asked for or the source has one;
 - its args namespace holds, besides Megatron's arguments, the converter's own model fields (`qkv_type`,
   `first_k_dense_replace`, `n_shared_experts`, `num_layer_list`, `mla_mm_split`, ...), which its
   Mg2HfConvert reads back.
@@ -30,7 +30,7 @@ class Writer(torch_format.Writer):
 
     experts = "grouped"
     extra_state = False
-    default_iteration = 1
+    tracker_newline = False  # convert.py mg_path_process: f.write("1")
 
     def __init__(self, root, spec, layout, metas, iteration: int | None = None, only=None):
         if spec.vocab % layout.tp:
@@ -44,6 +44,12 @@ class Writer(torch_format.Writer):
         if self.padded_rows > spec.vocab:
             self.notes.append(f"stored the {spec.vocab} vocabulary rows unpadded, as MindSpeed-LLM's converter does "
                               f"(train with --padded-vocab-size {spec.vocab} --make-vocab-size-divisible-by 1)")
+
+    def _iteration(self, state: dict) -> int:
+        """--iteration or the source's when it is a training step, else 1 (convert.py mg_path_process: iter_0000001;
+        Megatron-LM's read_metadata refuses an iteration 0 that is not `release`)."""
+        iteration = super()._iteration(state)
+        return iteration if isinstance(iteration, int) and iteration > 0 else 1
 
     def _expand_rows(self, te: bool) -> list:
         return expand_rows("mindspeed_llm", self.spec, self.layout, self.experts)

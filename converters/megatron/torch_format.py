@@ -377,7 +377,11 @@ class Writer(BaseWriter):
     # what a fork of Megatron-LM writes differently (`mindspeed_llm.Writer`)
     experts = "sequential"  # how routed experts are stored (`EXPERT_LAYOUTS`): SequentialMLP's local_experts.N
     extra_state = True  # each linear module's (empty) `_extra_state` entry, as megatron-core's state_dict has it
-    default_iteration: int | str = "release"  # the iteration folder when neither --iteration nor the source says one
+    tracker_newline = True  # latest_checkpointed_iteration.txt ends its number with a newline
+
+    def _iteration(self, state: dict) -> int | str:
+        """The iteration to save as: --iteration, the source's, or `release`."""
+        return final_iteration(self.iteration, state)
 
     def _expand_rows(self, te: bool) -> list:
         """The rows this writer stores: megatron-core's local or Transformer Engine spec names."""
@@ -513,8 +517,7 @@ class Writer(BaseWriter):
             expert_notes.append("the experts are written as SequentialMLP (local_experts.N) and the args say "
                               "moe_grouped_gemm=False; for --moe-grouped-gemm runs write --format torch_dist, "
                               "whose expert layout is the same for every expert implementation")
-        iteration = final_iteration(self.iteration, state)
-        iteration = self.default_iteration if iteration == "release" else iteration
+        iteration = self._iteration(state)
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if not self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
             notes = []
@@ -617,7 +620,7 @@ class Writer(BaseWriter):
         _, iteration, _, notes = self._final(state or {})
         self.notes += notes
         self.dir.rename(self.root / iteration_name(iteration))
-        write_tracker(self.root, iteration)
+        write_tracker(self.root, iteration, self.tracker_newline)
 
     @property
     def weight_dtype(self) -> torch.dtype:

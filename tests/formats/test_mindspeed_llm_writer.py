@@ -1,0 +1,151 @@
+"""MindSpeed-LLM's DeepSeek-V3 torch checkpoints, written (`--to megatron --fork mindspeed-llm`) and read.
+
+The oracle is MindSpeed-LLM's own HF -> Megatron converter, run on CPU by scripts/make_mindspeed_llm_fixtures.py
+(Ascend/MindSpeed-LLM convert_ckpt_v2.py -> mindspeed_llm/tasks/checkpoint/convert_hf2mg.py Hf2MgConvert,
+model_builder.py MegatronModel, configs/checkpoint/model_cfg.json `deepseek3`, at commit
+c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91) over helpers/deepseek_models.py's tiny DeepSeek-V3 (vocab 1000, 4 layers,
+the first dense, 8 experts, MTP, fp32) at tp 2, pp 2 with --num-layer-list 1,3, ep 2, --moe-grouped-gemm,
+--mtp-num-layers 1.  tests/fixtures/mindspeed_llm/ds3_tp2_pp2_ep2_list13.json holds what it wrote: the folders
+(iter_0000001/mp_rank_TT_PPP_EEE), the tracker ("1"), each rank file's entries (args, checkpoint_version 3.0,
+iteration 1, model), every tensor in stored order with shape, dtype and sha256, and its args namespace.  Facts it
+pins (convert_hf2mg.py): `linear_qkv` = cat(q_a_proj, kv_a_proj_with_mqa) whole on every TP rank
+(set_model_layer_attn), `linear_proj` chunked on dim 1, `linear_q_up_proj` / `linear_kv_up_proj` on dim 0,
+`q_layernorm` / `kv_layernorm`; `experts.weight1` = the experts' [gate_t; up_t].T viewed [E, h, 2F], chunked over
+ep on dim 0 then over tp on dim 2, `weight2` [E, F, h] over ep then tp on dim 1 (set_model_layer_mlp); MTP first on
+the last stage (enorm, hnorm, eh_proj on dim 0, the embedding copy when pp > 1, its layer under
+`mtp.layers.0.transformer_layer.`, `mtp.final_layernorms.0`), the model's final norm `final_layernorm`
+(set_model_postprocess with mtp_num_layers); no `_extra_state`; the vocabulary unpadded; dtype kept.
+The same script ran MindSpeed-LLM's Mg2HfConvert on interop's output: `mg2hf_of_interop` (it reads interop's args
+namespace and gives back every HF tensor equal, but the MTP `shared_head.head` copy it never writes).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers.deepseek_models import save, v3_config
+from interop.convert import convert
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "mindspeed_llm" / "ds3_tp2_pp2_ep2_list13.json"
+# args fields MindSpeed-LLM's converter writes that describe the model and the layout (its Mg2HfConvert reads
+# them back); the rest of its namespace is the HF config.json's keys as they are, the converter's own paths, and
+# model_cfg.json's `base` training defaults (seq_length 4096, add_position_embedding true, ...), not the model's.
+MODEL_ARGS = ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "vocab_size", "num_experts",
+              "first_k_dense_replace", "n_shared_experts", "router_bias", "norm_topk_prob", "multi_latent_attention",
+              "qkv_type", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+              "qk_layernorm", "mla_mm_split", "mtp_num_layers", "moe_grouped_gemm", "num_layer_list", "swiglu",
+              "normalization", "norm_epsilon", "untie_embeddings_and_output_weights", "tensor_model_parallel_size",
+              "pipeline_model_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+              "transformer_impl", "max_position_embeddings")
+
+
+def sha(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, oracle):
+    """The fixture's HF model (checked to be the one MindSpeed-LLM converted) and interop's MindSpeed-LLM output."""
+    root = tmp_path_factory.mktemp("msl")
+    save(v3_config(**oracle["hf_config_changes"]), root / "hf", mtp=True)
+    given = oracle["arguments"]
+    summary = convert(root / "hf", root / "msl", dst_format="megatron", tp=given["target_tensor_parallel_size"],
+                      pp=given["target_pipeline_parallel_size"], ep=given["target_expert_parallel_size"],
+                      first_stage_layers=int(given["num_layer_list"].split(",")[0]), options={"fork": "mindspeed-llm"})
+    return root, summary
+
+
+def test_the_source_is_the_model_mindspeed_llm_converted(written, oracle):
+    root, _ = written
+    assert {k: sha(v) for k, v in sorted(load_file(root / "hf" / "model.safetensors").items())} == oracle["hf"]
+
+
+def test_every_rank_file_is_what_mindspeed_llms_converter_writes(written, oracle):
+    """Folders, tracker, entries, checkpoint_version, iteration and every tensor (key order, shape, dtype, bytes)."""
+    root, _ = written
+    out = root / "msl"
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == oracle["tracker"]
+    assert sorted(str(f.parent.relative_to(out)) for f in out.glob("*/*/model_optim_rng.pt")) == sorted(oracle["files"])
+    assert sorted(p.name for p in out.iterdir()) == ["iter_0000001", "latest_checkpointed_iteration.txt"]
+    for folder, want in oracle["files"].items():
+        obj = torch.load(out / folder / "model_optim_rng.pt", weights_only=False)
+        assert list(obj) == want["entries"]
+        assert (obj["checkpoint_version"], obj["iteration"]) == (want["checkpoint_version"], want["iteration"])
+        got = [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj["model"].items()]
+        assert got == want["model"], folder
+
+
+def test_the_args_state_what_mindspeed_llms_converter_states(written, oracle):
+    root, _ = written
+    args = vars(torch.load(root / "msl" / "iter_0000001" / "mp_rank_01_001_001" / "model_optim_rng.pt",
+                           weights_only=False)["args"])
+    assert {k: args.get(k) for k in MODEL_ARGS} == {k: oracle["args"][k] for k in MODEL_ARGS}
+    assert (args["padded_vocab_size"], args["make_vocab_size_divisible_by"]) == (1000, 1)  # its recipes' flags
+    assert any("1000 vocabulary rows unpadded" in n for n in written[1].notes)
+
+
+def test_mindspeed_llms_own_reader_took_interops_output(oracle):
+    """Recorded by the fixture script: MindSpeed-LLM's Mg2HfConvert on interop's output (no --model-config: the args
+    namespace interop wrote) gives every HF tensor back equal; it never writes the MTP head copy."""
+    assert oracle["mg2hf_of_interop"] == {"missing": ["model.layers.4.shared_head.head.weight"], "extra": [],
+                                          "differ": []}
+
+
+def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, tmp_path):
+    """HF -> MindSpeed-LLM (tp 2, pp 2 as 1 + 3 layers, ep 2) -> HF, read from its own args (no --model-config),
+    and on through megatron-core's names: every tensor equal, the MTP module kept."""
+    root, _ = written
+    from interop.converters import megatron as meg
+    reader = meg.Reader(root / "msl")
+    try:
+        assert reader.source.state["megatron"]["scheme"] == "mindspeed_llm"
+        assert [b - a for (a, b), in reader.source.layout.stages] == [1, 3]
+    finally:
+        reader.close()
+    convert(root / "msl", tmp_path / "hf", dst_format="hf")
+    a, b = load_file(root / "hf" / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+    convert(root / "msl", tmp_path / "mcore", dst_format="megatron", tp=2)
+    convert(tmp_path / "mcore", tmp_path / "again", dst_format="hf")
+    c = load_file(tmp_path / "again" / "model.safetensors")
+    assert sorted(a) == sorted(c) and [k for k in a if not torch.equal(a[k], c[k])] == []
+
+
+def test_megatron_to_mindspeed_llm_moves_the_fused_rows_whole(written, tmp_path):
+    """megatron-core (tp 2) -> MindSpeed-LLM (tp 1, pp 1, ep 1): the same tensors as from HF directly."""
+    root, _ = written
+    convert(root / "hf", tmp_path / "mcore", dst_format="megatron", tp=2, ep=2)
+    convert(tmp_path / "mcore", tmp_path / "msl", dst_format="megatron", options={"fork": "mindspeed-llm"})
+    convert(root / "hf", tmp_path / "direct", dst_format="megatron", options={"fork": "mindspeed-llm"})
+    x, y = (torch.load(tmp_path / d / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
+            for d in ("msl", "direct"))
+    assert list(x["model"]) == list(y["model"])
+    assert [k for k in x["model"] if not torch.equal(x["model"][k], y["model"][k])] == []
+
+
+def test_refusals_are_one_line_and_leave_nothing(tmp_path):
+    """A vocabulary tp does not divide (MindSpeed-LLM cuts it with torch.chunk, unpadded), the torch_dist format or
+    the distributed optimizer with --fork mindspeed-llm, and MLA without q compression: one error line each."""
+    from helpers.deepseek_models import v2_config
+    from helpers.hostile import assert_one_error, run
+
+    save(v3_config(num_hidden_layers=2, num_experts_per_tok=4, vocab_size=1001), tmp_path / "odd", mtp=True)
+    save(v2_config(num_hidden_layers=2), tmp_path / "lite")
+    cases = [((tmp_path / "odd", "--tp", "2"), "1001 tokens do not divide by tp 2"),
+             ((tmp_path / "odd", "--format", "torch_dist"), "leave out --format torch_dist"),
+             ((tmp_path / "odd", "--distributed-optimizer"), "leave out --distributed-optimizer"),
+             ((tmp_path / "lite",), "without query compression")]
+    for (src, *flags), why in cases:
+        assert_one_error(*run("convert", src, tmp_path / "out", "--to", "megatron", "--fork", "mindspeed-llm",
+                              *flags), why)
+        assert not (tmp_path / "out").exists()
