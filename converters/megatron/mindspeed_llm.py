@@ -28,6 +28,7 @@ from .rows import expand_rows
 class Writer(torch_format.Writer):
     """Megatron's torch-format writer, in MindSpeed-LLM's names and conventions."""
 
+    options = ("iteration",)
     experts = "grouped"
     extra_state = False
     tracker_newline = False  # convert.py mg_path_process: f.write("1")
