@@ -270,6 +270,12 @@ MINDSPEED_LLM_LAYER_ORDER = (
     "mlp.router.weight", "mlp.router.expert_bias", "mlp.shared_experts.linear_fc1.", "mlp.shared_experts.linear_fc2.",
     "mlp.experts.weight1", "mlp.experts.weight2")
 MINDSPEED_LLM_MTP_ORDER = ("enorm.", "hnorm.", "eh_proj.")
+# Its layouts not read (yet), each refused in one line naming the flag that made it (convert_hf2mg.py).
+MINDSPEED_LLM_UNREAD = {
+    ".self_attention.linear_qk_nope.weight": "MindSpeed-LLM's --mla-mm-split layout (q_up / kv_up split into "
+                                             "linear_qk_nope, linear_qk_rope, linear_kv_nope, linear_v) is not read: "
+                                             "convert from HF without --mla-mm-split",
+}
 
 
 def _mla_table(table: list, attention_rows: list) -> list:

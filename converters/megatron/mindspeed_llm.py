@@ -10,6 +10,7 @@ model_builder.py MegatronModel, at c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91); th
 - MTP: `final_layernorm.weight` for the model's final norm, `mtp.final_layernorms.K.weight` per module;
 - no `_extra_state` entries; the vocabulary unpadded (its recipes train with `--padded-vocab-size` = the vocab and
   `--make-vocab-size-divisible-by 1`; it cuts the rows with torch.chunk, so the vocab must divide by tp);
+- the weights only (its converter writes no optimizer; a source's moments are noted as left out);
 - `iter_0000001` and a tracker saying 1 (no newline) unless an iteration is asked for or the source has one;
 - its args namespace holds, besides Megatron's arguments, the converter's own model fields (`qkv_type`,
   `first_k_dense_replace`, `n_shared_experts`, `num_layer_list`, `mla_mm_split`, ...), which its
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from ...errors import InteropError
 from ...mappings.megatron_names import MINDSPEED_LLM_LAYER_ORDER, MINDSPEED_LLM_MTP_ORDER
-from ...params import base_param_name
+from ...params import TensorKey, base_param_name
 from . import torch_format
 from .rows import expand_rows
 
@@ -42,9 +43,16 @@ class Writer(torch_format.Writer):
                                "Lite) is not written (its linear_qkv holds the whole q_proj; not laid out here)")
         self.padded_rows = spec.padded_vocab
         super().__init__(root, spec.replace(padded_vocab=spec.vocab), layout, metas, iteration=iteration, only=only)
+        if self.optim_kinds:  # weights only, as its converter writes (convert_hf2mg.py: no optimizer entry)
+            self.notes.append(f"optimizer state not written ({', '.join(self.optim_kinds)}): MindSpeed-LLM's "
+                              "converter writes weights only; keep it with --to megatron (megatron-core's names)")
+            self.optim_kinds = []
         if self.padded_rows > spec.vocab:
             self.notes.append(f"stored the {spec.vocab} vocabulary rows unpadded, as MindSpeed-LLM's converter does "
                               f"(train with --padded-vocab-size {spec.vocab} --make-vocab-size-divisible-by 1)")
+
+    def wants(self, name: str) -> bool:
+        return not TensorKey.parse(name).is_optim and super().wants(name)
 
     def _iteration(self, state: dict) -> int:
         """--iteration or the source's when it is a training step, else 1 (convert.py mg_path_process: iter_0000001;

@@ -72,7 +72,8 @@ def layout_of(spec: ModelSpec, model: ModelState, ranks: RankFiles) -> ParallelL
             layers = {int(m.group(1)) for k in model.state_dicts[(0, p, v)] if (m := LAYER_KEY.search(k))}
             if layers and layers != set(range(len(layers))):
                 raise InteropError(f"{ranks.files[(0, p)].path}: layer numbers {sorted(layers)} are not 0..n-1 "
-                                   "(Megatron numbers layers locally per stage)")
+                                   "(Megatron numbers layers locally per stage; MindSpeed-LLM's --noop-layers "
+                                   "checkpoints, which skip numbers, are not read)")
             counts[(p, v)] = len(layers)
     total = sum(counts.values())
     if total != spec.num_layers:

@@ -149,3 +149,39 @@ def test_refusals_are_one_line_and_leave_nothing(tmp_path):
         assert_one_error(*run("convert", src, tmp_path / "out", "--to", "megatron", "--fork", "mindspeed-llm",
                               *flags), why)
         assert not (tmp_path / "out").exists()
+
+
+def test_a_sources_optimizer_state_is_left_out_and_said(tmp_path):
+    """MindSpeed-LLM's converter writes weights only: a Megatron training checkpoint's Adam moments are noted as
+    not written, the weights equal the megatron-core output's."""
+    src = Path(__file__).parents[1] / "fixtures" / "megatron" / "0.16.1" / "fp16opt" / "torch"
+    summary = convert(src, tmp_path / "msl", dst_format="megatron", options={"fork": "mindspeed-llm"})
+    assert any(n.startswith("optimizer state not written (exp_avg, exp_avg_sq") for n in summary.notes)
+    convert(src, tmp_path / "mcore", dst_format="megatron")
+    (msl,), (mcore,) = ([torch.load(f, weights_only=False) for f in (tmp_path / d).glob("iter_*/mp_rank_00/*.pt")]
+                        for d in ("msl", "mcore"))
+    assert "optimizer" not in msl and "optimizer" in mcore
+    weights = {k: v for k, v in mcore["model"].items() if v is not None}
+    assert sorted(msl["model"]) == sorted(weights) and all(torch.equal(msl["model"][k], weights[k]) for k in weights)
+    assert msl["iteration"] == mcore["iteration"] > 0  # a training step keeps its number
+
+
+def test_layouts_not_read_are_refused_naming_their_flag(written, tmp_path):
+    """--mla-mm-split's split up projections (convert_hf2mg.py _generate_attn_mm_split_key) and --noop-layers' gaps in
+    the local layer numbers (convert.py generate_pp_local_layer_idx) are refused in one line."""
+    import shutil
+
+    from helpers.hostile import assert_one_error, run
+
+    root, _ = written
+    for what, rename, why in (("split", ("self_attention.linear_q_up_proj.", "self_attention.linear_qk_nope."),
+                               "--mla-mm-split"),
+                              ("noop", ("decoder.layers.2.", "decoder.layers.3."), "--noop-layers")):
+        copy = tmp_path / what
+        shutil.copytree(root / "msl", copy)
+        for f in copy.glob("iter_*/mp_rank_*_001_*/model_optim_rng.pt"):
+            obj = torch.load(f, weights_only=False)
+            obj["model"] = {k.replace(*rename): v for k, v in obj["model"].items()}
+            torch.save(obj, f)
+        assert_one_error(*run("convert", copy, tmp_path / "out", "--to", "hf"), why)
+        assert not (tmp_path / "out").exists()
