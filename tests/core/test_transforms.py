@@ -48,6 +48,8 @@ CASES = {
     "transpose joined": lambda: Transpose([(8, 6), (4, 6), (4, 6)], 0),
     "plain concat": lambda: PlainConcat([(8, 6), (4, 6), (4, 6)], 0),
     "plain concat bias": lambda: PlainConcat([(8,), (4,), (4,)], 0),
+    # MindSpeed-LLM's MLA linear_qkv: [q_down; kv_down], both replicated, whole on every tp rank
+    "plain concat replicated": lambda: PlainConcat([(6, 8), (5, 8)], None),
     "gated mlp": lambda: GatedMLP([(8, 6), (8, 6)], 0),
     "grouped qkv": lambda: GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4),
     "grouped qkv bias": lambda: GroupedQKV([(16,), (8,), (8,)], 0, groups=4),
