@@ -37,6 +37,11 @@ CASES = {
                                dict(target_tensor_parallel_size=2, target_pipeline_parallel_size=2,
                                     target_expert_parallel_size=2, num_layer_list="1,3", mtp_num_layers=1,
                                     moe_grouped_gemm=True)),
+    "ds3_tp1_pp2_vpp2": (dict(num_hidden_layers=4, num_experts_per_tok=4),
+                         dict(target_pipeline_parallel_size=2, num_layers_per_virtual_pipeline_stage=1,
+                              mtp_num_layers=1, moe_grouped_gemm=True)),
+    "ds3_tp2_ep2_nomtp": (dict(num_hidden_layers=3, num_experts_per_tok=4, num_nextn_predict_layers=0),
+                          dict(target_tensor_parallel_size=2, target_expert_parallel_size=2, moe_grouped_gemm=True)),
 }
 
 
@@ -80,23 +85,32 @@ def fingerprint(out: Path) -> dict:
         args.append({k: plain(v) for k, v in sorted(vars(obj["args"]).items())})
         folders[f"{f.parent.parent.name}/{f.parent.name}"] = {
             "entries": list(obj), "checkpoint_version": obj["checkpoint_version"], "iteration": obj["iteration"],
-            "model": [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj["model"].items()]}
+            "models": {m: [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj[m].items()]
+                       for m in obj if m.startswith("model")}}
     assert all(a == args[0] for a in args)
     return {"tracker": (out / "latest_checkpointed_iteration.txt").read_text(), "args": args[0], "files": folders}
+
+
+def interop_layout(given: dict) -> dict:
+    """interop's convert() layout for Hf2MgConvert's arguments."""
+    tp, pp, ep = (given.get(f"target_{x}_parallel_size", 1) for x in ("tensor", "pipeline", "expert"))
+    counts = [int(n) for n in given["num_layer_list"].split(",")] if given.get("num_layer_list") else None
+    vpp = 1
+    if given.get("num_layers_per_virtual_pipeline_stage"):
+        vpp = 4 // pp // given["num_layers_per_virtual_pipeline_stage"]  # the cases' 4 layers
+    return dict(tp=tp, pp=pp, ep=ep, vpp=vpp, first_stage_layers=counts[0] if counts else None)
 
 
 def mg2hf_of_interop(root: Path, hf: Path, work: Path, changes: dict, given: dict) -> dict:
     """interop writes `hf` as MindSpeed-LLM; MindSpeed-LLM's Mg2HfConvert reads it back: what it lost or changed."""
     from interop.convert import convert
 
-    tp, pp, ep = (given[f"target_{x}_parallel_size"] for x in ("tensor", "pipeline", "expert"))
-    counts = [int(n) for n in given["num_layer_list"].split(",")] if given.get("num_layer_list") else None
-    convert(hf, work / "interop", dst_format="megatron", tp=tp, pp=pp, ep=ep,
-            first_stage_layers=counts[0] if counts else None, options={"fork": "mindspeed-llm"})
+    convert(hf, work / "interop", dst_format="megatron", **interop_layout(given), options={"fork": "mindspeed-llm"})
     back = work / "mindspeed_llm_hf"
     converter_module(root, "convert_mg2hf").Mg2HfConvert(cli_args(
         work / "interop", back, load_model_type="mg", save_model_type="hf", hf_cfg_dir=str(hf),
-        mtp_num_layers=given.get("mtp_num_layers", 0), moe_grouped_gemm=given.get("moe_grouped_gemm", False))).run()
+        mtp_num_layers=given.get("mtp_num_layers", 0), moe_grouped_gemm=given.get("moe_grouped_gemm", False),
+        num_layers_per_virtual_pipeline_stage=given.get("num_layers_per_virtual_pipeline_stage"))).run()
     want, got = load_file(hf / "model.safetensors"), {}
     for f in sorted(back.glob("*.safetensors")):
         got.update(load_file(f))
@@ -117,14 +131,14 @@ def main() -> None:
     for case, (changes, given) in CASES.items():
         with tempfile.TemporaryDirectory() as tmp:
             hf, mg = Path(tmp) / "hf", Path(tmp) / "mg"
-            save(v3_config(**changes), hf, mtp=True)
+            save(v3_config(**changes), hf, mtp=bool(given.get("mtp_num_layers")))
             module.Hf2MgConvert(cli_args(hf, mg, **given)).run()
             record = {"tool": "Ascend/MindSpeed-LLM convert_ckpt_v2.py (Hf2MgConvert)", "commit": commit,
                       "hf_config_changes": changes, "arguments": given,
                       "hf": {k: sha(v) for k, v in sorted(load_file(hf / "model.safetensors").items())},
                       **fingerprint(mg)}
             record["mg2hf_of_interop"] = mg2hf_of_interop(a.mindspeed_llm, hf, Path(tmp), changes, given)
-        (a.out / f"{case}.json").write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
+        (a.out / f"{case}.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
         print(f"{case}: {len(record['files'])} rank files")
 
 

@@ -87,7 +87,7 @@ class Writer(torch_format.Writer):
             padded_vocab_size=spec.vocab, make_vocab_size_divisible_by=1,
             num_layer_list=",".join(map(str, per_stage)) if len(set(per_stage)) > 1 and layout.vpp == 1 else None,
             decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
-            moe_grouped_gemm=spec.is_moe, mla_mm_split=False, noop_layers=None,
+            moe_grouped_gemm=spec.is_moe, mla_mm_split=False, noop_layers=None, mtp_num_layers=spec.mtp_layers,
             # the converter's own model fields (model_builder.py, model_cfg.json deepseek3), read by its Mg2HfConvert
             qkv_type="pack_mla" if spec.is_mla else "unpack", num_key_value_heads=spec.kv_groups)
         if spec.is_moe:

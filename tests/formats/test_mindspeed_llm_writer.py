@@ -3,11 +3,12 @@
 The oracle is MindSpeed-LLM's own HF -> Megatron converter, run on CPU by scripts/make_mindspeed_llm_fixtures.py
 (Ascend/MindSpeed-LLM convert_ckpt_v2.py -> mindspeed_llm/tasks/checkpoint/convert_hf2mg.py Hf2MgConvert,
 model_builder.py MegatronModel, configs/checkpoint/model_cfg.json `deepseek3`, at commit
-c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91) over helpers/deepseek_models.py's tiny DeepSeek-V3 (vocab 1000, 4 layers,
-the first dense, 8 experts, MTP, fp32) at tp 2, pp 2 with --num-layer-list 1,3, ep 2, --moe-grouped-gemm,
---mtp-num-layers 1.  tests/fixtures/mindspeed_llm/ds3_tp2_pp2_ep2_list13.json holds what it wrote: the folders
-(iter_0000001/mp_rank_TT_PPP_EEE), the tracker ("1"), each rank file's entries (args, checkpoint_version 3.0,
-iteration 1, model), every tensor in stored order with shape, dtype and sha256, and its args namespace.  Facts it
+c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91) over helpers/deepseek_models.py's tiny DeepSeek-V3 (vocab 1000, the
+first layer dense, 8 experts, fp32, --moe-grouped-gemm) in three layouts: tp 2, pp 2 with --num-layer-list 1,3, ep 2, --mtp-num-layers 1
+(mp_rank_TT_PPP_EEE); tp 1, pp 2, --num-layers-per-virtual-pipeline-stage 1 with MTP (model0 / model1); tp 2,
+ep 2 without MTP (mp_rank_TT_EEE).  tests/fixtures/mindspeed_llm/<case>.json holds what it wrote: the folders
+(iter_0000001/...), the tracker ("1"), each rank file's entries (args, checkpoint_version 3.0, iteration 1,
+model or model0..), every tensor in stored order with shape, dtype and sha256, and its args namespace.  Facts it
 pins (convert_hf2mg.py): `linear_qkv` = cat(q_a_proj, kv_a_proj_with_mqa) whole on every TP rank
 (set_model_layer_attn), `linear_proj` chunked on dim 1, `linear_q_up_proj` / `linear_kv_up_proj` on dim 0,
 `q_layernorm` / `kv_layernorm`; `experts.weight1` = the experts' [gate_t; up_t].T viewed [E, h, 2F], chunked over
@@ -31,7 +32,8 @@ from safetensors.torch import load_file
 from helpers.deepseek_models import save, v3_config
 from interop.convert import convert
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "mindspeed_llm" / "ds3_tp2_pp2_ep2_list13.json"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "mindspeed_llm"
+CASES = sorted(f.stem for f in FIXTURES.glob("*.json"))
 # args fields MindSpeed-LLM's converter writes that describe the model and the layout (its Mg2HfConvert reads
 # them back); the rest of its namespace is the HF config.json's keys as they are, the converter's own paths, and
 # model_cfg.json's `base` training defaults (seq_length 4096, add_position_embedding true, ...), not the model's.
@@ -48,20 +50,27 @@ def sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def oracle():
-    return json.loads(FIXTURE.read_text())
+@pytest.fixture(scope="module", params=CASES)
+def oracle(request):
+    return json.loads((FIXTURES / f"{request.param}.json").read_text())
+
+
+def layout_of(given: dict) -> dict:
+    """interop's layout for Hf2MgConvert's arguments (its cases have 4 layers where they use vpp)."""
+    tp, pp, ep = (given.get(f"target_{x}_parallel_size", 1) for x in ("tensor", "pipeline", "expert"))
+    per_chunk = given.get("num_layers_per_virtual_pipeline_stage")
+    first = int(given["num_layer_list"].split(",")[0]) if given.get("num_layer_list") else None
+    return dict(tp=tp, pp=pp, ep=ep, vpp=4 // pp // per_chunk if per_chunk else 1, first_stage_layers=first)
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory, oracle):
     """The fixture's HF model (checked to be the one MindSpeed-LLM converted) and interop's MindSpeed-LLM output."""
     root = tmp_path_factory.mktemp("msl")
-    save(v3_config(**oracle["hf_config_changes"]), root / "hf", mtp=True)
     given = oracle["arguments"]
-    summary = convert(root / "hf", root / "msl", dst_format="megatron", tp=given["target_tensor_parallel_size"],
-                      pp=given["target_pipeline_parallel_size"], ep=given["target_expert_parallel_size"],
-                      first_stage_layers=int(given["num_layer_list"].split(",")[0]), options={"fork": "mindspeed-llm"})
+    save(v3_config(**oracle["hf_config_changes"]), root / "hf", mtp=bool(given.get("mtp_num_layers")))
+    summary = convert(root / "hf", root / "msl", dst_format="megatron", **layout_of(given),
+                      options={"fork": "mindspeed-llm"})
     return root, summary
 
 
@@ -81,27 +90,32 @@ def test_every_rank_file_is_what_mindspeed_llms_converter_writes(written, oracle
         obj = torch.load(out / folder / "model_optim_rng.pt", weights_only=False)
         assert list(obj) == want["entries"]
         assert (obj["checkpoint_version"], obj["iteration"]) == (want["checkpoint_version"], want["iteration"])
-        got = [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj["model"].items()]
-        assert got == want["model"], folder
+        got = {m: [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj[m].items()]
+               for m in obj if m.startswith("model")}
+        assert got == want["models"], folder
 
 
 def test_the_args_state_what_mindspeed_llms_converter_states(written, oracle):
     root, _ = written
-    args = vars(torch.load(root / "msl" / "iter_0000001" / "mp_rank_01_001_001" / "model_optim_rng.pt",
-                           weights_only=False)["args"])
-    assert {k: args.get(k) for k in MODEL_ARGS} == {k: oracle["args"][k] for k in MODEL_ARGS}
+    last = sorted(root.glob("msl/iter_0000001/*/model_optim_rng.pt"))[-1]
+    args = vars(torch.load(last, weights_only=False)["args"])
+    keys = [k for k in MODEL_ARGS if k in oracle["args"]]
+    assert {k: args.get(k) for k in keys} == {k: oracle["args"][k] for k in keys}
+    if oracle["arguments"].get("num_layers_per_virtual_pipeline_stage"):
+        assert args["num_layers_per_virtual_pipeline_stage"] == oracle["args"]["num_layers_per_virtual_pipeline_stage"]
     assert (args["padded_vocab_size"], args["make_vocab_size_divisible_by"]) == (1000, 1)  # its recipes' flags
-    assert any("1000 vocabulary rows unpadded" in n for n in written[1].notes)
+    assert any("1000 vocabulary rows unpadded" in n for n in written[1].notes)  # Megatron's divisor would pad
 
 
 def test_mindspeed_llms_own_reader_took_interops_output(oracle):
     """Recorded by the fixture script: MindSpeed-LLM's Mg2HfConvert on interop's output (no --model-config: the args
     namespace interop wrote) gives every HF tensor back equal; it never writes the MTP head copy."""
-    assert oracle["mg2hf_of_interop"] == {"missing": ["model.layers.4.shared_head.head.weight"], "extra": [],
-                                          "differ": []}
+    mtp = oracle["arguments"].get("mtp_num_layers")
+    assert oracle["mg2hf_of_interop"] == {"missing": ["model.layers.4.shared_head.head.weight"] if mtp else [],
+                                          "extra": [], "differ": []}
 
 
-def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, tmp_path):
+def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, oracle, tmp_path):
     """HF -> MindSpeed-LLM (tp 2, pp 2 as 1 + 3 layers, ep 2) -> HF, read from its own args (no --model-config),
     and on through megatron-core's names: every tensor equal, the MTP module kept."""
     root, _ = written
@@ -109,7 +123,8 @@ def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, tmp_path):
     reader = meg.Reader(root / "msl")
     try:
         assert reader.source.state["megatron"]["scheme"] == "mindspeed_llm"
-        assert [b - a for (a, b), in reader.source.layout.stages] == [1, 3]
+        want = meg.torch_format.ParallelLayout.build(reader.source.spec.num_layers, **layout_of(oracle["arguments"]))
+        assert (reader.source.layout.stages, reader.source.layout.ep) == (want.stages, want.ep)
     finally:
         reader.close()
     convert(root / "msl", tmp_path / "hf", dst_format="hf")
@@ -121,9 +136,10 @@ def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, tmp_path):
     assert sorted(a) == sorted(c) and [k for k in a if not torch.equal(a[k], c[k])] == []
 
 
-def test_megatron_to_mindspeed_llm_moves_the_fused_rows_whole(written, tmp_path):
-    """megatron-core (tp 2) -> MindSpeed-LLM (tp 1, pp 1, ep 1): the same tensors as from HF directly."""
-    root, _ = written
+def test_megatron_to_mindspeed_llm_moves_the_fused_rows_whole(tmp_path):
+    """megatron-core (tp 2, ep 2: its vocabulary padded) -> MindSpeed-LLM (tp 1): the same files as from HF."""
+    root = tmp_path
+    save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), root / "hf", mtp=True)
     convert(root / "hf", tmp_path / "mcore", dst_format="megatron", tp=2, ep=2)
     convert(tmp_path / "mcore", tmp_path / "msl", dst_format="megatron", options={"fork": "mindspeed-llm"})
     convert(root / "hf", tmp_path / "direct", dst_format="megatron", options={"fork": "mindspeed-llm"})
@@ -166,20 +182,21 @@ def test_a_sources_optimizer_state_is_left_out_and_said(tmp_path):
     assert msl["iteration"] == mcore["iteration"] > 0  # a training step keeps its number
 
 
-def test_layouts_not_read_are_refused_naming_their_flag(written, tmp_path):
+def test_layouts_not_read_are_refused_naming_their_flag(tmp_path):
     """--mla-mm-split's split up projections (convert_hf2mg.py _generate_attn_mm_split_key) and --noop-layers' gaps in
     the local layer numbers (convert.py generate_pp_local_layer_idx) are refused in one line."""
     import shutil
 
     from helpers.hostile import assert_one_error, run
 
-    root, _ = written
+    save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
+    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2, options={"fork": "mindspeed-llm"})
     for what, rename, why in (("split", ("self_attention.linear_q_up_proj.", "self_attention.linear_qk_nope."),
                                "--mla-mm-split"),
-                              ("noop", ("decoder.layers.2.", "decoder.layers.3."), "--noop-layers")):
+                              ("noop", ("decoder.layers.1.", "decoder.layers.2."), "--noop-layers")):
         copy = tmp_path / what
-        shutil.copytree(root / "msl", copy)
-        for f in copy.glob("iter_*/mp_rank_*_001_*/model_optim_rng.pt"):
+        shutil.copytree(tmp_path / "msl", copy)
+        for f in copy.glob("iter_*/mp_rank_00_001/model_optim_rng.pt"):
             obj = torch.load(f, weights_only=False)
             obj["model"] = {k.replace(*rename): v for k, v in obj["model"].items()}
             torch.save(obj, f)
