@@ -17,7 +17,7 @@ bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
 from ..adapter import LoraNames
-from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, PlainConcat, RowsSplit
+from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, PlainConcat, RowsSplit, WholeConcat
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
@@ -232,8 +232,8 @@ MTP_LAYER = "mtp.layers.{k}.transformer_layer."
 
 # MindSpeed-LLM's multi-latent attention, as its converter writes it (Ascend/MindSpeed-LLM
 # mindspeed_llm/tasks/checkpoint/convert_hf2mg.py set_model_layer_attn, model_builder.py MegatronModel names, at
-# c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91; torch format): `linear_qkv` = [q_a; kv_a] (q_down then kv_down) whole on
-# every TP rank (`PlainConcat` of two replicated parts), `linear_q_up_proj` / `linear_kv_up_proj` cut by heads,
+# c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91; torch format): `linear_qkv` = [q_a; kv_a] (q_down then kv_down; without
+# query compression [q_proj; kv_a]) whole on every TP rank (`WholeConcat`), `linear_q_up_proj` / `linear_kv_up_proj` cut by heads,
 # `q_layernorm` / `kv_layernorm` the compression norms.  Its converter before 2025-07-23 (MindSpeed-LLM 1050caf3
 # "update keys about mla of V3 ckpt"; examples/mcore/deepseek3/convert_ckpt_deepseek3.py) named the up projections
 # `linear_qb` / `linear_kvb` and the latent's norm `k_layernorm`: read as the scheme `mindspeed_llm_qb`.
@@ -243,7 +243,8 @@ _MS = "decoder.layers.{i}.self_attention."
 def _mindspeed_llm_mla(q_up: str, kv_up: str, kv_norm: str) -> list:
     return [
         ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
-        (_MS + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
+        (_MS + "linear_qkv.weight", WholeConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
+        (_MS + "linear_qkv.weight", WholeConcat, ["layers.{i}.attn.q.weight", "layers.{i}.attn.kv_down.weight"]),
         (_MS + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
         (_MS + "q_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
         (_MS + kv_norm + ".weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),

@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from helpers.deepseek_models import save, v3_config
+from helpers.deepseek_models import save, v2_config, v3_config
 
-# name -> (HF config changes, Hf2MgConvert arguments)
+CONFIGS = {"v3": v3_config, "v2": v2_config}  # the HF family a case's `hf_config` names
+# name -> (HF config changes, Hf2MgConvert arguments); `hf_config` picks the family (default v3)
 CASES = {
     "ds3_tp2_pp2_ep2_list13": (dict(num_hidden_layers=4, num_experts_per_tok=4),
                                dict(target_tensor_parallel_size=2, target_pipeline_parallel_size=2,
@@ -42,7 +43,20 @@ CASES = {
                               mtp_num_layers=1, moe_grouped_gemm=True)),
     "ds3_tp2_ep2_nomtp": (dict(num_hidden_layers=3, num_experts_per_tok=4, num_nextn_predict_layers=0),
                           dict(target_tensor_parallel_size=2, target_expert_parallel_size=2, moe_grouped_gemm=True)),
+    # DeepSeek-V2-Lite: no query compression, so linear_qkv = [q_proj; kv_a]
+    "ds2lite_tp2_pp2_ep2": (dict(hf_config="v2", num_hidden_layers=4, topk_method="greedy"),
+                            dict(model_type_hf="deepseek2-lite", target_tensor_parallel_size=2,
+                                 target_pipeline_parallel_size=2, target_expert_parallel_size=2,
+                                 moe_grouped_gemm=True)),
 }
+
+
+TEMPORARY = ("load_dir", "save_dir", "hf_path")  # the run's temporary folders, recorded as "<tmp>"
+
+
+def hf_config(changes: dict):
+    changes = dict(changes)
+    return CONFIGS[changes.pop("hf_config", "v3")](**changes)
 
 
 def converter_module(root: Path, name: str = "convert_hf2mg"):
@@ -82,7 +96,7 @@ def fingerprint(out: Path) -> dict:
     folders, args = {}, []
     for f in sorted(out.glob("iter_*/*/model_optim_rng.pt")):
         obj = torch.load(f, map_location="cpu", weights_only=False)
-        args.append({k: plain(v) for k, v in sorted(vars(obj["args"]).items())})
+        args.append({k: "<tmp>" if k in TEMPORARY else plain(v) for k, v in sorted(vars(obj["args"]).items())})
         folders[f"{f.parent.parent.name}/{f.parent.name}"] = {
             "entries": list(obj), "checkpoint_version": obj["checkpoint_version"], "iteration": obj["iteration"],
             "models": {m: [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj[m].items()]
@@ -109,6 +123,7 @@ def mg2hf_of_interop(root: Path, hf: Path, work: Path, changes: dict, given: dic
     back = work / "mindspeed_llm_hf"
     converter_module(root, "convert_mg2hf").Mg2HfConvert(cli_args(
         work / "interop", back, load_model_type="mg", save_model_type="hf", hf_cfg_dir=str(hf),
+        model_type_hf=given.get("model_type_hf", "deepseek3"),
         mtp_num_layers=given.get("mtp_num_layers", 0), moe_grouped_gemm=given.get("moe_grouped_gemm", False),
         num_layers_per_virtual_pipeline_stage=given.get("num_layers_per_virtual_pipeline_stage"))).run()
     want, got = load_file(hf / "model.safetensors"), {}
@@ -131,7 +146,7 @@ def main() -> None:
     for case, (changes, given) in CASES.items():
         with tempfile.TemporaryDirectory() as tmp:
             hf, mg = Path(tmp) / "hf", Path(tmp) / "mg"
-            save(v3_config(**changes), hf, mtp=bool(given.get("mtp_num_layers")))
+            save(hf_config(changes), hf, mtp=bool(given.get("mtp_num_layers")))
             module.Hf2MgConvert(cli_args(hf, mg, **given)).run()
             record = {"tool": "Ascend/MindSpeed-LLM convert_ckpt_v2.py (Hf2MgConvert)", "commit": commit,
                       "hf_config_changes": changes, "arguments": given,

@@ -26,6 +26,11 @@ from . import torch_format
 from .rows import expand_rows
 
 
+# args its Mg2HfConvert tests by presence (convert_mg2hf.py: hasattr(self.load_model, "router_bias") pops
+# `router.expert_bias`, hasattr(..., "add_qkv_bias") the qkv biases): written only where true
+PRESENCE_ARGS = ("router_bias", "add_qkv_bias")
+
+
 class Writer(torch_format.Writer):
     """Megatron's torch-format writer, in MindSpeed-LLM's names and conventions."""
 
@@ -38,9 +43,6 @@ class Writer(torch_format.Writer):
         if spec.vocab % layout.tp:
             raise InteropError(f"--fork mindspeed-llm stores the vocabulary unpadded, cut in tp equal parts: "
                                f"{spec.vocab} tokens do not divide by tp {layout.tp}")
-        if spec.is_mla and spec.q_lora_rank is None:
-            raise InteropError("--fork mindspeed-llm: multi-latent attention without query compression (DeepSeek-V2-"
-                               "Lite) is not written (its linear_qkv holds the whole q_proj; not laid out here)")
         self.padded_rows = spec.padded_vocab
         super().__init__(root, spec.replace(padded_vocab=spec.vocab), layout, metas, iteration=iteration, only=only)
         if self.optim_kinds:  # weights only, as its converter writes (convert_hf2mg.py: no optimizer entry)
@@ -95,6 +97,9 @@ class Writer(torch_format.Writer):
             vars(args).update(first_k_dense_replace=dense, router_bias=spec.moe_router_bias,
                               norm_topk_prob=spec.moe_norm_topk,  # its --norm-topk-prob
                               n_shared_experts=shared // spec.moe_ffn_hidden if shared else None)
+        for flag in PRESENCE_ARGS:
+            if not vars(args).get(flag):
+                vars(args).pop(flag, None)
         return args, iteration, scheduler, notes
 
 

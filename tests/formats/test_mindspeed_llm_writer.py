@@ -6,7 +6,8 @@ model_builder.py MegatronModel, configs/checkpoint/model_cfg.json `deepseek3`, a
 c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91) over helpers/deepseek_models.py's tiny DeepSeek-V3 (vocab 1000, the
 first layer dense, 8 experts, fp32, --moe-grouped-gemm) in three layouts: tp 2, pp 2 with --num-layer-list 1,3, ep 2, --mtp-num-layers 1
 (mp_rank_TT_PPP_EEE); tp 1, pp 2, --num-layers-per-virtual-pipeline-stage 1 with MTP (model0 / model1); tp 2,
-ep 2 without MTP (mp_rank_TT_EEE).  tests/fixtures/mindspeed_llm/<case>.json holds what it wrote: the folders
+ep 2 without MTP (mp_rank_TT_EEE); DeepSeek-V2-Lite (no query compression: `linear_qkv` = [q_proj; kv_a], whole on
+every rank; --model-type-hf deepseek2-lite) at tp 2, pp 2, ep 2.  tests/fixtures/mindspeed_llm/<case>.json holds what it wrote: the folders
 (iter_0000001/...), the tracker ("1"), each rank file's entries (args, checkpoint_version 3.0, iteration 1,
 model or model0..), every tensor in stored order with shape, dtype and sha256, and its args namespace.  Facts it
 pins (convert_hf2mg.py): `linear_qkv` = cat(q_a_proj, kv_a_proj_with_mqa) whole on every TP rank
@@ -29,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers.deepseek_models import save, v3_config
+from helpers.deepseek_models import save, v2_config, v3_config
 from interop.convert import convert
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "mindspeed_llm"
@@ -68,7 +69,9 @@ def written(tmp_path_factory, oracle):
     """The fixture's HF model (checked to be the one MindSpeed-LLM converted) and interop's MindSpeed-LLM output."""
     root = tmp_path_factory.mktemp("msl")
     given = oracle["arguments"]
-    save(v3_config(**oracle["hf_config_changes"]), root / "hf", mtp=bool(given.get("mtp_num_layers")))
+    changes = dict(oracle["hf_config_changes"])
+    config = {"v3": v3_config, "v2": v2_config}[changes.pop("hf_config", "v3")](**changes)
+    save(config, root / "hf", mtp=bool(given.get("mtp_num_layers")))
     summary = convert(root / "hf", root / "msl", dst_format="megatron", **layout_of(given),
                       options={"fork": "mindspeed-llm"})
     return root, summary
@@ -101,6 +104,8 @@ def test_the_args_state_what_mindspeed_llms_converter_states(written, oracle):
     args = vars(torch.load(last, weights_only=False)["args"])
     keys = [k for k in MODEL_ARGS if k in oracle["args"]]
     assert {k: args.get(k) for k in keys} == {k: oracle["args"][k] for k in keys}
+    assert [k for k in ("router_bias", "add_qkv_bias") if k in args] == \
+        [k for k in ("router_bias", "add_qkv_bias") if k in oracle["args"]]  # its Mg2HfConvert tests them by hasattr
     if oracle["arguments"].get("num_layers_per_virtual_pipeline_stage"):
         assert args["num_layers_per_virtual_pipeline_stage"] == oracle["args"]["num_layers_per_virtual_pipeline_stage"]
     assert (args["padded_vocab_size"], args["make_vocab_size_divisible_by"]) == (1000, 1)  # its recipes' flags
@@ -151,16 +156,13 @@ def test_megatron_to_mindspeed_llm_moves_the_fused_rows_whole(tmp_path):
 
 def test_refusals_are_one_line_and_leave_nothing(tmp_path):
     """A vocabulary tp does not divide (MindSpeed-LLM cuts it with torch.chunk, unpadded), the torch_dist format or
-    the distributed optimizer with --fork mindspeed-llm, and MLA without q compression: one error line each."""
-    from helpers.deepseek_models import v2_config
+    the distributed optimizer with --fork mindspeed-llm: one error line each."""
     from helpers.hostile import assert_one_error, run
 
     save(v3_config(num_hidden_layers=2, num_experts_per_tok=4, vocab_size=1001), tmp_path / "odd", mtp=True)
-    save(v2_config(num_hidden_layers=2), tmp_path / "lite")
     cases = [((tmp_path / "odd", "--tp", "2"), "1001 tokens do not divide by tp 2"),
              ((tmp_path / "odd", "--format", "torch_dist"), "leave out --format torch_dist"),
-             ((tmp_path / "odd", "--distributed-optimizer"), "leave out --distributed-optimizer"),
-             ((tmp_path / "lite",), "without query compression")]
+             ((tmp_path / "odd", "--distributed-optimizer"), "leave out --distributed-optimizer")]
     for (src, *flags), why in cases:
         assert_one_error(*run("convert", src, tmp_path / "out", "--to", "megatron", "--fork", "mindspeed-llm",
                               *flags), why)
