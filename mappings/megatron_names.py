@@ -271,6 +271,10 @@ MINDSPEED_LLM_LAYER_ORDER = (
     "mlp.router.weight", "mlp.router.expert_bias", "mlp.shared_experts.linear_fc1.", "mlp.shared_experts.linear_fc2.",
     "mlp.experts.weight1", "mlp.experts.weight2")
 MINDSPEED_LLM_MTP_ORDER = ("enorm.", "hnorm.", "eh_proj.")
+# Its converter's args namespace (convert_hf2mg.py __parameter_packaging: the HF config.json's scalar fields, its
+# model_cfg.json fields and the converter's own, such as these): not Megatron's arguments, and without the config's
+# dict fields (rope scaling), so such a checkpoint is read with --model-config.
+MINDSPEED_LLM_CONVERTER_ARGS = ("model_type_hf", "load_model_type")
 # Its layouts not read (yet), each refused in one line naming the flag that made it (convert_hf2mg.py).
 MINDSPEED_LLM_UNREAD = {
     ".self_attention.linear_qk_nope.weight": "MindSpeed-LLM's --mla-mm-split layout (q_up / kv_up split into "

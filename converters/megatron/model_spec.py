@@ -10,7 +10,7 @@ import torch
 from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
-from ...mappings.megatron_names import TABLES
+from ...mappings.megatron_names import MINDSPEED_LLM_CONVERTER_ARGS, TABLES
 from ...mappings.megatron_spec import spec_from_args
 from ...model_config import megatron_args_from_file
 from ...spec import ModelSpec, vocab_from_rows
@@ -24,6 +24,12 @@ LAYER_KEY = re.compile(r"(?:^|\.)(?<!mtp\.)layers\.(\d+)\.")  # decoder layers (
 
 def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[str]) -> dict:
     """The model's complete Megatron args: from `--model-config`, else from the args the files carry."""
+    if stored and all(k in stored for k in MINDSPEED_LLM_CONVERTER_ARGS):
+        if model_config is None:
+            raise InteropError(f"{ranks.files[(0, 0)].path}: its args are MindSpeed-LLM's converter's (an HF config's "
+                               "fields without its rope scaling, not Megatron's arguments): pass --model-config "
+                               "(the HF config.json it was converted from)")
+        stored = None  # nothing in Megatron's terms to compare the description with
     if model_config is not None:
         notes.append(f"model description taken from {model_config}")
         full = megatron_args_from_file(model_config)

@@ -141,6 +141,29 @@ def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, oracle, tm
     assert sorted(a) == sorted(c) and [k for k in a if not torch.equal(a[k], c[k])] == []
 
 
+def test_mindspeed_llms_own_output_is_read_with_the_hf_config(written, oracle, tmp_path):
+    """MindSpeed-LLM's converter output itself: interop's files (tensor for tensor the same, checked above) holding
+    its args namespace instead (an HF config's scalar fields and the converter's, not Megatron's arguments): read
+    with --model-config to the HF tensors it came from; without, one line naming --model-config."""
+    import argparse
+    import shutil
+
+    from helpers.hostile import assert_one_error, run
+
+    root, _ = written
+    theirs = tmp_path / "theirs"
+    shutil.copytree(root / "msl", theirs)
+    for f in theirs.glob("iter_*/*/model_optim_rng.pt"):
+        obj = torch.load(f, weights_only=False)
+        obj["args"] = argparse.Namespace(**oracle["args"])
+        torch.save(obj, f)
+    convert(theirs, tmp_path / "hf", dst_format="hf", options={"model_config": str(root / "hf" / "config.json")})
+    a, b = load_file(root / "hf" / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert_one_error(*run("convert", theirs, tmp_path / "out", "--to", "hf"), "pass --model-config")
+    assert not (tmp_path / "out").exists()
+
+
 def test_megatron_to_mindspeed_llm_moves_the_fused_rows_whole(tmp_path):
     """megatron-core (tp 2, ep 2: its vocabulary padded) -> MindSpeed-LLM (tp 1): the same files as from HF."""
     root = tmp_path
