@@ -43,6 +43,11 @@ CASES = {
                               mtp_num_layers=1, moe_grouped_gemm=True)),
     "ds3_tp2_ep2_nomtp": (dict(num_hidden_layers=3, num_experts_per_tok=4, num_nextn_predict_layers=0),
                           dict(target_tensor_parallel_size=2, target_expert_parallel_size=2, moe_grouped_gemm=True)),
+    # --noop-layers 1,5 (6 positions, 4 real layers): stage 0 holds local layers 0 and 2, stage 1 0 and 1; interop
+    # reads this layout but does not write it (no mg2hf_of_interop)
+    "ds3_pp2_noop15": (dict(num_hidden_layers=4, num_experts_per_tok=4),
+                       dict(target_pipeline_parallel_size=2, noop_layers="1,5", mtp_num_layers=1,
+                            moe_grouped_gemm=True)),
     # DeepSeek-V2-Lite: no query compression, so linear_qkv = [q_proj; kv_a]
     "ds2lite_tp2_pp2_ep2": (dict(hf_config="v2", num_hidden_layers=4, topk_method="greedy"),
                             dict(model_type_hf="deepseek2-lite", target_tensor_parallel_size=2,
@@ -152,7 +157,8 @@ def main() -> None:
                       "hf_config_changes": changes, "arguments": given,
                       "hf": {k: sha(v) for k, v in sorted(load_file(hf / "model.safetensors").items())},
                       **fingerprint(mg)}
-            record["mg2hf_of_interop"] = mg2hf_of_interop(a.mindspeed_llm, hf, Path(tmp), changes, given)
+            if not given.get("noop_layers"):
+                record["mg2hf_of_interop"] = mg2hf_of_interop(a.mindspeed_llm, hf, Path(tmp), changes, given)
         (a.out / f"{case}.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
         print(f"{case}: {len(record['files'])} rank files")
 

@@ -49,7 +49,7 @@ from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_FILE, final_iteration, iteration_dir, rank_dir_name
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
-from .model_spec import layout_of, model_args, spec_of
+from .model_spec import layout_of, local_numbers, model_args, spec_of
 from .model_state import ModelState, check_distinct_ranks, check_tensors
 from .optimizer import (DENSE, EXPERT, distrib_entry, expert_data_parallel, expert_groups, is_expert_param, pack,
                         parameter_order)
@@ -100,10 +100,11 @@ class Reader(BaseReader):
         self.chunks, self.scheme, self.experts = model.chunks, model.scheme, model.experts
         self.ep_dicts, self.state_dicts = model.ep_dicts, model.state_dicts
         spec = spec_of(full, model, ranks, notes, stated)
-        self.layout = layout_of(spec, model, ranks)
+        numbers = local_numbers(model, ranks, notes)
+        self.layout = layout_of(spec, model, ranks, numbers)
         self.spec = spec
         self.index = param_index(spec)
-        self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart)
+        self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart, numbers)
         check_tensors(model, ranks, self.rows, spec, notes, compare_tied=verify)
         check_distinct_ranks(model, ranks, self.rows, notes, allow_identical_ranks)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}

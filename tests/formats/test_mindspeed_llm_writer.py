@@ -34,7 +34,7 @@ from helpers.deepseek_models import save, v2_config, v3_config
 from interop.convert import convert
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "mindspeed_llm"
-CASES = sorted(f.stem for f in FIXTURES.glob("*.json"))
+CASES = sorted(f.stem for f in FIXTURES.glob("*.json") if "noop" not in f.stem)  # written by interop
 # args fields MindSpeed-LLM's converter writes that describe the model and the layout (its Mg2HfConvert reads
 # them back); the rest of its namespace is the HF config.json's keys as they are, the converter's own paths, and
 # model_cfg.json's `base` training defaults (seq_length 4096, add_position_embedding true, ...), not the model's.
@@ -208,22 +208,49 @@ def test_a_sources_optimizer_state_is_left_out_and_said(tmp_path):
 
 
 def test_layouts_not_read_are_refused_naming_their_flag(tmp_path):
-    """--mla-mm-split's split up projections (convert_hf2mg.py _generate_attn_mm_split_key) and --noop-layers' gaps in
-    the local layer numbers (convert.py generate_pp_local_layer_idx) are refused in one line."""
+    """--mla-mm-split's split up projections (convert_hf2mg.py _generate_attn_mm_split_key) are refused in one line;
+    so is a gap in a megatron-core checkpoint's local layer numbers (only MindSpeed-LLM's noop layers make one)."""
     import shutil
 
     from helpers.hostile import assert_one_error, run
 
     save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
     convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2, options={"fork": "mindspeed-llm"})
-    for what, rename, why in (("split", ("self_attention.linear_q_up_proj.", "self_attention.linear_qk_nope."),
+    convert(tmp_path / "hf", tmp_path / "mcore", dst_format="megatron", pp=2)
+    for what, rename, why in (("msl", ("self_attention.linear_q_up_proj.", "self_attention.linear_qk_nope."),
                                "--mla-mm-split"),
-                              ("noop", ("decoder.layers.1.", "decoder.layers.2."), "--noop-layers")):
-        copy = tmp_path / what
-        shutil.copytree(tmp_path / "msl", copy)
-        for f in copy.glob("iter_*/mp_rank_00_001/model_optim_rng.pt"):
+                              ("mcore", ("decoder.layers.1.", "decoder.layers.2."), "are not 0..n-1")):
+        copy = tmp_path / f"{what}-changed"
+        shutil.copytree(tmp_path / what, copy)
+        for f in copy.glob("*/mp_rank_00_001/model_optim_rng.pt"):
             obj = torch.load(f, weights_only=False)
             obj["model"] = {k.replace(*rename): v for k, v in obj["model"].items()}
             torch.save(obj, f)
         assert_one_error(*run("convert", copy, tmp_path / "out", "--to", "hf"), why)
         assert not (tmp_path / "out").exists()
+
+
+def test_noop_layers_are_read_as_mindspeed_llm_numbers_them(tmp_path):
+    """--noop-layers 1,5 over 4 real layers at pp 2 (fixture ds3_pp2_noop15.json, MindSpeed-LLM's own output): its
+    convert.py generate_pp_local_layer_idx numbers stage 0's real layers 0 and 2 (position 1 is a noop layer) and
+    stage 1's 0 and 1.  Its files, rebuilt here from interop's pp 2 output renumbered so and checked against the
+    fixture tensor for tensor, read with --model-config to the HF tensors they came from."""
+    import argparse
+
+    oracle = json.loads((FIXTURES / "ds3_pp2_noop15.json").read_text())
+    save(v3_config(**oracle["hf_config_changes"]), tmp_path / "hf", mtp=True)
+    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2, options={"fork": "mindspeed-llm"})
+    for folder, want in oracle["files"].items():
+        f = tmp_path / "msl" / folder / "model_optim_rng.pt"
+        obj = torch.load(f, weights_only=False)
+        if folder.endswith("_000"):
+            obj["model"] = {k.replace("decoder.layers.1.", "decoder.layers.2."): v for k, v in obj["model"].items()}
+        got = [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj["model"].items()]
+        assert got == want["models"]["model"], folder
+        obj["args"] = argparse.Namespace(**oracle["args"])
+        torch.save(obj, f)
+    summary = convert(tmp_path / "msl", tmp_path / "back", dst_format="hf",
+                      options={"model_config": str(tmp_path / "hf" / "config.json")})
+    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert any("1 local layer numbers skipped by MindSpeed-LLM's noop layers" in n for n in summary.notes)
