@@ -275,6 +275,12 @@ MINDSPEED_LLM_MTP_ORDER = ("enorm.", "hnorm.", "eh_proj.")
 # model_cfg.json fields and the converter's own, such as these): not Megatron's arguments, and without the config's
 # dict fields (rope scaling), so such a checkpoint is read with --model-config.
 MINDSPEED_LLM_CONVERTER_ARGS = ("model_type_hf", "load_model_type")
+# ... and the args of its layouts not read (yet): set (truthy) in a checkpoint's args, refused in one line.
+MINDSPEED_LLM_UNREAD_ARGS = {
+    "moe_tp_extend_ep": "MindSpeed-LLM's --moe-tp-extend-ep layout (experts over ep x tp, not cut by tp) is not read",
+    "schedules_method": "MindSpeed-LLM's --schedules-method dualpipev layout (layers folded over the stages) is "
+                        "not read",
+}
 # Its layouts not read (yet), each refused in one line naming the flag that made it (convert_hf2mg.py).
 MINDSPEED_LLM_UNREAD = {
     ".self_attention.linear_qk_nope.weight": "MindSpeed-LLM's --mla-mm-split layout (q_up / kv_up split into "

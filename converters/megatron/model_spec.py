@@ -10,7 +10,7 @@ import torch
 from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
-from ...mappings.megatron_names import MINDSPEED_LLM_CONVERTER_ARGS, TABLES
+from ...mappings.megatron_names import MINDSPEED_LLM_CONVERTER_ARGS, MINDSPEED_LLM_UNREAD_ARGS, TABLES
 from ...mappings.megatron_spec import spec_from_args
 from ...model_config import megatron_args_from_file
 from ...spec import ModelSpec, vocab_from_rows
@@ -24,6 +24,9 @@ LAYER_KEY = re.compile(r"(?:^|\.)(?<!mtp\.)layers\.(\d+)\.")  # decoder layers (
 
 def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[str]) -> dict:
     """The model's complete Megatron args: from `--model-config`, else from the args the files carry."""
+    for key, why in MINDSPEED_LLM_UNREAD_ARGS.items():
+        if stored and stored.get(key):
+            raise InteropError(f"{ranks.files[(0, 0)].path}: {why} ({key} {stored[key]!r} in its args)")
     if stored and all(k in stored for k in MINDSPEED_LLM_CONVERTER_ARGS):
         if model_config is None:
             raise InteropError(f"{ranks.files[(0, 0)].path}: its args are MindSpeed-LLM's converter's (an HF config's "

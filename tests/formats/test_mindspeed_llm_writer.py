@@ -162,6 +162,14 @@ def test_mindspeed_llms_own_output_is_read_with_the_hf_config(written, oracle, t
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
     assert_one_error(*run("convert", theirs, tmp_path / "out", "--to", "hf"), "pass --model-config")
     assert not (tmp_path / "out").exists()
+    for key, value, flag in (("moe_tp_extend_ep", True, "--moe-tp-extend-ep"),
+                             ("schedules_method", "dualpipev", "--schedules-method dualpipev")):
+        for f in theirs.glob("iter_*/*/model_optim_rng.pt"):  # args of layouts not read: refused, naming the flag
+            obj = torch.load(f, weights_only=False)
+            obj["args"] = argparse.Namespace(**dict(oracle["args"], **{key: value}))
+            torch.save(obj, f)
+        assert_one_error(*run("convert", theirs, tmp_path / "out", "--to", "hf", "--model-config",
+                              root / "hf" / "config.json"), flag)
 
 
 def test_megatron_to_mindspeed_llm_moves_the_fused_rows_whole(tmp_path):
