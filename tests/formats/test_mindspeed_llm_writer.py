@@ -262,3 +262,26 @@ def test_noop_layers_are_read_as_mindspeed_llm_numbers_them(tmp_path):
     a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
     assert any("1 local layer numbers skipped by MindSpeed-LLM's noop layers" in n for n in summary.notes)
+
+
+def test_split_over_workers_and_an_asked_iteration(tmp_path):
+    """--workers 2 writes the same rank files as one process (keys in order, tensors; the zip records' order may
+    differ, as for every Megatron output); --iteration 5 names iter_0000005 and a tracker of 5."""
+    save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
+    layout = dict(tp=2, pp=2, ep=2, first_stage_layers=1)
+    convert(tmp_path / "hf", tmp_path / "one", dst_format="megatron", options={"fork": "mindspeed-llm"}, **layout)
+    convert(tmp_path / "hf", tmp_path / "two", dst_format="megatron", options={"fork": "mindspeed-llm"}, workers=2,
+            **layout)
+    files = sorted(f.relative_to(tmp_path / "one") for f in (tmp_path / "one").rglob("*") if f.is_file())
+    assert files == sorted(f.relative_to(tmp_path / "two") for f in (tmp_path / "two").rglob("*") if f.is_file())
+    for f in files:
+        if f.suffix != ".pt":
+            assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes()
+            continue
+        a, b = (torch.load(tmp_path / d / f, weights_only=False) for d in ("one", "two"))
+        assert list(a["model"]) == list(b["model"]) and vars(a["args"]) == vars(b["args"])
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    convert(tmp_path / "hf", tmp_path / "it5", dst_format="megatron", options={"fork": "mindspeed-llm", "iteration": 5})
+    assert (tmp_path / "it5" / "latest_checkpointed_iteration.txt").read_text() == "5"
+    assert torch.load(tmp_path / "it5" / "iter_0000005" / "mp_rank_00" / "model_optim_rng.pt",
+                      weights_only=False)["iteration"] == 5
