@@ -17,7 +17,11 @@ Layer files name parameters as GPTModelPipe's modules do (`interop.mappings.deep
 Megatron-DeepSpeed's args in the engine state; or, in a PipelineModule of a Hugging Face model's own modules
 (`nn.Embedding`, `LlamaDecoderLayer`, ..., `LlamaRMSNorm`, `nn.Linear`), as those modules do: a decoder layer
 its HF names after `layers.{i}.`, the embedding, final norm and head just `weight`, told apart by place and
-shape; the model described by config.json beside `latest` or --model-config.
+shape; the model described by config.json beside `latest` or --model-config.  ATorch's DS 3D is such a
+PipelineModule (atorch/utils/ds_pipe_utils.py PipeModuleFromRecordedMeta) split over tensor-parallel ranks: each
+key is cut as `ATORCH_TP_SPLITS` says (else refused), its embedding padded to a multiple of tp and tied to the
+logits (no head file; the last stage's param_shapes hold it as a `tied_modules.` module), and a module without
+tensors (transformers' model-level rotary_emb) leaves an empty layer file, skipped.
 Every `.pt` is unpickled safely with tensors left on disk (`interop.io.torch_file.LazyTorchFile`).
 """
 from __future__ import annotations
