@@ -81,6 +81,7 @@ def test_to_hf_loads_in_transformers(case, tmp_path):
     from transformers import AutoModelForCausalLM
     code, out = run("convert", case, tmp_path / "hf", "--to", "hf")
     assert code == 0, out
+    assert "unchecked: ATorch's flat_param / optim_param safetensors files carry no checksums" in out
     got = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype="auto").state_dict()
     ref = expected(case)
     if case == BF16:
@@ -93,8 +94,9 @@ def test_to_megatron_pp2_with_the_optimizer_reads_back_exactly(tmp_path):
     """Weights and Adam's moments into Megatron at pp 2 (vocabulary padded to 256; 3 heads over 1 KV group: tp 1),
     read back exactly."""
     from interop.converters import megatron
-    code, out = run("convert", FP32, tmp_path / "meg", "--to", "megatron", "--pp", "2")
+    code, out = run("convert", FP32, tmp_path / "meg", "--to", "megatron", "--pp", "2", "--verify")
     assert code == 0, out
+    assert "megatron-core, converted (megatron)" in out and "bit-identical" in out, out  # megatron-core loads it
     back, reader = megatron.Reader(tmp_path / "meg"), atorch.Reader(FP32)
     names = [m.name for m in reader.metas()]
     assert set(names) <= {m.name for m in back.metas()}
