@@ -83,6 +83,7 @@ def run(out: Path) -> None:
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     atorch.init_distributed("gloo")
+    torch.manual_seed(0)
     cfg = hf_config()
     tpinfo = TPInfo()
     tpinfo.shard_col(*COLUMN)
