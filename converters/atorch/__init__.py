@@ -23,7 +23,7 @@ from ...io.small_files import read_json_object
 from ...mappings.hf_config import spec_from_hf_config
 from ...model_config import spec_from_file
 from ...tensors import NAME_OF_DTYPE, Source
-from .streaming import FlatShards, OptimShards, rank_files
+from .streaming import FlatShards, OptimShards, missing_ranks, rank_files
 
 CKPT_DIR = "streaming_ckpt"  # atorch/trainer/atorch_trainer.py STREAMING_CKPT_DIR
 
@@ -43,7 +43,7 @@ def detect(path) -> bool:
     if folder is None:
         return False
     try:
-        return bool(rank_files(folder).get("flat_meta"))
+        return bool(rank_files(folder)[0].get("flat_meta"))
     except InteropError:
         return False
 
@@ -59,7 +59,7 @@ class Reader(BaseReader):
         if folder is None:
             raise InteropError(f"{root}: not an ATorch streaming checkpoint (no flat_param.* files here or in "
                                f"{CKPT_DIR}/)")
-        files = rank_files(folder)
+        files, world = rank_files(folder)
         self.flat = FlatShards(folder, files)
         dtype = NAME_OF_DTYPE.get(self.flat.dtype)
         if dtype is None or not self.flat.dtype.is_floating_point:
@@ -78,7 +78,11 @@ class Reader(BaseReader):
                                "YAML)")
         keys = {name: (self.flat.dtype, shape) for name, shape in self.flat.shapes.items()}
         self.optim, moments, state = None, (), {}
-        if "optim_param" in files:
+        lost = missing_ranks(files.get("optim_param", {}), world)
+        if "optim_param" in files and lost:
+            notes.append(f"optimizer state not converted (optim_param files of ranks {lost} are missing); weights "
+                         "converted")
+        elif "optim_param" in files:
             self.optim = OptimShards(folder, files["optim_param"], self.flat.shapes)
             if not self.optim.holds_moments():
                 notes.append("optimizer state not converted (optim_param files hold no whole exp_avg and "

@@ -38,8 +38,9 @@ VERSIONS = (0, 1)  # fsdp_save_util.CKPT_VERSION is 1; a folder without ckpt_met
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def rank_files(folder: Path) -> dict[str, dict[int, Path]]:
-    """{kind: {rank: path}} of the folder's `kind.RRRRR-WWWWW` files; one world size for all."""
+def rank_files(folder: Path) -> tuple[dict[str, dict[int, Path]], int]:
+    """({kind: {rank: path}} of the folder's `kind.RRRRR-WWWWW` files, their one world size); the flat_param and
+    flat_meta files of every rank (the weights), the optimizer's checked by `missing_ranks`."""
     found: dict[str, dict[int, Path]] = {}
     worlds = set()
     for path in folder.iterdir():
@@ -51,12 +52,15 @@ def rank_files(folder: Path) -> dict[str, dict[int, Path]]:
         raise InteropError(f"{folder}: files of {len(worlds)} world sizes ({sorted(worlds)}) in one folder "
                            "(saved more than once into it?)")
     world = worlds.pop() if worlds else 0
-    for kind, files in found.items():
-        missing = sorted(set(range(world)) - set(files))
-        if missing or len(files) != world:
-            raise InteropError(f"{folder}: {kind} files of ranks {missing or sorted(files)} missing or extra for "
-                               f"world size {world}")
-    return found
+    for kind in ("flat_param", "flat_meta"):
+        missing = missing_ranks(found.get(kind, {}), world)
+        if missing:
+            raise InteropError(f"{folder}: {kind} files of ranks {missing} missing for world size {world}")
+    return found, world
+
+
+def missing_ranks(files: dict[int, Path], world: int) -> list[int]:
+    return sorted(set(range(world)) - set(files))
 
 
 class FlatShards:

@@ -134,7 +134,19 @@ def test_missing_rank_file_is_one_line(tmp_path):
     folder = _copy(tmp_path)
     (folder / "flat_param.00001-00003").unlink()
     code, err, _ = cli("convert", folder.parent, tmp_path / "out", "--from", "atorch", "--to", "hf")
-    assert_refused((code, err), tmp_path / "out", "flat_param files of ranks", "world size 3")
+    assert_refused((code, err), tmp_path / "out", "flat_param files of ranks [1] missing", "world size 3")
+
+
+def test_missing_optimizer_file_converts_the_weights_and_says_so(tmp_path):
+    folder = _copy(tmp_path)
+    (folder / "optim_param.00002-00003").unlink()
+    reader = atorch.Reader(folder)
+    assert not any(m.name.startswith("optim.") for m in reader.metas())
+    assert "optimizer state not converted (optim_param files of ranks [2] are missing); weights converted" in \
+        reader.source.notes
+    ref = expected(FP32)
+    assert all(torch.equal(reader.read(m.name), ref[reader.native_name(m.name)]) for m in reader.metas())
+    reader.close()
 
 
 def test_piece_outside_its_shard_is_one_line(tmp_path):
