@@ -26,7 +26,8 @@ The models: a tiny Llama (vocab 250, hidden 30, 3 heads of 10 over 1 KV group, f
 puts FSDP's 16-byte alignment padding between parameters (the `P` of save_fsdp_flat_param's docstring) and the
 world size's padding at the end of the last rank's shard (`D`).
   fp32_dp3: fp32, untied, 3 ranks (every unit's flat parameter padded to a multiple of 3), 2 AdamW steps, weights
-    and optimizer state (exp_avg, exp_avg_sq, step).
+    and optimizer state (exp_avg, exp_avg_sq, step); then the same run goes on 2 more updates: resume.json holds
+    their losses (mean over the ranks), what a run resumed from this checkpoint must reproduce.
   bf16_tied_dp2: bf16 (the model cast as ATorch's `("half", "bf16")` does), tied embeddings, 2 ranks, 2 AdamW steps
     (moments in bf16 too).
 Each case's folder: streaming_ckpt/ (ATorch's files) and config.json (the model's, saved by this script: in streaming
@@ -44,7 +45,7 @@ import sys
 from pathlib import Path
 
 CASES = {
-    "fp32_dp3": dict(world=3, dtype="float32", tied=False),
+    "fp32_dp3": dict(world=3, dtype="float32", tied=False, resume=True),
     "bf16_tied_dp2": dict(world=2, dtype="bfloat16", tied=True),
 }
 CKPT = "streaming_ckpt"  # atorch/trainer/atorch_trainer.py STREAMING_CKPT_DIR
@@ -68,6 +69,12 @@ def config(case: dict):
     return LlamaConfig(vocab_size=250, hidden_size=30, intermediate_size=61, num_hidden_layers=2,
                        num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=64,
                        tie_word_embeddings=case["tied"])
+
+
+def batch(step: int, rank: int):
+    """Data-parallel rank `rank`'s 2 rows of 12 tokens at update `step` (0-based)."""
+    import torch
+    return torch.randint(0, 250, (2, 12), generator=torch.Generator().manual_seed(1000 + step * 7 + rank))
 
 
 def optim_groups(model):
@@ -108,8 +115,7 @@ def worker(out: Path, name: str) -> None:
                  backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
     opt = torch.optim.AdamW(optim_groups(model), lr=1e-2, betas=(0.9, 0.95))
     for step in range(2):
-        g = torch.Generator().manual_seed(1000 + step * 7 + rank)
-        ids = torch.randint(0, 250, (2, 12), generator=g)
+        ids = batch(step, rank)
         model(input_ids=ids, labels=ids).loss.backward()
         opt.step()
         opt.zero_grad()
@@ -124,6 +130,18 @@ def worker(out: Path, name: str) -> None:
     dist.all_gather_object(pieces, local)
     with FSDP.summon_full_params(model, writeback=False):
         truth = {k.replace("_fsdp_wrapped_module.", ""): v.detach().clone() for k, v in model.named_parameters()}
+    if case.get("resume"):  # the run goes on from the saved state: its losses at updates 3 and 4, averaged over dp
+        losses = []
+        for step in (2, 3):
+            loss = model(input_ids=batch(step, rank), labels=batch(step, rank)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            losses.append(mean.item() / dist.get_world_size())
+        if rank == 0:
+            (out / "resume.json").write_text(json.dumps({"mean_loss": losses}) + "\n")
     if rank == 0:
         save_file(truth, str(out / "truth.safetensors"))
         names = sorted({n for piece in pieces for n in piece})
