@@ -80,6 +80,10 @@ class Writer(BaseWriter):
     holds_adapter = True  # LoRA adapters: MindSpeed-LLM's (torch format, `lora.Writer`), Megatron-Bridge's
     # (torch_dist, `lora_dist.Writer`)
     padded_vocab = staticmethod(_padded_vocab)
+    # megatron-core 0.16.1 dist_checkpointing/serialization.py `load`: force_all_tensors_to_non_fp8 dequantises
+    # the model's FP8 parameters before reading, so a checkpoint holds FP8-trained weights in high precision
+    no_fp8 = ("holds FP8-trained weights in high precision (megatron-core's load dequantises its FP8 parameters "
+              "before reading a checkpoint into them): convert with --dtype bf16")
 
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
                 distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
