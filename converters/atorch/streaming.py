@@ -52,6 +52,9 @@ def rank_files(folder: Path) -> tuple[dict[str, dict[int, Path]], int]:
         raise InteropError(f"{folder}: files of {len(worlds)} world sizes ({sorted(worlds)}) in one folder "
                            "(saved more than once into it?)")
     world = worlds.pop() if worlds else 0
+    beyond = sorted(f"{kind}.{r:05d}" for kind, files in found.items() for r in files if r >= world)
+    if beyond:
+        raise InteropError(f"{folder}: {beyond[0]}-{world:05d} names a rank beyond the world size {world}")
     for kind in ("flat_param", "flat_meta"):
         missing = missing_ranks(found.get(kind, {}), world)
         if missing:
@@ -89,6 +92,8 @@ class FlatShards:
                 try:
                     unit, (start, end), shape = m["striped_fsdp_name"], m["param_offsets"], tuple(m["param_shapes"])
                     owner = m["rank"]
+                    if not all(type(d) is int and d >= 0 for d in shape):
+                        raise ValueError
                 except (KeyError, TypeError, ValueError):
                     raise InteropError(f"{meta[r]}: malformed entry for {name!r}") from None
                 if owner != r:
@@ -183,7 +188,12 @@ class OptimShards:
     def step(self) -> int:
         name = next(iter(self.shapes))
         ranks = self.pieces.get((name, "step"), [])
-        steps = {int(self.files[r].read(f"{name}-step").item()) for r in ranks}
+        steps = set()
+        for r in ranks:
+            step = self.files[r].read(f"{name}-step")
+            if step.numel() != 1:
+                raise InteropError(f"{self.files[r].path}: {name}-step holds {step.numel()} values, not a step count")
+            steps.add(int(step.item()))
         if len(steps) != 1:
             raise InteropError(f"{self.folder}: {name}'s step is {sorted(steps) or 'missing'} on its ranks")
         return steps.pop()

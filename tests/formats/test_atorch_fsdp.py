@@ -137,6 +137,13 @@ def test_missing_rank_file_is_one_line(tmp_path):
     assert_refused((code, err), tmp_path / "out", "flat_param files of ranks [1] missing", "world size 3")
 
 
+def test_rank_beyond_the_world_size_is_one_line(tmp_path):
+    folder = _copy(tmp_path)
+    shutil.copy(folder / "flat_param.00002-00003", folder / "flat_param.00003-00003")
+    code, err, _ = cli("convert", folder.parent, tmp_path / "out", "--from", "atorch", "--to", "hf")
+    assert_refused((code, err), tmp_path / "out", "flat_param.00003-00003", "beyond the world size 3")
+
+
 def test_missing_optimizer_file_converts_the_weights_and_says_so(tmp_path):
     folder = _copy(tmp_path)
     (folder / "optim_param.00002-00003").unlink()
