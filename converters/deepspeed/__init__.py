@@ -22,5 +22,9 @@ class Reader(BaseReader):
     module's engine files, a `pipeline.Reader` otherwise (its errors say what a DeepSpeed checkpoint needs;
     each subclasses `BaseReader` itself)."""
 
-    def __new__(cls, path):
-        return engine.Reader(path) if engine.detect(path) else pipeline.Reader(path)
+    options = ("allow_identical_ranks",)  # the pipeline layout's tp ranks (an engine file has no ranks to compare)
+
+    def __new__(cls, path, allow_identical_ranks: bool | None = None):
+        if engine.detect(path):
+            return engine.Reader(path)
+        return pipeline.Reader(path, allow_identical_ranks=bool(allow_identical_ranks))
