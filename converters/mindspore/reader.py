@@ -137,7 +137,8 @@ class Reader(BaseReader):
             for i, (key, p) in enumerate(sorted(paths.items())):
                 self.files[key] = CkptFile(p, verify=verify and i % ranks == share)
             self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes, vocab_size)
-            self._check_distinct(self.source.notes, bool(allow_identical_ranks))
+            if self.verify:  # (a worker's parent checked)
+                self._check_distinct(self.source.notes, bool(allow_identical_ranks))
         except BaseException:
             self.close()
             raise
