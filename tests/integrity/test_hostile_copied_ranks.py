@@ -43,7 +43,7 @@ def _refused_then_allowed(src, tmp_path, copy, original, *words):
     assert_refused(cli("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
                    str(copy), str(original), "byte-identical", FLAG, *words)
     code, out = run("convert", src, tmp_path / "given", "--to", "hf", FLAG)
-    assert code == 0 and f"byte-identical to" in out and f"(read as given: {FLAG})" in out, out
+    assert code == 0 and "byte-identical to" in out and f"(read as given: {FLAG})" in out, out
 
 
 def test_megatron_expert_parallel_folder_copied(mixtral, tmp_path):
