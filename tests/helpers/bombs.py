@@ -61,15 +61,30 @@ def deflate_bomb_pt(src, dst, gib: int = 3, key: str = "bomb") -> None:
 def deflate_bomb_tensor(shape, dtype: torch.dtype, gib: int = 3, declared: str = "huge") -> bytes:
     """A torch.save zip of one tensor of `shape` (as a DCP chunk holds it) whose storage record is `gib` GiB of
     DEFLATEd zeros.  `declared` "huge": the directory says so too (the tensor views the first elements of a
-    GiB storage: torch.load allocates it all); "small": the directory says the record is the tensor's bytes
-    (a reader trusting it inflates past them)."""
+    GiB storage: torch.load allocates it all); "small": the directory says the record is the tensor's bytes (a reader
+    trusting it inflates past them)."""
     numel = (gib << 30) // torch.empty((), dtype=dtype).element_size()
     size = torch.Size(shape).numel()
-    obj = TensorRef(_StorageRef("0", dtype, numel if declared == "huge" else size), shape)
+    small = declared == "small"
+    obj = TensorRef(_StorageRef("0", dtype, size if small else numel), shape)
     buf = io.BytesIO()
-    _bomb_zip(buf, obj, [], gib, name="0",
-              declared=None if declared == "huge" else size * torch.empty((), dtype=dtype).element_size())
+    _bomb_zip(buf, obj, [], gib, name="0", declared=size * torch.empty((), dtype=dtype).element_size() if small
+              else None)
     return buf.getvalue()
+
+
+def oversized_record_tensor(shape, dtype: torch.dtype, mib: int = 8) -> bytes:
+    """A torch.save zip of one tensor of `shape` viewing the first elements of a `mib` MiB storage of random
+    values, every record DEFLATEd (they compress ~1x: no bomb by ratio, only by what the chunk needs)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    storage = torch.rand((mib << 20) // item).to(dtype)
+    raw = io.BytesIO()
+    torch.save(storage[:torch.Size(shape).numel()].view(shape), raw)  # saves the whole storage
+    out = io.BytesIO()
+    with zipfile.ZipFile(raw) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    return out.getvalue()
 
 
 def _bomb_zip(f, obj, records: list, gib: int, name: str = "bomb", declared: int | None = None) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.bombs import append_scalars, deflate_bomb_pt, deflate_bomb_tensor
+from helpers.bombs import append_scalars, deflate_bomb_pt, deflate_bomb_tensor, oversized_record_tensor
 from helpers.hostile import assert_refused, cli_measured, run
 from helpers.moe_models import hf_model
 
@@ -80,14 +80,14 @@ def test_deflate_bomb_in_torch_dist_common_pt(sources, tmp_path):
                    "common.pt", "64x", "DEFLATE bomb")
 
 
-DEEPSPEED = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.mark.parametrize("layout", ["deepspeed/global_step1", "deepspeed_zero/z1_fp32/checkpoint-2/global_step2"],
                          ids=["pipeline", "hf-engine"])
 def test_deflate_bomb_in_a_deepspeed_engine_file(tmp_path, layout):
     top = layout.split("/")[0]
-    shutil.copytree(DEEPSPEED / top, tmp_path / top)
+    shutil.copytree(FIXTURES / top, tmp_path / top)
     engine = tmp_path / layout / "mp_rank_00_model_states.pt"
     deflate_bomb_pt(engine, engine, gib=3)
     src = engine.parent.parent
@@ -95,20 +95,22 @@ def test_deflate_bomb_in_a_deepspeed_engine_file(tmp_path, layout):
                    "mp_rank_00_model_states.pt", "64x", "DEFLATE bomb")
 
 
-def _bomb_a_distcp_chunk(root, declared: str) -> str:
-    """The embedding's chunk replaced by a `deflate_bomb_tensor` appended to its `.distcp` file."""
+def _bomb_a_distcp_chunk(folder, declared: str) -> str:
+    """The embedding's first chunk in DCP folder `folder` replaced by a `deflate_bomb_tensor` appended to its
+    `.distcp` file; returns its key."""
     import pickle
     from interop.io.dcp_metadata import MetadataIndex
     from interop.io.megatron_dist import _MetadataUnpickler
-    meta = root / "release" / ".metadata"
+    meta = folder / ".metadata"
     with open(meta, "rb") as f:
         md = _MetadataUnpickler(f).load()
-    key = next(k for k in md.state_dict_metadata if "word_embeddings" in k)
+    key = next(k for k in md.state_dict_metadata if "embed" in k and k.endswith("weight"))
     entry = md.state_dict_metadata[key]
     chunk = entry.chunks[0]
     info = md.storage_data[MetadataIndex(key, chunk.offsets)]
-    bomb = deflate_bomb_tensor(tuple(chunk.sizes), entry.properties.dtype, gib=3, declared=declared)
-    distcp = root / "release" / info.relative_path
+    bomb = oversized_record_tensor(tuple(chunk.sizes), entry.properties.dtype) if declared == "oversized" else \
+        deflate_bomb_tensor(tuple(chunk.sizes), entry.properties.dtype, gib=3, declared=declared)
+    distcp = folder / info.relative_path
     info.offset, info.length = distcp.stat().st_size, len(bomb)
     with open(distcp, "ab") as f:
         f.write(bomb)
@@ -117,13 +119,23 @@ def _bomb_a_distcp_chunk(root, declared: str) -> str:
 
 
 @pytest.mark.parametrize("declared,words", [("huge", ("64x", "DEFLATE bomb")),
+                                            ("oversized", ("compressed records declare", "DEFLATE bomb")),
                                             ("small", ("Bad CRC-32", "damaged"))])
-def test_deflate_bomb_in_a_distcp_chunk(sources, tmp_path, declared, words):
-    """The slow path (a chunk whose record is compressed is loaded by torch, not copied by its byte range): a
-    directory declaring 3 GiB is refused before torch allocates them; one declaring only the tensor's bytes
-    over a 3 GiB stream is inflated to those and fails its CRC-32 (torch would take the zeros)."""
-    src = _copy(sources["dist"], tmp_path)
-    key = _bomb_a_distcp_chunk(src, declared)
+@pytest.mark.parametrize("source", ["torch_dist", "fsdp_dcp"])
+def test_deflate_bomb_in_a_distcp_chunk(sources, tmp_path, source, declared, words):
+    """The slow path (a chunk whose record is compressed is loaded by torch, not copied by its byte range), in a
+    Megatron torch_dist checkpoint and in accelerate's FSDP DCP (a real one: tests/fixtures/fsdp_dcp): a
+    directory declaring 3 GiB is refused before torch allocates them; one declaring only the tensor's bytes over
+    a 3 GiB stream is inflated to those and fails its CRC-32 (torch would take the zeros); a compressed record
+    of 8 MiB of random values (no bomb by ratio) is held to the chunk's tensor bytes `.metadata` records."""
+    if source == "torch_dist":
+        src = _copy(sources["dist"], tmp_path)
+        folder = src / "release"
+    else:
+        src = tmp_path / "src"
+        shutil.copytree(FIXTURES / "fsdp_dcp", src)
+        folder = src / "pytorch_model_fsdp_0"
+    key = _bomb_a_distcp_chunk(folder, declared)
     assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
                    ".distcp", key, *words)
 
