@@ -31,7 +31,7 @@ from ...io.small_files import read_json_object
 from ...io.torch_file import LazyTorchFile
 from ...mappings.hf_config import spec_from_hf_config
 from ...tensors import NAME_OF_DTYPE, Source
-from .zero import GRADIENT_CLIPPING_DEFAULT, ZeroPartitions
+from .zero import GRADIENT_CLIPPING_DEFAULT, ZeroPartitions, update_rule
 
 LATEST = "latest"
 MODEL_FILE = "mp_rank_00_model_states.pt"
@@ -162,9 +162,10 @@ class Reader(BaseReader):
         if moments:
             opt = ds_config.get("optimizer") or {}
             params = opt.get("params") or {}
-            state["optimizer"] = {"type": str(opt.get("type", "adam")).lower(), "step": self.zero.step,
+            state["optimizer"] = {"type": update_rule(opt), "step": self.zero.step,
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
+                                  "lr": self.zero.lr,
                                   "clip_grad": ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT)}
         if engine.get("lr_scheduler") is not None:
             notes.append("DeepSpeed's lr_scheduler state is not converted")
