@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from ..contract import BaseReader, BaseWriter
+from ..contract import BaseWriter
 from ..errors import InteropError
-from ..hf_named import HFNamedState, hf_rows, named_rows
+from ..hf_named import HFNamedReader, HFNamedState, hf_rows, named_rows
 from ..io.megatron_dist import DCP_METADATA, METADATA_JSON, DcpCheckpoint, DistWriter
 from ..io.small_files import read_json_object
 from ..mappings.hf_config import hf_config_from_spec, spec_from_hf_config
@@ -124,7 +124,7 @@ def detect(path) -> bool:
         return False
 
 
-class Reader(BaseReader):
+class Reader(HFNamedReader):
     """A DCP checkpoint in either layout: weights, and AdamW's moments from accelerate's `optimizer_0/`."""
 
     options = ("model_config",)
@@ -235,17 +235,11 @@ class Reader(BaseReader):
         qkv = [self.model.meta(self.layout.prefix + FUSED_QKV.sub(rf"\1w{p}.\3", key))[1] for p in "qkv"]
         return GroupedQKV(qkv, 0, self.spec.kv_groups).split(self.optim.read(f"{OPTIM_PREFIX}{fused}.{kind}"))[part]
 
-    def metas(self):
-        return self.state_names.metas(lambda key: self.model.meta(self.layout.prefix + key)[0])
-
-    def read(self, name: str) -> torch.Tensor:
-        return self.state_names.read(name)
+    def dtype_of(self, key: str) -> torch.dtype:
+        return self.model.meta(self.layout.prefix + key)[0]
 
     def native_name(self, name: str) -> str:
         return self.layout.prefix + self.state_names.native_name(name)
-
-    def close(self) -> None:
-        self.state_names.close()
 
 
 # torch.optim.AdamW's param-group entries (torch 2.x) beyond lr, betas, eps and weight_decay: the keys

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import torch
 
-from ...contract import BaseReader
 from ...errors import InteropError
 from ...io.small_files import read_small_text
-from ...hf_named import HFNamedState
+from ...hf_named import HFNamedReader, HFNamedState
 from ...io.safe_pickle import to_plain
 from ...io.small_files import read_json_object
 from ...io.torch_file import LazyTorchFile
@@ -75,7 +74,7 @@ def detect(path) -> bool:
             and config_file(folder) is not None)
 
 
-class Reader(BaseReader):
+class Reader(HFNamedReader):
     """DeepSpeed's engine files of an HF model, ZeRO stage 0 to 3, fp32 / bf16 / fp16."""
 
     def __init__(self, path):
@@ -181,16 +180,5 @@ class Reader(BaseReader):
         """Whether the weights are the fp32 masters (ZeRO 3: `module` holds placeholders)."""
         return self.zero is not None and self.zero.stage3
 
-    def metas(self):
-        def dtype_of(hf_key):
-            return torch.float32 if self.zero_weights else self.engine_file.obj["module"][hf_key].dtype
-        return self.state_names.metas(dtype_of)
-
-    def read(self, name: str) -> torch.Tensor:
-        return self.state_names.read(name)
-
-    def native_name(self, name: str) -> str:
-        return self.state_names.native_name(name)
-
-    def close(self) -> None:
-        self.state_names.close()
+    def dtype_of(self, hf_key: str) -> torch.dtype:
+        return torch.float32 if self.zero_weights else self.engine_file.obj["module"][hf_key].dtype
