@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ...contract import BaseReader
+from ...distinct_ranks import RankPrint, check_distinct, record_sums
 from ...errors import InteropError
 from ...hf_named import hf_table
 from ...io.safe_pickle import to_plain
@@ -131,9 +132,11 @@ class Reader(BaseReader):
     a PipelineModule of a Hugging Face model's own modules (described by config.json beside or --model-config:
     `_hf_modules`)."""
 
-    options = ("model_config",)
+    options = ("model_config", "allow_identical_ranks")
 
-    def __init__(self, path, model_config=None):
+    def __init__(self, path, model_config=None, allow_identical_ranks: bool = False):
+        """`allow_identical_ranks`: read a layer file whose split tensors are all byte-identical to another tp
+        rank's (refused by default: a copied file)."""
         root = Path(path)
         if root.is_dir() and _tag_dir(root) is None and (root / LATEST).is_file():
             raise InteropError(f"{root / LATEST}: does not name a tag folder of this checkpoint (e.g. global_step1000)")
@@ -182,6 +185,7 @@ class Reader(BaseReader):
         self.spec.check_tp(self.tp)
         self.index = param_index(self.spec)
         self._rows(notes)
+        self._check_distinct(notes, allow_identical_ranks)
         self.layout = self._layout(mp_files)
         self.moments: dict[str, dict] = {}
         notes.append(self._load_optimizer(mp_files, engine))
@@ -371,6 +375,25 @@ class Reader(BaseReader):
                                        f"{list(want)} per tp rank")
         if dropped:
             notes.append(f"dropped buffers that are not parameters ({'; '.join(sorted(dropped))})")
+
+    def _check_distinct(self, notes: list[str], allow: bool) -> None:
+        """No layer file is a copy of another tp rank's (`interop.distinct_ranks`: by its split tensors'
+        records' CRC-32s, nothing read)."""
+        if self.tp < 2:
+            return
+        split: dict[int, set] = {}
+        for idx, key, transform, _, _ in self.row_of.values():
+            if not transform.replicated:
+                split.setdefault(idx, set()).add(key)
+        for idx, keys in sorted(split.items()):
+            group = []
+            for t in range(self.tp):
+                f = self.files[(idx, t)]
+                sums = record_sums(f, ((k, x) for k, x in f.obj.items() if k in keys)) if isinstance(f.obj, dict) \
+                    else None
+                group.append(RankPrint(str(f.path), f"tensor-parallel rank {t}", sums,
+                                       f"every split tensor ({len(sums or ())})"))
+            check_distinct(group, notes, allow)
 
     def _layout(self, mp_files: dict) -> ParallelLayout:
         """The pipeline stages: which transformer layers each stage's engine file lists (param_shapes)."""

@@ -10,7 +10,7 @@ What is flipped is what the format can detect: formats without checksums over te
 their flips in headers, pickles and metadata only (the README says so); tensor bytes of
 the common format (CRC-32 per file) and of Megatron `.pt` files (CRC-32 per zip record)
 are flipped too.  Truncations go anywhere.  Describing JSON files are made 3 GiB sparse or given a key
-twice; a tensor-parallel rank file (Megatron, the common format) is replaced by a copy of another.
+twice; a tensor-parallel rank file (Megatron, the common format, MindSpore) is replaced by a copy of another.
 """
 import json
 import os
@@ -111,8 +111,9 @@ def _json_damage(rng: random.Random, dst: Path) -> str | None:
 
 
 # rank files a copy of another could replace: each must be seen (Megatron: the split tensors' record CRC-32s;
-# the common format: interop.json's per-file CRC-32s); MindSpore and torch_dist are not checked for it yet
-RANK_FILES = {"megatron": "model_optim_rng.pt", "interop": "model-tp*.safetensors"}
+# the common format: interop.json's per-file CRC-32s; MindSpore: a sample of the first split tensor, confirmed
+# tensor by tensor: interop.distinct_ranks); torch_dist is not checked for it yet
+RANK_FILES = {"megatron": "model_optim_rng.pt", "interop": "model-tp*.safetensors", "mindspore": "rank_*/*.ckpt"}
 
 
 def _duplicate_rank(rng: random.Random, fmt: str, dst: Path) -> str | None:
@@ -120,6 +121,9 @@ def _duplicate_rank(rng: random.Random, fmt: str, dst: Path) -> str | None:
     files = sorted(dst.rglob(RANK_FILES[fmt])) if fmt in RANK_FILES else []
     if fmt == "megatron":  # the same pipeline stage, another tp rank
         files = [f for f in files if f.parent.name.endswith(files[0].parent.name[-4:])] if files else []
+    if fmt == "mindspore":  # rank_N, N = stage * tp + tp rank (tp 2 here): the same stage, another tp rank
+        stage = rng.choice(sorted({int(f.parent.name[5:]) // 2 for f in files}))
+        files = [f for f in files if int(f.parent.name[5:]) // 2 == stage]
     if len(files) < 2:
         return None
     a, b = rng.sample(files, 2)
