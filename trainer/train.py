@@ -158,6 +158,9 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
                                   last_stage_layers=cfg.last_stage_layers, ep=cfg.ep)
     check_model_layout(spec, layout)
     adapter, adapter_start = _adapter(cfg, spec, layout, adapter_start, adapter_reader, fresh)
+    if spec.mtp_layers and cfg.seq_length <= spec.mtp_layers:
+        raise InteropError(f"--seq-length {cfg.seq_length}: the model's {spec.mtp_layers} MTP module(s) predict up to "
+                           f"{spec.mtp_layers + 1} tokens ahead and need a longer sequence")
     if spec.position == "learned" and cfg.seq_length > spec.max_positions:
         raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
     if cfg.data:
@@ -339,7 +342,8 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     counted = [stage.owned(n) and (index[n].axis is not None or grid.tp_rank == 0)
                and (index[n].expert is not None or grid.ep_rank == 0) for n, _ in named]
     experts = [index[n].expert is not None for n, _ in named]
-    tied = spec.tied_embeddings and grid.embed_group is not None  # the word embedding lives on two stages
+    # the word embedding lives on two stages: the last one's copy is the output head or the MTP modules' input
+    tied = (spec.tied_embeddings or spec.mtp_layers > 0) and grid.embed_group is not None
     tied_copy = [p for n, p in named if n == "embed.word.weight"] if tied else []
     hidden_shape = (cfg.micro_batch_size, cfg.seq_length, spec.hidden)
     metrics_path = Path(cfg.save) / "metrics.jsonl" if cfg.save and grid.rank == 0 else None
