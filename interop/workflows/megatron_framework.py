@@ -332,6 +332,9 @@ def _train(ckpt: str, arg) -> list[float]:
         if spec.is_moe:
             from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
             MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / micro_batches))
+        if spec.mtp_layers:  # the MTP losses' gradients scaled like the LM loss's (schedules.py forward_step)
+            from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+            MTPLossAutoScaler.set_loss_scale(torch.tensor(1.0 / micro_batches))
         losses = []
         for step in range(1, cfg.steps + 1):
             tokens, targets = data.batch((step - 1) * b + rank * per_rank, per_rank)
