@@ -148,7 +148,7 @@ def test_resume_carries_mtp_modules_and_their_moments(tmp_path):
     save(v3_config(num_hidden_layers=4), tmp_path / "hf", mtp=True)
     convert(tmp_path / "hf", tmp_path / "store", dst_format="interop")
     cfg = TrainConfig(load=str(tmp_path / "store"), steps=6, save_interval=3, micro_batch_size=2,
-                      global_batch_size=4, seq_length=16, lr=3e-3, quiet=True)
+                      global_batch_size=4, seq_length=16, lr=3e-3, eps=1e-6, quiet=True)
     whole = train(cfg.replace(save=str(tmp_path / "A")))
     reader = StoreReader(tmp_path / "A" / "step_000003")
     names = set(reader.manifest["tensors"])
