@@ -328,7 +328,7 @@ class Stage(nn.Module):
                 self.lm_head = ColumnParallelLinear(spec.hidden, spec.padded_vocab, False, grid.tp, grid.tp_group)
             if spec.mtp_layers:
                 self.mtp = nn.ModuleDict({str(k): MTPModule(spec, grid) for k in range(spec.mtp_layers)})
-        self.mtp_losses: list = []  # the last forward's loss of each MTP module (detached, for the log)
+        self.mtp_log: list = []  # per forward since the training loop last took them: each MTP module's loss [K]
 
     def forward(self, x, targets=None, tokens=None):
         """x: token ids [b, s] on the first stage, else hidden states [b, s, h] from the previous stage;
@@ -375,7 +375,7 @@ class Stage(nn.Module):
             hidden = module(hidden, self.embed(tokens), rope, mask)
             keep = seq - k - 1
             losses.append(self.loss(hidden[:, :keep], targets[:, k + 1:]))
-        self.mtp_losses = [loss.detach() for loss in losses]
+        self.mtp_log.append(torch.stack(losses).detach())
         return torch.stack(losses).sum() * (spec.mtp_loss_weight / spec.mtp_layers)
 
     def logits(self, x):

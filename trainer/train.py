@@ -373,12 +373,15 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
         ms = (time.perf_counter() - t0) * 1000
         record = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": norm, "time_ms": round(ms, 3),
                   "consumed_samples": consumed}
+        if spec.mtp_layers:  # logged apart, as Megatron-LM's "mtp_1 loss": the objective adds their weighted mean
+            record["mtp_loss"] = _global_mtp_loss(stage, grid, device)
         history.append(record)
         if grid.rank == 0:
             if not cfg.quiet and (step % cfg.log_interval == 0 or step == last):
                 epoch = consumed // data.count if data.tokens is not None else 0
+                mtp = "".join(f", MTP_{k + 1}_loss: {v:.6f}" for k, v in enumerate(record.get("mtp_loss", [])))
                 print(f"Epoch: {epoch}, Step: {step}, Loss: {loss_value:.6f}, Learning_rate: {lr:.6e}, "
-                      f"Grad_norm: {norm:.6f}, Time: {ms:.2f} ms", flush=True)
+                      f"Grad_norm: {norm:.6f}, Time: {ms:.2f} ms{mtp}", flush=True)
             if metrics_path:
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
@@ -425,6 +428,18 @@ def _global_loss(loss, grid: Grid, device) -> float:
     if dist.is_initialized() and grid.world > 1:
         dist.all_reduce(value)
     return float(value) / grid.dp
+
+
+def _global_mtp_loss(stage, grid: Grid, device) -> list[float]:
+    """Each MTP module's loss this step: the mean over the micro-batches of the last stages, averaged over
+    data-parallel replicas (Megatron-LM's MTPLossLoggingHelper); the stage's log is emptied."""
+    value = torch.zeros(stage.spec.mtp_layers, dtype=torch.float64, device=device)
+    if stage.mtp_log and grid.tp_rank == 0:
+        value += torch.stack(stage.mtp_log).double().mean(0)
+    stage.mtp_log.clear()
+    if dist.is_initialized() and grid.world > 1:
+        dist.all_reduce(value)
+    return [float(v) / grid.dp for v in value]
 
 
 def _state(plan: Plan, step: int, consumed: int) -> dict:

@@ -19,6 +19,8 @@ pipeline_parallel/schedules.py, distributed/finalize_model_grads.py):
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -70,8 +72,8 @@ def test_loss_and_gradients_equal_megatron_core(tmp_path_factory, tmp_path):
         loss = stage(tokens, labels)
         loss.backward()
         worst["loss"] = max(worst["loss"], abs(float(loss.detach()) - ref["loss"]))
-        assert len(ref["mtp"]) == 1 and len(stage.mtp_losses) == 1
-        worst["mtp"] = max(worst["mtp"], abs(float(stage.mtp_losses[0]) - ref["mtp"][0]))
+        assert len(ref["mtp"]) == 1 and stage.mtp_log[-1].shape == (1,)
+        worst["mtp"] = max(worst["mtp"], abs(float(stage.mtp_log[-1][0]) - ref["mtp"][0]))
         convert(root / f"grad{step}", tmp_path / f"grad{step}", dst_format="interop")
         grads = StoreReader(tmp_path / f"grad{step}")
         params = dict(stage.named_parameters())
@@ -144,7 +146,8 @@ def test_parity_refuses_transformers_beside_trained_mtp_modules(tmp_path):
 
 def test_resume_carries_mtp_modules_and_their_moments(tmp_path):
     """Stopped at step 3 at 1x1 and resumed at pp 2 x tp 2: the MTP modules' weights and AdamW moments come back
-    (saved once, by the last stage) and the loss curve continues the uninterrupted run's within 1e-6."""
+    (saved once, by the last stage) and the loss curve continues the uninterrupted run's within 1e-6; each step's MTP
+    loss is logged beside the LM loss (metrics.jsonl `mtp_loss`, one per module)."""
     save(v3_config(num_hidden_layers=4), tmp_path / "hf", mtp=True)
     convert(tmp_path / "hf", tmp_path / "store", dst_format="interop")
     cfg = TrainConfig(load=str(tmp_path / "store"), steps=6, save_interval=3, micro_batch_size=2,
@@ -160,6 +163,10 @@ def test_resume_carries_mtp_modules_and_their_moments(tmp_path):
     assert [r["step"] for r in resumed] == [4, 5, 6]
     for a, b in zip(whole[3:], resumed):
         assert abs(a["loss"] - b["loss"]) <= 1e-6, (a, b)
+        assert len(a["mtp_loss"]) == 1 and abs(a["mtp_loss"][0] - b["mtp_loss"][0]) <= 1e-5, (a, b)
+    logged = [json.loads(line) for line in (tmp_path / "A" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["mtp_loss"] for r in logged] == [r["mtp_loss"] for r in whole]  # Megatron-LM's "mtp_1 loss", apart
+    assert all(r["mtp_loss"][0] > r["loss"] * 0.5 for r in whole)  # a cross entropy over the vocabulary, not 0
     end = StoreReader(newest_checkpoint(tmp_path / "B"))
     assert end.source.state["iteration"] == 6 and end.layout.pp == 2
     assert (end.read("mtp.0.eh_proj.weight") - StoreReader(tmp_path / "A" / "step_000006").read(
