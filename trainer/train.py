@@ -243,7 +243,9 @@ def describe_plan(plan: Plan) -> list[str]:
     layout = f"tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}" + (f" ep={cfg.ep}" if cfg.ep > 1 else "")
     lines = [f"model: {spec.arch}, {spec.num_layers} layers, hidden {spec.hidden}, {spec.heads} heads, vocab {spec.vocab}: "
              f"{params / 1e6:.2f}M parameters ({'bf16 autocast' if cfg.bf16 else 'fp32'})"
-             + (f"; {spec.num_experts} experts, top-{spec.moe_topk}" if spec.is_moe else ""),
+             + (f"; {spec.num_experts} experts, top-{spec.moe_topk}" if spec.is_moe else "")
+             + (f"; {spec.mtp_layers} MTP module(s) trained, loss weight {spec.mtp_loss_weight:g}"
+                if spec.mtp_layers else ""),
              f"layout: {plan.layout.describe()} dp={cfg.dp}, {plan.world} process(es)"]
     if plan.adapter is not None:
         lora = plan.adapter
