@@ -4,9 +4,13 @@ converted from one run, each step against a plain copy of the same bytes:
 
     .venv/bin/python benchmarks/bench_deepseek_fp8.py                         # 2 layers (1 dense), 16 experts
     .venv/bin/python benchmarks/bench_deepseek_fp8.py --layers 3 --experts 64
+    .venv/bin/python benchmarks/bench_deepseek_fp8.py --chain          # the issue-24 chain, with extrapolation
 
     FP8 HF -> HF bf16      (every projection dequantised: float32 product, rounded to bf16)
     FP8 HF -> HF fp8       (--dtype fp8 --workers 1: weights and scales kept byte-identical)
+    --chain: FP8 HF -> Megatron torch_dist ep 8 (bf16) -> HF bf16, each hop against a copy of its own source,
+             then the time and memory this gives for DeepSeek-V3 671B (61 layers + 1 MTP, 256 experts): time
+             scales with the bytes (each hop's seconds per source byte), peak memory does not (a few tensors).
 
 Each step runs in a fresh interpreter (`common.measured_convert`); peak RSS is reported against the source size:
 it must stay a few tensors (the largest is the bf16 embedding, 1.85 GB), never a layer.  The weights are random
@@ -29,8 +33,26 @@ from common import measured_convert, measured_copy, report, settle, tree_size  #
 from interop.io.safetensors import SafetensorsWriter  # noqa: E402
 
 H, HEADS, NOPE, ROPE, V, QR, KVR, FFN, EFFN, VOCAB = 7168, 128, 128, 64, 128, 1536, 512, 18432, 2048, 129280
-STEPS = [("FP8 HF -> HF bf16", "hf-bf16", dict(dst_format="hf")),
-         ("FP8 HF -> HF fp8 (kept)", "hf-fp8", dict(dst_format="hf", dtype="fp8"))]
+STEPS = [("FP8 HF -> HF bf16", "fp8", "hf-bf16", dict(dst_format="hf")),
+         ("FP8 HF -> HF fp8 (kept)", "fp8", "hf-fp8", dict(dst_format="hf", dtype="fp8"))]
+CHAIN = [("FP8 HF -> Megatron torch_dist ep 8", "fp8", "mcore-ep8",
+          dict(dst_format="megatron", format="torch_dist", ep=8, dtype="bf16")),
+         ("Megatron ep 8 -> HF bf16", "mcore-ep8", "hf-bf16", dict(dst_format="hf"))]
+
+
+def v3_671b_bytes() -> int:
+    """DeepSeek-V3's FP8 release as this benchmark lays it out at 61 layers (3 dense) + 1 MTP, 256 experts."""
+    full = sum(_nbytes(shape, kind) for _, shape, kind in entries(62, 256, dense=3))
+    return full + 2 * VOCAB * H * 2 + 2 * H * H * 2  # the MTP layer's own embed/head copies and eh_proj (bf16)
+
+
+def _nbytes(shape, kind) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    if kind == "fp8":
+        return n + 4 * (-(-shape[0] // 128)) * (-(-shape[1] // 128))
+    return n * (2 if kind == "bf16" else 4)
 
 
 def config(layers: int, experts: int) -> dict:
@@ -48,7 +70,7 @@ def config(layers: int, experts: int) -> dict:
                                     "weight_block_size": [128, 128]}}
 
 
-def entries(layers: int, experts: int) -> list[tuple[str, tuple, str]]:
+def entries(layers: int, experts: int, dense: int = 1) -> list[tuple[str, tuple, str]]:
     """(name, shape, kind): kind fp8 (with a scale), bf16, or fp32 (the correction bias)."""
     out = [("model.embed_tokens.weight", (VOCAB, H), "bf16")]
     for i in range(layers):
@@ -61,7 +83,7 @@ def entries(layers: int, experts: int) -> list[tuple[str, tuple, str]]:
                 (p + "self_attn.kv_b_proj.weight", (HEADS * (NOPE + V), KVR), "fp8"),
                 (p + "self_attn.o_proj.weight", (H, HEADS * V), "fp8"),
                 (p + "post_attention_layernorm.weight", (H,), "bf16")]
-        if i == 0:
+        if i < dense:
             out += [(p + f"mlp.{n}_proj.weight", s, "fp8") for n, s in
                     (("gate", (FFN, H)), ("up", (FFN, H)), ("down", (H, FFN)))]
             continue
@@ -100,6 +122,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--chain", action="store_true", help="FP8 HF -> Megatron torch_dist ep 8 -> HF, extrapolated")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="interop-bench-ds-", dir=os.environ.get("TMPDIR")) as tmp:
         work = Path(tmp)
@@ -108,13 +131,23 @@ def main():
         print(f"DeepSeek-V3-shaped FP8 HF, {args.layers} layers ({args.layers - 1} MoE of {args.experts} experts), "
               f"real widths: {size / 1e9:.2f} GB; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
               f"on {os.cpu_count()} cores")
-        for label, dst, kwargs in STEPS:
-            warm = size * 5 // 4
-            copy = measured_copy(work / "fp8", work / "copy", warm)
-            result = measured_convert(warm, src=work / "fp8", dst=work / dst, workers=1, **kwargs)
+        per_byte, peak = 0.0, 0
+        for label, src, dst, kwargs in CHAIN if args.chain else STEPS:
+            here = tree_size(work / src)
+            warm = here * 5 // 4
+            copy = measured_copy(work / src, work / "copy", warm)
+            result = measured_convert(warm, src=work / src, dst=work / dst, workers=1, **kwargs)
             settle()
             out = tree_size(work / dst)
-            print(f"  {report(label, result, copy, size)}  (copy {copy:.2f} s; output {out / 1e9:.2f} GB)")
+            print(f"  {report(label, result, copy, here)}  (copy {copy:.2f} s; output {out / 1e9:.2f} GB)")
+            per_byte += result["seconds"] / size  # this hop's time per byte of the FP8 source
+            peak = max(peak, result["peak_rss"])
+        if args.chain:
+            full = v3_671b_bytes()
+            print(f"DeepSeek-V3 671B (61 layers + 1 MTP, 256 experts): FP8 source {full / 1e9:.0f} GB; this chain "
+                  f"at the measured rate: {per_byte * full / 3600:.1f} h on one process (workers split it by "
+                  f"target files), peak memory {peak / 2**30:.2f} GiB as here: the largest tensors (the bf16 "
+                  f"embedding and head, {VOCAB * H * 2 / 1e9:.2f} GB each), not a layer")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..contract import BaseReader
 from ..errors import InteropError
-from ..hf_named import HFNamedState
+from ..hf_named import HFNamedReader, HFNamedState
 from ..io.small_files import read_json_object
 from ..io.torch_file import LazyTorchFile
 from ..mappings.hf_config import spec_from_hf_config
@@ -51,7 +50,7 @@ def _refuse_legacy_colossalai(sd: dict, path: Path) -> None:
             "the whole model (at pp 1 it would, but its model_zoo names are not mapped either)")
 
 
-class Reader(BaseReader):
+class Reader(HFNamedReader):
     """A flat {HF name: tensor} torch.save file."""
 
     options = ("model_config",)
@@ -91,14 +90,5 @@ class Reader(BaseReader):
     def _fetch(self, kind: str, hf_key: str) -> torch.Tensor:
         return self.file.read(self.file.obj[hf_key])
 
-    def metas(self):
-        return self.state_names.metas(lambda hf_key: self.file.obj[hf_key].dtype)
-
-    def read(self, name: str) -> torch.Tensor:
-        return self.state_names.read(name)
-
-    def native_name(self, name: str) -> str:
-        return self.state_names.native_name(name)
-
-    def close(self) -> None:
-        self.state_names.close()
+    def dtype_of(self, hf_key: str) -> torch.dtype:
+        return self.file.obj[hf_key].dtype

@@ -7,10 +7,12 @@ name table (`mappings/hf_names.py`) and its checks live here once.
 """
 from __future__ import annotations
 
+import abc
 from typing import Callable
 
 import torch
 
+from .contract import BaseReader
 from .errors import InteropError
 from .mappings.hf_config import hf_family
 from .mappings.hf_names import IGNORED_SUFFIXES, STACKED_TABLES, TABLES
@@ -104,3 +106,27 @@ class HFNamedState:
 
     def close(self) -> None:
         self._cached.clear()
+
+
+class HFNamedReader(BaseReader):
+    """A reader of a container keyed by HF names (a DCP folder, a DeepSpeed engine file, a torch.save dict):
+    its `state_names` (an HFNamedState, set by __init__) answers for the canonical tensors; the subclass
+    says only how a key's dtype is found and (through the HFNamedState's fetch) its bytes."""
+
+    state_names: HFNamedState
+
+    @abc.abstractmethod
+    def dtype_of(self, key: str) -> torch.dtype:
+        """The stored dtype of the weight under container key `key`."""
+
+    def metas(self) -> list[TensorMeta]:
+        return self.state_names.metas(self.dtype_of)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self.state_names.read(name)
+
+    def native_name(self, name: str) -> str:
+        return self.state_names.native_name(name)
+
+    def close(self) -> None:
+        self.state_names.close()

@@ -71,3 +71,22 @@ def kind_of(keys) -> str | None:
     if keys and keys <= {"weight", "bias"}:
         return "final_norm"
     return None
+
+
+def hf_module_tables(hf_table: list) -> dict[str, list]:
+    """The rows of a PipelineModule whose layers are a Hugging Face model's own modules, from that family's HF
+    name table: each module's state dict names its parameters relative to the module, so a decoder layer's
+    keys are the HF names after `...layers.{i}.` and the embedding, final norm and head hold just `weight`
+    (and `bias`).  The kind of a row is told by its canonical tensors; a learned position table has no
+    module of its own here (None: such a model is not read)."""
+    tables: dict[str, list] = {"embedding": [], "layer": [], "final_norm": [], "lm_head": []}
+    for key, transform, parts in hf_table:
+        if "{i}." in key:
+            tables["layer"].append((key.split("{i}.", 1)[1], transform, parts))
+        elif parts[0].startswith("embed.position."):
+            return None
+        else:
+            kind = ("embedding" if parts[0].startswith("embed.") else
+                    "lm_head" if parts[0].startswith("lm_head.") else "final_norm")
+            tables[kind].append((key.rsplit(".", 1)[1], transform, parts))
+    return tables

@@ -22,16 +22,15 @@ from pathlib import Path
 
 import torch
 
-from ...contract import BaseReader
 from ...errors import InteropError
 from ...io.small_files import read_small_text
-from ...hf_named import HFNamedState
+from ...hf_named import HFNamedReader, HFNamedState
 from ...io.safe_pickle import to_plain
 from ...io.small_files import read_json_object
 from ...io.torch_file import LazyTorchFile
 from ...mappings.hf_config import spec_from_hf_config
 from ...tensors import NAME_OF_DTYPE, Source
-from .zero import GRADIENT_CLIPPING_DEFAULT, ZeroPartitions
+from .zero import GRADIENT_CLIPPING_DEFAULT, ZeroPartitions, update_rule
 
 LATEST = "latest"
 MODEL_FILE = "mp_rank_00_model_states.pt"
@@ -75,7 +74,7 @@ def detect(path) -> bool:
             and config_file(folder) is not None)
 
 
-class Reader(BaseReader):
+class Reader(HFNamedReader):
     """DeepSpeed's engine files of an HF model, ZeRO stage 0 to 3, fp32 / bf16 / fp16."""
 
     def __init__(self, path):
@@ -162,9 +161,10 @@ class Reader(BaseReader):
         if moments:
             opt = ds_config.get("optimizer") or {}
             params = opt.get("params") or {}
-            state["optimizer"] = {"type": str(opt.get("type", "adam")).lower(), "step": self.zero.step,
+            state["optimizer"] = {"type": update_rule(opt), "step": self.zero.step,
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
+                                  "lr": self.zero.lr,
                                   "clip_grad": ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT)}
         if engine.get("lr_scheduler") is not None:
             notes.append("DeepSpeed's lr_scheduler state is not converted")
@@ -180,16 +180,5 @@ class Reader(BaseReader):
         """Whether the weights are the fp32 masters (ZeRO 3: `module` holds placeholders)."""
         return self.zero is not None and self.zero.stage3
 
-    def metas(self):
-        def dtype_of(hf_key):
-            return torch.float32 if self.zero_weights else self.engine_file.obj["module"][hf_key].dtype
-        return self.state_names.metas(dtype_of)
-
-    def read(self, name: str) -> torch.Tensor:
-        return self.state_names.read(name)
-
-    def native_name(self, name: str) -> str:
-        return self.state_names.native_name(name)
-
-    def close(self) -> None:
-        self.state_names.close()
+    def dtype_of(self, hf_key: str) -> torch.dtype:
+        return torch.float32 if self.zero_weights else self.engine_file.obj["module"][hf_key].dtype

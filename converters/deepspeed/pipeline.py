@@ -13,7 +13,11 @@ On disk (DeepSpeed `engine.save_checkpoint` of a PipelineModule, deepspeed/runti
     save/global_step1000/zero_pp_rank_D_mp_rank_MM_optim_states.pt   ZeRO 1/2: fp32 masters and Adam
                                                      moments, flat per param group, of data-parallel rank D
 
-Layer files name parameters as GPTModelPipe's modules do (`interop.mappings.deepspeed_names`).
+Layer files name parameters as GPTModelPipe's modules do (`interop.mappings.deepspeed_names`), described by
+Megatron-DeepSpeed's args in the engine state; or, in a PipelineModule of a Hugging Face model's own modules
+(`nn.Embedding`, `LlamaDecoderLayer`, ..., `LlamaRMSNorm`, `nn.Linear`), as those modules do: a decoder layer
+its HF names after `layers.{i}.`, the embedding, final norm and head just `weight`, told apart by place and
+shape; the model described by config.json beside `latest` or --model-config.
 Every `.pt` is unpickled safely with tensors left on disk (`interop.io.torch_file.LazyTorchFile`).
 """
 from __future__ import annotations
@@ -26,15 +30,19 @@ import torch
 
 from ...contract import BaseReader
 from ...errors import InteropError
-from ...io.small_files import read_small_text
+from ...hf_named import hf_table
 from ...io.safe_pickle import to_plain
+from ...io.small_files import read_json_object, read_small_text
 from ...io.torch_file import LazyTorchFile
 from ...layout import ParallelLayout
-from ...mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, kind_of
+from ...mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, hf_module_tables, kind_of
+from ...mappings.hf_config import spec_from_hf_config
+from ...mappings.hf_names import TABLES as HF_TABLES
+from ...model_config import spec_from_file
 from ...params import TensorKey, base_param_name, param_index, param_table
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
-from .zero import GRADIENT_CLIPPING_DEFAULT
+from .zero import GRADIENT_CLIPPING_DEFAULT, update_rule
 
 LATEST = "latest"
 LAYER_FILE = re.compile(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt")
@@ -115,9 +123,13 @@ def spec_from_args(args: dict, where, dtype: str, has_bias: bool, has_position: 
 
 
 class Reader(BaseReader):
-    """A DeepSpeed pipeline checkpoint with Megatron-DeepSpeed's GPTModelPipe layers."""
+    """A DeepSpeed pipeline checkpoint: Megatron-DeepSpeed's GPTModelPipe layers (described by its args), or
+    a PipelineModule of a Hugging Face model's own modules (described by config.json beside or --model-config:
+    `_hf_modules`)."""
 
-    def __init__(self, path):
+    options = ("model_config",)
+
+    def __init__(self, path, model_config=None):
         root = Path(path)
         if root.is_dir() and _tag_dir(root) is None and (root / LATEST).is_file():
             raise InteropError(f"{root / LATEST}: does not name a tag folder of this checkpoint (e.g. global_step1000)")
@@ -132,27 +144,31 @@ class Reader(BaseReader):
         mp_files = {int(m.group(1)): self.dir / p for p in sorted(q.name for q in self.dir.iterdir())
                     if (m := MP_FILE.fullmatch(p))}
         if 0 not in mp_files:
-            raise InteropError(f"{self.dir}: mp_rank_00_model_states.pt is missing (it holds the args)")
+            raise InteropError(f"{self.dir}: mp_rank_00_model_states.pt is missing (it holds the engine state)")
         engine = LazyTorchFile(mp_files[0]).obj
-        args = _args(engine, mp_files[0])
         if len(mp_files) % self.tp or sorted(mp_files) != list(range(len(mp_files))):
             raise InteropError(f"{self.dir}: mp_rank_* files {sorted(mp_files)} do not make whole pipeline stages "
                                f"of tp {self.tp} (mp rank = stage * tp + tp rank)")
-        dtype = NAME_OF_DTYPE.get(self._any_tensor().dtype)
-        if dtype is None:
-            raise InteropError(f"{self.dir}: weights stored as {self._any_tensor().dtype} (fp32, bf16, fp16 are read)")
-        has_bias = any(k.endswith("dense.bias") for k in self.keys["layer"][0])
-        has_position = "position_embeddings.weight" in self.keys["embedding"][0]
-        self.spec = spec_from_args(args, mp_files[0], dtype, has_bias, has_position)
-        if self.spec.activation == "gelu" and "bias_gelu_fusion" not in args and not args.get("openai_gelu"):
-            notes.append("args do not say bias_gelu_fusion: assumed the exact (erf) GeLU")
+        gpt = {i: kind_of(k for k in self.files[(i, 0)].obj if not self._ignored(k)) for i in self.indices}
+        if all(gpt.values()):
+            if model_config is not None:
+                raise InteropError("--model-config does not apply to a Megatron-DeepSpeed checkpoint (its args "
+                                   "describe the model)")
+            self.tables = TABLES
+            self._classified(gpt)
+            args = self._describe_by_args(engine, mp_files[0], notes)
+            what = "args say"
+        else:
+            self._hf_modules(model_config, gpt, notes)
+            args, what = None, "the config says"
         if len(self.layer_indices) != self.spec.num_layers:
-            raise InteropError(f"{self.dir}: {len(self.layer_indices)} transformer layer files, args say "
+            raise InteropError(f"{self.dir}: {len(self.layer_indices)} transformer layer files, {what} "
                                f"num_layers={self.spec.num_layers}")
         has_head = "lm_head" in self.kinds.values()
         if self.spec.tied_embeddings == has_head:
-            raise InteropError(f"{self.dir}: args say untie_embeddings_and_output_weights="
-                               f"{not self.spec.tied_embeddings}, but the layer files {'do' if has_head else 'do not'} "
+            said = (f"untie_embeddings_and_output_weights={not self.spec.tied_embeddings}" if args is not None else
+                    f"tie_word_embeddings={self.spec.tied_embeddings}")
+            raise InteropError(f"{self.dir}: {what} {said}, but the layer files {'do' if has_head else 'do not'} "
                                "hold an lm_head")
         self.spec.check_tp(self.tp)
         self.index = param_index(self.spec)
@@ -165,14 +181,16 @@ class Reader(BaseReader):
         params = opt.get("params") or {}
         state = {"iteration": iteration, "consumed_samples": to_plain(engine.get("global_samples")),
                  "deepspeed": {"tag": self.dir.name, "ds_version": to_plain(engine.get("ds_version")),
-                               "ds_config": to_plain(engine.get("ds_config")), "args": args}}
+                               "ds_config": to_plain(engine.get("ds_config"))}}
+        if args is not None:
+            state["deepspeed"]["args"] = args
         if self.moments:
-            state["optimizer"] = {"type": str(opt.get("type", "adam")).lower(), "step": self.step,
+            state["optimizer"] = {"type": update_rule(opt), "step": self.step,
                                   "betas": list(params["betas"]) if "betas" in params else None,
                                   "eps": params.get("eps"), "weight_decay": params.get("weight_decay"),
                                   "clip_grad": (engine.get("ds_config") or {}).get("gradient_clipping",
                                                                                      GRADIENT_CLIPPING_DEFAULT)}
-        if self.spec.vocab == self.spec.padded_vocab:
+        if args is not None and self.spec.vocab == self.spec.padded_vocab:
             notes.append(f"the true vocabulary size is not recorded (Megatron-DeepSpeed's args keep padded_vocab_size): "
                          f"keeping all {self.spec.padded_vocab} rows")
         if engine.get("rng_state") is not None:
@@ -191,40 +209,100 @@ class Reader(BaseReader):
         if not found:
             raise InteropError(f"{self.dir}: no layer_*-model_states.pt files (a pipeline checkpoint stores its "
                                "weights there; a non-pipelined engine's `module` is not read)")
-        indices = sorted({i for i, _ in found})
+        self.indices = sorted({i for i, _ in found})
         self.tp = max(t for _, t in found) + 1
-        for i in indices:
+        for i in self.indices:
             for t in range(self.tp):
                 if (i, t) not in found:
                     raise InteropError(f"{self.dir}: layer_{i:02d}-model_{t:02d}-model_states.pt is missing "
                                        f"(the checkpoint has {self.tp} model-parallel ranks)")
         self.files = {k: LazyTorchFile(p) for k, p in found.items()}
-        self.kinds, self.keys = {}, {"embedding": [], "layer": [], "final_norm": [], "lm_head": []}
-        for i in indices:
+        for i in self.indices:
             sd = self.files[(i, 0)].obj
             if not isinstance(sd, dict):
                 raise InteropError(f"{self.files[(i, 0)].path}: expected a state dict, found {type(sd).__name__}")
-            kind = kind_of(k for k in sd if not self._ignored(k))
-            if kind is None:
-                raise InteropError(f"{self.files[(i, 0)].path}: not a Megatron-DeepSpeed GPTModelPipe module "
-                                   f"(keys {sorted(sd)[:4]})")
-            self.kinds[i] = kind
-            self.keys[kind].append(list(sd))
+
+    def _classified(self, kinds: dict[int, str]) -> None:
+        """Record each layer file's kind; one embedding, one final norm and some transformer layers."""
+        self.kinds, self.keys = kinds, {"embedding": [], "layer": [], "final_norm": [], "lm_head": []}
+        for i in self.indices:
+            self.keys[kinds[i]].append(list(self.files[(i, 0)].obj))
         for kind in ("embedding", "final_norm"):
             if len(self.keys[kind]) != 1:
                 raise InteropError(f"{self.dir}: {len(self.keys[kind])} {kind.replace('_', ' ')} layer files "
                                    "(one expected)")
         if not self.keys["layer"]:
             raise InteropError(f"{self.dir}: no transformer layer files")
-        self.layer_indices = [i for i in indices if self.kinds[i] == "layer"]
+        self.layer_indices = [i for i in self.indices if kinds[i] == "layer"]
+
+    def _describe_by_args(self, engine: dict, where: Path, notes: list[str]) -> dict:
+        """GPTModelPipe: the model from Megatron-DeepSpeed's args in the engine state (returned)."""
+        args = _args(engine, where)
+        dtype = self._dtype(next(i for i, k in self.kinds.items() if k == "embedding"))
+        has_bias = any(k.endswith("dense.bias") for k in self.keys["layer"][0])
+        has_position = "position_embeddings.weight" in self.keys["embedding"][0]
+        self.spec = spec_from_args(args, where, dtype, has_bias, has_position)
+        if self.spec.activation == "gelu" and "bias_gelu_fusion" not in args and not args.get("openai_gelu"):
+            notes.append("args do not say bias_gelu_fusion: assumed the exact (erf) GeLU")
+        return args
+
+    def _hf_modules(self, model_config, gpt: dict, notes: list[str]) -> None:
+        """A PipelineModule of an HF model's own modules (no Megatron-DeepSpeed): the model from config.json
+        beside the tag folder or --model-config; the layer files by position: the files holding a decoder
+        layer's keys (its HF names after `layers.{i}.`) are the layers, in index order; the one before them the
+        embedding; after them a 1-D `weight` is the final norm, a [vocab, hidden] one the head."""
+        config = next((c for c in (self.dir.parent / "config.json", self.dir / "config.json") if c.is_file()), None)
+        if model_config is None and config is None:
+            bad = next(i for i, k in gpt.items() if k is None)
+            raise InteropError(f"{self.files[(bad, 0)].path}: not a Megatron-DeepSpeed GPTModelPipe module (keys "
+                               f"{sorted(self.files[(bad, 0)].obj)[:4]}); a PipelineModule of HF modules is read "
+                               "with its config.json beside `latest` or --model-config")
+        if self.tp > 1:
+            raise InteropError(f"{self.dir}: HF module names split over {self.tp} model-parallel ranks (ATorch's "
+                               "DeepSpeed 3D) are not read")
+        dtype = self._dtype(self.indices[0])
+        if model_config is not None:
+            self.spec = spec_from_file(model_config, dtype)
+            notes.append(f"model description taken from {model_config}")
+        else:
+            self.spec = spec_from_hf_config(read_json_object(config, "HF config"), dtype, where=str(config))
+        self.tables = hf_module_tables(HF_TABLES[hf_table(self.spec)])
+        if self.tables is None:
+            raise InteropError(f"{self.dir}: a {self.spec.arch} model's learned position table has no module of "
+                               "its own in a PipelineModule of HF modules: not read")
+        layer_keys = {key for key, _, _ in self.tables["layer"]}
+        kinds = {}
+        for i in self.indices:
+            keys = {k for k in self.files[(i, 0)].obj if not self._ignored(k)}
+            if keys and keys <= layer_keys:
+                kinds[i] = "layer"
+        if not kinds:
+            raise InteropError(f"{self.dir}: no layer file holds a {self.spec.arch} decoder layer's keys "
+                               f"(e.g. {sorted(layer_keys)[:2]})")
+        first, last = min(kinds), max(kinds)
+        for i in self.indices:
+            if i in kinds:
+                continue
+            sd = self.files[(i, 0)].obj
+            weight = sd.get("weight")
+            if not isinstance(weight, torch.Tensor) or not set(sd) <= {"weight", "bias"} or first < i < last:
+                raise InteropError(f"{self.files[(i, 0)].path}: not a module of an HF {self.spec.arch} model "
+                                   f"(keys {sorted(sd)[:4]})")
+            kinds[i] = ("embedding" if i < first else "final_norm" if len(weight.shape) == 1 else "lm_head")
+        self._classified(kinds)
+        notes.append("a PipelineModule of HF modules: the embedding, final norm and head told apart by their "
+                     "place and shape")
 
     @staticmethod
     def _ignored(key: str) -> str | None:
         return next((why for suffix, why in IGNORED_SUFFIXES.items() if key.endswith(suffix)), None)
 
-    def _any_tensor(self) -> torch.Tensor:
-        emb = next(i for i, k in self.kinds.items() if k == "embedding")
-        return self.files[(emb, 0)].obj["word_embeddings.weight"]
+    def _dtype(self, index: int) -> str:
+        """The weights' dtype, from layer file `index`'s first tensor (the embedding's)."""
+        stored = next(iter(self.files[(index, 0)].obj.values())).dtype
+        if stored not in NAME_OF_DTYPE:
+            raise InteropError(f"{self.dir}: weights stored as {stored} (fp32, bf16, fp16 are read)")
+        return NAME_OF_DTYPE[stored]
 
     def _rows(self, notes: list[str]) -> None:
         """{canonical name: (layer index, key, transform, parts, part number)} from the name tables."""
@@ -233,7 +311,7 @@ class Reader(BaseReader):
             i = self.layer_indices.index(idx) if kind == "layer" else None
             stored = self.files[(idx, 0)].obj
             used = set()
-            for key, transform, parts in TABLES[kind]:
+            for key, transform, parts in self.tables[kind]:
                 names = [p.format(i=i) for p in parts]
                 if key in used or key not in stored or not all(n in self.index for n in names):
                     continue

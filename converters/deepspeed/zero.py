@@ -28,6 +28,15 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 GRADIENT_CLIPPING_DEFAULT = 1.0
 
 
+def update_rule(optimizer: dict) -> str:
+    """The neutral optimizer type of a ds_config `optimizer` section: DeepSpeed's "Adam" is AdamW (decoupled
+    weight decay) unless `adam_w_mode` is false (engine.py `_configure_basic_optimizer`, ADAM_W_MODE_DEFAULT);
+    without a section the client's optimizer ran (the HF Trainer's: torch AdamW)."""
+    kind = str(optimizer.get("type", "adamw")).lower()
+    params = optimizer.get("params") or {}
+    return "adamw" if kind == "adam" and params.get("adam_w_mode", True) is not False else kind
+
+
 class ZeroPartitions:
     """fp32 masters and moments by parameter name, from the dp ranks' optimizer files.
 
@@ -58,6 +67,7 @@ class ZeroPartitions:
             self.flats[kind] = per_rank
         self.kinds = ("exp_avg", "exp_avg_sq", "fp32_param") if has_moments else ("fp32_param",)
         self.step = self._step(osds[0]) if has_moments else 0
+        self.lr = self._lr(osds[0])
         dp = len(files)
         self.pieces: dict[str, tuple[torch.Size, list]] = {}  # name -> (shape, [(rank, group, lo, hi)])
         if self.stage3:
@@ -71,6 +81,13 @@ class ZeroPartitions:
         if isinstance(step, torch.Tensor):
             step = self.files[0].read(step).item()
         return int(step)
+
+    def _lr(self, osd: dict) -> float | None:
+        """The learning rate the optimizer last stepped with (its first param group's), if stated."""
+        base = osd.get("optimizer_state_dict" if self.stage3 else "base_optimizer_state") or {}
+        groups = base.get("param_groups") or [{}]
+        lr = groups[0].get("lr") if isinstance(groups[0], dict) else None
+        return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
     def _place_stage12(self, param_shapes: list[dict], dp: int, paddings) -> None:
         sizes = [t.numel() for t in self.flats["fp32_param"][0]]

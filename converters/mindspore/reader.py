@@ -8,6 +8,7 @@ from the scalars beside the tensors.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -181,6 +182,9 @@ class Reader(BaseReader):
                                "shards: merge it with mindspore.transform_checkpoints first")
         first = self.files[(0, 0)]
         self.tag_of = self._resolve_names(spec, layout)
+        if model_config is not None and sidecar is None and meta is None:
+            self.spec, self.layout = spec, layout  # (_home finds an expert's ep rank file by them)
+            self._refuse_other_model(model_config, spec, layout)
         embed = self.tag_of[self.rows[0].key]
         if embed not in first:
             raise InteropError(f"{first.path}: no {embed}: not a {dialect.name} {spec.arch} checkpoint "
@@ -231,17 +235,20 @@ class Reader(BaseReader):
         from_meta = pt_meta.spec_from(meta[0], dtype, where) if meta is not None else None
         if model_config is not None:
             spec, stated = _spec_from_config(model_config, dtype), None
-            if from_meta is not None:
-                diff = spec.differences(from_meta[0])
+            described = ((from_meta[0], where, f"{PT_META}/") if from_meta is not None else
+                         (ModelSpec.from_dict(sidecar["spec"]), path / SIDECAR, SIDECAR) if sidecar is not None
+                         else None)
+            if described is not None:
+                diff = spec.differences(described[0])
                 if spec.position == "rope" and any(k == "max_positions" for k, _, _ in diff):
                     # no tensor or computation depends on it under rope (a YAML may leave it to its default)
-                    notes.append(f"max_positions: --model-config says {spec.max_positions}, {PT_META}/ "
-                                 f"{from_meta[0].max_positions}; kept --model-config's")
+                    notes.append(f"max_positions: --model-config says {spec.max_positions}, {described[2]} "
+                                 f"{described[0].max_positions}; kept --model-config's")
                     diff = [d for d in diff if d[0] != "max_positions"]
                 if diff:
-                    raise InteropError(f"--model-config {model_config} and {where} describe different models: "
-                                       + ", ".join(f"{k} {a} vs {b}" for k, a, b in diff[:4])
-                                       + "; pass the right --model-config, or none to take pt_meta/'s")
+                    raise InteropError(f"--model-config {model_config} and {described[1]} describe different models: "
+                                       + ", ".join(f"{k} {a} vs {b}" for k, a, b in diff)
+                                       + f"; pass the right --model-config, or none to take {described[2]}'s")
         elif sidecar is not None:
             spec, stated = ModelSpec.from_dict(sidecar["spec"]), None
         elif from_meta is not None:
@@ -378,6 +385,37 @@ class Reader(BaseReader):
             f = self.files[(0, layout.stage_of(index[row.parts[0]]))]
             out[name] = alias[name] if name not in f and alias.get(name) in f else name
         return out
+
+    def _refuse_other_model(self, model_config, spec: ModelSpec, layout: ParallelLayout) -> None:
+        """A bare checkpoint described by --model-config alone: every tensor the description implies that tp
+        rank 0's files lack or hold in another shape, and the layers they hold beyond it, in one line (not
+        the first contradiction met).  A vocabulary matrix may hold more rows (padding), not fewer."""
+        index, differ, seen = param_index(spec), [], set()
+        for row in self.rows:
+            f, tag = self._home(0, index[row.parts[0]], self.tag_of[row.key])  # an expert in its ep rank's file
+            want = tuple(row.transform.rank_shape(0, layout.tp))
+            vocab = index[row.parts[0]].split == "vocab"
+            pattern = re.sub(r"\.\d+\.", ".N.", tag)
+            if pattern in seen:
+                continue
+            if tag not in f:
+                seen.add(pattern)
+                differ.append(f"{pattern} [{', '.join(map(str, want))}] vs missing")
+                continue
+            got = tuple(f.meta(tag)[1])
+            same = (len(got) == len(want) and got[1:] == want[1:] and got[0] * layout.tp >= spec.vocab) if vocab \
+                else got == want
+            if not same:
+                seen.add(pattern)
+                differ.append(f"{pattern} {list(want)} vs {list(got)}")
+        held = {int(m.group(1)) for f in self.files.values() for tag in f.keys()
+                if (m := re.search(r"\blayers\.(\d+)\.", tag))}
+        if layout.pp == 1 and held and max(held) + 1 != spec.num_layers:
+            differ.insert(0, f"num_layers {spec.num_layers} vs {max(held) + 1}")
+        if differ:
+            first = self.files[(0, 0)].path
+            raise InteropError(f"--model-config {model_config} describes another model than {first} "
+                               f"(--model-config vs checkpoint, tp rank 0): {', '.join(differ)}")
 
     def _check(self, notes: list[str]) -> dict[str, torch.Tensor]:
         """Every expected tensor present with its shard's shape, the optimizer's moments all or none;

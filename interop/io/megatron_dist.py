@@ -690,11 +690,15 @@ class DistWriter:
 
     def write_object(self, key: str, value) -> None:
         """A ShardedObject as mcore stores it: `torch.save([value])`, raw bytes in file 0."""
+        self.write_pickled(key, [value])
+
+    def write_pickled(self, key: str, value) -> None:
+        """A byte object as DCP's own save stores a non-tensor value: `torch.save(value)`, raw bytes in file 0."""
         if key in self.objects or key in self.declared:
             raise ValueError(f"duplicate key {key!r}")
         self._drain()  # file 0's end is where the queued chunks end
         buffer = io.BytesIO()
-        torch.save([value], buffer)
+        torch.save(value, buffer)
         raw = buffer.getbuffer()
         view, done = memoryview(raw), 0
         fd = self._fd(0)

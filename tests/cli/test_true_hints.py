@@ -1,5 +1,6 @@
 """Hints that are true (issue 27, items 6-9): each mistake a new user made, its exit code and its one line."""
 import json
+import shutil
 
 from click.testing import CliRunner
 
@@ -59,6 +60,40 @@ def test_model_config_of_another_model_lists_the_fields(hf_checkpoints, tmp_path
     same = cli("convert", tmp_path / "meg-torch", tmp_path / "x", "--to", "hf", "-q",
                "--model-config", hf_checkpoints["llama"] / "config.json")
     assert same.exit_code == 0, same.output
+
+
+def test_model_config_of_another_model_lists_every_field_for_mindspore(hf_checkpoints, tmp_path):
+    """Item 8 for MindSpore: beside MindSpeed's pt_meta/, interop's mindspore_model.json or nothing (a bare
+    .ckpt, whose tensors are the only facts), the one line names every field or tensor that differs."""
+    config = json.loads((hf_checkpoints["llama"] / "config.json").read_text())
+    config.update(vocab_size=32000, hidden_size=128, num_hidden_layers=4)
+    (tmp_path / "other.json").write_text(json.dumps(config))
+    convert(hf_checkpoints["llama"], tmp_path / "mindspeed", dst_format="mindspore")
+    convert(hf_checkpoints["llama"], tmp_path / "mindformers", dst_format="mindspore", dialect="mindformers")
+    (tmp_path / "bare").mkdir()
+    shutil.copy(tmp_path / "mindformers" / "model.ckpt", tmp_path / "bare" / "model.ckpt")
+    fields = "num_layers 4 vs 6, hidden 128 vs 64, vocab 32000 vs 250"
+    for src, described_by in (("mindspeed", "pt_meta/args_tp00_pp000.pt"), ("mindformers", "mindspore_model.json")):
+        result = cli("convert", tmp_path / src, tmp_path / "x", "--to", "hf", "--model-config", tmp_path / "other.json")
+        assert result.exit_code == 2, result.output
+        [line] = _errors(result)
+        assert line.startswith(f"error: --model-config {tmp_path / 'other.json'} and {tmp_path / src / described_by} "
+                               f"describe different models: {fields};"), line
+    result = cli("convert", tmp_path / "bare" / "model.ckpt", tmp_path / "x", "--to", "hf",
+                 "--model-config", tmp_path / "other.json")
+    assert result.exit_code == 2, result.output
+    [line] = _errors(result)
+    assert line.startswith(f"error: --model-config {tmp_path / 'other.json'} describes another model than "
+                           f"{tmp_path / 'bare' / 'model.ckpt'} (--model-config vs checkpoint, tp rank 0): "
+                           "num_layers 4 vs 6, model.tok_embeddings.embedding_weight [32000, 128] vs [250, 64], "
+                           "model.layers.N.attention_norm.weight [128] vs [64], "), line
+    for tensor in ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1",
+                   "feed_forward.w2", "feed_forward.w3", "ffn_norm", "norm_out", "lm_head"):
+        assert tensor + ".weight [" in line, tensor
+    assert not (tmp_path / "x").exists()
+    ok = cli("convert", tmp_path / "bare" / "model.ckpt", tmp_path / "x", "--to", "hf", "-q",
+             "--model-config", hf_checkpoints["llama"] / "config.json")
+    assert ok.exit_code == 0, ok.output
 
 
 def test_to_offers_no_source_only_format(hf_checkpoints, tmp_path):

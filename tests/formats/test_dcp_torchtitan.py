@@ -1,7 +1,9 @@
 """`--dcp-layout torchtitan` / `--from dcp` on torchtitan's step-N layout.
 
-torchtitan does not run on this CPU-only machine (0.3.0 imports triton), so the layout is taken from its
-source, cited: components/checkpointer/dcp.py `_flattened_model_states_sd` (the model's state dict at the
+A real torchtitan 0.3.0 save is read in `test_torchtitans_own_save_reads_as_its_hf_export` and
+`test_torchtitans_optimizer_state_is_read` (tests/fixtures/torchtitan, written by its CheckpointManager on CPU:
+scripts/make_torchtitan_fixture.py, PROVENANCE).  The other tests take the layout from its source, cited:
+components/checkpointer/dcp.py `_flattened_model_states_sd` (the model's state dict at the
 top level of the DCP folder, beside optimizer / lr_scheduler / dataloader / train_state), models/llama3/
 state_dict_adapter.py (0.3.0: `attention.qkv_linear.wq/wk/wv`, `feed_forward.w1/w3/w2`, `attention_norm`,
 `ffn_norm`, `norm`, `lm_head`; q and k `_reverse_permute`d from HF: view(heads, 2, head_dim // 2, dim)
@@ -79,3 +81,43 @@ def test_torchtitan_02_spelling_is_read(tmp_path):
     a, b = dcp.Reader(step), dcp.Reader(tmp_path / "old", model_config=FIXTURE / "config.json")
     for m in a.metas():
         assert torch.equal(a.read(m.name), b.read(m.name))
+
+
+def test_torchtitans_own_save_reads_as_its_hf_export(tmp_path):
+    """torchtitan 0.3.0's CheckpointManager save (step-2/: its names at the top level beside the flattened
+    optimizer, lr_scheduler, train_state) to HF: bit-identical to torchtitan's own Llama3StateDictAdapter.to_hf
+    export, loaded by transformers."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    real = Path(__file__).parents[1] / "fixtures" / "torchtitan"
+    assert detect_format(real / "step-2") == "dcp"
+    code, out = run("convert", real / "step-2", tmp_path / "hf", "--to", "hf", "--model-config", real / "config.json")
+    assert code == 0, out
+    assert "torchtitan-0.3 layout" in out and "converted torchtitan's optimizer state" in out
+    expected = load_file(real / "expected_hf.safetensors")
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    assert set(got) == set(expected) and len(got) == 21
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_torchtitans_optimizer_state_is_read():
+    """Its AdamW state flattened per parameter; 0.3 trains q, k, v as one `qkv_linear.wqkv`: the moments read
+    for q, k, v, put back in torchtitan's layout (its interleaved-rope permutation, then its
+    `_merge_qkv_on_load`: per KV head [q heads; k; v]), are the stored fused moments."""
+    from interop.io.megatron_dist import DcpCheckpoint
+    real = Path(__file__).parents[1] / "fixtures" / "torchtitan"
+    reader = dcp.Reader(real / "step-2", model_config=real / "config.json")
+    assert reader.source.state["optimizer"] == {"type": "adamw", "step": 2, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                "weight_decay": 0.01, "lr": 0.01 * 8 / 9}  # LambdaLR, step 2 of 10
+    weights = [m for m in reader.metas() if not m.name.startswith("optim.")]
+    assert len(weights) == 21 and len(reader.metas()) == 4 * 21
+    stored = DcpCheckpoint(real / "step-2")
+    heads, kv, hd = 4, 2, 8
+    for i in range(2):
+        q, k, v = (reader.read(f"optim.exp_avg.layers.{i}.attn.{p}.weight") for p in "qkv")
+        q, k = reverse_permute(q, heads), reverse_permute(k, kv)
+        merged = torch.cat([q.reshape(kv, heads // kv, hd, -1), k.reshape(kv, 1, hd, -1), v.reshape(kv, 1, hd, -1)],
+                           dim=1).reshape(-1, q.shape[1])
+        assert torch.equal(merged, stored.read(f"optimizer.state.layers.{i}.attention.qkv_linear.wqkv.weight.exp_avg"))
+        assert torch.equal(reader.read(f"optim.exp_avg_sq.layers.{i}.mlp.down.weight"),
+                           stored.read(f"optimizer.state.layers.{i}.feed_forward.w2.weight.exp_avg_sq"))

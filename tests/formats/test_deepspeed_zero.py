@@ -171,3 +171,12 @@ def test_zero1_with_a_missing_optimizer_file_converts_the_weights_and_says_so(tm
     saved = load_file(checkpoint("z1_fp32") / "model.safetensors")
     got = load_file(tmp_path / "hf" / "model.safetensors")
     assert all(torch.equal(got[k], saved[k]) for k in got)
+
+
+def test_deepspeeds_adam_is_adamw_unless_told():
+    """ds_config's "Adam" runs AdamW (decoupled weight decay) unless adam_w_mode is false (DeepSpeed 0.19.8
+    runtime/engine.py _configure_basic_optimizer); the neutral type says which, for Megatron's and DCP's groups."""
+    from interop.converters.deepspeed.zero import update_rule
+    assert update_rule({"type": "Adam", "params": {"lr": 1e-3}}) == "adamw"
+    assert update_rule({"type": "Adam", "params": {"adam_w_mode": False}}) == "adam"
+    assert update_rule({"type": "AdamW"}) == "adamw" and update_rule({"type": "Lamb"}) == "lamb"
