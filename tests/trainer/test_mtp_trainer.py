@@ -121,17 +121,17 @@ def test_mtp_weight_scales_only_the_gradient(tmp_path):
 
 def test_mtp_on_at_tp2_pp2_ep2_equals_1x1(tmp_path):
     """MTP trained at tp 2 (eh_proj column-parallel, its output gathered), pp 2 (the MTP module and an embedding
-    copy on the last stage, its gradient summed with the first stage's) and ep 2 (the MTP layer's experts split)
-    follows the 1x1 run within 1e-5 over 10 steps, the routers' expert bias (the MTP layer's too) moving.  AdamW's
+    copy on the last stage, its gradient summed with the first stage's), ep 2 (the MTP layer's experts split) and
+    tp 2 x pp 2 follows the 1x1 run within 1e-5 over 10 steps, the routers' expert bias (the MTP layer's too) moving.  AdamW's
     eps is 1e-6: at 1e-8 the few gradient elements within ~1e-8 of zero, whose fp32 rounding differs between layouts
     (the gradients agree to 1e-6 relative), move by up to lr x their relative difference and part the curves by
     ~3e-5: Adam amplifying rounding, not a difference of the computation."""
     save(v3_config(num_hidden_layers=4), tmp_path / "hf", mtp=True)
     cfg = TrainConfig(steps=10, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3,
                       eps=1e-6)
-    result = parity(tmp_path / "hf", cfg, layouts=parse_layouts("1x1,2x1,1x2,1x1x2x2"), frameworks=["torch"],
+    result = parity(tmp_path / "hf", cfg, layouts=parse_layouts("1x1,2x1,1x2,1x1x2x2,2x2"), frameworks=["torch"],
                     log=None)
-    assert list(result.runs) == ["torch 1x1", "torch 2x1", "torch 1x2", "torch 1x1x2 ep2"], result.failed
+    assert list(result.runs) == ["torch 1x1", "torch 2x1", "torch 1x2", "torch 1x1x2 ep2", "torch 2x2"], result.failed
     print(result.table())
     assert result.ok and result.max_diff <= 1e-5, result.table()
 
