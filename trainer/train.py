@@ -147,7 +147,10 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         reader = open_checkpoint(start)
     else:
         raise InteropError("nothing to train: give --load CKPT, --init-spec SPEC.yaml or --resume with --save DIR")
-    spec = reader.spec
+    spec = cfg.trained_spec(reader.spec)
+    if cfg.mtp_loss_scaling_factor is not None and not spec.mtp_layers:
+        print(f"note: --mtp-loss-scaling-factor {cfg.mtp_loss_scaling_factor:g} is unused: {start} has no MTP modules",
+              file=sys.stderr, flush=True)
     if reader.source.adapter is not None:
         raise InteropError(f"{start}: a LoRA adapter, not a model: give its base with --load and the adapter with "
                            "--adapter")

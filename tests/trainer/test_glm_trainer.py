@@ -48,11 +48,12 @@ def test_mtp_training_equals_megatron_core(tmp_path):
     """GLM-4.5 with its MTP module trained by the reference trainer (1x1 and ep 2) and by megatron-core's own
     GPTModel with its MTP block (interop parity's megatron framework, at ep 1 and 2): the same curve within 1e-5 over
     10 steps of 2 micro-batches (the MTP loss scaled by 1 / micro-batches as megatron-core's schedule sets
-    MTPLossAutoScaler), the routers' expert bias moving.  Vocabulary 1024: megatron-core's loss counts padded
+    MTPLossAutoScaler) and the run's --mtp-loss-scaling-factor 0.3 in both, the routers' expert bias moving.  Vocabulary 1024: megatron-core's loss counts padded
     columns; AdamW eps 1e-6 (test_mtp_trainer.py says why)."""
     pytest.importorskip("megatron.core")
     save(config(vocab_size=1024), tmp_path / "hf")
-    cfg = TrainConfig(steps=10, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3, eps=1e-6)
+    cfg = TrainConfig(steps=10, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3, eps=1e-6,
+                      mtp_loss_scaling_factor=0.3)
     result = parity(tmp_path / "hf", cfg, layouts=parse_layouts("1x1,1x1x2x2"),
                     frameworks=["torch", "megatron", "megatron:ep2"], log=None)
     assert list(result.runs) == ["torch 1x1", "torch 1x1x2 ep2", "megatron", "megatron ep2"], result.failed

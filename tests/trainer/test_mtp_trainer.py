@@ -136,12 +136,20 @@ def test_mtp_on_at_tp2_pp2_ep2_equals_1x1(tmp_path):
     assert result.ok and result.max_diff <= 1e-5, result.table()
 
 
-def test_parity_refuses_transformers_beside_trained_mtp_modules(tmp_path):
-    """transformers' model has no MTP modules: beside a run that trains them the losses would part after step 1."""
-    save(v3_config(), tmp_path / "hf", mtp=True)
-    cfg = TrainConfig(steps=2, micro_batch_size=2, seq_length=16)
-    with pytest.raises(InteropError, match="framework hf: .*MTP"):
+def test_parity_with_transformers_needs_mtp_switched_off(tmp_path):
+    """transformers' model has no MTP modules: beside a run that trains them the losses would part after step 1, so
+    parity refuses hf in one line; at --mtp-loss-scaling-factor 0 (the MTP modules run, their gradient is 0) the
+    trainer follows transformers within 1e-5 over 10 steps, at 1x1 and pp 2 (the MTP stage)."""
+    save(v3_config(num_hidden_layers=4), tmp_path / "hf", mtp=True)
+    cfg = TrainConfig(steps=10, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3,
+                      router_bias_update_rate=0.0)
+    with pytest.raises(InteropError, match="framework hf: transformers' model has no MTP modules.*"
+                                           "--mtp-loss-scaling-factor 0"):
         parity(tmp_path / "hf", cfg, layouts=parse_layouts("1x1"), frameworks=["torch", "hf"], log=None)
+    result = parity(tmp_path / "hf", cfg.replace(mtp_loss_scaling_factor=0.0), layouts=parse_layouts("1x1,1x2"),
+                    frameworks=["torch", "hf"], log=None)
+    assert list(result.runs) == ["torch 1x1", "torch 1x2", "hf"], result.failed
+    assert result.ok and result.max_diff <= 1e-5, result.table()
 
 
 def test_resume_carries_mtp_modules_and_their_moments(tmp_path):
@@ -178,3 +186,22 @@ def test_short_sequence_refused_in_one_line(tmp_path):
     convert(tmp_path / "hf", tmp_path / "store", dst_format="interop")
     with pytest.raises(InteropError, match="--seq-length 1: the model's 1 MTP module"):
         train(TrainConfig(load=str(tmp_path / "store"), steps=1, seq_length=1, quiet=True))
+
+
+def test_mtp_loss_scaling_factor_from_flag_or_megatron_args(tmp_path):
+    """Megatron's --mtp-loss-scaling-factor is a training argument: read from an args file (`--config`) or the flag,
+    checked at the door, and trained (the run's summary and the saved model say it)."""
+    from interop.trainer.config import load_config
+    from interop.trainer.launch import prepare
+    from interop.trainer.train import describe_plan
+    args = tmp_path / "run.sh"
+    args.write_text("torchrun pretrain_gpt.py --mtp-num-layers 1 --mtp-loss-scaling-factor 0.25 --lr 3e-3\n")
+    assert load_config(args).mtp_loss_scaling_factor == 0.25
+    assert load_config(None).mtp_loss_scaling_factor is None  # the model's own
+    with pytest.raises(InteropError, match="--mtp-loss-scaling-factor must be a finite number >= 0.0, got -1.0"):
+        load_config(None, mtp_loss_scaling_factor=-1.0)
+    save(v3_config(), tmp_path / "hf", mtp=True)
+    convert(tmp_path / "hf", tmp_path / "store", dst_format="interop")
+    plan = prepare(TrainConfig(load=str(tmp_path / "store"), mtp_loss_scaling_factor=0.25))
+    assert plan.spec.mtp_loss_weight == 0.25
+    assert "1 MTP module(s) trained, loss weight 0.25" in describe_plan(plan)[0]
