@@ -26,6 +26,35 @@ def mixtral_config(layers=8, hidden=1024, ffn=2048, heads=16, kv=4, vocab=32000,
             "model_type": "mixtral", "num_local_experts": experts, "num_experts_per_tok": topk, "sliding_window": None}
 
 
+# Gemma-3-1B's widths (hidden 1152, 4 heads of 256 over 1 KV head, GeGLU of 6912, vocabulary 262144, tied) at 8
+# layers: about 1 GB in bf16, 5 sliding layers to 1 full, q/k norms and four norms per layer.
+GEMMA3_1B = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 1152,
+             "intermediate_size": 6912, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 1,
+             "head_dim": 256, "vocab_size": 262144, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+             "query_pre_attn_scalar": 256, "sliding_window": 512, "tie_word_embeddings": True,
+             "hidden_activation": "gelu_pytorch_tanh", "torch_dtype": "bfloat16"}
+
+
+def write_synthetic_family(path: Path, config: dict, seed: int = 0) -> int:
+    """Random bf16 weights under the names and shapes transformers' own model class for `config` has (built on
+    the meta device: no memory), written one tensor at a time. Returns the checkpoint's size."""
+    import transformers
+    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    with torch.device("meta"):
+        model = getattr(transformers, config["architectures"][0])(cfg)
+    entries = [(k, tuple(t.shape)) for k, t in model.state_dict().items()
+               if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+    path.mkdir(parents=True)
+    writer = SafetensorsWriter(path / "model.safetensors", [(k, torch.bfloat16, s) for k, s in entries],
+                               {"format": "pt"})
+    gen = torch.Generator().manual_seed(seed)
+    for key, shape in entries:
+        writer.write(key, (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16))
+    size, _ = writer.close()
+    (path / "config.json").write_text(json.dumps(config))
+    return size
+
+
 def write_synthetic_hf(path: Path, config: dict, seed: int = 0) -> int:
     """A HF Llama (or Mixtral, with `num_local_experts`) checkpoint of random bf16 weights, written one tensor
     at a time. Returns its size."""

@@ -15,16 +15,15 @@ from pathlib import Path
 
 import torch
 
-from ..adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, sharing_notes, stated_shared_a, target_of
-from ..contract import BaseReader, BaseWriter
+from ..adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ..adapter_writer import AdapterWriter
+from ..contract import BaseReader
 from ..errors import InteropError
 from ..hf_named import hf_rows, hf_table
 from ..io.safetensors import SafetensorsFile, SafetensorsWriter
 from ..io.small_files import read_json_object
 from ..mappings.hf_names import TABLES
 from ..mappings.peft_names import CONFIG, LORA_NAMES, REFUSED, WEIGHTS, config_of
-from ..params import TensorKey
-from ..rows import RowCollector
 from ..spec import ModelSpec
 from ..tensors import Source, TensorMeta
 from ..transforms import Transpose
@@ -144,10 +143,8 @@ class Reader(BaseReader):
 
 _SAVE_ORDER = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
-class Writer(BaseWriter):
+class Writer(AdapterWriter):
     """A LoRA adapter as PEFT saves it, loadable by `peft.PeftModel.from_pretrained(base_model, DST)`."""
-
-    holds_adapter = True
 
     @staticmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
@@ -159,29 +156,19 @@ class Writer(BaseWriter):
         if layout.tp != 1 or layout.pp != 1 or layout.ep != 1:
             raise InteropError("a PEFT adapter is not sharded: use --tp 1 --pp 1 --ep 1")
         self.root, self.spec, self.adapter = Path(root), spec, adapter
-        self.rows = adapter_rows(_table(spec), LORA_NAMES, spec, adapter, "PEFT")
-        self.row_of = {p: row for row in self.rows for p in row.parts}
+        rows = adapter_rows(_table(spec), LORA_NAMES, spec, adapter, "PEFT")
         self.dtypes = {m.name: m.dtype for m in metas}
         self.fan_in_fan_out = any(isinstance(row.transform, Transpose) for row in hf_rows(spec)
                                   if any(adapter.adapts(p) for p in row.parts))  # GPT2's Conv1D
-        self.collector = RowCollector()
         self.stored: dict[str, torch.Tensor] = {}
-        self.notes = sharing_notes(self.rows, spec, adapter, "PEFT")
-        self.notes += optimizer_dropped_notes(metas, 'a PEFT adapter holds weights only')
+        self.notes = sharing_notes(rows, spec, adapter, "PEFT")
+        self.use_rows(rows, metas, 'a PEFT adapter holds weights only')
 
-    def wants(self, name: str) -> bool:
-        return not TensorKey.parse(name).is_optim
-
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
-            return
-        row = self.row_of[name]
-        parts = self.collector.add(row.key, row.parts, name, tensor)
-        if parts is not None:
-            try:
-                self.stored[row.key] = row.transform.fuse(parts).contiguous()
-            except InteropError as exc:
-                raise InteropError(f"PEFT {row.key}: {exc}") from None
+    def place(self, row, parts) -> None:
+        try:
+            self.stored[row.key] = row.transform.fuse(parts).contiguous()
+        except InteropError as exc:
+            raise InteropError(f"PEFT {row.key}: {exc}") from None
 
     def finish_units(self, state: dict | None = None) -> dict:
         self.collector.check_done("PEFT adapter: ")

@@ -119,6 +119,8 @@ class BaseWriter(abc.ABC):
     splits = False  # whether it takes `only=` and finishes in two halves (`--workers`)
     holds_adapter = False  # whether it can hold a LoRA adapter (`interop.adapter`): __init__ then takes `adapter=`
     units: tuple = ()  # the target files a conversion split over processes divides, stage by stage
+    # why `--dtype fp8` (block-scaled weights) is refused, for a writer that does not take `quantize_to`
+    no_fp8 = "cannot store block-scaled FP8 weights yet (hf can)"
     notes: tuple = ()  # what it could not write, and why (read after finishing; a list in most writers)
 
     @staticmethod

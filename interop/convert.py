@@ -249,7 +249,7 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
         reader_options.update(_accepted(reader_cls, {"dequantize_to": DTYPE_CHOICES[dtype]}))
     if dtype == "fp8":  # only a writer that stores block-scaled FP8 weights takes it
         if not _accepted(writer_cls, {"quantize_to": "fp8"}):
-            raise InteropError(f"--dtype fp8: a {dst_format} target cannot store block-scaled FP8 weights yet (hf can)")
+            raise InteropError(f"--dtype fp8: a {dst_format} target {writer_cls.no_fp8}")
         writer_options["quantize_to"] = "fp8"
     ParallelLayout.check_flags(tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
     if group is not None:  # checks that read every byte: each rank makes its share

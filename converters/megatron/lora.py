@@ -23,16 +23,16 @@ from pathlib import Path
 
 import torch
 
-from ...adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, sharing_notes, stated_shared_a, target_of
-from ...contract import BaseReader, BaseWriter
+from ...adapter import AdapterSpec, adapter_rows, sharing_notes, stated_shared_a, target_of
+from ...adapter_writer import AdapterWriter
+from ...contract import BaseReader
 from ...errors import InteropError
 from ...io.megatron_save import iteration_name, write_tracker
 from ...io.torch_file import LazyTorchFile
 from ...layout import ParallelLayout
 from ...mappings.megatron_names import LORA_ARGS, LORA_NAMES, MCORE
 from ...mappings.megatron_spec import args_from_spec, layout_from_args, spec_from_args
-from ...params import TensorKey
-from ...rows import RowCollector, expand
+from ...rows import expand
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from .args import args_dict, check_args, padded_vocab
@@ -182,11 +182,10 @@ class Reader(BaseReader):
         return self.part_of[name][0].key
 
 
-class Writer(BaseWriter):
+class Writer(AdapterWriter):
     """A LoRA adapter as MindSpeed-LLM's rank files hold it (adapter only, args with its lora_* settings)."""
 
     options = ("iteration",)
-    holds_adapter = True
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], adapter: AdapterSpec,
@@ -194,23 +193,12 @@ class Writer(BaseWriter):
         _check_layout(layout)
         spec.check_tp(layout.tp)
         self.root, self.spec, self.layout, self.adapter, self.iteration = Path(root), spec, layout, adapter, iteration
-        self.rows = _stage_rows(spec, adapter, layout)
-        self.row_of = {n: row for row in self.rows for n in row.parts}
-        self.collector = RowCollector()
+        rows = _stage_rows(spec, adapter, layout)
         self.models = {(t, p, v): OrderedDict() for t, p in layout.ranks() for v in range(layout.vpp)}
-        self.notes = sharing_notes(self.rows, spec, adapter, "Megatron (megatron-core's fused linears)")
-        self.notes += optimizer_dropped_notes(metas, 'interop writes Megatron LoRA adapters without an optimizer')
+        self.notes = sharing_notes(rows, spec, adapter, "Megatron (megatron-core's fused linears)")
+        self.use_rows(rows, metas, 'interop writes Megatron LoRA adapters without an optimizer')
 
-    def wants(self, name: str) -> bool:
-        return not TensorKey.parse(name).is_optim
-
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
-            return
-        row = self.row_of[name]
-        parts = self.collector.add(row.key, row.parts, name, tensor)
-        if parts is None:
-            return
+    def place(self, row, parts) -> None:
         for t in range(self.layout.tp):
             try:
                 self.models[(t, row.stage, row.chunk)][row.key] = row.transform.to_rank(parts, t, self.layout.tp).clone()

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
-from ...adapter import AdapterSpec, adapter_rows, optimizer_dropped_notes, target_of
-from ...contract import BaseReader, BaseWriter
+from ...adapter import AdapterSpec, adapter_rows, target_of
+from ...adapter_writer import AdapterWriter
+from ...contract import BaseReader
 from ...errors import InteropError
 from ...io import megatron_dist as dist
 from ...io.megatron_save import iteration_name, write_tracker
@@ -41,8 +42,8 @@ from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
 from ...mappings.megatron_names import BRIDGE_LORA_NAMES, LORA_ARGS, MCORE
 from ...mappings.megatron_spec import args_from_spec, layout_from_args, spec_from_args
-from ...params import TensorKey, param_index
-from ...rows import RowCollector, expand
+from ...params import param_index
+from ...rows import expand
 from ...spec import ModelSpec
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from ...model_config import megatron_args_from_file
@@ -182,12 +183,11 @@ class Reader(BaseReader):
         return where if len(row.parts) == 1 else f"{where} [part {i + 1}/{len(row.parts)}]"
 
 
-class Writer(BaseWriter):
+class Writer(AdapterWriter):
     """A LoRA adapter as Megatron-Bridge saves one in torch_dist: `iter_*/` of DCP files, `.adapter.linear_in` /
     `.adapter.linear_out` keys only, common.pt with the args and the adapter's lora_* settings."""
 
     options = ("iteration",)
-    holds_adapter = True
     padded_vocab = staticmethod(padded_vocab)
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta], adapter: AdapterSpec,
@@ -195,12 +195,8 @@ class Writer(BaseWriter):
         spec.check_tp(layout.tp)
         _check(spec, layout, adapter)
         self.root, self.spec, self.layout, self.adapter, self.iteration = Path(root), spec, layout, adapter, iteration
-        self.rows = _rows(spec, adapter)
-        self.row_of = {n: row for row in self.rows for n in row.parts}
+        self.use_rows(_rows(spec, adapter), metas, 'interop writes Megatron LoRA adapters without an optimizer')
         dtype_of = {m.name: m.dtype for m in metas}
-        self.collector = RowCollector()
-        self.notes = []
-        self.notes += optimizer_dropped_notes(metas, 'interop writes Megatron LoRA adapters without an optimizer')
         self.root.mkdir(parents=True, exist_ok=True)
         self.partial = self.root / ".partial"
         self.out = dist.DistWriter(self.partial)
@@ -211,16 +207,7 @@ class Writer(BaseWriter):
                 declared.add(key)
                 self.out.declare(key, dtype_of[row.parts[0]], global_shape(spec, layer, row.transform.rank_shape()))
 
-    def wants(self, name: str) -> bool:
-        return not TensorKey.parse(name).is_optim
-
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        if TensorKey.parse(name).is_optim:  # weights only (a note says so)
-            return
-        row = self.row_of[name]
-        parts = self.collector.add(row.key, row.parts, name, tensor)
-        if parts is None:
-            return
+    def place(self, row, parts) -> None:
         try:
             stored = row.transform.to_rank(parts, 0, 1)
         except InteropError as exc:

@@ -6,12 +6,13 @@ from ...params import param_index
 from ...spec import ModelSpec
 
 
-def stage_strategy(spec: ModelSpec, layout: ParallelLayout, rows, stage: int) -> dict:
+def stage_strategy(spec: ModelSpec, layout: ParallelLayout, rows, stage: int, index: dict | None = None) -> dict:
     """One pipeline stage's strategy: dev_matrix [tp], tensor_map per dim.
 
-    tensor_map counts devices from the right of dev_matrix: 0 = split over tp, -1 = whole.
+    tensor_map counts devices from the right of dev_matrix: 0 = split over tp, -1 = whole.  `index`: the
+    canonical tensors the rows hold (default the model's; a LoRA adapter's are `AdapterSpec.index`).
     """
-    index = param_index(spec)
+    index = param_index(spec) if index is None else index
     items = {}
     for row in rows:
         name, transform, parts = row.key, row.transform, row.parts

@@ -28,9 +28,9 @@ def quantizable(key: str, t: torch.Tensor) -> bool:
         and not key.endswith(("mlp.gate.weight", "norm.weight"))
 
 
-def fp8_checkpoint(root, block):
+def fp8_checkpoint(root, block, config=None):
     """The tiny V3 (with its MTP module) stored as DeepSeek-V3's release stores it, in blocks of `block`."""
-    save(v3_config(), root / "bf16", mtp=True)
+    save(config or v3_config(), root / "bf16", mtp=True)
     held = load_file(root / "bf16" / "model.safetensors")
     out = {}
     for key, t in held.items():
@@ -155,6 +155,32 @@ def test_fp8_target_that_cannot_hold_it_is_refused(fp8_source, tmp_path):
     assert_one_error(*run("convert", fp8_source, tmp_path / "out", "--to", "interop", "--dtype", "fp8"),
                      "--dtype fp8", "cannot store block-scaled FP8")
     assert not (tmp_path / "out").exists()
+
+
+def test_megatron_fp8_target_is_refused_with_its_reason(fp8_source, tmp_path):
+    """megatron-core stores FP8-trained weights in high precision: its dist_checkpointing `load` dequantises the
+    model's FP8 parameters before reading (megatron/core/dist_checkpointing/serialization.py, 0.16.1:
+    `force_all_tensors_to_non_fp8`), so a Megatron target has no block-scaled form to write; the FP8 source itself
+    converts to Megatron by dequantising (test_megatron_mla.py)."""
+    assert_one_error(*run("convert", fp8_source, tmp_path / "out", "--to", "megatron", "--dtype", "fp8"),
+                     "--dtype fp8", "high precision", "--dtype bf16")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+def test_fp8_source_to_megatron_ep2_is_its_dequantisation(tmp_path, fmt):
+    """FP8 HF -> Megatron (tp 2, ep 2, bf16) -> HF gives exactly what FP8 HF -> HF bf16 gives: the Megatron
+    files hold the dequantised weights (what megatron-core loads), nothing re-rounded on the way.  Top-4 of 2
+    groups: megatron-core scores a group by its top-k / group-top-k best experts (the tiny V3's top-2 is not)."""
+    fp8_source = fp8_checkpoint(tmp_path / "src", BLOCK, v3_config(num_experts_per_tok=4))
+    direct = convert(fp8_source, tmp_path / "direct", dst_format="hf", dtype="bf16")
+    via = convert(fp8_source, tmp_path / "mcore", dst_format="megatron", format=fmt, tp=2, ep=2, dtype="bf16")
+    assert any(n.startswith("dequantised") for n in via.notes) and any(n.startswith("dequantised") for n in direct.notes)
+    convert(tmp_path / "mcore", tmp_path / "back", dst_format="hf")
+    a, b = load_file(tmp_path / "direct" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert a.keys() == b.keys() and not any(k.endswith("_scale_inv") for k in a)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
 
 
 def test_transformers_loads_the_fp8_output_as_interop_dequantises_it(tmp_path):

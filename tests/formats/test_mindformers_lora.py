@@ -1,4 +1,4 @@
-"""MindFormers LoRA adapters (converters/mindspore/lora.py), tp 1: the legacy models' (mindpet) and the mcore-style
+"""MindFormers LoRA adapters (converters/mindspore/lora.py), tp 1 (tp > 1: test_mindformers_lora_tp.py): the legacy models' (mindpet) and the mcore-style
 models' (parallel_core lora_layers.py) names.
 
 Names confirmed in the installed tools: mindformers 2.1.0 mindformers/pet/tuners/lora_adapter.py replaces a matched
@@ -98,8 +98,8 @@ def test_alpha_missing_from_pet_config_is_refused(adapter, tmp_path):
     (bad / "pet_config.yaml").write_text(yaml.safe_dump(doc))
     assert_refused(cli("convert", bad, tmp_path / "out", "--to", "peft"), tmp_path / "out", "no lora_alpha",
                    "never defaulted")
-    assert_refused(cli("convert", adapter / "mf", tmp_path / "out", "--to", "mindspore", "--tp", "2"), tmp_path / "out",
-                   "tp 1")
+    assert_refused(cli("convert", adapter / "mf", tmp_path / "out", "--to", "mindspore", "--pp", "2", "--vpp", "3"),
+                   tmp_path / "out", "--vpp 1")
 
 
 MCORE_BASE = dict(arch="llama", num_layers=2, hidden=64, ffn_hidden=96, heads=8, kv_groups=4, head_dim=8, vocab=250,
