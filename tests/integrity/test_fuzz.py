@@ -11,6 +11,8 @@ their flips in headers, pickles and metadata only (the README says so); tensor b
 the common format (CRC-32 per file) and of Megatron `.pt` files (CRC-32 per zip record)
 are flipped too.  Truncations go anywhere.  Describing JSON files are made 3 GiB sparse or given a key
 twice; a tensor-parallel rank file (Megatron, the common format, MindSpore) is replaced by a copy of another.
+A Megatron rank file is also re-saved with one tensor under other strides (column-major, or a view at an offset
+into a larger storage: the same values, which must come back exactly) or given a 1 GiB DEFLATE bomb record.
 """
 import json
 import os
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.bombs import deflate_bomb_pt
 from interop.convert import convert
 from interop.errors import InteropError
 from interop.io.ms_ckpt import CkptFile
@@ -131,6 +134,27 @@ def _duplicate_rank(rng: random.Random, fmt: str, dst: Path) -> str | None:
     return f"{b.relative_to(dst)} replaced by a copy of {a.relative_to(dst)}"
 
 
+def _resaved_rank_file(rng: random.Random, dst: Path) -> str:
+    """A Megatron rank file re-saved by torch.save with one 2-D weight stored under other strides (its values
+    unchanged), or with a DEFLATE bomb record beside the model (a few MB on disk, 1 GiB inflated)."""
+    victim = rng.choice(sorted(dst.rglob(RANK_FILES["megatron"])))
+    where = victim.relative_to(dst)
+    if rng.random() < 0.3:
+        deflate_bomb_pt(victim, victim, gib=1)
+        return f"1 GiB DEFLATE bomb record in {where}"
+    obj = torch.load(victim, map_location="cpu", weights_only=False)  # a file the test itself wrote
+    key = rng.choice(sorted(k for k, t in obj["model"].items() if isinstance(t, torch.Tensor) and t.dim() == 2))
+    t = obj["model"][key]
+    if rng.random() < 0.5:
+        obj["model"][key], how = t.T.contiguous().T, "column-major"
+    else:
+        pad = rng.randrange(1, 64)
+        obj["model"][key], how = torch.cat([torch.zeros(pad, dtype=t.dtype), t.flatten()])[pad:].view(t.shape), \
+            f"at offset {pad} of a larger storage"
+    torch.save(obj, victim)
+    return f"{where}: {key} re-saved {how}"
+
+
 def _damage(rng: random.Random, fmt: str, src: Path, dst: Path) -> str:
     shutil.copytree(src, dst)
     if rng.random() < 0.2:
@@ -141,6 +165,8 @@ def _damage(rng: random.Random, fmt: str, src: Path, dst: Path) -> str:
         what = _duplicate_rank(rng, fmt, dst)
         if what is not None:
             return what
+    if fmt == "megatron" and rng.random() < 0.2:
+        return _resaved_rank_file(rng, dst)
     flippable = _flippable(fmt, dst)
     if rng.random() < 0.25:
         files = [p for p in sorted(dst.rglob("*")) if p.is_file() and p.stat().st_size]
