@@ -55,13 +55,13 @@ def _nbytes(shape, kind) -> int:
     return n * (2 if kind == "bf16" else 4)
 
 
-def config(layers: int, experts: int) -> dict:
+def config(layers: int, experts: int, dense: int = 1) -> dict:
     return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": VOCAB,
             "hidden_size": H, "intermediate_size": FFN, "moe_intermediate_size": EFFN, "num_hidden_layers": layers,
             "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "n_shared_experts": 1,
             "n_routed_experts": experts, "routed_scaling_factor": 2.5, "kv_lora_rank": KVR, "q_lora_rank": QR,
             "qk_rope_head_dim": ROPE, "v_head_dim": V, "qk_nope_head_dim": NOPE, "n_group": 8,
-            "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 1, "norm_topk_prob": True,
+            "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": dense, "norm_topk_prob": True,
             "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
             "num_nextn_predict_layers": 0, "rope_theta": 10000.0,
             "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
@@ -94,10 +94,10 @@ def entries(layers: int, experts: int, dense: int = 1) -> list[tuple[str, tuple,
     return out + [("model.norm.weight", (H,), "bf16"), ("lm_head.weight", (VOCAB, H), "bf16")]
 
 
-def write_source(path: Path, layers: int, experts: int) -> None:
+def write_source(path: Path, layers: int, experts: int, dense: int = 1) -> None:
     path.mkdir(parents=True)
     plan = []
-    for name, shape, kind in entries(layers, experts):
+    for name, shape, kind in entries(layers, experts, dense):
         if kind == "fp8":
             plan += [(name, torch.float8_e4m3fn, shape),
                      (name + "_scale_inv", torch.float32, (-(-shape[0] // 128), -(-shape[1] // 128)))]
@@ -115,7 +115,7 @@ def write_source(path: Path, layers: int, experts: int) -> None:
         else:
             writer.write(name, torch.randn(shape, generator=gen).to(dtype) * 0.02)
     writer.close()
-    (path / "config.json").write_text(json.dumps(config(layers, experts)))
+    (path / "config.json").write_text(json.dumps(config(layers, experts, dense)))
 
 
 def main():
@@ -123,16 +123,18 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--chain", action="store_true", help="FP8 HF -> Megatron torch_dist ep 8 -> HF, extrapolated")
+    ap.add_argument("--dense", type=int, default=1, help="dense first layers (DeepSeek-V3: 3)")
+    ap.add_argument("--hops", type=int, default=2, help="with --chain: 1 stops at Megatron (disk for one copy less)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="interop-bench-ds-", dir=os.environ.get("TMPDIR")) as tmp:
         work = Path(tmp)
-        write_source(work / "fp8", args.layers, args.experts)
+        write_source(work / "fp8", args.layers, args.experts, args.dense)
         size = tree_size(work / "fp8")
-        print(f"DeepSeek-V3-shaped FP8 HF, {args.layers} layers ({args.layers - 1} MoE of {args.experts} experts), "
+        print(f"DeepSeek-V3-shaped FP8 HF, {args.layers} layers ({args.layers - args.dense} MoE of {args.experts} experts), "
               f"real widths: {size / 1e9:.2f} GB; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
               f"on {os.cpu_count()} cores")
         per_byte, peak = 0.0, 0
-        for label, src, dst, kwargs in CHAIN if args.chain else STEPS:
+        for label, src, dst, kwargs in CHAIN[:args.hops] if args.chain else STEPS:
             here = tree_size(work / src)
             warm = here * 5 // 4
             copy = measured_copy(work / src, work / "copy", warm)
