@@ -1,0 +1,154 @@
+"""MindSpeed's sandwich norm with post-norm scales: the PanGu 38B of the MindSpeed-Core-MS GPT guide
+(tests/fixtures/mindspeed_gpt_guide_pangu.md: `use_sandwich_norm`, `attn_post_norm_scale` / `ffn_post_norm_scale`,
+62 layers over 4 stages as 16,16,16,14), shrunk to a tiny width with a vocabulary of 250 (not a multiple of 128).
+
+Facts as the sources state them (read at Ascend/MindSpeed-Core-MS commits 3a86578b82b2790176178a54e4f104e1ee583a68
+and 5c4f1310e293473ad859702dc59791ad0789d3df):
+- mindspeed_ms/legacy/model/transformer.py (3a86578) ParallelTransformerLayer: with config.use_sandwich_norm it
+  builds `attn_post_norm = get_norm(config, config.attn_post_norm_scale)` after `input_norm` and `ffn_post_norm =
+  get_norm(config, config.ffn_post_norm_scale)` after `post_attention_norm`; construct(): out = attn_post_norm(
+  dropout(attention(input_norm(x)))), x1 = x + out; out = ffn_post_norm(dropout(mlp(post_attention_norm(x1)))),
+  y = x1 + out.
+- mindspeed_ms/legacy/model/norm.py (3a86578) get_norm(config, scale): RMSNorm's weight is
+  `initializer("ones", (dim,)) * scale`: the scale is where the weight STARTS, not a factor of the forward; a
+  LayerNorm ignores it (the PanGu patch of Megatron's legacy get_norm, tools/rules/line_rules.py at 5c4f131,
+  raises "Layernorm only supports the scale value of 1.").  So the scales are ModelSpec init facts
+  (`attn_post_norm_scale`, `mlp_post_norm_scale`) and the weights carry the rest.
+- tools/rules/line_rules.py (5c4f131) LINE_RULES_megatron["megatron/legacy/model/transformer.py"]: the PanGu
+  Megatron legacy layer names the same modules `attn_post_norm` / `ffn_post_norm`; mindspeed_ms/core/config.py
+  (3a86578) maps args use_sandwich_norm / attn_post_norm_scale / ffn_post_norm_scale to model_config's same names.
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from interop.convert import convert
+from interop.errors import InteropError
+from interop.layout import ParallelLayout
+from interop.params import param_table
+from interop.spec import ModelSpec
+from interop.store import StoreWriter
+from interop.tensors import TensorMeta
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "mindspeed_gpt_guide_pangu.md"
+PANGU = dict(arch="llama", num_layers=62, hidden=16, ffn_hidden=32, heads=4, kv_groups=2, head_dim=4, vocab=250,
+             padded_vocab=256, max_positions=64, norm="rmsnorm", norm_eps=1e-5, activation="swiglu", position="rope",
+             tied_embeddings=False, pre_norm=True, post_norm=True, attn_post_norm_scale=0.0447,
+             mlp_post_norm_scale=0.0825)
+SPLIT = dict(tp=2, pp=4, first_stage_layers=16, last_stage_layers=14)  # num_layer_list 16,16,16,14
+
+
+def write_common(spec: ModelSpec, dst: Path) -> Path:
+    """A common-format checkpoint of `spec` with every tensor random (norms too, so a swapped norm shows)."""
+    gen = torch.Generator().manual_seed(7)
+    table = param_table(spec)
+    dst.mkdir()
+    writer = StoreWriter(dst, spec, ParallelLayout.build(spec.num_layers), [TensorMeta(p.name, torch.float32, p.shape)
+                                                                            for p in table])
+    for p in table:
+        writer.write(p.name, torch.randn(p.shape, generator=gen))
+    writer.finish({})
+    return dst
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def records(path: Path) -> dict[str, bytes]:
+    """A torch.save zip's records but its random serialization id and its pickle (compared loaded: a source's args
+    that share one string object pickle it as a memo reference, the same args read back do not)."""
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: z.read(i) for i in z.infolist()
+                if not i.filename.endswith((".data/serialization_id", "/data.pkl"))}
+
+
+def assert_same_megatron(a: Path, b: Path) -> None:
+    ours, theirs = files(a), files(b)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        if not name.endswith(".pt"):
+            assert ours[name] == theirs[name], name
+            continue
+        assert records(a / name) == records(b / name), name  # every tensor's bytes, at the same record
+        x, y = torch.load(a / name, weights_only=False), torch.load(b / name, weights_only=False)
+        assert list(vars(x.pop("args")).items()) == list(vars(y.pop("args")).items()), name  # values and order
+        assert list(x) == list(y) and list(x["model"]) == list(y["model"]), name
+        assert x["iteration"] == y["iteration"] and x["checkpoint_version"] == y["checkpoint_version"]
+
+
+def test_the_guide_excerpt_is_in_the_repo():
+    text = FIXTURE.read_text()
+    for fact in ("use_sandwich_norm", "attn_post_norm_scale", "ffn_post_norm_scale", "num_layer_list",
+                 "post_norm_scale: 0.0447", "post_norm_scale: 0.0825", "num_layers: 62", "[16,16,16,14]"):
+        assert fact in text, fact
+
+
+@pytest.fixture(scope="module")
+def pangu(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pangu")
+    spec = ModelSpec(**PANGU)
+    write_common(spec, root / "common")
+    convert(root / "common", root / "megatron", dst_format="megatron", iteration=100, **SPLIT)  # a trained one
+    return spec, root
+
+
+def test_megatron_to_mindspeed_and_back_byte_identical(pangu, tmp_path):
+    """Megatron torch (tp 2, stages 16/16/16/14) -> MindSpeed-Core-MS -> Megatron torch: every tensor's bytes in the
+    same record of the same file, the same args in the same order, the same tracker."""
+    spec, root = pangu
+    meg = root / "megatron"
+    args = vars(torch.load(meg / "iter_0000100" / "mp_rank_00_000" / "model_optim_rng.pt", weights_only=False)["args"])
+    assert (args["pre_norm"], args["post_norm"]) == (True, True)
+    assert (args["attn_post_norm_scale"], args["ffn_post_norm_scale"]) == (0.0447, 0.0825)
+    assert (args["decoder_first_pipeline_num_layers"], args["decoder_last_pipeline_num_layers"]) == (16, 14)
+    convert(meg, tmp_path / "ms", dst_format="mindspore", dialect="mindspeed", **SPLIT)
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="megatron", **SPLIT)
+    assert_same_megatron(meg, tmp_path / "back")
+
+
+def test_mindspeed_files_hold_the_sandwich_under_its_model_names(pangu, tmp_path):
+    """Each stage's rank file holds its global layers' attn_post_norm / ffn_post_norm (the model's names), equal to
+    the source's tensors; the sidecar keeps the scales; the last stage holds layers 48..61."""
+    ms = pytest.importorskip("mindspore")
+    spec, root = pangu
+    convert(root / "megatron", tmp_path / "ms", dst_format="mindspore", dialect="mindspeed", **SPLIT)
+    convert(tmp_path / "ms", tmp_path / "common", dst_format="interop")
+    manifest = json.loads((tmp_path / "common" / "interop.json").read_text())
+    assert manifest["spec"]["attn_post_norm_scale"] == 0.0447 and manifest["spec"]["mlp_post_norm_scale"] == 0.0825
+    from interop.store import StoreReader  # the round trip's tensors against the source's
+    a, b = StoreReader(root / "common"), StoreReader(tmp_path / "common")
+    for name in ("layers.0.attn_post_norm.weight", "layers.61.mlp_post_norm.weight", "layers.30.attn.q.weight"):
+        assert torch.equal(a.read(name), b.read(name)), name
+    # rank r = pp_rank * tp + tp_rank (dp 1): stage 3 is rank_6 / rank_7
+    last = ms.load_checkpoint(str(tmp_path / "ms" / "rank_6" / "network.ckpt"))
+    layers = sorted({int(k.split(".")[3]) for k in last if k.startswith("language_model.encoder.layers.")})
+    assert layers == list(range(48, 62))
+    for i in (48, 61):
+        for ms_name, canonical in (("attn_post_norm", "attn_post_norm"), ("ffn_post_norm", "mlp_post_norm")):
+            value = last[f"language_model.encoder.layers.{i}.{ms_name}.weight"].asnumpy()
+            assert (torch.from_numpy(value) == a.read(f"layers.{i}.{canonical}.weight")).all()
+
+
+def test_mindspeed_refuses_facts_its_model_cannot_compute(tmp_path):
+    """A post norm without the pre norms (OLMo 2) or Gemma's (1 + w) norms: one line naming the fact."""
+    for change, fact in ((dict(pre_norm=False, attn_post_norm_scale=None, mlp_post_norm_scale=None), "pre_norm"),
+                         (dict(norm_zero_centered=True), "norm_zero_centered")):
+        spec = ModelSpec(**{**PANGU, "num_layers": 2, **change})
+        write_common(spec, tmp_path / fact)
+        with pytest.raises(InteropError, match=f"mindspeed names hold no {fact}="):
+            convert(tmp_path / fact, tmp_path / f"{fact}-ms", dst_format="mindspore", dialect="mindspeed")
+        assert not (tmp_path / f"{fact}-ms").exists()
+
+
+def test_scale_facts_are_checked():
+    with pytest.raises(InteropError, match="needs post_norm"):
+        ModelSpec(**{**PANGU, "post_norm": False})
+    with pytest.raises(InteropError, match="a LayerNorm takes only 1.0"):
+        ModelSpec(**{**PANGU, "norm": "layernorm"})
+    assert ModelSpec(**PANGU) == ModelSpec(**{**PANGU, "attn_post_norm_scale": None})  # init facts, not identity
