@@ -92,9 +92,9 @@ class Dialect:
         [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights unless
         `qkv_bias_layout` says otherwise.  A tensor the names cannot hold is refused in one line naming the
         formats and dialects that hold it (`interop.rows.check_placed`)."""
-        self.check_facts(spec)
         rows = self._expanded(spec, qkv_concat, qkv_layout, qkv_bias_layout)
         check_placed(rows, spec, f"MindSpore {self.name}")  # names the formats that hold what this cannot
+        self.check_facts(spec)
         return rows
 
     def _expanded(self, spec: ModelSpec, qkv_concat: bool, qkv_layout: str, qkv_bias_layout: str | None) -> list[Row]:
