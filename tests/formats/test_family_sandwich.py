@@ -20,6 +20,7 @@ and 5c4f1310e293473ad859702dc59791ad0789d3df):
 """
 from __future__ import annotations
 
+import argparse
 import json
 import zipfile
 from pathlib import Path
@@ -152,3 +153,92 @@ def test_scale_facts_are_checked():
     with pytest.raises(InteropError, match="a LayerNorm takes only 1.0"):
         ModelSpec(**{**PANGU, "norm": "layernorm"})
     assert ModelSpec(**PANGU) == ModelSpec(**{**PANGU, "attn_post_norm_scale": None})  # init facts, not identity
+
+
+def pangu_legacy(common: Path, dst: Path, spec: ModelSpec, counts=(16, 16, 16, 14), tp: int = 2,
+                 iteration: int = 100) -> Path:
+    """The PanGu Megatron legacy checkpoint, written here independently of interop's writers: Megatron's legacy
+    GPTModel state (language_model.{embedding, encoder, output_layer}, layer numbers local to each stage, QKV
+    grouped per query group, dense_h_to_4h = [gate_r; up_r]) plus the sandwich norms as MindSpeed-Core-MS's patch
+    names them (`attn_post_norm`, `ffn_post_norm`), and the guide's args (use_sandwich_norm, the scales,
+    num_layer_list)."""
+    from interop.store import StoreReader
+    src = StoreReader(common)
+    t = {m.name: src.read(m.name) for m in src.metas()}
+    per, d = spec.heads // spec.kv_groups, spec.head_dim
+
+    def rows(x, r):
+        n = x.shape[0] // tp
+        return x[r * n:(r + 1) * n]
+
+    def cols(x, r):
+        n = x.shape[1] // tp
+        return x[:, r * n:(r + 1) * n]
+
+    def qkv(i, r):
+        q, k, v = (t[f"layers.{i}.attn.{x}.weight"] for x in "qkv")
+        out = []
+        for g in range(r * spec.kv_groups // tp, (r + 1) * spec.kv_groups // tp):
+            out += [q[g * per * d:(g + 1) * per * d], k[g * d:(g + 1) * d], v[g * d:(g + 1) * d]]
+        return torch.cat(out)
+
+    args = argparse.Namespace(
+        num_layers=spec.num_layers, hidden_size=spec.hidden, ffn_hidden_size=spec.ffn_hidden,
+        num_attention_heads=spec.heads, group_query_attention=True, num_query_groups=spec.kv_groups,
+        kv_channels=spec.head_dim, padded_vocab_size=spec.padded_vocab, max_position_embeddings=spec.max_positions,
+        seq_length=spec.max_positions, position_embedding_type="rope", rotary_base=10000, normalization="RMSNorm",
+        norm_epsilon=spec.norm_eps, swiglu=True, add_bias_linear=False, add_qkv_bias=False,
+        untie_embeddings_and_output_weights=True, use_sandwich_norm=True, attn_post_norm_scale=0.0447,
+        ffn_post_norm_scale=0.0825, tensor_model_parallel_size=tp, pipeline_model_parallel_size=len(counts),
+        num_layer_list=",".join(map(str, counts)), params_dtype=torch.float32, use_mcore_models=False,
+        use_legacy_models=True, iteration=iteration)
+    folder = dst / f"iter_{iteration:07d}"
+    for p, n in enumerate(counts):
+        start = sum(counts[:p])
+        for r in range(tp):
+            encoder = {}
+            for local in range(n):
+                i, pre = start + local, f"layers.{local}."
+                encoder |= {pre + "input_norm.weight": t[f"layers.{i}.attn_norm.weight"],
+                            pre + "self_attention.query_key_value.weight": qkv(i, r),
+                            pre + "self_attention.dense.weight": cols(t[f"layers.{i}.attn.o.weight"], r),
+                            pre + "attn_post_norm.weight": t[f"layers.{i}.attn_post_norm.weight"],
+                            pre + "post_attention_norm.weight": t[f"layers.{i}.mlp_norm.weight"],
+                            pre + "mlp.dense_h_to_4h.weight": torch.cat([rows(t[f"layers.{i}.mlp.gate.weight"], r),
+                                                                         rows(t[f"layers.{i}.mlp.up.weight"], r)]),
+                            pre + "mlp.dense_4h_to_h.weight": cols(t[f"layers.{i}.mlp.down.weight"], r),
+                            pre + "ffn_post_norm.weight": t[f"layers.{i}.mlp_post_norm.weight"]}
+            language_model = {"encoder": encoder}
+            if p == 0:
+                language_model["embedding"] = {"word_embeddings": {"weight": rows(t["embed.word.weight"], r)}}
+            if p == len(counts) - 1:
+                encoder["final_norm.weight"] = t["final_norm.weight"]
+                language_model["output_layer"] = {"weight": rows(t["lm_head.weight"], r)}
+            rank = folder / f"mp_rank_{r:02d}_{p:03d}"
+            rank.mkdir(parents=True)
+            torch.save({"args": args, "checkpoint_version": 3.0, "iteration": iteration,
+                        "model": {"language_model": language_model}}, rank / "model_optim_rng.pt")
+    (dst / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return dst
+
+
+def test_pangu_legacy_megatron_reads_to_mindspeed_exactly(pangu, tmp_path):
+    """The guide's Megatron form (legacy names, use_sandwich_norm, num_layer_list 16,16,16,14, tp 2) -> MindSpeed-Core-MS
+    at the same split -> the common format: every tensor equal to the source's, the scales and split kept."""
+    from interop.store import StoreReader
+    spec, root = pangu
+    legacy = pangu_legacy(root / "common", tmp_path / "legacy", spec)
+    # the args state the padded rows only (padded_vocab_size 256): the tokenizer's 250 is given
+    convert(legacy, tmp_path / "ms", dst_format="mindspore", dialect="mindspeed", vocab_size=250, **SPLIT)
+    convert(tmp_path / "ms", tmp_path / "common", dst_format="interop")
+    a, b = StoreReader(root / "common"), StoreReader(tmp_path / "common")
+    assert b.source.spec == spec
+    assert (b.source.spec.attn_post_norm_scale, b.source.spec.mlp_post_norm_scale) == (0.0447, 0.0825)
+    for m in a.metas():
+        assert torch.equal(a.read(m.name), b.read(m.name)), m.name
+    # and to megatron-core names (Megatron-Bridge's post_layernorm), which read back to the same tensors
+    convert(legacy, tmp_path / "mcore", dst_format="megatron", vocab_size=250, **SPLIT)
+    convert(tmp_path / "mcore", tmp_path / "common2", dst_format="interop")
+    c = StoreReader(tmp_path / "common2")
+    for m in a.metas():
+        assert torch.equal(a.read(m.name), c.read(m.name)), m.name
