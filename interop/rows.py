@@ -68,20 +68,22 @@ def _mtp_modules(template, spec: ModelSpec):
 
 
 def expand(table, spec: ModelSpec, *, layers=None, first: int = 0, ep: int = 1, keep=None, stage: int = 0,
-           chunk: int = 0, present: dict | None = None) -> list[Row]:
+           chunk: int = 0, present: dict | None = None, numbers=None) -> list[Row]:
     """`table`'s rows for `spec`, in table order, then layer, then expert.
 
     `layers`: the global layers to expand `{i}` over (default: all); `first`: the layer the native names
-    number 0; `ep`: the expert-parallel size; `keep(template, layer)`: False leaves that row out (a
-    format's placement rule; layer None for a row outside the layers); `stage` / `chunk` are recorded."""
+    number 0; `numbers`: instead, the native number of each of `layers` (a format that skips numbers:
+    MindSpeed-LLM's noop layers); `ep`: the expert-parallel size; `keep(template, layer)`: False leaves that row
+    out (a format's placement rule; layer None for a row outside the layers); `stage` / `chunk` are recorded."""
     present = present if present is not None else param_index(spec)
     layers = range(spec.num_layers) if layers is None else layers
+    native = dict(zip(layers, numbers)) if numbers is not None else {i: i - first for i in layers}
     rows, taken = [], set()
     for key, transform, parts in (row for template in table for row in _mtp_modules(template, spec)):
         for i in (layers if "{i}" in key else [None]):
             if keep is not None and not keep(key, i):
                 continue
-            local = None if i is None else i - first
+            local = None if i is None else native[i]
             for name, names, r in _expanded(key, transform, parts, i, local, spec, ep):
                 if (name, r) not in taken and all(n in present for n in names):
                     rows.append(Row(name, transform.bind(spec, [present[n] for n in names]), names, stage, chunk, r))

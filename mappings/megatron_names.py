@@ -17,7 +17,7 @@ bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
 from ..adapter import LoraNames
-from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, PlainConcat, RowsSplit
+from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, PlainConcat, RowsSplit, WholeConcat
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
@@ -231,23 +231,63 @@ def mtp_rows(table: list) -> list:
 MTP_LAYER = "mtp.layers.{k}.transformer_layer."
 
 
-# MindSpeed-LLM's multi-latent attention (examples/mcore/deepseek3/convert_ckpt_deepseek3.py, the layout its
-# DeepSeek-V3 training loads; torch format without args): `linear_qkv` = [q_a; kv_a] whole on every TP rank,
-# `linear_qb` / `linear_kvb` (q_up / kv_up) cut by heads, `q_layernorm` / `k_layernorm` the compression norms.
+# MindSpeed-LLM's multi-latent attention, as its converter writes it (Ascend/MindSpeed-LLM
+# mindspeed_llm/tasks/checkpoint/convert_hf2mg.py set_model_layer_attn, model_builder.py MegatronModel names, at
+# c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91; torch format): `linear_qkv` = [q_a; kv_a] (q_down then kv_down; without
+# query compression [q_proj; kv_a]) whole on every TP rank (`WholeConcat`), `linear_q_up_proj` / `linear_kv_up_proj` cut by heads,
+# `q_layernorm` / `kv_layernorm` the compression norms.  Its converter before 2025-07-23 (MindSpeed-LLM 1050caf3
+# "update keys about mla of V3 ckpt"; examples/mcore/deepseek3/convert_ckpt_deepseek3.py) named the up projections
+# `linear_qb` / `linear_kvb` and the latent's norm `k_layernorm`: read as the scheme `mindspeed_llm_qb`.
 _MS = "decoder.layers.{i}.self_attention."
-MINDSPEED_LLM_MLA = [
-    ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
-    (_MS + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
-    (_MS + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
-    (_MS + "q_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
-    (_MS + "k_layernorm.weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),
-    (_MS + "linear_qb.weight", Copy, ["layers.{i}.attn.q_up.weight"]),
-    (_MS + "linear_kvb.weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
-]
-# ... and its MTP modules' names where megatron-core's differ (the same script: with MTP the model's final norm is
+
+
+def _mindspeed_llm_mla(q_up: str, kv_up: str, kv_norm: str) -> list:
+    return [
+        ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
+        (_MS + "linear_qkv.weight", WholeConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
+        (_MS + "linear_qkv.weight", WholeConcat, ["layers.{i}.attn.q.weight", "layers.{i}.attn.kv_down.weight"]),
+        (_MS + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
+        (_MS + "q_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
+        (_MS + kv_norm + ".weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),
+        (_MS + q_up + ".weight", Copy, ["layers.{i}.attn.q_up.weight"]),
+        (_MS + kv_up + ".weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
+    ]
+
+
+MINDSPEED_LLM_MLA = _mindspeed_llm_mla("linear_q_up_proj", "linear_kv_up_proj", "kv_layernorm")
+MINDSPEED_LLM_QB_MLA = _mindspeed_llm_mla("linear_qb", "linear_kvb", "k_layernorm")
+# ... and its MTP modules' names where megatron-core's differ (convert_hf2mg.py set_model_postprocess /
+# set_mtp_postprocess, model_builder.py `mtp_final_layernorms` / `mtp_post_norm`: with MTP the model's final norm is
 # `final_layernorm.weight`, each module's `mtp.final_layernorms.{k}.weight`)
-MTP_RENAMES = {"mindspeed_llm": {"decoder.final_layernorm.weight": "final_layernorm.weight",
-                                 "mtp.layers.{k}.final_layernorm.weight": "mtp.final_layernorms.{k}.weight"}}
+_MINDSPEED_LLM_MTP = {"decoder.final_layernorm.weight": "final_layernorm.weight",
+                      "mtp.layers.{k}.final_layernorm.weight": "mtp.final_layernorms.{k}.weight"}
+MTP_RENAMES = {"mindspeed_llm": _MINDSPEED_LLM_MTP, "mindspeed_llm_qb": _MINDSPEED_LLM_MTP}
+# The order its converter fills a rank's state dict in (convert_hf2mg.py run(): set_model_preprocess, then per MTP
+# module set_mtp_preprocess (enorm, hnorm, eh_proj, the embedding copy), its layer, set_mtp_postprocess, then the
+# decoder layers (set_model_layer_norm, _attn, _mlp), then set_model_postprocess); a layer's keys in this order:
+MINDSPEED_LLM_LAYER_ORDER = (
+    "input_layernorm.", "pre_mlp_layernorm.", "self_attention.linear_qkv.", "self_attention.linear_proj.",
+    "self_attention.q_layernorm.", "self_attention.kv_layernorm.", "self_attention.k_layernorm.",
+    "self_attention.linear_q_up_proj.", "self_attention.linear_kv_up_proj.", "mlp.linear_fc1.", "mlp.linear_fc2.",
+    "mlp.router.weight", "mlp.router.expert_bias", "mlp.shared_experts.linear_fc1.", "mlp.shared_experts.linear_fc2.",
+    "mlp.experts.weight1", "mlp.experts.weight2")
+MINDSPEED_LLM_MTP_ORDER = ("enorm.", "hnorm.", "eh_proj.")
+# Its converter's args namespace (convert_hf2mg.py __parameter_packaging: the HF config.json's scalar fields, its
+# model_cfg.json fields and the converter's own, such as these): not Megatron's arguments, and without the config's
+# dict fields (rope scaling), so such a checkpoint is read with --model-config.
+MINDSPEED_LLM_CONVERTER_ARGS = ("model_type_hf", "load_model_type")
+# ... and the args of its layouts not read (yet): set (truthy) in a checkpoint's args, refused in one line.
+MINDSPEED_LLM_UNREAD_ARGS = {
+    "moe_tp_extend_ep": "MindSpeed-LLM's --moe-tp-extend-ep layout (experts over ep x tp, not cut by tp) is not read",
+    "schedules_method": "MindSpeed-LLM's --schedules-method dualpipev layout (layers folded over the stages) is "
+                        "not read",
+}
+# Its layouts not read (yet), each refused in one line naming the flag that made it (convert_hf2mg.py).
+MINDSPEED_LLM_UNREAD = {
+    ".self_attention.linear_qk_nope.weight": "MindSpeed-LLM's --mla-mm-split layout (q_up / kv_up split into "
+                                             "linear_qk_nope, linear_qk_rope, linear_kv_nope, linear_v) is not read: "
+                                             "convert from HF without --mla-mm-split",
+}
 
 
 def _mla_table(table: list, attention_rows: list) -> list:
@@ -307,13 +347,14 @@ LEGACY += LEGACY_SANDWICH
 TE_MOE_NORM = {"decoder.layers.{i}.pre_mlp_layernorm.weight", "decoder.layers.{i}.pre_mlp_layernorm.bias"}
 TE_FUSED_MLP_NORM = {"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias"}
 
-TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY, "mindspeed_llm": MCORE}
+TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY, "mindspeed_llm": MCORE, "mindspeed_llm_qb": MCORE}
 # A multi-latent-attention model's tables (its attention rows and MTP modules; the legacy model has neither).
 # megatron-core's local spec gives MLA layers no sharded_state_dict_keys_map, so its torch_dist keys are its
 # state-dict names (`input_layernorm`, `pre_mlp_layernorm`, `q_layernorm`), not the Transformer Engine ones
 # (models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec: the map is on the non-MLA branch only).
 MLA_TABLES = {"mcore": _mla_table(MCORE, _mla(te=False)), "mcore_te": _mla_table(MCORE_TE, _mla(te=True)),
-              "mindspeed_llm": _mla_table(MCORE, MINDSPEED_LLM_MLA)}
+              "mindspeed_llm": _mla_table(MCORE, MINDSPEED_LLM_MLA),
+              "mindspeed_llm_qb": _mla_table(MCORE, MINDSPEED_LLM_QB_MLA)}
 
 # Older legacy spellings, renamed component by component before a key is matched.
 LEGACY_ALIASES = {
@@ -327,7 +368,7 @@ LEGACY_ALIASES = {
 # The last pipeline stage's copy of the tied input embedding (pp > 1): Megatron keeps it in
 # sync by an all-reduce, so it equals embed.word.weight and is written, never read back.
 TIED_HEAD = {"mcore": "output_layer.weight", "mcore_te": "output_layer.weight", "mindspeed_llm": "output_layer.weight",
-             "legacy": "word_embeddings_for_head.weight"}
+             "mindspeed_llm_qb": "output_layer.weight", "legacy": "word_embeddings_for_head.weight"}
 
 # Modules that carry an `_extra_state` entry in a megatron-core state dict (None for the
 # local spec); Megatron's strict load expects them, so the writer puts them back.
@@ -368,7 +409,10 @@ def scheme_of(keys) -> str | None:
     if any(k.endswith(("linear_qkv.layer_norm_weight", "linear_kv_up_proj.layer_norm_weight")) for k in keys):
         return "mcore_te"
     if any(k.endswith((".self_attention.linear_qb.weight", ".self_attention.linear_kvb.weight")) for k in keys):
-        return "mindspeed_llm"
+        return "mindspeed_llm_qb"
+    if any(k.endswith(".self_attention.linear_qkv.weight") for k in keys) and \
+            any(k.endswith(".self_attention.linear_kv_up_proj.weight") for k in keys):
+        return "mindspeed_llm"  # MLA's down projections fused in linear_qkv: MindSpeed-LLM's, not megatron-core's
     if any(k.startswith(("decoder.", "embedding.", "output_layer.")) for k in keys):
         return "mcore"
     return None

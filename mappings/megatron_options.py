@@ -32,6 +32,10 @@ OPTIONS = (
                                                  "norms fused into the next linear; multi-latent attention's "
                                                  "torch_dist names differ between the two)."},
                  choices=("local", "transformer_engine")),
+    FormatOption("fork", {"convert": "Megatron output: whose converter's layout to write: megatron-lm (default) or "
+                                     "mindspeed-llm (MindSpeed-LLM's convert_ckpt_v2: torch rank files with MLA's "
+                                     "fused linear_qkv, grouped experts weight1/weight2, the vocabulary unpadded)."},
+                 choices=("megatron-lm", "mindspeed-llm")),
     FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
                                    "laid out for."}, kind="int"),
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
-from . import lora, torch_format
+from . import lora, mindspeed_llm, torch_format
 from .args import padded_vocab as _padded_vocab
 from .checkpoint import TRACKER, has_rank_dirs, is_dist_dir, iteration_dir
 
@@ -74,7 +74,7 @@ class Writer(BaseWriter):
     """The format's writer: opening one gives the writer of the `format` asked for (`--format`, default
     torch), a `torch_format.Writer` or a `torch_dist.Writer` (each subclasses `BaseWriter` itself)."""
 
-    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl")
+    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl", "fork")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
     holds_adapter = True  # LoRA adapters: MindSpeed-LLM's (torch format, `lora.Writer`), Megatron-Bridge's
@@ -87,7 +87,7 @@ class Writer(BaseWriter):
 
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
                 distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
-                only=None, adapter=None):
+                fork: str | None = None, only=None, adapter=None):
         if adapter is not None:
             if distributed_optimizer or dp is not None:
                 raise InteropError("Megatron LoRA adapters are written without optimizer options: leave out "
@@ -101,6 +101,14 @@ class Writer(BaseWriter):
         if dp is not None and (format == "torch_dist" or not distributed_optimizer):
             raise InteropError("--dp applies to Megatron output only with --distributed-optimizer --format torch "
                                "(distrib_optim.pt is laid out for one dp; torch_dist loads at any dp)")
+        if fork == "mindspeed-llm":  # MindSpeed-LLM's own converter's layout: the torch format, local spec
+            given = [flag for flag, value in (("--format torch_dist", format == "torch_dist"),
+                                              ("--transformer-impl", transformer_impl), ("--distributed-optimizer",
+                                              distributed_optimizer), ("--dp", dp is not None)) if value]
+            if given:
+                raise InteropError(f"--fork mindspeed-llm writes MindSpeed-LLM's torch rank files as its converter "
+                                   f"does (local spec, no distrib_optim.pt): leave out {given[0]}")
+            return mindspeed_llm.Writer(root, spec, layout, metas, iteration=iteration, only=only)
         if format == "torch_dist":
             return _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
                                         distributed_optimizer=distributed_optimizer, transformer_impl=transformer_impl,

@@ -10,7 +10,7 @@ import torch
 from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...mappings import megatron_args as M
-from ...mappings.megatron_names import TABLES
+from ...mappings.megatron_names import MINDSPEED_LLM_CONVERTER_ARGS, MINDSPEED_LLM_UNREAD_ARGS, TABLES
 from ...mappings.megatron_spec import spec_from_args
 from ...model_config import megatron_args_from_file
 from ...spec import ModelSpec, vocab_from_rows
@@ -24,6 +24,15 @@ LAYER_KEY = re.compile(r"(?:^|\.)(?<!mtp\.)layers\.(\d+)\.")  # decoder layers (
 
 def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[str]) -> dict:
     """The model's complete Megatron args: from `--model-config`, else from the args the files carry."""
+    for key, why in MINDSPEED_LLM_UNREAD_ARGS.items():
+        if stored and stored.get(key):
+            raise InteropError(f"{ranks.files[(0, 0)].path}: {why} ({key} {stored[key]!r} in its args)")
+    if stored and all(k in stored for k in MINDSPEED_LLM_CONVERTER_ARGS):
+        if model_config is None:
+            raise InteropError(f"{ranks.files[(0, 0)].path}: its args are MindSpeed-LLM's converter's (an HF config's "
+                               "fields without its rope scaling, not Megatron's arguments): pass --model-config "
+                               "(the HF config.json it was converted from)")
+        stored = None  # nothing in Megatron's terms to compare the description with
     if model_config is not None:
         notes.append(f"model description taken from {model_config}")
         full = megatron_args_from_file(model_config)
@@ -63,17 +72,34 @@ def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str], s
     return spec_from_args(full, str(ranks.files[(0, 0)].path), dtype)
 
 
-def layout_of(spec: ModelSpec, model: ModelState, ranks: RankFiles) -> ParallelLayout:
-    """The layout: the layers each stage's chunks hold (Megatron numbers them locally), the parallel sizes."""
+def local_numbers(model: ModelState, ranks: RankFiles, notes: list[str] | None = None) -> dict:
+    """{(stage, chunk): the local layer numbers its files hold, in order}.  Megatron numbers 0..n-1; MindSpeed-LLM's
+    --noop-layers leave the noop layers' numbers out (its convert.py generate_pp_local_layer_idx removes them; the
+    model builds them as identity layers without weights): a gap is read so in its layout only."""
+    out, skipped = {}, 0
+    for p in range(ranks.pp):
+        for v in range(len(model.chunks[0])):
+            layers = sorted({int(m.group(1)) for k in model.state_dicts[(0, p, v)] if (m := LAYER_KEY.search(k))})
+            if layers != list(range(len(layers))):
+                if not model.scheme.startswith("mindspeed_llm"):
+                    raise InteropError(f"{ranks.files[(0, p)].path}: layer numbers {layers} are not 0..n-1 "
+                                       "(Megatron numbers layers locally per stage; only MindSpeed-LLM's layout "
+                                       "skips numbers, for its --noop-layers)")
+                skipped += (layers[-1] + 1 if layers else 0) - len(layers)
+            out[(p, v)] = layers
+    if skipped and notes is not None:
+        notes.append(f"{skipped} local layer numbers skipped by MindSpeed-LLM's noop layers (identity layers "
+                     "without weights): the layers read in their order")
+    return out
+
+
+def layout_of(spec: ModelSpec, model: ModelState, ranks: RankFiles, numbers: dict) -> ParallelLayout:
+    """The layout: the layers each stage's chunks hold (`numbers`: their local numbers), the parallel sizes."""
     vpp = len(model.chunks[0])
     counts = {}
     for p in range(ranks.pp):
         for v in range(vpp):
-            layers = {int(m.group(1)) for k in model.state_dicts[(0, p, v)] if (m := LAYER_KEY.search(k))}
-            if layers and layers != set(range(len(layers))):
-                raise InteropError(f"{ranks.files[(0, p)].path}: layer numbers {sorted(layers)} are not 0..n-1 "
-                                   "(Megatron numbers layers locally per stage)")
-            counts[(p, v)] = len(layers)
+            counts[(p, v)] = len(numbers[(p, v)])
     total = sum(counts.values())
     if total != spec.num_layers:
         raise InteropError(f"{ranks.dir}: the rank files hold {total} layers, args say num_layers={spec.num_layers}")

@@ -10,7 +10,7 @@ from collections import OrderedDict
 import torch
 
 from ...errors import InteropError
-from ...mappings.megatron_names import TIED_HEAD, scheme_of
+from ...mappings.megatron_names import MINDSPEED_LLM_UNREAD, TIED_HEAD, scheme_of
 from ...spec import ModelSpec
 from .rank_files import RankFiles
 from .rows import flatten, ignored_why, legacy_key
@@ -54,6 +54,9 @@ class ModelState:
 
     def _scheme(self, ranks: RankFiles) -> str:
         keys = [k for sd in self.state_dicts.values() for k in sd]
+        for suffix, why in MINDSPEED_LLM_UNREAD.items():
+            if any(k.endswith(suffix) for k in keys):
+                raise InteropError(f"{ranks.dir}: {why}")
         scheme = scheme_of(keys)
         if scheme is None:
             raise InteropError(f"{ranks.dir}: neither megatron-core nor legacy parameter names "

@@ -59,12 +59,13 @@ def _layer_template(key: str) -> str:
 
 
 def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: str = "sequential",
-                moe_norm_apart: bool = False) -> list[Row]:
+                moe_norm_apart: bool = False, numbers: dict | None = None) -> list[Row]:
     """Every Megatron tensor of the model, per (stage, chunk), in Megatron's module order (`interop.rows.expand`
     per chunk, layers numbered from the chunk's first).
 
     `experts`: how routed experts are stored (`EXPERT_LAYOUTS`); `moe_norm_apart`: the TE spec's MoE layers
-    keep `pre_mlp_layernorm` (else a MoE layer's norm has the dense layers' name)."""
+    keep `pre_mlp_layernorm` (else a MoE layer's norm has the dense layers' name); `numbers`: {(stage, chunk):
+    its layers' local numbers} where they skip some (MindSpeed-LLM's noop layers), else 0, 1, ..."""
     present = param_index(spec)
     last_stage, last_chunk = layout.pp - 1, layout.vpp - 1
     table = _table(scheme, experts, spec)
@@ -85,7 +86,7 @@ def expand_rows(scheme: str, spec: ModelSpec, layout: ParallelLayout, experts: s
                     return moe_norm_apart and moe
                 return not (scheme == "mcore_te" and key in TE_FUSED_MLP_NORM and moe_norm_apart and moe)
             rows += expand(table, spec, layers=range(start, stop), first=start, ep=layout.ep, keep=keep,
-                           stage=p, chunk=v, present=present)
+                           stage=p, chunk=v, present=present, numbers=(numbers or {}).get((p, v)))
             if spec.tied_embeddings and (p, v) == (last_stage, last_chunk) != (0, 0):
                 embedding = present["embed.word.weight"]
                 rows.append(Row(TIED_HEAD[scheme], Tied.bind(spec, [embedding]), [embedding.name], p, v))

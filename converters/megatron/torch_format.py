@@ -49,7 +49,7 @@ from ...io.megatron_save import iteration_name, write_tracker
 from .checkpoint import CHECKPOINT_VERSION, DISTRIB_OPTIM_FILE, RANK_FILE, final_iteration, iteration_dir, rank_dir_name
 from . import distrib
 from .distrib_file import DistribOptimFile, grad_dtype
-from .model_spec import layout_of, model_args, spec_of
+from .model_spec import layout_of, local_numbers, model_args, spec_of
 from .model_state import ModelState, check_distinct_ranks, check_tensors
 from .optimizer import (DENSE, EXPERT, distrib_entry, expert_data_parallel, expert_groups, is_expert_param, pack,
                         parameter_order)
@@ -100,10 +100,11 @@ class Reader(BaseReader):
         self.chunks, self.scheme, self.experts = model.chunks, model.scheme, model.experts
         self.ep_dicts, self.state_dicts = model.ep_dicts, model.state_dicts
         spec = spec_of(full, model, ranks, notes, stated)
-        self.layout = layout_of(spec, model, ranks)
+        numbers = local_numbers(model, ranks, notes)
+        self.layout = layout_of(spec, model, ranks, numbers)
         self.spec = spec
         self.index = param_index(spec)
-        self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart)
+        self.rows = expand_rows(self.scheme, spec, self.layout, self.experts, model.moe_norm_apart, numbers)
         check_tensors(model, ranks, self.rows, spec, notes, compare_tied=verify)
         check_distinct_ranks(model, ranks, self.rows, notes, allow_identical_ranks)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
@@ -335,7 +336,7 @@ class Writer(BaseWriter):
         if te and distributed_optimizer:
             raise InteropError("--transformer-impl transformer_engine with --distributed-optimizer: distrib_optim.pt "
                                "is laid out in the local spec's parameter order only (write --format torch_dist)")
-        self.rows = expand_rows("mcore_te" if te else "mcore", spec, layout, moe_norm_apart=te)
+        self.rows = self._expand_rows(te)
         self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
@@ -373,6 +374,19 @@ class Writer(BaseWriter):
         # the expert optimizer's buffers: one per model chunk that holds routed experts, numbered in chunk order
         self.expert_chunks = {p: sorted({r.chunk for r in self.rows if r.stage == p and is_expert_param(r.key)})
                               for p in range(layout.pp)}
+
+    # what a fork of Megatron-LM writes differently (`mindspeed_llm.Writer`)
+    experts = "sequential"  # how routed experts are stored (`EXPERT_LAYOUTS`): SequentialMLP's local_experts.N
+    extra_state = True  # each linear module's (empty) `_extra_state` entry, as megatron-core's state_dict has it
+    tracker_newline = True  # latest_checkpointed_iteration.txt ends its number with a newline
+
+    def _iteration(self, state: dict) -> int | str:
+        """The iteration to save as: --iteration, the source's, or `release`."""
+        return final_iteration(self.iteration, state)
+
+    def _expand_rows(self, te: bool) -> list:
+        """The rows this writer stores: megatron-core's local or Transformer Engine spec names."""
+        return expand_rows("mcore_te" if te else "mcore", self.spec, self.layout, moe_norm_apart=te)
 
     def _check_distrib(self, distributed_optimizer: bool | None, dp: int | None) -> bool:
         """Whether distrib_optim.pt files are written (refused in one line where they cannot be)."""
@@ -484,7 +498,7 @@ class Writer(BaseWriter):
                 out[pending_extra + "._extra_state"] = None
                 pending_extra = None
             out[key] = refs[key]
-            if _EXTRA_STATE.fullmatch(module):
+            if self.extra_state and _EXTRA_STATE.fullmatch(module):
                 pending_extra = module
         if pending_extra is not None:
             out[pending_extra + "._extra_state"] = None
@@ -498,13 +512,13 @@ class Writer(BaseWriter):
         args = args_from_spec(self.spec, self.layout, base, divisor)
         args["transformer_impl"] = self.impl
         expert_notes = []
-        if self.spec.is_moe and args.get("moe_grouped_gemm"):
+        if self.spec.is_moe and args.get("moe_grouped_gemm") and self.experts == "sequential":
             # the rank files hold SequentialMLP's keys (local_experts.N): a run building GroupedMLP would not load them
             args["moe_grouped_gemm"] = args["moe_use_legacy_grouped_gemm"] = False
             expert_notes.append("the experts are written as SequentialMLP (local_experts.N) and the args say "
                               "moe_grouped_gemm=False; for --moe-grouped-gemm runs write --format torch_dist, "
                               "whose expert layout is the same for every expert implementation")
-        iteration = final_iteration(self.iteration, state)
+        iteration = self._iteration(state)
         scheduler, notes = to_megatron(state, args, 0 if iteration == "release" else iteration)
         if not self.optim_kinds:  # a schedule matters to a run that resumes its optimizer
             notes = []
@@ -607,7 +621,7 @@ class Writer(BaseWriter):
         _, iteration, _, notes = self._final(state or {})
         self.notes += notes
         self.dir.rename(self.root / iteration_name(iteration))
-        write_tracker(self.root, iteration)
+        write_tracker(self.root, iteration, self.tracker_newline)
 
     @property
     def weight_dtype(self) -> torch.dtype:

@@ -40,5 +40,6 @@ def read_tracker(root) -> int | str:
     return int(text)
 
 
-def write_tracker(root, iteration) -> None:
-    (Path(root) / TRACKER).write_text(f"{iteration}\n")
+def write_tracker(root, iteration, newline: bool = True) -> None:
+    """`newline` False: the number alone, as Megatron-LM's save_checkpoint and MindSpeed-LLM's converter write it."""
+    (Path(root) / TRACKER).write_text(f"{iteration}\n" if newline else str(iteration))

@@ -5,7 +5,7 @@ rank t stores, and how the split axis maps; its docstring draws the layout.  Nam
 `mappings/` name the classes; converters bind one per row (`cls.bind(spec, params)`) and call it.
 """
 from .base import Transform
-from .concat import GatedMLP, PlainConcat
+from .concat import GatedMLP, PlainConcat, WholeConcat
 from .copy import Copy, RowsSplit, Tied
 from .experts import GroupedExperts
 from .fp8 import BlockScaledFP8
@@ -19,4 +19,4 @@ from .stack import Stack
 from .transpose import Transpose
 
 __all__ = ["Transform", "Copy", "RowsSplit", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave",
-           "RopePairs", "Stack", "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput"]
+           "RopePairs", "Stack", "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput", "WholeConcat"]

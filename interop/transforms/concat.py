@@ -19,6 +19,24 @@ class PlainConcat(Transform):
         super().__init__(shapes, axis)
 
 
+class WholeConcat(PlainConcat):
+    """The parts one after another on axis 0, the whole tensor on every TP rank whatever the parts' own split:
+    a fused projection each rank computes whole.
+
+        canonical q_a [r_q, h] (replicated), kv_a [r_kv + rope, h] (replicated)  ->  stored [q_a; kv_a]
+        canonical q [heads * d, h] (column), kv_a [r_kv + rope, h]               ->  stored [q; kv_a]
+        every TP rank of tp: the whole stored tensor
+
+    MindSpeed-LLM's multi-latent attention `linear_qkv` (mindspeed_llm/tasks/checkpoint/convert_hf2mg.py
+    set_model_layer_attn, pack_mla: torch.cat([q_a_proj or q_proj, kv_a_proj_with_mqa]) cloned to every tp rank):
+    with query compression both parts are replicated anyway; without it (DeepSeek-V2-Lite) its q_proj, cut by heads
+    in megatron-core, is whole here too."""
+
+    @classmethod
+    def bind(cls, spec, params) -> "WholeConcat":
+        return cls([p.shape for p in params], None)
+
+
 class GatedMLP(PlainConcat):
     """SwiGLU's gate and up in one tensor, Megatron style (megatron-core linear_fc1 with --swiglu,
     legacy dense_h_to_4h, MindSpeed mlp.mapping): each TP rank holds [gate_r; up_r], which its

@@ -14,7 +14,8 @@ import torch
 from interop.params import param_index
 from interop.shards import shard_box
 from interop.spec import ModelSpec
-from interop.transforms import Copy, GatedMLP, RowsSplit, GroupedQKV, Interleave, PlainConcat, Stack, Tied, Transpose
+from interop.transforms import (Copy, GatedMLP, RowsSplit, GroupedQKV, Interleave, PlainConcat, Stack, Tied, Transpose,
+                               WholeConcat)
 
 
 def _parts(shapes):
@@ -48,6 +49,9 @@ CASES = {
     "transpose joined": lambda: Transpose([(8, 6), (4, 6), (4, 6)], 0),
     "plain concat": lambda: PlainConcat([(8, 6), (4, 6), (4, 6)], 0),
     "plain concat bias": lambda: PlainConcat([(8,), (4,), (4,)], 0),
+    "plain concat replicated": lambda: PlainConcat([(6, 8), (5, 8)], None),
+    # MindSpeed-LLM's MLA linear_qkv: [q_a or q; kv_a] whole on every tp rank
+    "whole concat": lambda: WholeConcat([(6, 8), (5, 8)], None),
     "gated mlp": lambda: GatedMLP([(8, 6), (8, 6)], 0),
     "grouped qkv": lambda: GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4),
     "grouped qkv bias": lambda: GroupedQKV([(16,), (8,), (8,)], 0, groups=4),
@@ -285,3 +289,18 @@ def test_rows_split_cuts_rows_whatever_the_canonical_split():
     t = RowsSplit.bind(None, [Param("layers.0.attn.kv_down.weight", (8, 3), "replicated", 0)])
     assert t.axis == 0 and t.rank_shape(1, 2) == (4, 3)
     assert torch.equal(t.to_rank([x], 1, 2), x[4:]) and t != Copy([(8, 3)], 0)
+
+
+def test_whole_concat_holds_every_part_whole_on_every_rank():
+    """MindSpeed-LLM's MLA linear_qkv (convert_hf2mg.py set_model_layer_attn): [q; kv_a] cloned to each tp rank, even
+    where q is column-parallel canonically (DeepSeek-V2-Lite's q_proj); read back from any rank's copy."""
+    from interop.params import Param
+    q, kv = torch.randn(8, 3), torch.randn(5, 3)
+    t = WholeConcat.bind(None, [Param("layers.0.attn.q.weight", (8, 3), "column", 0),
+                                Param("layers.0.attn.kv_down.weight", (5, 3), "replicated", None)])
+    assert t.replicated and t.rank_shape(1, 2) == (13, 3)
+    whole = torch.cat([q, kv])
+    assert all(torch.equal(t.to_rank([q, kv], r, 2), whole) for r in range(2))
+    back = t.split(t.to_rank([q, kv], 1, 2))
+    assert torch.equal(back[0], q) and torch.equal(back[1], kv)
+    assert t.fused_rows(1, 2) == ((0, 13),) and t != PlainConcat([(8, 3), (5, 3)], None)

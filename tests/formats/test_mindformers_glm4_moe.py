@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 import helpers.glm_models as G
+from helpers.mindformers_mcore import strict_load
 from interop.convert import convert
 
 ms = pytest.importorskip("mindspore")
@@ -29,20 +30,6 @@ KEYS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size
         "routed_scaling_factor", "n_group", "topk_group", "num_experts_per_tok", "first_k_dense_replace",
         "norm_topk_prob", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "attention_bias",
         "use_qk_norm")
-STATISTICS = ("expert_load", "fi_accu")  # the router's training counters: not weights
-
-
-@pytest.fixture
-def mcore(tmp_path, monkeypatch):
-    """MindFormers with its mcore-style models switched on (use_legacy False), switched back afterwards."""
-    monkeypatch.chdir(tmp_path)  # it writes ./output/log on import
-    pytest.importorskip("mindformers")
-    from mindformers.core.context.build_context import MFContextOperator
-    from mindformers.tools.register import MindFormerConfig
-    MFContextOperator.reset_instance()
-    MFContextOperator(MindFormerConfig(use_legacy=False))
-    yield
-    MFContextOperator.reset_instance()
 
 
 def mindformers_model(hf_config):
@@ -61,12 +48,6 @@ def mindformers_model(hf_config):
                     rotary_percent=rope["partial_rotary_factor"], rotary_base=rope["rope_theta"],
                     mtp_block_spec=get_gpt_mtp_block_spec(config, spec))
 
-
-def strict_load(model, path):
-    not_loaded, unused = ms.load_param_into_net(model, ms.load_checkpoint(str(path)), strict_load=True)
-    assert unused == [], unused
-    assert not_loaded and all(n.endswith(STATISTICS) for n in not_loaded), not_loaded
-    return {p.name: torch.from_numpy(p.asnumpy().copy()) for _, p in model.parameters_and_names()}
 
 
 def test_mindformers_gpt_model_of_glm45_loads_interops_output_and_saves_it_back(tmp_path, mcore):

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from helpers.deepseek_models import save, v2_config, v3_config
 from helpers.hostile import assert_one_error, run
+from helpers.mindformers_mcore import strict_load
 from interop.convert import convert
 from interop.io.ms_ckpt import load_ckpt
 
@@ -27,20 +28,6 @@ MF = dict(compute_dtype="float32", params_dtype="float32", layernorm_compute_dty
           qk_layernorm=True)
 KINDS = {"v3-mtp": (lambda: v3_config(num_hidden_layers=3), True),
          "v2-lite": (lambda: v2_config(num_hidden_layers=3, topk_method="greedy"), False)}
-STATISTICS = ("expert_load", "fi_accu")  # the router's training counters: not weights
-
-
-@pytest.fixture
-def mcore(tmp_path, monkeypatch):
-    """MindFormers with its mcore-style models switched on (use_legacy False), switched back afterwards."""
-    monkeypatch.chdir(tmp_path)  # it writes ./output/log on import
-    pytest.importorskip("mindformers")
-    from mindformers.core.context.build_context import MFContextOperator
-    from mindformers.tools.register import MindFormerConfig
-    MFContextOperator.reset_instance()
-    MFContextOperator(MindFormerConfig(use_legacy=False))
-    yield
-    MFContextOperator.reset_instance()
 
 
 def mindformers_model(hf_config):
@@ -59,12 +46,6 @@ def mindformers_model(hf_config):
     return TrainingDeepseekV3ForCausalLM(DeepseekV3Config(
         **values, num_nextn_predict_layers=getattr(hf_config, "num_nextn_predict_layers", 0) or 0, **MF))
 
-
-def strict_load(model, path):
-    not_loaded, unused = ms.load_param_into_net(model, ms.load_checkpoint(str(path)), strict_load=True)
-    assert unused == [], unused
-    assert all(n.endswith(STATISTICS) for n in not_loaded), not_loaded
-    return {p.name: torch.from_numpy(p.asnumpy().copy()) for _, p in model.parameters_and_names()}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -1,4 +1,6 @@
-"""A MindSpeed-LLM DeepSeek-V3 torch checkpoint laid out as its converter writes it, built here from an HF one.
+"""A MindSpeed-LLM DeepSeek-V3 torch checkpoint laid out as its converter wrote it before July 2025 (MindSpeed-LLM
+1050caf3 renamed linear_qb / linear_kvb / k_layernorm to megatron-core's names; the current layout is checked against
+its real converter's output in tests/formats/test_mindspeed_llm_writer.py), built here from an HF one.
 
 Follows Ascend MindSpeed-LLM examples/mcore/deepseek3/convert_ckpt_deepseek3.py (CkptConvert, the layout its
 DeepSeek-V3 training loads; it needs NPUs and bitsandbytes, so it is not run here): `iter_0000001/mp_rank_TT[_PPP]
