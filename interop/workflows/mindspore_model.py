@@ -97,6 +97,9 @@ def _layer(m: MsModel, i: int) -> dict:
         out["down"], out["bdown"] = w[p + "mlp.projection.weight"], w.get(p + "mlp.projection.bias")
         out["n1"], out["bn1"] = w[p + "input_norm.weight"], w.get(p + "input_norm.bias")
         out["n2"], out["bn2"] = w[p + "post_attention_norm.weight"], w.get(p + "post_attention_norm.bias")
+        if s.post_norm:  # use_sandwich_norm: legacy/model/transformer.py's attn_post_norm / ffn_post_norm
+            out["pn1"], out["bpn1"] = w[p + "attn_post_norm.weight"], w.get(p + "attn_post_norm.bias")
+            out["pn2"], out["bpn2"] = w[p + "ffn_post_norm.weight"], w.get(p + "ffn_post_norm.bias")
     elif s.arch == "llama":
         p = f"model.layers.{i}."
         if m.qkv_concat:
@@ -214,14 +217,16 @@ def logits(m: MsModel, tokens: np.ndarray):
             k, v = ops.repeat_interleave(k, rep, 1), ops.repeat_interleave(v, rep, 1)
         scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(s.head_dim) + mask
         a = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, s.heads * s.head_dim)
-        x = x + _linear(a, L["o"], L.get("bo"))
+        a = _linear(a, L["o"], L.get("bo"))
+        x = x + (_norm(s, a, L["pn1"], L.get("bpn1")) if "pn1" in L else a)  # the sandwich's post norms
         h = _norm(s, x, L["n2"], L.get("bn2"))
         if s.gated_mlp:
             inner = ops.silu(_linear(h, L["gate"], L.get("bgate"))) * _linear(h, L["up"], L.get("bup"))
         else:
             approx = "tanh" if s.activation == "gelu_tanh" else "none"
             inner = ops.gelu(_linear(h, L["up"], L.get("bup")), approximate=approx)
-        x = x + _linear(inner, L["down"], L.get("bdown"))
+        inner = _linear(inner, L["down"], L.get("bdown"))
+        x = x + (_norm(s, inner, L["pn2"], L.get("bpn2")) if "pn2" in L else inner)
     x = _norm(s, x, glob["norm"], glob["bnorm"])
     head = glob["head"] if glob["head"] is not None else glob["embed"]
     return ops.matmul(x, head[: s.vocab].T)

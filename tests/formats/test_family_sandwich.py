@@ -242,3 +242,36 @@ def test_pangu_legacy_megatron_reads_to_mindspeed_exactly(pangu, tmp_path):
     c = StoreReader(tmp_path / "common2")
     for m in a.metas():
         assert torch.equal(a.read(m.name), c.read(m.name)), m.name
+
+
+def test_mindspore_ops_model_computes_the_sandwich(tmp_path):
+    """The MindSpeed files, loaded by mindspore.load_checkpoint and run with MindSpore's own ops (interop's stand-in
+    for MindSpeed-Core-MS, which is not on PyPI), give the reference trainer's logits on the same weights."""
+    pytest.importorskip("mindspore")
+    import numpy as np
+    import torch.nn.functional as F
+    from interop.store import StoreReader
+    from interop.trainer.grid import Grid
+    from interop.trainer.model import Stage
+    from interop.workflows import mindspore_model
+    spec = ModelSpec(**{**PANGU, "num_layers": 3, "hidden": 32, "ffn_hidden": 64, "head_dim": 8})
+    write_common(spec, tmp_path / "common")
+    convert(tmp_path / "common", tmp_path / "ms", dst_format="mindspore", dialect="mindspeed")
+    tokens = np.random.default_rng(1).integers(0, spec.vocab, (2, 10))
+    theirs = mindspore_model.logits(mindspore_model.load(tmp_path / "ms"), tokens).asnumpy()
+    store = StoreReader(tmp_path / "common")
+    stage = Stage(spec, ParallelLayout.build(spec.num_layers), Grid(1, 1, 1, 0))
+    with torch.no_grad():
+        for name, value in stage.named_tensors():
+            value.copy_(store.read(name))
+        x = torch.from_numpy(tokens)
+        ours = F.linear(stage.final_norm(stage.blocks(stage.embed(x))), stage.lm_head.weight)[..., :spec.vocab]
+    assert np.abs(ours.numpy() - theirs).max() < 1e-4 * max(1.0, np.abs(theirs).max() / 10)  # fp32, other op order
+    # without the post norms it would be another model: the check can fail
+    plain = Stage(spec.replace(post_norm=False, attn_post_norm_scale=None, mlp_post_norm_scale=None),
+                  ParallelLayout.build(spec.num_layers), Grid(1, 1, 1, 0))
+    with torch.no_grad():
+        for name, value in plain.named_tensors():
+            value.copy_(store.read(name))
+        other = F.linear(plain.final_norm(plain.blocks(plain.embed(x))), plain.lm_head.weight)[..., :spec.vocab]
+    assert np.abs(other.numpy() - theirs).max() > 1e-2
