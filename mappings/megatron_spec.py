@@ -92,9 +92,6 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
     for dest, ok in UNSUPPORTED_ARGS.items():
         if full.get(dest, ok) not in (ok, None) and full.get(dest) != ok:
             raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported")
-    if full.get("noop_layers") not in (None, "", [], ()):  # MindSpeed's: layers that are identity, without weights
-        raise InteropError(f"{where}: noop_layers={full['noop_layers']!r} is not supported: those layers hold no "
-                           "weights and pass their input through, which interop's models do not describe yet")
     norm = NORMS.get(full.get("normalization") or "LayerNorm")
     if norm is None:
         raise InteropError(f"{where}: normalization={full['normalization']!r} is not supported")

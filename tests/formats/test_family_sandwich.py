@@ -276,16 +276,3 @@ def test_mindspore_ops_model_computes_the_sandwich(tmp_path):
         other = F.linear(plain.final_norm(plain.blocks(plain.embed(x))), plain.lm_head.weight)[..., :spec.vocab]
     assert np.abs(other.numpy() - theirs).max() > 1e-2
 
-
-def test_noop_layers_are_refused_in_one_line(pangu, tmp_path):
-    """MindSpeed's noop_layers (identity layers without weights; empty in the guide) are not a fact interop holds
-    yet: a checkpoint whose args name some is refused, nothing left behind."""
-    spec, root = pangu
-    legacy = pangu_legacy(root / "common", tmp_path / "legacy", spec)
-    for f in sorted(legacy.rglob("model_optim_rng.pt")):
-        state = torch.load(f, weights_only=False)
-        state["args"].noop_layers = "62,63"
-        torch.save(state, f)
-    with pytest.raises(InteropError, match=r"noop_layers='62,63' is not supported"):
-        convert(legacy, tmp_path / "ms", dst_format="mindspore", dialect="mindspeed", **SPLIT)
-    assert not (tmp_path / "ms").exists()
