@@ -126,6 +126,9 @@ def test_mindspeed_files_hold_the_sandwich_under_its_model_names(pangu, tmp_path
     a, b = StoreReader(root / "common"), StoreReader(tmp_path / "common")
     for name in ("layers.0.attn_post_norm.weight", "layers.61.mlp_post_norm.weight", "layers.30.attn.q.weight"):
         assert torch.equal(a.read(name), b.read(name)), name
+    # pt_meta/ (convert_ckpt2pt.py's args for the Megatron legacy model it rebuilds): PanGu's sandwich flags
+    meta = vars(torch.load(tmp_path / "ms" / "pt_meta" / "args_tp00_pp003.pt", weights_only=False)["args"])
+    assert (meta["use_sandwich_norm"], meta["attn_post_norm_scale"], meta["ffn_post_norm_scale"]) == (True, 0.0447, 0.0825)
     # rank r = pp_rank * tp + tp_rank (dp 1): stage 3 is rank_6 / rank_7
     last = ms.load_checkpoint(str(tmp_path / "ms" / "rank_6" / "network.ckpt"))
     layers = sorted({int(k.split(".")[3]) for k in last if k.startswith("language_model.encoder.layers.")})
