@@ -28,6 +28,8 @@ def _training_options(fn):
         click.option("--decay-style", type=DECAY, help="constant, linear or cosine. [cosine]"),
         click.option("--weight-decay", type=float, help="AdamW decoupled weight decay (matrices only). [0.01]"),
         click.option("--clip-grad", type=float, help="Global gradient-norm clip, 0 = off. [1.0]"),
+        click.option("--mtp-loss-scaling-factor", type=float, help="Weight of the MTP modules' mean loss in the "
+                     "objective (0: trained as without them). [the model's, 0.1 by default]"),
         click.option("--adapter", type=click.Path(), help="Train this common-format LoRA adapter (its base is the "
                      "model trained from: --load), the base frozen."),
         click.option("--lora-rank", type=int, help="Train a fresh LoRA adapter of this rank on the frozen base "

@@ -90,3 +90,18 @@ def hf_module_tables(hf_table: list) -> dict[str, list]:
                     "lm_head" if parts[0].startswith("lm_head.") else "final_norm")
             tables[kind].append((key.rsplit(".", 1)[1], transform, parts))
     return tables
+
+
+# ATorch's DS 3D (atorch 0.2.5 auto/opt_lib/ds_3d_parallel_optimization.py) builds the PipelineModule from an HF
+# model's own modules and splits some over the tensor-parallel ranks as its TPInfo says; for Llama (dlrover
+# atorch/examples/llama2/ds_3d_llama2.py `get_llama_tpinfo`): q/k/v/gate/up are ColumnParallelLinear (each rank
+# holds a block of rows: dim 0), o/down RowParallelLinear (a block of columns: dim 1), embed_tokens a
+# VocabParallelEmbedding (a block of rows, the vocabulary padded to a multiple of tp: tensor_parallel/manual_tp.py
+# `tp_shard_helper`); atorch/modules/distributed_modules/layers.py `_initialize_affine_weight` cuts them.
+# {(file kind, key in the module's state dict): the dim cut}; every other key is whole on every rank.
+ATORCH_TP_SPLITS = {
+    ("embedding", "weight"): 0,
+    **{("layer", f"{m}.weight"): 0 for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                             "mlp.gate_proj", "mlp.up_proj")},
+    **{("layer", f"{m}.weight"): 1 for m in ("self_attn.o_proj", "mlp.down_proj")},
+}

@@ -1,4 +1,4 @@
-"""The options of the formats that store HF names (state_dict; dcp adds its own): `--model-config` for tensors stored under HF names
+"""The options of the formats that store HF names (state_dict, atorch; dcp adds its own): `--model-config` for tensors stored under HF names
 without a config.json beside them (declared alike with Megatron's, torch-free)."""
 from __future__ import annotations
 

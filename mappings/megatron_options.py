@@ -13,6 +13,13 @@ MODEL_CONFIG_HELP = ("Model description for a checkpoint that carries none (HF c
 VOCAB_SIZE_HELP = ("The true vocabulary (tokens): the embedding rows in the files beyond it are padding, whatever "
                    "the checkpoint's args say its padded_vocab_size is.")
 
+# Rank files that are copies of another rank's (interop.distinct_ranks): the Megatron torch, MindSpore and
+# DeepSpeed pipeline readers take it (DeepSpeed declares no options module: this text names it).
+ALLOW_IDENTICAL_RANKS = FormatOption(
+    "allow_identical_ranks", {"convert": "Megatron torch, MindSpore or DeepSpeed pipeline source: read a rank file "
+                                         "whose split tensors (or routed experts) are all byte-identical to another "
+                                         "rank's (refused by default: a copied file, not a model)."}, kind="flag")
+
 OPTIONS = (
     FormatOption("format", {"convert": "Megatron on-disk format to write (default: torch)."},
                  choices=("torch", "torch_dist")),
@@ -24,9 +31,7 @@ OPTIONS = (
                                                       "distrib_optim.pt laid out for --dp N."}, kind="switch"),
     FormatOption("model_config", {"convert": MODEL_CONFIG_HELP, "inspect": MODEL_CONFIG_HELP}, kind="path"),
     FormatOption("vocab_size", {"convert": VOCAB_SIZE_HELP, "inspect": VOCAB_SIZE_HELP}, kind="int"),
-    FormatOption("allow_identical_ranks", {"convert": "Megatron torch source: read a tensor-parallel rank folder "
-                                                      "whose split tensors are all byte-identical to rank 0's (refused "
-                                                      "by default: a copied folder, not a model)."}, kind="flag"),
+    ALLOW_IDENTICAL_RANKS,
     FormatOption("transformer_impl", {"convert": "Megatron output: the layer spec whose names it is written in, local "
                                                  "(default) or transformer_engine (Megatron-LM's default on GPUs: its "
                                                  "norms fused into the next linear; multi-latent attention's "

@@ -3,7 +3,7 @@ here (torch-free) so that `interop convert --help` lists them without importing 
 from __future__ import annotations
 
 from ..formats import FormatOption
-from .megatron_options import MODEL_CONFIG_HELP, VOCAB_SIZE_HELP
+from .megatron_options import ALLOW_IDENTICAL_RANKS, MODEL_CONFIG_HELP, VOCAB_SIZE_HELP
 from .mindspore_names import DIALECTS
 
 LAYOUTS = ("grouped", "plain")  # MindFormers w_qkv / w_gate_hidden: per group (r1.5.0 on) or q|k|v (r1.3.x)
@@ -24,4 +24,5 @@ OPTIONS = (
                  choices=LAYOUTS),
     FormatOption("dp", {"convert": "MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N."},
                  kind="int"),
+    ALLOW_IDENTICAL_RANKS,
 )

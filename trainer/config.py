@@ -52,6 +52,7 @@ class TrainConfig:
     eps: float = 1e-8
     clip_grad: float = 1.0
     router_bias_update_rate: float = 1e-3  # MoE router expert bias step per update (Megatron's default)
+    mtp_loss_scaling_factor: float | None = None  # the MTP modules' loss weight; None: the model's (mtp_loss_weight)
     # LoRA (interop.adapter): train an adapter on the frozen base, starting from `adapter` (a common-format adapter)
     # or fresh (drawn from `seed`) with rank / alpha / targets (canonical `attn.q,attn.v` or Megatron's `linear_qkv`)
     adapter: str | None = None
@@ -75,6 +76,13 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def trained_spec(self, spec):
+        """The model as this run trains it: the MTP loss weight overridden where the run gives one (Megatron's
+        --mtp-loss-scaling-factor is a training argument; 0 trains the model as if it had no MTP modules)."""
+        if self.mtp_loss_scaling_factor is None or not spec.mtp_layers:
+            return spec
+        return spec.replace(mtp_loss_weight=self.mtp_loss_scaling_factor)
+
 
 # TrainConfig field <- Megatron argument (dest).  A config file is read into Megatron's terms by map-args'
 # own loaders (`interop.mapargs.load`: a MindSpeed-Core-MS / MindFormers YAML through its table, with that
@@ -87,7 +95,8 @@ RUN_ARGS = {
     "seq_length": "seq_length", "seed": "seed", "lr": "lr", "min_lr": "min_lr", "lr_warmup_iters": "warmup",
     "lr_decay_iters": "decay_steps", "lr_decay_style": "decay_style", "weight_decay": "weight_decay",
     "adam_beta1": "beta1", "adam_beta2": "beta2", "adam_eps": "eps", "clip_grad": "clip_grad",
-    "moe_router_bias_update_rate": "router_bias_update_rate", "save_interval": "save_interval", "log_interval": "log_interval", "load": "load", "save": "save",
+    "moe_router_bias_update_rate": "router_bias_update_rate", "mtp_loss_scaling_factor": "mtp_loss_scaling_factor",
+    "save_interval": "save_interval", "log_interval": "log_interval", "load": "load", "save": "save",
     "data_path": "data", "bf16": "bf16", "resume_training": "resume",
     "lora_r": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_targets",
     "lora_dropout": "lora_dropout", "lora_load": "adapter",
@@ -204,7 +213,7 @@ COUNTS = {"steps": (1, None), "micro_batch_size": (1, None), "global_batch_size"
 # field -> (smallest allowed, below this) for the optimizer's numbers: finite, and where they make sense
 REALS = {"lr": (0.0, math.inf), "min_lr": (0.0, math.inf), "weight_decay": (0.0, math.inf), "clip_grad": (0.0, math.inf),
          "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, math.inf), "router_bias_update_rate": (0.0, math.inf),
-         "lora_dropout": (0.0, 1.0)}
+         "lora_dropout": (0.0, 1.0), "mtp_loss_scaling_factor": (0.0, math.inf)}
 
 
 def check(cfg: TrainConfig) -> None:
@@ -222,6 +231,8 @@ def check(cfg: TrainConfig) -> None:
                                "(attention is materialised, seq_length^2 per head)")
     for name, (least, below) in REALS.items():
         value, flag = getattr(cfg, name), "--" + name.replace("_", "-")
+        if value is None:  # not given: the model's own
+            continue
         if not (math.isfinite(value) and least <= value < below):
             bound = f"in [{least}, {below})" if math.isfinite(below) else f"a finite number >= {least}"
             raise InteropError(f"{flag} must be {bound}, got {value}")

@@ -8,6 +8,10 @@ vocabulary's logits, and `vocab_parallel_cross_entropy` turns them into the loss
 
 A MoE layer's MLP is `moe.MoE` (router, this expert-parallel rank's experts, shared expert).
 
+Multi-token prediction (DeepSeek-V3, `spec.mtp_layers`): the last stage also runs the MTP modules
+(`MTPModule`) on the final-normed hidden states and adds `mtp_loss_weight` times their mean loss to the
+objective, as megatron-core 0.16.1 does (gpt_model.py `_postprocess`); the loss it reports is the LM loss.
+
 Parameter names are the canonical names of `interop.params` (`layers.3.attn.q.weight`,
 global layer numbers), so the checkpoint code maps module parameters to stored
 tensors one to one; each tensor holds only this rank's tensor-parallel shard.
@@ -28,8 +32,8 @@ from .activations import activate
 from .grid import Grid
 from .mla import MLAttention, yarn_inv_freq
 from .moe import MoE
-from .tp import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, reduce_from_tp,
-                 vocab_parallel_cross_entropy)
+from .tp import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, copy_to_tp, gather_from_tp,
+                 reduce_from_tp, vocab_parallel_cross_entropy)
 
 
 class RMSNorm(nn.Module):
@@ -257,6 +261,31 @@ class Block(nn.Module):
         return x + self.mlp_post_norm(self.mlp(self.mlp_norm(x)))
 
 
+class MTPModule(nn.Module):
+    """Multi-token prediction module k (megatron-core's MultiTokenPredictionLayer): the embedding of the tokens
+    k + 1 ahead normed by `enorm`, the previous hidden state (the decoder's final-normed output, or module k-1's
+    output) by `hnorm`, joined in that order and projected by `eh_proj` (column-parallel, its output gathered over
+    tp), a decoder layer built like the model's last one, and this module's `final_norm`."""
+
+    def __init__(self, spec: ModelSpec, grid: Grid):
+        super().__init__()
+        self.group = grid.tp_group
+        self.enorm, self.hnorm = make_norm(spec), make_norm(spec)
+        self.eh_proj = ColumnParallelLinear(2 * spec.hidden, spec.hidden, False, grid.tp, grid.tp_group)
+        self.layer = Block(spec, grid, spec.is_mtp_moe())
+        self.final_norm = make_norm(spec)
+
+    def forward(self, hidden, embedded, rope, mask=None):
+        x = torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1)
+        x = gather_from_tp(self.eh_proj(x), self.group)
+        return self.final_norm(self.layer(x, rope, mask))
+
+
+def shift_left(tokens):
+    """Each row moved one position left, the last filled with token 0 (megatron-core's roll_tensor)."""
+    return torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+
+
 class Embeddings(nn.Module):
     def __init__(self, spec: ModelSpec, grid: Grid, with_position: bool):
         super().__init__()
@@ -278,9 +307,10 @@ class Stage(nn.Module):
     """The part of the model one pipeline stage owns.
 
     First stage: tokens -> hidden states.  Middle: hidden -> hidden.  Last: hidden ->
-    loss.  With tied embeddings and pp > 1 the last stage keeps its own copy of
-    `embed.word.weight` for the output head; the trainer sums the two copies'
-    gradients so they stay identical, and only the first stage's copy is saved.
+    loss.  With tied embeddings (the output head) or MTP modules (their input) and pp > 1
+    the last stage keeps its own copy of `embed.word.weight`; the trainer sums the two
+    copies' gradients so they stay identical (megatron-core's embedding group), and only
+    the first stage's copy is saved.
     """
 
     def __init__(self, spec: ModelSpec, layout: ParallelLayout, grid: Grid):
@@ -288,7 +318,7 @@ class Stage(nn.Module):
         check_model_layout(spec, layout)
         self.spec, self.grid = spec, grid
         self.first, self.last = grid.first_stage, grid.last_stage
-        if self.first or (self.last and spec.tied_embeddings):
+        if self.first or (self.last and (spec.tied_embeddings or spec.mtp_layers)):
             self.embed = Embeddings(spec, grid, with_position=self.first and spec.position == "learned")
         self.layers = nn.ModuleDict({str(i): Block(spec, grid, spec.is_moe_layer(i))
                                      for i in layout.layers_of_stage(grid.pp_rank)})
@@ -296,28 +326,57 @@ class Stage(nn.Module):
             self.final_norm = make_norm(spec)
             if not spec.tied_embeddings:
                 self.lm_head = ColumnParallelLinear(spec.hidden, spec.padded_vocab, False, grid.tp, grid.tp_group)
+            if spec.mtp_layers:
+                self.mtp = nn.ModuleDict({str(k): MTPModule(spec, grid) for k in range(spec.mtp_layers)})
+        self.mtp_log: list = []  # per forward since the training loop last took them: each MTP module's loss [K]
 
-    def forward(self, x, targets=None):
-        """x: token ids [b, s] on the first stage, else hidden states [b, s, h] from the previous stage."""
+    def forward(self, x, targets=None, tokens=None):
+        """x: token ids [b, s] on the first stage, else hidden states [b, s, h] from the previous stage;
+        `tokens`: the input ids, which the last stage's MTP modules embed (on the first stage: x)."""
         if self.first:
+            tokens = x
             x = self.embed(x)
         x = self.blocks(x)
         if not self.last:
             return x
-        return self.loss(self.final_norm(x), targets)
+        x = self.final_norm(x)
+        loss = self.loss(x, targets)
+        if not self.spec.mtp_layers:
+            return loss
+        extra = self.mtp_objective(x, tokens, targets)
+        return loss + (extra - extra.detach())  # the LM loss's value, the MTP losses' gradients too
+
+    def layer_inputs(self, seq: int, device) -> dict:
+        """(rope, mask) of each kind of layer: {sliding: (its rope, its window mask), not sliding: (rope, None)}."""
+        spec = self.spec
+        rope = rope_tables(spec, seq, device) if spec.position == "rope" else None
+        local = rope  # Gemma 3: the sliding layers' rope has its own base and no scaling
+        if spec.rope_local_base is not None:
+            local = rope_tables(spec.replace(rope_base=spec.rope_local_base, rope_scaling=None), seq, device)
+        return {True: (local, attention_mask(spec, seq, device)), False: (rope, None)}
 
     def blocks(self, x):
         """This stage's layers on hidden states [b, s, h], each with its mask (a window on sliding layers)."""
-        spec = self.spec
-        rope = rope_tables(spec, x.shape[1], x.device) if spec.position == "rope" else None
-        local = rope  # Gemma 3: the sliding layers' rope has its own base and no scaling
-        if spec.rope_local_base is not None:
-            local = rope_tables(spec.replace(rope_base=spec.rope_local_base, rope_scaling=None), x.shape[1], x.device)
-        mask = attention_mask(spec, x.shape[1], x.device)
+        inputs = self.layer_inputs(x.shape[1], x.device)
         for i, block in self.layers.items():
-            sliding = spec.is_sliding_layer(int(i))
-            x = block(x, local if sliding else rope, mask if sliding else None)
+            x = block(x, *inputs[self.spec.is_sliding_layer(int(i))])
         return x
+
+    def mtp_objective(self, hidden, tokens, targets):
+        """mtp_loss_weight / K * sum_k L_k (megatron-core gpt_model.py `_postprocess`, mtp_loss_scaling_factor /
+        mtp_num_layers).  Module k embeds the tokens k + 1 ahead (zero-filled at the end, as megatron-core rolls
+        input_ids) and L_k is the mean cross entropy against the targets k + 1 ahead, over the s - k - 1 positions
+        that have one (megatron-core's rolled loss_mask); its layer runs like the last decoder layer."""
+        spec, seq = self.spec, hidden.shape[1]
+        rope, mask = self.layer_inputs(seq, hidden.device)[spec.is_sliding_layer(spec.num_layers - 1)]
+        losses = []
+        for k, module in enumerate(self.mtp.values()):
+            tokens = shift_left(tokens)
+            hidden = module(hidden, self.embed(tokens), rope, mask)
+            keep = seq - k - 1
+            losses.append(self.loss(hidden[:, :keep], targets[:, k + 1:]))
+        self.mtp_log.append(torch.stack(losses).detach())
+        return torch.stack(losses).sum() * (spec.mtp_loss_weight / spec.mtp_layers)
 
     def logits(self, x):
         """This rank's vocabulary shard of the logits of final-normed hidden states (soft-capped where the model is)."""
@@ -357,8 +416,5 @@ def check_model_layout(spec: ModelSpec, layout: ParallelLayout) -> None:
         raise InteropError(f"layout has {layout.num_layers} layers, the model {spec.num_layers}")
     if spec.position == "rope" and spec.head_dim % 2 and not spec.is_mla:
         raise InteropError(f"rotary embeddings need an even head_dim (got {spec.head_dim})")
-    if spec.mtp_layers:
-        raise InteropError(f"the reference trainer does not run multi-token prediction modules yet (the model has "
-                           f"{spec.mtp_layers}): train the checkpoint without them")
     spec.check_ep(layout.ep)
 

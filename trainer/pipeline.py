@@ -71,7 +71,7 @@ def train_step(stage, grid, micro_batches, hidden_shape, device=None) -> torch.T
     def forward(i, x):
         tokens, targets = micro_batches[i]
         x = tokens if grid.first_stage else x
-        y = stage(x, targets if grid.last_stage else None)
+        y = stage(x, targets, tokens) if grid.last_stage else stage(x)  # the last stage's MTP modules embed tokens
         if grid.last_stage:
             losses.append(y.detach())
             y = y / n

@@ -49,6 +49,28 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
+class _GatherFromTP(torch.autograd.Function):
+    """Forward: join the ranks' slices of the last dimension.  Backward: each rank keeps its own slice's gradient
+    (megatron-core's gather_from_tensor_model_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        part = grad.shape[-1] // dist.get_world_size(ctx.group)
+        rank = dist.get_rank(ctx.group)
+        return grad[..., rank * part:(rank + 1) * part].contiguous(), None
+
+
+def gather_from_tp(x, group):
+    return x if group is None else _GatherFromTP.apply(x, group)
+
+
 def copy_to_tp(x, group):
     return x if group is None else _CopyToTP.apply(x, group)
 

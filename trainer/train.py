@@ -147,7 +147,10 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
         reader = open_checkpoint(start)
     else:
         raise InteropError("nothing to train: give --load CKPT, --init-spec SPEC.yaml or --resume with --save DIR")
-    spec = reader.spec
+    spec = cfg.trained_spec(reader.spec)
+    if cfg.mtp_loss_scaling_factor is not None and not spec.mtp_layers:
+        print(f"note: --mtp-loss-scaling-factor {cfg.mtp_loss_scaling_factor:g} is unused: {start} has no MTP modules",
+              file=sys.stderr, flush=True)
     if reader.source.adapter is not None:
         raise InteropError(f"{start}: a LoRA adapter, not a model: give its base with --load and the adapter with "
                            "--adapter")
@@ -158,6 +161,9 @@ def _prepare(cfg: TrainConfig, world: int | None, fresh: list) -> Plan:
                                   last_stage_layers=cfg.last_stage_layers, ep=cfg.ep)
     check_model_layout(spec, layout)
     adapter, adapter_start = _adapter(cfg, spec, layout, adapter_start, adapter_reader, fresh)
+    if spec.mtp_layers and cfg.seq_length <= spec.mtp_layers:
+        raise InteropError(f"--seq-length {cfg.seq_length}: the model's {spec.mtp_layers} MTP module(s) predict up to "
+                           f"{spec.mtp_layers + 1} tokens ahead and need a longer sequence")
     if spec.position == "learned" and cfg.seq_length > spec.max_positions:
         raise InteropError(f"--seq-length {cfg.seq_length} exceeds the model's {spec.max_positions} positions")
     if cfg.data:
@@ -240,7 +246,9 @@ def describe_plan(plan: Plan) -> list[str]:
     layout = f"tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}" + (f" ep={cfg.ep}" if cfg.ep > 1 else "")
     lines = [f"model: {spec.arch}, {spec.num_layers} layers, hidden {spec.hidden}, {spec.heads} heads, vocab {spec.vocab}: "
              f"{params / 1e6:.2f}M parameters ({'bf16 autocast' if cfg.bf16 else 'fp32'})"
-             + (f"; {spec.num_experts} experts, top-{spec.moe_topk}" if spec.is_moe else ""),
+             + (f"; {spec.num_experts} experts, top-{spec.moe_topk}" if spec.is_moe else "")
+             + (f"; {spec.mtp_layers} MTP module(s) trained, loss weight {spec.mtp_loss_weight:g}"
+                if spec.mtp_layers else ""),
              f"layout: {plan.layout.describe()} dp={cfg.dp}, {plan.world} process(es)"]
     if plan.adapter is not None:
         lora = plan.adapter
@@ -339,7 +347,8 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
     counted = [stage.owned(n) and (index[n].axis is not None or grid.tp_rank == 0)
                and (index[n].expert is not None or grid.ep_rank == 0) for n, _ in named]
     experts = [index[n].expert is not None for n, _ in named]
-    tied = spec.tied_embeddings and grid.embed_group is not None  # the word embedding lives on two stages
+    # the word embedding lives on two stages: the last one's copy is the output head or the MTP modules' input
+    tied = (spec.tied_embeddings or spec.mtp_layers > 0) and grid.embed_group is not None
     tied_copy = [p for n, p in named if n == "embed.word.weight"] if tied else []
     hidden_shape = (cfg.micro_batch_size, cfg.seq_length, spec.hidden)
     metrics_path = Path(cfg.save) / "metrics.jsonl" if cfg.save and grid.rank == 0 else None
@@ -369,12 +378,15 @@ def _train(plan: Plan, grid: Grid, device: torch.device) -> list[dict]:
         ms = (time.perf_counter() - t0) * 1000
         record = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": norm, "time_ms": round(ms, 3),
                   "consumed_samples": consumed}
+        if spec.mtp_layers:  # logged apart, as Megatron-LM's "mtp_1 loss": the objective adds their weighted mean
+            record["mtp_loss"] = _global_mtp_loss(stage, grid, device)
         history.append(record)
         if grid.rank == 0:
             if not cfg.quiet and (step % cfg.log_interval == 0 or step == last):
                 epoch = consumed // data.count if data.tokens is not None else 0
+                mtp = "".join(f", MTP_{k + 1}_loss: {v:.6f}" for k, v in enumerate(record.get("mtp_loss", [])))
                 print(f"Epoch: {epoch}, Step: {step}, Loss: {loss_value:.6f}, Learning_rate: {lr:.6e}, "
-                      f"Grad_norm: {norm:.6f}, Time: {ms:.2f} ms", flush=True)
+                      f"Grad_norm: {norm:.6f}, Time: {ms:.2f} ms{mtp}", flush=True)
             if metrics_path:
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
@@ -421,6 +433,18 @@ def _global_loss(loss, grid: Grid, device) -> float:
     if dist.is_initialized() and grid.world > 1:
         dist.all_reduce(value)
     return float(value) / grid.dp
+
+
+def _global_mtp_loss(stage, grid: Grid, device) -> list[float]:
+    """Each MTP module's loss this step: the mean over the micro-batches of the last stages, averaged over
+    data-parallel replicas (Megatron-LM's MTPLossLoggingHelper); the stage's log is emptied."""
+    value = torch.zeros(stage.spec.mtp_layers, dtype=torch.float64, device=device)
+    if stage.mtp_log and grid.tp_rank == 0:
+        value += torch.stack(stage.mtp_log).double().mean(0)
+    stage.mtp_log.clear()
+    if dist.is_initialized() and grid.world > 1:
+        dist.all_reduce(value)
+    return [float(v) / grid.dp for v in value]
 
 
 def _state(plan: Plan, step: int, consumed: int) -> dict:

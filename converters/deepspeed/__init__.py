@@ -24,12 +24,12 @@ class Reader(BaseReader):
     module's engine files, a `pipeline.Reader` otherwise (its errors say what a DeepSpeed checkpoint needs;
     each subclasses `BaseReader` itself)."""
 
-    options = ("model_config",)
+    options = ("model_config", "allow_identical_ranks")  # (allow_identical_ranks: the pipeline layout's tp ranks)
 
-    def __new__(cls, path, model_config=None):
+    def __new__(cls, path, model_config=None, allow_identical_ranks: bool | None = None):
         if engine.detect(path):
             if model_config is not None:
                 raise InteropError("--model-config does not apply to a DeepSpeed engine checkpoint (its config.json "
                                    "beside describes the model)")
             return engine.Reader(path)
-        return pipeline.Reader(path, model_config=model_config)
+        return pipeline.Reader(path, model_config=model_config, allow_identical_ranks=bool(allow_identical_ranks))

@@ -17,7 +17,11 @@ Layer files name parameters as GPTModelPipe's modules do (`interop.mappings.deep
 Megatron-DeepSpeed's args in the engine state; or, in a PipelineModule of a Hugging Face model's own modules
 (`nn.Embedding`, `LlamaDecoderLayer`, ..., `LlamaRMSNorm`, `nn.Linear`), as those modules do: a decoder layer
 its HF names after `layers.{i}.`, the embedding, final norm and head just `weight`, told apart by place and
-shape; the model described by config.json beside `latest` or --model-config.
+shape; the model described by config.json beside `latest` or --model-config.  ATorch's DS 3D is such a
+PipelineModule (atorch/utils/ds_pipe_utils.py PipeModuleFromRecordedMeta) split over tensor-parallel ranks: each
+key is cut as `ATORCH_TP_SPLITS` says (else refused), its embedding padded to a multiple of tp and tied to the
+logits (no head file; the last stage's param_shapes hold it as a `tied_modules.` module), and a module without
+tensors (transformers' model-level rotary_emb) leaves an empty layer file, skipped.
 Every `.pt` is unpickled safely with tensors left on disk (`interop.io.torch_file.LazyTorchFile`).
 """
 from __future__ import annotations
@@ -29,18 +33,19 @@ from pathlib import Path
 import torch
 
 from ...contract import BaseReader
+from ...distinct_ranks import RankPrint, check_distinct, record_sums
 from ...errors import InteropError
 from ...hf_named import hf_table
 from ...io.safe_pickle import to_plain
 from ...io.small_files import read_json_object, read_small_text
 from ...io.torch_file import LazyTorchFile
 from ...layout import ParallelLayout
-from ...mappings.deepspeed_names import IGNORED_SUFFIXES, TABLES, hf_module_tables, kind_of
+from ...mappings.deepspeed_names import ATORCH_TP_SPLITS, IGNORED_SUFFIXES, TABLES, hf_module_tables, kind_of
 from ...mappings.hf_config import spec_from_hf_config
 from ...mappings.hf_names import TABLES as HF_TABLES
 from ...model_config import spec_from_file
 from ...params import TensorKey, base_param_name, param_index, param_table
-from ...spec import ModelSpec
+from ...spec import ModelSpec, vocab_from_rows
 from ...tensors import NAME_OF_DTYPE, Source, TensorMeta
 from .zero import GRADIENT_CLIPPING_DEFAULT, update_rule
 
@@ -127,9 +132,11 @@ class Reader(BaseReader):
     a PipelineModule of a Hugging Face model's own modules (described by config.json beside or --model-config:
     `_hf_modules`)."""
 
-    options = ("model_config",)
+    options = ("model_config", "allow_identical_ranks")
 
-    def __init__(self, path, model_config=None):
+    def __init__(self, path, model_config=None, allow_identical_ranks: bool = False):
+        """`allow_identical_ranks`: read a layer file whose split tensors are all byte-identical to another tp
+        rank's (refused by default: a copied file)."""
         root = Path(path)
         if root.is_dir() and _tag_dir(root) is None and (root / LATEST).is_file():
             raise InteropError(f"{root / LATEST}: does not name a tag folder of this checkpoint (e.g. global_step1000)")
@@ -154,7 +161,7 @@ class Reader(BaseReader):
             if model_config is not None:
                 raise InteropError("--model-config does not apply to a Megatron-DeepSpeed checkpoint (its args "
                                    "describe the model)")
-            self.tables = TABLES
+            self.tables, self.tp_splits = TABLES, None  # GPTModelPipe: Megatron's TP layers, cut as canonical
             self._classified(gpt)
             args = self._describe_by_args(engine, mp_files[0], notes)
             what = "args say"
@@ -165,6 +172,11 @@ class Reader(BaseReader):
             raise InteropError(f"{self.dir}: {len(self.layer_indices)} transformer layer files, {what} "
                                f"num_layers={self.spec.num_layers}")
         has_head = "lm_head" in self.kinds.values()
+        if args is None and not has_head and not self.spec.tied_embeddings and self._ties_logits(mp_files):
+            self.spec = self.spec.replace(tied_embeddings=True)
+            notes.append("the config says tie_word_embeddings=false, but no layer file holds a head and the last "
+                         "stage holds the embedding as a tied module: read as tied (the pipeline computes the "
+                         "logits from the embedding, as ATorch's DS 3D does)")
         if self.spec.tied_embeddings == has_head:
             said = (f"untie_embeddings_and_output_weights={not self.spec.tied_embeddings}" if args is not None else
                     f"tie_word_embeddings={self.spec.tied_embeddings}")
@@ -173,6 +185,7 @@ class Reader(BaseReader):
         self.spec.check_tp(self.tp)
         self.index = param_index(self.spec)
         self._rows(notes)
+        self._check_distinct(notes, allow_identical_ranks)
         self.layout = self._layout(mp_files)
         self.moments: dict[str, dict] = {}
         notes.append(self._load_optimizer(mp_files, engine))
@@ -257,9 +270,11 @@ class Reader(BaseReader):
             raise InteropError(f"{self.files[(bad, 0)].path}: not a Megatron-DeepSpeed GPTModelPipe module (keys "
                                f"{sorted(self.files[(bad, 0)].obj)[:4]}); a PipelineModule of HF modules is read "
                                "with its config.json beside `latest` or --model-config")
-        if self.tp > 1:
-            raise InteropError(f"{self.dir}: HF module names split over {self.tp} model-parallel ranks (ATorch's "
-                               "DeepSpeed 3D) are not read")
+        empty = [i for i in self.indices if not self.files[(i, 0)].obj]
+        if empty:  # a module without parameters or persistent buffers (transformers 5's model-level rotary_emb)
+            self.indices = [i for i in self.indices if i not in empty]
+            notes.append(f"skipped {', '.join(f'layer_{i:02d}' for i in empty)}: no tensors (a module without "
+                         "parameters, e.g. the model's rotary embedding)")
         dtype = self._dtype(self.indices[0])
         if model_config is not None:
             self.spec = spec_from_file(model_config, dtype)
@@ -267,6 +282,7 @@ class Reader(BaseReader):
         else:
             self.spec = spec_from_hf_config(read_json_object(config, "HF config"), dtype, where=str(config))
         self.tables = hf_module_tables(HF_TABLES[hf_table(self.spec)])
+        self.tp_splits = ATORCH_TP_SPLITS  # HF modules over tp ranks: only as ATorch's DS 3D splits them
         if self.tables is None:
             raise InteropError(f"{self.dir}: a {self.spec.arch} model's learned position table has no module of "
                                "its own in a PipelineModule of HF modules: not read")
@@ -292,6 +308,23 @@ class Reader(BaseReader):
         self._classified(kinds)
         notes.append("a PipelineModule of HF modules: the embedding, final norm and head told apart by their "
                      "place and shape")
+        embed = next(i for i, k in kinds.items() if k == "embedding")
+        vocab, rows, vocab_notes = vocab_from_rows(self.files[(embed, 0)].obj["weight"].shape[0] * self.tp,
+                                                   self.spec.vocab, None, f"{self.files[(embed, 0)].path}: weight "
+                                                   f"over tp={self.tp}", stated_by="the config")
+        notes += vocab_notes
+        if (vocab, rows) != (self.spec.vocab, self.spec.padded_vocab):
+            self.spec = self.spec.replace(vocab=vocab, padded_vocab=rows)
+        if self.tp > 1:
+            notes.append(f"HF modules split over {self.tp} tensor-parallel ranks as ATorch's DS 3D splits Llama "
+                         "(q/k/v/gate/up by rows, o/down by columns, a vocab-parallel embedding)")
+
+    def _ties_logits(self, mp_files: dict) -> bool:
+        """The last stage holds a tied module (`tied_modules.<key>.` in its param_shapes) and no layer file a head:
+        the logits are computed from the tied embedding (a TiedLayerSpec's forward_fn, ATorch's tie_first)."""
+        last = LazyTorchFile(mp_files[(len(mp_files) // self.tp - 1) * self.tp]).obj
+        shapes = last.get("param_shapes") if isinstance(last, dict) else None
+        return isinstance(shapes, list) and any(str(k).startswith("tied_modules.") for g in shapes for k in g)
 
     @staticmethod
     def _ignored(key: str) -> str | None:
@@ -317,6 +350,10 @@ class Reader(BaseReader):
                     continue
                 used.add(key)
                 bound = transform.bind(self.spec, [self.index[n] for n in names])
+                if self.tp > 1 and self.tp_splits is not None and bound.axis != self.tp_splits.get((kind, key)):
+                    raise InteropError(f"{self.files[(idx, 0)].path}: {key} over {self.tp} tensor-parallel ranks: "
+                                       "HF modules are read split as ATorch's DS 3D splits Llama's (q/k/v/gate/up "
+                                       "by rows, o/down by columns, the embedding by rows); this one is not")
                 for j, n in enumerate(names):
                     self.row_of[n] = (idx, key, bound, names, j)
             for key in stored:
@@ -338,6 +375,25 @@ class Reader(BaseReader):
                                        f"{list(want)} per tp rank")
         if dropped:
             notes.append(f"dropped buffers that are not parameters ({'; '.join(sorted(dropped))})")
+
+    def _check_distinct(self, notes: list[str], allow: bool) -> None:
+        """No layer file is a copy of another tp rank's (`interop.distinct_ranks`: by its split tensors'
+        records' CRC-32s, nothing read)."""
+        if self.tp < 2:
+            return
+        split: dict[int, set] = {}
+        for idx, key, transform, _, _ in self.row_of.values():
+            if not transform.replicated:
+                split.setdefault(idx, set()).add(key)
+        for idx, keys in sorted(split.items()):
+            group = []
+            for t in range(self.tp):
+                f = self.files[(idx, t)]
+                sums = record_sums(f, ((k, x) for k, x in f.obj.items() if k in keys)) if isinstance(f.obj, dict) \
+                    else None
+                group.append(RankPrint(str(f.path), f"tensor-parallel rank {t}", sums,
+                                       f"every split tensor ({len(sums or ())})"))
+            check_distinct(group, notes, allow)
 
     def _layout(self, mp_files: dict) -> ParallelLayout:
         """The pipeline stages: which transformer layers each stage's engine file lists (param_shapes)."""
@@ -426,7 +482,10 @@ class Reader(BaseReader):
     def _zero_tensor(self, kind: str, idx: int, key: str, t: int) -> torch.Tensor:
         """Layer file (idx, t)'s `key` in the ZeRO state, gathered from the partitions, shaped like the weight."""
         mp = self._stage_of_index(idx) * self.tp + t
-        names = [f"{idx}.{key}"] + ([f"tied_modules.embed.{key}"] if self.kinds[idx] == "embedding" else [])
+        names = [f"{idx}.{key}"]
+        if self.kinds[idx] == "embedding":  # a tied embedding is a tied module: `tied_modules.embed.` in GPTModelPipe,
+            tied = f"{mp}/tied_modules."    # `tied_modules.embed_tokens.` (its HF module's name) in ATorch's DS 3D
+            names += [n.split("/", 1)[1] for n in self.zero_where if n.startswith(tied) and n.endswith(f".{key}")]
         for n in names:
             if f"{mp}/{n}" in self.zero_where:
                 partitions, size, offset, numel = self.zero_where[f"{mp}/{n}"]

@@ -9,6 +9,7 @@ from collections import OrderedDict
 
 import torch
 
+from ...distinct_ranks import RankPrint, check_distinct, record_sums
 from ...errors import InteropError
 from ...mappings.megatron_names import MINDSPEED_LLM_UNREAD, TIED_HEAD, scheme_of
 from ...spec import ModelSpec
@@ -156,33 +157,22 @@ def _check_tied_copy(model: "ModelState", ranks: RankFiles, rows, at: tuple, key
 
 
 def check_distinct_ranks(model: "ModelState", ranks: RankFiles, rows, notes: list[str], allow: bool) -> None:
-    """A tensor-parallel rank file whose split tensors are ALL byte-identical to tp rank 0's is a copied
-    folder (a damaged or hand-assembled checkpoint), not a model: its shards would be read as the others'
-    halves.  Compared by the records' CRC-32s in the zip directories (nothing read); one identical split
-    tensor is common (zero biases), all of them is not.  `allow` (--allow-identical-ranks) reads it, noted."""
-    if ranks.tp < 2:
-        return
+    """No rank file is a copy of another (`interop.distinct_ranks`, by the records' CRC-32s in the zip
+    directories: nothing read): the tensor-parallel ranks of a stage by their split dense tensors, the
+    expert-parallel ranks holding one expert tp shard by their routed experts.  `allow`: --allow-identical-ranks."""
     split = {(r.stage, r.chunk, r.key) for r in rows if r.ep is None and r.transform.reads_back
              and not r.transform.replicated}
+    experts = {(r.stage, r.chunk, r.ep, r.key) for r in rows if r.ep is not None and r.transform.reads_back}
+    groups: dict[tuple, list[RankPrint]] = {}
     for (t, p, v, e), sd in model.ep_dicts.items():
-        if t == 0 or e != ranks.plan.dense_ep[t]:
-            continue
-        peer, here, there = model.ep_dicts.get((0, p, v, ranks.plan.dense_ep[0])), ranks.ep_files[(t, p, e)], \
-            ranks.ep_files[(0, p, ranks.plan.dense_ep[0])]
-        if peer is None:
-            continue
-        known = []  # per split tensor with a CRC on both sides: identical?
-        for key, x in sd.items():
-            y = peer.get(key)
-            if (p, v, key) in split and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-                a, b = here.record_checksum(x), there.record_checksum(y)
-                if a is not None and b is not None and a[0] and b[0]:
-                    known.append(a == b)
-        if not known or not all(known):
-            continue
-        where = f"{here.path.parent.name} and {there.path.parent.name}"
-        if not allow:
-            raise InteropError(f"{here.path}: every split tensor ({len(known)}) is byte-identical to tensor-parallel "
-                               f"rank 0's ({there.path}): a copied rank folder, not a model (pass "
-                               "--allow-identical-ranks if it is genuinely so)")
-        notes.append(f"{where}: every split tensor is byte-identical (read as given: --allow-identical-ranks)")
+        f = ranks.ep_files[(t, p, e)]
+        if ranks.tp > 1 and e == ranks.plan.dense_ep[t]:
+            sums = record_sums(f, ((k, x) for k, x in sd.items() if (p, v, k) in split))
+            groups.setdefault(("tp", p, v), []).append(
+                RankPrint(str(f.path), f"tensor-parallel rank {t}", sums, f"every split tensor ({len(sums or ())})"))
+        if ranks.ep > 1:
+            sums = record_sums(f, ((k, x) for k, x in sd.items() if (p, v, e, k) in experts))
+            groups.setdefault(("ep", p, v, ranks.plan.folders[(t, e)]), []).append(
+                RankPrint(str(f.path), f"expert-parallel rank {e}", sums, f"every routed expert ({len(sums or ())})"))
+    for key in sorted(groups):
+        check_distinct(sorted(groups[key], key=lambda m: m.path), notes, allow)

@@ -8,12 +8,14 @@ from the scalars beside the tensors.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import torch
 
 from ...contract import BaseReader
+from ...distinct_ranks import RankPrint, check_distinct
 from ...errors import InteropError
 from ...io.ms_ckpt import CkptFile
 from ...io.small_files import read_json_object
@@ -74,7 +76,7 @@ class Reader(BaseReader):
     """Reads every rank file of a MindSpore checkpoint and hands out global canonical tensors."""
 
     options = ("model_config", "qkv_layout", "qkv_bias_layout", "src_qkv_layout", "src_qkv_bias_layout",
-               "vocab_size")
+               "vocab_size", "allow_identical_ranks")
 
     @classmethod
     def options_for_worker(cls, options: dict) -> dict:
@@ -86,24 +88,28 @@ class Reader(BaseReader):
 
     def __new__(cls, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
                 src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True,
-                vocab_size: int | None = None, verify_share: tuple[int, int] = (0, 1)):
+                vocab_size: int | None = None, verify_share: tuple[int, int] = (0, 1),
+                allow_identical_ranks: bool | None = None):
         """A MindFormers LoRA adapter (its pet_config beside the `.ckpt`, or a `.ckpt` of LoRA tensors only with
         the run's YAML as --model-config) is read by `lora.Reader`."""
         if lora.holds_adapter(path) or (lora.states_pet_config(model_config) and lora.names_adapter(path)):
-            if any(x is not None for x in (qkv_layout, qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, vocab_size)):
+            if any(x is not None for x in (qkv_layout, qkv_bias_layout, src_qkv_layout, src_qkv_bias_layout, vocab_size,
+                                           allow_identical_ranks)):
                 raise InteropError(f"{path}: a MindFormers LoRA adapter takes no MindSpore layout options")
             return lora.Reader(path, model_config)
         return super().__new__(cls)
 
     def __init__(self, path, model_config=None, qkv_layout: str | None = None, qkv_bias_layout: str | None = None,
                  src_qkv_layout: str | None = None, src_qkv_bias_layout: str | None = None, verify: bool = True,
-                 vocab_size: int | None = None, verify_share: tuple[int, int] = (0, 1)):
+                 vocab_size: int | None = None, verify_share: tuple[int, int] = (0, 1),
+                 allow_identical_ranks: bool | None = None):
         """`qkv_layout` / `qkv_bias_layout`: how a MindFormers w_qkv is joined.  MindSpore -> MindSpore gives
         the source's as `src_qkv_layout` / `src_qkv_bias_layout` (the plain flags are the output's).
         `verify=False` skips what reads tensor bytes to check the files (crc trailers, a tied head's or a
         renamed tensor's stored copy): a `--workers` worker, whose parent made those checks already.
         `verify_share` (rank, ranks) of a distributed conversion: this rank checks the crc of every ranks-th
-        file from its own on, rank 0 the stored copies; together the ranks check everything once."""
+        file from its own on, rank 0 the stored copies; together the ranks check everything once.
+        `allow_identical_ranks`: read rank files that are copies of one another (refused by default)."""
         share, ranks = verify_share
         self.verify = verify and share == 0
         qkv_layout, qkv_bias_layout = src_qkv_layout or qkv_layout, src_qkv_bias_layout or qkv_bias_layout
@@ -132,6 +138,8 @@ class Reader(BaseReader):
             for i, (key, p) in enumerate(sorted(paths.items())):
                 self.files[key] = CkptFile(p, verify=verify and i % ranks == share)
             self._describe(path, sidecar, model_config, qkv_layout, qkv_bias_layout, notes, vocab_size)
+            if self.verify:  # (a worker's parent checked)
+                self._check_distinct(self.source.notes, bool(allow_identical_ranks))
         except BaseException:
             self.close()
             raise
@@ -497,6 +505,41 @@ class Reader(BaseReader):
         if strings:
             notes.append(f"dropped {len(strings)} string entries ({', '.join(sorted(strings)[:5])})")
         return scalars
+
+    def _check_distinct(self, notes: list[str], allow: bool) -> None:
+        """No rank file is a copy of another (`interop.distinct_ranks`): the tp ranks of a stage compared by
+        their split tensors, the ep ranks of one tp rank by their routed experts.  Files that all end in a
+        crc_num trailer are compared by it and their size (nothing read); others by 4 KiB of their first such
+        tensor, those that agree there tensor by tensor."""
+        groups: dict[tuple, dict[CkptFile, list[str]]] = {}
+        for row in self.rows:
+            param = self.index[row.parts[0]]
+            stage = self.layout.stage_of(param)
+            for t in range(self.layout.tp):
+                if param.expert is not None and self.layout.ep > 1:
+                    f, tag = self._home(t, param, self.tag_of[row.key])
+                    groups.setdefault(("ep", stage, t), {}).setdefault(f, []).append(tag)
+                elif self.layout.tp > 1 and not row.transform.replicated:
+                    groups.setdefault(("tp", stage), {}).setdefault(self.files[(t, stage)], []).append(
+                        self.tag_of[row.key])
+        ranks = {f: (t, d) for (t, _, d), f in
+                 [*(((t, p, 0), f) for (t, p), f in self.files.items()), *self.ep_files.items()]}
+        for key, held in sorted(groups.items(), key=lambda kv: kv[0]):
+            whole = all(f.crc is not None for f in held)
+            by_path = {f.path: (f, tags) for f, tags in held.items()}
+            members = []
+            for f, tags in held.items():
+                t, d = ranks[f]
+                name = f"expert-parallel rank {d}" if key[0] == "ep" else f"tensor-parallel rank {t}"
+                sums = (f.crc, os.path.getsize(f.path)) if whole else (tuple(tags), f.head(tags[0], 4096))
+                what = "the whole file (crc_num trailer and size)" if whole else \
+                    f"every {'routed expert' if key[0] == 'ep' else 'split tensor'} ({len(tags)})"
+                members.append(RankPrint(f.path, name, sums, what))
+
+            def same(a: RankPrint, b: RankPrint) -> bool:
+                (fa, tags), (fb, _) = by_path[a.path], by_path[b.path]
+                return whole or all(fa.same_bytes(tag, fb, tag) for tag in tags)
+            check_distinct(sorted(members, key=lambda m: ranks[by_path[m.path][0]]), notes, allow, same)
 
     def _check_tied_copies(self, tied: list[str], notes: list[str]) -> None:
         """A tied head's stored copy must equal the embedding it is tied to: otherwise refuse, not drop it."""

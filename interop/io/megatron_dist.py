@@ -36,6 +36,7 @@ import re
 import tempfile
 import uuid
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -61,7 +62,7 @@ from .paths import inside
 from .safe_pickle import safe_torch_load
 from .torch_file import _BATCH, _CRC_THREAD, _crc_of_range, _crc_views, append_tensor
 from .writeback import Writeback
-from .zip_records import BadLocalHeader, zip_records
+from .zip_records import BadLocalHeader, InflationBomb, check_expansion, zip_records
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -151,6 +152,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused global {module}.{name}")
 
 
+_PICKLE_BYTES = 1 << 20  # what a chunk's torch.save zip holds besides the tensor's record (its pickle, version)
+_INFLATE_BLOCK = 1 << 20  # a compressed record is inflated (to check it) this much at a time
+
+
 class _FileView(io.RawIOBase):
     """Bytes `offset`..`offset + length` of an open file, as a file of their own (what torch.load reads a
     DCP chunk from)."""
@@ -237,9 +242,38 @@ class _Reader:
     def load_chunk(self, file: Path, view, index: MetadataIndex) -> torch.Tensor:
         """The stored chunk `index` from `view` (its byte range), loaded by torch (the slow path: through a
         Python file object, for a chunk `span` cannot place), checked against `.metadata`."""
+        self._check_compressed(file, view, index)
+        view.seek(0)
         tensor = torch.load(view, map_location="cpu", weights_only=True)
         self._check_chunk(file, index, tensor)
         return tensor
+
+    def _check_compressed(self, file: Path, view, index: MetadataIndex) -> None:
+        """A chunk's compressed records (DEFLATE: torch.load inflates them) are bounded before torch allocates
+        what their directory declares: at most `MAX_EXPANSION` x their bytes (`zip_records.check_expansion`) and
+        at most the chunk's tensor bytes `.metadata` records (plus `_PICKLE_BYTES`); each is inflated here once,
+        a block at a time, so that its CRC-32 and declared size are checked (torch checks neither).  A chunk of
+        stored records (what DCP writes) costs a read of its zip directory."""
+        entry = self._metadata.state_dict_metadata[index.fqn]
+        sizes = next((c.sizes for c in entry.chunks if c.offsets == index.offset), ())
+        need = math.prod(sizes) * entry.properties.dtype.itemsize
+        where = f"{file}: the chunk of {index.fqn} at {list(index.offset)}"
+        try:
+            with zipfile.ZipFile(view) as z:
+                check_expansion(z)
+                packed = [info for info in z.infolist() if info.compress_type != zipfile.ZIP_STORED]
+                declared = sum(info.file_size for info in packed)
+                if declared > need + _PICKLE_BYTES:
+                    raise InteropError(f"{where}: its compressed records declare {declared:,} bytes, its tensor is "
+                                       f"{need:,} bytes (.metadata): a DEFLATE bomb?")
+                for info in packed:
+                    with z.open(info) as record:
+                        while record.read(_INFLATE_BLOCK):
+                            pass
+        except InflationBomb as exc:
+            raise InteropError(f"{where}: {exc}") from None
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, ValueError) as exc:
+            raise InteropError(f"{where}: {_first_line(exc)}: the file is damaged") from None
 
     def span(self, index: MetadataIndex) -> _Span | None:
         """Where chunk `index`'s tensor bytes lie in its `.distcp` file, when they are one contiguous run of a

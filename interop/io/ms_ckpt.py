@@ -330,6 +330,35 @@ class CkptFile:
         e = self.entry(tag)
         return self._pieces(e, start, e.nbytes if stop is None else stop)
 
+    def head(self, tag, n: int) -> bytes:
+        """The first `n` bytes of the tensor's content (all of it when shorter)."""
+        e = self.entry(tag)
+        buf = bytearray(min(n, e.nbytes))
+        self._read_span(e, 0, memoryview(buf))
+        return bytes(buf)
+
+    def _read_span(self, e: Entry, start: int, view: memoryview) -> None:
+        """Bytes [start, start + len(view)) of entry `e`'s content into `view`."""
+        done = 0
+        for offset, n in self._pieces(e, start, start + len(view)):
+            _pread_into(self._fd, view[done:done + n], offset, self.path)
+            done += n
+
+    def same_bytes(self, tag, other: "CkptFile", other_tag, block: int = 1 << 20) -> bool:
+        """Whether the tensor's content equals `other`'s `other_tag`, compared a block at a time (stops at the
+        first difference)."""
+        a, b = self.entry(tag), other.entry(other_tag)
+        if a.nbytes != b.nbytes:
+            return False
+        x, y = bytearray(min(block, a.nbytes)), bytearray(min(block, a.nbytes))
+        for start in range(0, a.nbytes, block):
+            n = min(block, a.nbytes - start)
+            self._read_span(a, start, memoryview(x)[:n])
+            other._read_span(b, start, memoryview(y)[:n])
+            if x[:n] != y[:n]:
+                return False
+        return True
+
     @staticmethod
     def _pieces(e: Entry, start: int, stop: int) -> list[tuple[int, int]]:
         out, at = [], 0

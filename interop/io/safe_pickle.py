@@ -1,4 +1,5 @@
-"""Loading `.pt` pickles (Megatron's `model_optim_rng.pt`, `common.pt`) without running code from them.
+"""Loading `.pt` pickles (Megatron's `model_optim_rng.pt`, `common.pt`) and plain metadata pickles without
+running code from them.
 
 `torch.load(weights_only=True)` refuses every class it does not know.  Megatron
 checkpoints hold a few harmless ones (the `args` Namespace, Megatron enums, signal
@@ -11,9 +12,11 @@ called on the pickle's say-so except the allow-list below.
 from __future__ import annotations
 
 import argparse
+import collections
 import enum
 import io
 import pathlib
+import pickle
 import signal
 import types
 import zipfile
@@ -24,6 +27,7 @@ import numpy.core.multiarray
 import torch
 
 from ..errors import InteropError
+from .small_files import read_small_bytes
 from .zip_records import InflationBomb, check_expansion
 
 # Real objects a checkpoint may name, by the dotted path the pickle uses.
@@ -201,3 +205,24 @@ def to_plain(value, depth: int = 0):
     if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else f"<tensor {list(value.shape)}>"
     return repr(value)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Dicts, lists, tuples, sets, numbers and strings, and torch.Size: any other global is refused."""
+
+    ALLOWED_GLOBALS = {("torch", "Size"): torch.Size, ("collections", "OrderedDict"): collections.OrderedDict}
+
+    def find_class(self, module, name):
+        found = self.ALLOWED_GLOBALS.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"refused global {module}.{name}")
+        return found
+
+
+def load_plain_pickle(path, what: str, limit: int = 64 << 20):
+    """A plain `pickle.dump` file of metadata (ATorch's `flat_meta.*`, `ckpt_meta`), read without running code."""
+    data = read_small_bytes(path, what, limit)
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # a damaged or hostile pickle raises many types
+        raise InteropError(f"{path}: not a readable {what} ({_first_line(exc)})") from None

@@ -50,8 +50,8 @@ def require_small_file(path, what: str, limit: int = LIMIT) -> Path:
     return Path(path)
 
 
-def read_small_text(path, what: str, limit: int = LIMIT) -> str:
-    """The UTF-8 text of a regular file of at most `limit` bytes."""
+def read_small_bytes(path, what: str, limit: int = LIMIT) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes."""
     path = Path(path)
     fd, _ = _open_regular(path, what, limit)
     chunks, total = [], 0
@@ -68,8 +68,14 @@ def read_small_text(path, what: str, limit: int = LIMIT) -> str:
         os.close(fd)
     if total > limit:
         raise InteropError(f"{path}: the {what} grew past {limit:,} bytes while being read")
+    return b"".join(chunks)
+
+
+def read_small_text(path, what: str, limit: int = LIMIT) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes."""
+    data = read_small_bytes(path, what, limit)
     try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InteropError(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None
 

@@ -215,6 +215,7 @@ def build_gpt_model(spec: ModelSpec, router_bias_update_rate: float = 1e-3, ep: 
         bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
         persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
         qk_layernorm=spec.qk_norm, expert_model_parallel_size=ep, mtp_num_layers=spec.mtp_layers or None,
+        mtp_loss_scaling_factor=spec.mtp_loss_weight,
         **moe_config(spec, router_bias_update_rate))
     scaling = spec.rope_scaling
     if scaling is not None and scaling != llama3_rope_scaling(scaling.get("factor", 0)):
@@ -252,7 +253,7 @@ def causal_mask(spec: ModelSpec, s: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _loaded_model(ckpt: str, purpose: str, padded_vocab, router_bias_update_rate: float = 1e-3, ep: int = 1,
-                  **convert_options):
+                  trained=lambda spec: spec, **convert_options):
     """In the child (each rank of the gloo world of WORLD_SIZE = `ep` processes): megatron-core's model-parallel
     state (tp 1, pp 1, `ep` expert-parallel ranks), and the checkpoint converted by rank 0 to Megatron tp 1 /
     ep `ep` `torch` files, each rank's file loaded strictly into a GPTModel of `padded_vocab(spec)` rows;
@@ -281,7 +282,7 @@ def _loaded_model(ckpt: str, purpose: str, padded_vocab, router_bias_update_rate
         if len(files) != 1:
             raise RuntimeError(f"expected one Megatron rank file {folder}, found {files}")
         state = safe_torch_load(files[0])["model"]
-        spec = _spec_of(ckpt)
+        spec = trained(_spec_of(ckpt))  # the model as the run trains it (TrainConfig.trained_spec)
         model = build_gpt_model(spec.replace(padded_vocab=padded_vocab(spec)), router_bias_update_rate, ep)
         model.load_state_dict(state, strict=True)
         dist.barrier()
@@ -315,7 +316,7 @@ def _train(ckpt: str, arg) -> list[float]:
     cfg, ep = arg
     # precondition() refused a padded vocabulary: the model has exactly spec.vocab rows
     with _loaded_model(ckpt, "parity", lambda spec: spec.vocab, router_bias_update_rate=cfg.router_bias_update_rate,
-                       ep=ep) as (model, spec):
+                       ep=ep, trained=cfg.trained_spec) as (model, spec):
         model.train()  # MoE routers add their aux loss and count tokens for the expert bias in training only
         rank, dp = dist.get_rank(), dist.get_world_size()
         optimizer = make_adamw(model.named_parameters(), cfg.optim())
@@ -332,6 +333,9 @@ def _train(ckpt: str, arg) -> list[float]:
         if spec.is_moe:
             from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
             MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / micro_batches))
+        if spec.mtp_layers:  # the MTP losses' gradients scaled like the LM loss's (schedules.py forward_step)
+            from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+            MTPLossAutoScaler.set_loss_scale(torch.tensor(1.0 / micro_batches))
         losses = []
         for step in range(1, cfg.steps + 1):
             tokens, targets = data.batch((step - 1) * b + rank * per_rank, per_rank)

@@ -1,12 +1,12 @@
-"""GPT2 and Llama forward passes in MindSpore ops (PyNative, CPU), to prove conversions.
+"""The decoder in MindSpore ops (PyNative, CPU), over a converted MindSpore checkpoint, to prove conversions.
 
-`load` reads a converted single-file `.ckpt` with `mindspore.load_checkpoint` itself
-(so mindspore, not our reader, decides what the file holds) and the
-`mindspore_model.json` beside it; the weights are used in their MindSpore layout:
-fused QKV split per KV group, fc1 / w_gate_hidden split (by the same `interop.transforms`
-objects the converters name: one implementation of each layout), MindFormers GPT2's
-[in, out] linears transposed with mindspore ops.  `lm_loss` is the mean
-next-token cross entropy over the true vocabulary, as HF computes it.
+`load` reads a converted single-file `.ckpt` with `mindspore.load_checkpoint` itself (so mindspore, not our
+reader, decides what the file holds) and the `mindspore_model.json` beside it.  The weights stay in their
+MindSpore layout: `canonical` takes each canonical tensor out of them by the dialect's own name table
+(converters/mindspore/dialects.py, the one place for the names) with mindspore ops (a fused tensor's parts
+gathered by the rows its transform puts them in, a transposed one transposed back), so that mindspore's
+autodiff reaches the stored tensors.  `lm_loss` is the mean next-token cross entropy over the true vocabulary,
+as HF computes it.  `cannot_run` says which model facts this forward does not compute.
 """
 from __future__ import annotations
 
@@ -17,22 +17,38 @@ from pathlib import Path
 
 import numpy as np
 
+from ..converters.mindspore.dialects import dialect_named
 from ..errors import InteropError
-from ..params import param_index
-from ..spec import ModelSpec
-from ..transforms import GatedMLP, GroupedQKV, Interleave
 from ..io.small_files import read_json_object
-
-
-RUNS_DIALECTS = ("mindspeed", "mindformers")  # the names `_layer` and `_globals` know
+from ..spec import ModelSpec
 
 
 @dataclass
 class MsModel:
     spec: ModelSpec
-    dialect: str
-    qkv_concat: bool
+    rows: list  # the dialect's rows (interop.rows.Row) for this model: MindSpore name, transform, canonical parts
     weights: dict  # MindSpore name -> mindspore.Tensor (float32)
+
+
+def cannot_run(spec: ModelSpec) -> str | None:
+    """Why this forward cannot compute `spec`, or None."""
+    facts = [f for f, has in (("mixture of experts", spec.is_moe), ("multi-latent attention", spec.is_mla),
+                              ("MTP modules", spec.mtp_layers > 0),
+                              ("post_norm", spec.post_norm or not spec.pre_norm),
+                              ("qk_norm_scope", spec.qk_norm and spec.qk_norm_scope != "head"),
+                              ("activation", spec.activation not in ("swiglu", "gelu", "gelu_tanh")),
+                              ("embed_scale", spec.embed_scale), ("norm_zero_centered", spec.norm_zero_centered),
+                              ("attn_softcap", spec.attn_softcap is not None),
+                              ("logit_softcap", spec.logit_softcap is not None),
+                              ("softmax_scale", spec.softmax_scale is not None),
+                              ("sliding_layers", spec.sliding_layers is not None),
+                              ("rope_local_base", spec.rope_local_base is not None),
+                              ("rope_scaling", spec.rope_scaling is not None
+                               and spec.rope_scaling["type"] not in ("llama3", "longrope")),
+                              ("attn_sinks", spec.attn_sinks)) if has]
+    if facts:
+        return f"interop's model in mindspore ops does not compute this model's {', '.join(facts)}"
+    return None
 
 
 def load(path) -> MsModel:
@@ -54,7 +70,10 @@ def load(path) -> MsModel:
     params = ms.load_checkpoint(str(ckpt))
     weights = {k: ms.Tensor(v.asnumpy().astype(np.float32)) for k, v in params.items()
                if not isinstance(v, str) and not _training_scalar(k, v)}
-    return MsModel(ModelSpec.from_dict(desc["spec"]), desc["dialect"], bool(desc.get("qkv_concat")), weights)
+    spec = ModelSpec.from_dict(desc["spec"])
+    rows = dialect_named(desc["dialect"]).rows(spec, bool(desc.get("qkv_concat")), desc.get("qkv_layout") or "grouped",
+                                               desc.get("qkv_bias_layout"))
+    return MsModel(spec, rows, weights)
 
 
 def _training_scalar(name: str, value) -> bool:
@@ -62,84 +81,27 @@ def _training_scalar(name: str, value) -> bool:
     return value.ndim == 0 or name == "state_step" or re.match(r".+_group_\d+$", name) is not None
 
 
-# ---------------------------------------------------------------- weights in canonical orientation
-
-def _unfuse(m: MsModel, transform, fused, names: list[str]) -> list:
-    """The canonical tensors `names` held by one fused MindSpore tensor: the transform's row order,
-    gathered with mindspore ops (so that mindspore's autodiff reaches the fused weight)."""
+def canonical(m: MsModel) -> dict:
+    """Every canonical tensor (interop's names, torch Linear orientation) out of the MindSpore tensors."""
     import mindspore as ms
     import mindspore.ops as ops
-    index = param_index(m.spec)
-    bound = transform.bind(m.spec, [index[n] for n in names])
-    return [ops.gather(fused, ms.Tensor(np.array(rows, dtype=np.int32)), 0) for rows in bound.row_order()]
-
-
-def _layer(m: MsModel, i: int) -> dict:
-    """One layer's q, k, v, o, gate, up, down ([out, in]), biases and norms, from MindSpore names."""
-    w, s = m.weights, m.spec
-    c = f"layers.{i}."  # canonical names
-    qkv = lambda fused, leaf: _unfuse(m, GroupedQKV, fused, [f"{c}attn.{x}.{leaf}" for x in "qkv"])  # noqa: E731
-    gate_up = lambda transform, fused, leaf: _unfuse(m, transform, fused, [f"{c}mlp.gate.{leaf}", f"{c}mlp.up.{leaf}"])  # noqa: E731
     out = {}
-    if m.dialect == "mindspeed":
-        p = f"language_model.encoder.layers.{i}."
-        out["q"], out["k"], out["v"] = qkv(w[p + "attention.qkv_proj.weight"], "weight")
-        if p + "attention.qkv_proj.bias" in w:
-            out["bq"], out["bk"], out["bv"] = qkv(w[p + "attention.qkv_proj.bias"], "bias")
-        out["o"], out["bo"] = w[p + "attention.out_proj.weight"], w.get(p + "attention.out_proj.bias")
-        fc1, b1 = w[p + "mlp.mapping.weight"], w.get(p + "mlp.mapping.bias")
-        if s.gated_mlp:  # [gate; up] at tp 1
-            out["gate"], out["up"] = gate_up(GatedMLP, fc1, "weight")
-            if b1 is not None:
-                out["bgate"], out["bup"] = gate_up(GatedMLP, b1, "bias")
+    for row in m.rows:
+        if row.key not in m.weights:
+            if row.transform.reads_back:  # (a tied head's copy is written, never read)
+                raise InteropError(f"MindSpore checkpoint: no {row.key}")
+            continue
+        stored = m.weights[row.key]
+        if not row.transform.keeps_rows:  # stored [in, out]: the parts' [out, in] joined on rows, transposed
+            stored, at = stored.T, 0
+            for part, shape in zip(row.parts, row.transform.shapes):
+                out[part], at = stored[at:at + shape[0]], at + shape[0]
+        elif len(row.parts) == 1:
+            out[row.parts[0]] = stored
         else:
-            out["up"], out["bup"] = fc1, b1
-        out["down"], out["bdown"] = w[p + "mlp.projection.weight"], w.get(p + "mlp.projection.bias")
-        out["n1"], out["bn1"] = w[p + "input_norm.weight"], w.get(p + "input_norm.bias")
-        out["n2"], out["bn2"] = w[p + "post_attention_norm.weight"], w.get(p + "post_attention_norm.bias")
-        if s.post_norm:  # use_sandwich_norm: legacy/model/transformer.py's attn_post_norm / ffn_post_norm
-            out["pn1"], out["bpn1"] = w[p + "attn_post_norm.weight"], w.get(p + "attn_post_norm.bias")
-            out["pn2"], out["bpn2"] = w[p + "ffn_post_norm.weight"], w.get(p + "ffn_post_norm.bias")
-    elif s.arch == "llama":
-        p = f"model.layers.{i}."
-        if m.qkv_concat:
-            out["q"], out["k"], out["v"] = qkv(w[p + "attention.w_qkv.weight"], "weight")
-            if p + "attention.w_qkv.bias" in w:
-                out["bq"], out["bk"], out["bv"] = qkv(w[p + "attention.w_qkv.bias"], "bias")
-            out["gate"], out["up"] = gate_up(Interleave, w[p + "feed_forward.w_gate_hidden.weight"], "weight")
-        else:
-            for key, name in (("q", "wq"), ("k", "wk"), ("v", "wv")):
-                out[key], out["b" + key] = w[p + f"attention.{name}.weight"], w.get(p + f"attention.{name}.bias")
-            out["gate"], out["up"] = w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"]
-        out["o"], out["bo"] = w[p + "attention.wo.weight"], w.get(p + "attention.wo.bias")
-        out["down"], out["bdown"] = w[p + "feed_forward.w2.weight"], w.get(p + "feed_forward.w2.bias")
-        out["n1"], out["n2"] = w[p + "attention_norm.weight"], w[p + "ffn_norm.weight"]
-    else:  # MindFormers GPT2
-        p = f"backbone.blocks.{i}."
-        for key, name in (("q", "dense1"), ("k", "dense2"), ("v", "dense3")):
-            out[key], out["b" + key] = w[p + f"attention.{name}.weight"], w.get(p + f"attention.{name}.bias")
-        out["o"], out["bo"] = w[p + "attention.projection.weight"].T, w.get(p + "attention.projection.bias")
-        out["up"], out["bup"] = w[p + "output.mapping.weight"].T, w.get(p + "output.mapping.bias")
-        out["down"], out["bdown"] = w[p + "output.projection.weight"].T, w.get(p + "output.projection.bias")
-        out["n1"], out["bn1"] = w[p + "layernorm1.gamma"], w[p + "layernorm1.beta"]
-        out["n2"], out["bn2"] = w[p + "layernorm2.gamma"], w[p + "layernorm2.beta"]
+            for part, rows in zip(row.parts, row.transform.row_order()):
+                out[part] = ops.gather(stored, ms.Tensor(np.array(rows, dtype=np.int32)), 0)
     return out
-
-
-def _globals(m: MsModel) -> dict:
-    w = m.weights
-    if m.dialect == "mindspeed":
-        return {"embed": w["language_model.embedding.word_embeddings.weight"],
-                "pos": w.get("language_model.embedding.position_embeddings.weight"),
-                "norm": w["language_model.encoder.final_norm.weight"],
-                "bnorm": w.get("language_model.encoder.final_norm.bias"),
-                "head": w.get("language_model.output_layer.weight")}
-    if m.spec.arch == "llama":
-        return {"embed": w["model.tok_embeddings.embedding_weight"], "pos": None,
-                "norm": w["model.norm_out.weight"], "bnorm": None, "head": w.get("lm_head.weight")}
-    return {"embed": w["backbone.embedding.word_embedding.embedding_table"],
-            "pos": w["backbone.embedding.position_embedding.embedding_table"],
-            "norm": w["backbone.layernorm.gamma"], "bnorm": w["backbone.layernorm.beta"], "head": w.get("head.weight")}
 
 
 # ---------------------------------------------------------------- forward
@@ -193,42 +155,45 @@ def logits(m: MsModel, tokens: np.ndarray):
     """[batch, seq, vocab] logits over the true vocabulary for int token ids [batch, seq]."""
     import mindspore as ms
     import mindspore.ops as ops
-    s = m.spec
+    s, w = m.spec, canonical(m)
     b, t = tokens.shape
-    glob = _globals(m)
     ids = ms.Tensor(np.asarray(tokens, dtype=np.int32))
-    x = ops.gather(glob["embed"], ids, 0)
+    x = ops.gather(w["embed.word.weight"], ids, 0)
     if s.position == "learned":
-        x = x + glob["pos"][:t]
+        x = x + w["embed.position.weight"][:t]
     blocked = np.triu(np.ones((t, t), dtype=bool), k=1)
     if s.sliding_window is not None:  # Mistral: keys W or more positions back are out of sight
         blocked |= np.tril(np.ones((t, t), dtype=bool), k=-s.sliding_window)
     mask = ms.Tensor(np.where(blocked, -np.inf, 0.0).astype(np.float32))
     rep = s.heads // s.kv_groups
+
+    def post(norm: str, y):  # the sandwich's norm on a branch's output (MindSpeed's use_sandwich_norm)
+        return _norm(s, y, w[norm + ".weight"], w.get(norm + ".bias")) if s.post_norm else y
+
     for i in range(s.num_layers):
-        L = _layer(m, i)
-        h = _norm(s, x, L["n1"], L.get("bn1"))
-        q = _linear(h, L["q"], L.get("bq")).reshape(b, t, s.heads, s.head_dim).transpose(0, 2, 1, 3)
-        k = _linear(h, L["k"], L.get("bk")).reshape(b, t, s.kv_groups, s.head_dim).transpose(0, 2, 1, 3)
-        v = _linear(h, L["v"], L.get("bv")).reshape(b, t, s.kv_groups, s.head_dim).transpose(0, 2, 1, 3)
+        c = f"layers.{i}."
+        h = _norm(s, x, w[c + "attn_norm.weight"], w.get(c + "attn_norm.bias"))
+        q, k, v = (_linear(h, w[f"{c}attn.{p}.weight"], w.get(f"{c}attn.{p}.bias"))
+                   .reshape(b, t, n, s.head_dim).transpose(0, 2, 1, 3)
+                   for p, n in (("q", s.heads), ("k", s.kv_groups), ("v", s.kv_groups)))
+        if s.qk_norm:  # Qwen3: RMSNorm over each head, one weight [head_dim] shared by the heads
+            q, k = _norm(s, q, w[c + "attn.q_norm.weight"]), _norm(s, k, w[c + "attn.k_norm.weight"])
         if s.position == "rope":
             q, k = _rope(s, q, t), _rope(s, k, t)
         if rep > 1:
             k, v = ops.repeat_interleave(k, rep, 1), ops.repeat_interleave(v, rep, 1)
         scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(s.head_dim) + mask
         a = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, s.heads * s.head_dim)
-        a = _linear(a, L["o"], L.get("bo"))
-        x = x + (_norm(s, a, L["pn1"], L.get("bpn1")) if "pn1" in L else a)  # the sandwich's post norms
-        h = _norm(s, x, L["n2"], L.get("bn2"))
+        x = x + post(c + "attn_post_norm", _linear(a, w[c + "attn.o.weight"], w.get(c + "attn.o.bias")))
+        h = _norm(s, x, w[c + "mlp_norm.weight"], w.get(c + "mlp_norm.bias"))
+        up = _linear(h, w[c + "mlp.up.weight"], w.get(c + "mlp.up.bias"))
         if s.gated_mlp:
-            inner = ops.silu(_linear(h, L["gate"], L.get("bgate"))) * _linear(h, L["up"], L.get("bup"))
+            inner = ops.silu(_linear(h, w[c + "mlp.gate.weight"], w.get(c + "mlp.gate.bias"))) * up
         else:
-            approx = "tanh" if s.activation == "gelu_tanh" else "none"
-            inner = ops.gelu(_linear(h, L["up"], L.get("bup")), approximate=approx)
-        inner = _linear(inner, L["down"], L.get("bdown"))
-        x = x + (_norm(s, inner, L["pn2"], L.get("bpn2")) if "pn2" in L else inner)
-    x = _norm(s, x, glob["norm"], glob["bnorm"])
-    head = glob["head"] if glob["head"] is not None else glob["embed"]
+            inner = ops.gelu(up, approximate="tanh" if s.activation == "gelu_tanh" else "none")
+        x = x + post(c + "mlp_post_norm", _linear(inner, w[c + "mlp.down.weight"], w.get(c + "mlp.down.bias")))
+    x = _norm(s, x, w["final_norm.weight"], w.get("final_norm.bias"))
+    head = w.get("lm_head.weight", w["embed.word.weight"])  # tied: the embedding
     return ops.matmul(x, head[: s.vocab].T)
 
 

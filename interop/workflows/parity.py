@@ -141,6 +141,12 @@ def preflight(start, cfg: TrainConfig, layouts, frameworks) -> None:
                 hf_config_from_spec(spec)
             except InteropError as exc:
                 problems.append(f"framework hf: {exc}")
+            trained = cfg.trained_spec(spec)
+            if trained.mtp_layers and trained.mtp_loss_weight > 0:
+                problems.append(f"framework hf: transformers' model has no MTP modules, and the reference trainer "
+                                f"trains this model's {spec.mtp_layers} (loss weight {trained.mtp_loss_weight:g}), so "
+                                f"the losses would part after the first step; compare with hf at "
+                                f"--mtp-loss-scaling-factor 0, or the layouts alone (--frameworks torch)")
             if spec.is_moe and spec.moe_aux_loss_coeff > 0:
                 problems.append(f"framework hf: the model has a load-balancing loss (coefficient "
                                 f"{spec.moe_aux_loss_coeff}), which the reference trainer computes as Megatron does, "

@@ -372,9 +372,12 @@ def _mindspore_logits(path, store, tokens, tmp: Path):
     sidecar = Path(path) / "mindspore_model.json"  # interop's optional description; real MindSpeed files lack it
     desc = read_json_object(sidecar, "MindSpore model description") if sidecar.is_file() else None
     dialect = (desc or {}).get("dialect")
-    if dialect is not None and dialect not in mindspore_model.RUNS_DIALECTS:
-        raise FrameworkUnavailable(f"interop's model in mindspore ops runs the {' and '.join(mindspore_model.RUNS_DIALECTS)} "
-                                   f"dialects, not {dialect}; the MindSpore checkpoint ran in the reference model only")
+    from ..store import StoreReader
+    reader = StoreReader(store)
+    why = mindspore_model.cannot_run(reader.spec)
+    reader.close()
+    if why:
+        raise FrameworkUnavailable(f"{why}; the MindSpore checkpoint ran in the reference model only")
     layout = (desc or {}).get("layout")  # a MindFormers output of another tool may have none: converted below
     if not isinstance(layout, dict) or layout.get("tp") != 1 or layout.get("pp") != 1:
         from ..convert import convert_here

@@ -109,9 +109,11 @@ FIXTURES = ROOT / "tests" / "fixtures"
 FIXTURE_INPUTS = {"ds-ckpt": "deepspeed", "checkpoint-500": "deepspeed_zero/z2_fp32/checkpoint-2",
                   "pytorch_model_fsdp_0": "fsdp_dcp/pytorch_model_fsdp_0",
                   "pytorch_model_fsdp.bin": "state_dict/fsdp_full/pytorch_model_fsdp.bin",
-                  "pretrain_gpt_7B.yaml": "args/seed000_pretrain_gpt_7B.yaml"}
+                  "pretrain_gpt_7B.yaml": "args/seed000_pretrain_gpt_7B.yaml",
+                  "streaming_ckpt": "atorch_fsdp/fp32_dp3/streaming_ckpt", "ds3d-ckpt": "atorch_ds3d"}
 # `./config.json` beside a single-file or folder source is that source's own description
-CONFIG_OF = {"pytorch_model_fsdp_0": "fsdp_dcp/config.json", "pytorch_model_fsdp.bin": "state_dict/fsdp_full/config.json"}
+CONFIG_OF = {"pytorch_model_fsdp_0": "fsdp_dcp/config.json", "pytorch_model_fsdp.bin": "state_dict/fsdp_full/config.json",
+             "streaming_ckpt": "atorch_fsdp/fp32_dp3/config.json"}
 TINY_SCRIPT = """#!/bin/bash
 # the tiny Llama's launch script (Megatron-LM flags)
 torchrun --nproc_per_node 8 pretrain_gpt.py \\

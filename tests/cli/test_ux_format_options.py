@@ -35,7 +35,7 @@ def test_every_declared_option_is_a_keyword_of_its_formats_reader_or_writer():
     """A declaration cannot promise what the format does not take: each name is a keyword of that format's
     Reader (if offered by inspect, of the Reader) or Writer."""
     declared = formats.declared_options()
-    assert set(declared) == {"dcp", "hf", "megatron", "mindspore", "state_dict"}
+    assert set(declared) == {"atorch", "dcp", "hf", "megatron", "mindspore", "state_dict"}
     for fmt, options in declared.items():
         module = formats.converter(fmt)
         reader, writer = _keywords(module.Reader), _keywords(getattr(module, "Writer", None))

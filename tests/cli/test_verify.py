@@ -37,13 +37,34 @@ def test_verify_mindspeed_files_without_interop_sidecar(hf_checkpoints, tmp_path
     assert "interop's model in mindspore ops, converted (mindspore)" in result.output and "OK" in result.output
 
 
-def test_a_dialect_the_mindspore_ops_model_cannot_run_is_a_note(hf_checkpoints, tmp_path):
-    """mindformers-mcore names are not the ops model's: a note saying so, the reference model's comparison
-    standing (was: a KeyError traceback)."""
+def test_mindformers_mcore_runs_in_the_mindspore_ops_model(hf_checkpoints, tmp_path):
+    """The ops model takes its tensors by the dialect's own name table: mindformers-mcore's grouped linear_qkv and
+    interleaved linear_fc1 run as MindSpeed's do (was: a note that only mindspeed and mindformers ran)."""
     result = cli("convert", hf_checkpoints["llama"], tmp_path / "mfm", "--to", "mindspore", "--dialect",
                  "mindformers-mcore", "--verify", "-q")
     assert result.exit_code == 0, result.output
-    assert "not mindformers-mcore; the MindSpore checkpoint ran in the reference model only" in result.output
+    assert "interop's model in mindspore ops, converted (mindspore)" in result.output and "OK" in result.output
+    assert "reference model only" not in result.output
+
+
+def test_qwen3_qk_norms_run_in_the_mindspore_ops_model(tmp_path):
+    from helpers.family_models import build
+    build("qwen3").save_pretrained(tmp_path / "qwen3")
+    result = cli("convert", tmp_path / "qwen3", tmp_path / "mfm", "--to", "mindspore", "--dialect",
+                 "mindformers-mcore", "--verify", "-q")
+    assert result.exit_code == 0, result.output
+    assert "interop's model in mindspore ops, converted (mindspore)" in result.output and "OK" in result.output
+
+
+def test_a_model_the_mindspore_ops_model_cannot_run_is_a_note(tmp_path):
+    """A mixture of experts is not computed by the ops model: a note saying so, the reference model's comparison
+    standing."""
+    from helpers.moe_models import hf_model
+    hf_model("mixtral").save_pretrained(tmp_path / "mixtral")
+    result = cli("convert", tmp_path / "mixtral", tmp_path / "ms", "--to", "mindspore", "--verify", "-q")
+    assert result.exit_code == 0, result.output
+    assert "does not compute this model's mixture of experts; the MindSpore checkpoint ran in the reference " \
+           "model only" in result.output
     assert "reference model, converted (mindspore)" in result.output and "OK" in result.output
 
 

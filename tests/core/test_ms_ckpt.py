@@ -290,3 +290,20 @@ def test_unknown_layouts(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(InteropError, match=r"nope\.ckpt: cannot open"):
         CkptFile(tmp_path / "nope.ckpt")
+
+
+def test_head_and_same_bytes_across_files_and_slices(tmp_path):
+    """What interop.distinct_ranks compares rank files by where no crc_num trailer covers them: a tensor's first
+    bytes, and a block-by-block comparison that sees a difference in the last block of a sliced Value."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 64, generator=g)
+    other = w.clone()
+    other[-1, -1] += 1
+    save_ckpt(tmp_path / "a.ckpt", {"w": w, "b": torch.zeros(3)}, slice_bytes=4096)  # w as 4 Values
+    save_ckpt(tmp_path / "b.ckpt", {"w": w.clone(), "b": torch.zeros(3)})
+    save_ckpt(tmp_path / "c.ckpt", {"w": other, "b": torch.zeros(3)}, slice_bytes=4096)
+    with CkptFile(tmp_path / "a.ckpt") as a, CkptFile(tmp_path / "b.ckpt") as b, CkptFile(tmp_path / "c.ckpt") as c:
+        assert a.head("w", 4096) == b.head("w", 4096) == c.head("w", 4096) == raw(w)[:4096]
+        assert a.head("b", 4096) == raw(torch.zeros(3))
+        assert a.same_bytes("w", b, "w", block=1000) and a.same_bytes("b", c, "b")
+        assert not a.same_bytes("w", c, "w", block=1000) and not a.same_bytes("w", c, "b")

@@ -54,25 +54,63 @@ def deflate_bomb_pt(src, dst, gib: int = 3, key: str = "bomb") -> None:
     obj = _refs(obj, records)
     numel = (gib << 30) // 4
     obj[key] = TensorRef(_StorageRef("bomb", torch.float32, numel), (numel,))
+    with open(dst, "wb") as f:
+        _bomb_zip(f, obj, records, gib)
+
+
+def deflate_bomb_tensor(shape, dtype: torch.dtype, gib: int = 3, declared: str = "huge") -> bytes:
+    """A torch.save zip of one tensor of `shape` (as a DCP chunk holds it) whose storage record is `gib` GiB of
+    DEFLATEd zeros.  `declared` "huge": the directory says so too (the tensor views the first elements of a
+    GiB storage: torch.load allocates it all); "small": the directory says the record is the tensor's bytes (a reader
+    trusting it inflates past them)."""
+    numel = (gib << 30) // torch.empty((), dtype=dtype).element_size()
+    size = torch.Size(shape).numel()
+    small = declared == "small"
+    obj = TensorRef(_StorageRef("0", dtype, size if small else numel), shape)
+    buf = io.BytesIO()
+    _bomb_zip(buf, obj, [], gib, name="0", declared=size * torch.empty((), dtype=dtype).element_size() if small
+              else None)
+    return buf.getvalue()
+
+
+def oversized_record_tensor(shape, dtype: torch.dtype, mib: int = 8) -> bytes:
+    """A torch.save zip of one tensor of `shape` viewing the first elements of a `mib` MiB storage of random
+    values, every record DEFLATEd (they compress ~1x: no bomb by ratio, only by what the chunk needs)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    storage = torch.rand((mib << 20) // item).to(dtype)
+    raw = io.BytesIO()
+    torch.save(storage[:torch.Size(shape).numel()].view(shape), raw)  # saves the whole storage
+    out = io.BytesIO()
+    with zipfile.ZipFile(raw) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    return out.getvalue()
+
+
+def _bomb_zip(f, obj, records: list, gib: int, name: str = "bomb", declared: int | None = None) -> None:
+    """torch.save's zip layout of `obj` into file object `f`: its `records` stored, record `name` `gib` GiB of
+    DEFLATEd zeros, its directory entry saying `declared` bytes when given."""
     buf = io.BytesIO()
     _Pickler(buf, protocol=2).dump(obj)
-    with zipfile.ZipFile(dst, "w") as z:
+    with zipfile.ZipFile(f, "w") as z:
         z.writestr("archive/data.pkl", buf.getvalue())
-        for name, data in records:
-            z.writestr(f"archive/data/{name}", data)
+        for key, data in records:
+            z.writestr(f"archive/data/{key}", data)
         z.writestr("archive/byteorder", "little")
         z.writestr("archive/version", "3\n")
-        info = zipfile.ZipInfo("archive/data/bomb")
+        info = zipfile.ZipInfo(f"archive/data/{name}")
         info.compress_type = zipfile.ZIP_DEFLATED
         real = zipfile._get_compressor
         zipfile._get_compressor = lambda *_: _RepeatedZeros()
         try:
-            with z.open(info, "w", force_zip64=True) as f:
+            with z.open(info, "w", force_zip64=True) as out:
                 chunk = bytes(_CHUNK)
                 for _ in range(gib << 10):
-                    f.write(chunk)
+                    out.write(chunk)
         finally:
             zipfile._get_compressor = real
+        if declared is not None:
+            info.file_size = declared  # the central directory (what readers go by) lies
 
 
 def _varint(n: int) -> bytes:

@@ -258,3 +258,91 @@ def reference_once(tmp_path_factory) -> tuple[Path, dict]:
         mp.spawn(_worker, args=(2, R.free_port(), str(root)), nprocs=2, join=True)
         _CACHE["run"] = (root, json.loads((root / "results.json").read_text()))
     return _CACHE["run"]
+
+
+# --- MTP training oracle: megatron-core's own loss and gradients of the DeepSeek-V3-shaped model with MTP ---------
+MTP_VOCAB = 1000  # not a multiple of 128: --make-vocab-size-divisible-by 8 leaves it unpadded, as megatron-core's
+MTP_WEIGHT = 0.3  # loss counts padded columns (the trainer's does not); a non-default mtp_loss_scaling_factor
+MTP_TOKENS = (2, 12)  # micro-batch, sequence
+
+
+def mtp_args() -> argparse.Namespace:
+    args = megatron_args("v3", 1, 1, "torch")
+    args.vocab_size = args.padded_vocab_size = MTP_VOCAB
+    args.make_vocab_size_divisible_by = 8
+    args.mtp_loss_scaling_factor = MTP_WEIGHT
+    args.world_size, args.data_parallel_size = 1, 1
+    return args
+
+
+class _Saved:
+    """A state dict standing in for a model in save_torch (a gradient saved in its parameter's place)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict_for_save_checkpoint(self) -> dict:
+        return self.state
+
+
+def mtp_batch():
+    """(tokens, labels) [2, 12]: labels are the next tokens, as Megatron-LM's GPT dataset gives them."""
+    seq = torch.randint(0, MTP_VOCAB, (MTP_TOKENS[0], MTP_TOKENS[1] + 1), generator=torch.Generator().manual_seed(5))
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def _mtp_worker(rank: int, world: int, port: int, root: str, steps: int, lr: float) -> None:
+    """tp 1: megatron-core's GPTModel with its MTP block trains `steps` plain SGD steps (p -= lr * grad) on one
+    batch; per step its LM loss (the mean of GPTModel's per-token loss), each MTP module's loss as it logs it
+    (MTPLossLoggingHelper.save_loss_to_tracker) and its gradients (of the LM loss, MTPLossAutoScaler adding
+    mtp_loss_scaling_factor / mtp_num_layers x each MTP loss, at scale 1: one micro-batch) saved as a torch
+    checkpoint, each gradient in its parameter's place.  The starting weights are saved too."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    R.patch_cpu()
+    _patch_mla_cpu()
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, MTPLossLoggingHelper
+
+    root = Path(root)
+    logged: list = []
+    MTPLossLoggingHelper.save_loss_to_tracker = staticmethod(
+        lambda loss, layer_number, num_layers, **_: logged.append(float(loss.detach())))
+    try:
+        ps.initialize_model_parallel(tensor_model_parallel_size=1)
+        args = mtp_args()
+        model = build(vars(args), 1, 1).train()
+        fill(model, 3)
+        save_torch(model, root / "start", args, 1)
+        MTPLossAutoScaler.set_loss_scale(torch.tensor(1.0))
+        tokens, labels = mtp_batch()
+        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+        results = []
+        for step in range(steps):
+            model.zero_grad()
+            logged.clear()
+            loss = model(input_ids=tokens, position_ids=positions, attention_mask=None, labels=labels).mean()
+            loss.backward()
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            state = {k: grads.get(k, v) for k, v in model.state_dict_for_save_checkpoint().items()}
+            save_torch(_Saved(state), root / f"grad{step}", args, 1)
+            results.append({"loss": float(loss), "mtp": list(logged)})
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= lr * p.grad
+        (root / "mtp.json").write_text(json.dumps(results))
+        ps.destroy_model_parallel()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def mtp_training_once(tmp_path_factory, steps: int = 3, lr: float = 0.05) -> tuple[Path, list]:
+    """megatron-core's run, once per test session: (root with start/ and gradN/ torch checkpoints, per-step
+    [{"loss": LM loss, "mtp": [each module's loss]}])."""
+    if "mtp" not in _CACHE:
+        import torch.multiprocessing as mp
+
+        root = tmp_path_factory.mktemp("mcore-mtp")
+        mp.spawn(_mtp_worker, args=(1, R.free_port(), str(root), steps, lr), nprocs=1, join=True)
+        _CACHE["mtp"] = (root, json.loads((root / "mtp.json").read_text()))
+    return _CACHE["mtp"]

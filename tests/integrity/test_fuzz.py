@@ -10,7 +10,9 @@ What is flipped is what the format can detect: formats without checksums over te
 their flips in headers, pickles and metadata only (the README says so); tensor bytes of
 the common format (CRC-32 per file) and of Megatron `.pt` files (CRC-32 per zip record)
 are flipped too.  Truncations go anywhere.  Describing JSON files are made 3 GiB sparse or given a key
-twice; a tensor-parallel rank file (Megatron, the common format) is replaced by a copy of another.
+twice; a tensor-parallel rank file (Megatron, the common format, MindSpore) is replaced by a copy of another.
+A Megatron rank file is also re-saved with one tensor under other strides (column-major, or a view at an offset
+into a larger storage: the same values, which must come back exactly) or given a 1 GiB DEFLATE bomb record.
 """
 import json
 import os
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.bombs import deflate_bomb_pt
 from interop.convert import convert
 from interop.errors import InteropError
 from interop.io.ms_ckpt import CkptFile
@@ -111,8 +114,9 @@ def _json_damage(rng: random.Random, dst: Path) -> str | None:
 
 
 # rank files a copy of another could replace: each must be seen (Megatron: the split tensors' record CRC-32s;
-# the common format: interop.json's per-file CRC-32s); MindSpore and torch_dist are not checked for it yet
-RANK_FILES = {"megatron": "model_optim_rng.pt", "interop": "model-tp*.safetensors"}
+# the common format: interop.json's per-file CRC-32s; MindSpore: a sample of the first split tensor, confirmed
+# tensor by tensor: interop.distinct_ranks); torch_dist is not checked for it yet
+RANK_FILES = {"megatron": "model_optim_rng.pt", "interop": "model-tp*.safetensors", "mindspore": "rank_*/*.ckpt"}
 
 
 def _duplicate_rank(rng: random.Random, fmt: str, dst: Path) -> str | None:
@@ -120,11 +124,35 @@ def _duplicate_rank(rng: random.Random, fmt: str, dst: Path) -> str | None:
     files = sorted(dst.rglob(RANK_FILES[fmt])) if fmt in RANK_FILES else []
     if fmt == "megatron":  # the same pipeline stage, another tp rank
         files = [f for f in files if f.parent.name.endswith(files[0].parent.name[-4:])] if files else []
+    if fmt == "mindspore":  # rank_N, N = stage * tp + tp rank (tp 2 here): the same stage, another tp rank
+        stage = rng.choice(sorted({int(f.parent.name[5:]) // 2 for f in files}))
+        files = [f for f in files if int(f.parent.name[5:]) // 2 == stage]
     if len(files) < 2:
         return None
     a, b = rng.sample(files, 2)
     shutil.copy(a, b)
     return f"{b.relative_to(dst)} replaced by a copy of {a.relative_to(dst)}"
+
+
+def _resaved_rank_file(rng: random.Random, dst: Path) -> str:
+    """A Megatron rank file re-saved by torch.save with one 2-D weight stored under other strides (its values
+    unchanged), or with a DEFLATE bomb record beside the model (a few MB on disk, 1 GiB inflated)."""
+    victim = rng.choice(sorted(dst.rglob(RANK_FILES["megatron"])))
+    where = victim.relative_to(dst)
+    if rng.random() < 0.3:
+        deflate_bomb_pt(victim, victim, gib=1)
+        return f"1 GiB DEFLATE bomb record in {where}"
+    obj = torch.load(victim, map_location="cpu", weights_only=False)  # a file the test itself wrote
+    key = rng.choice(sorted(k for k, t in obj["model"].items() if isinstance(t, torch.Tensor) and t.dim() == 2))
+    t = obj["model"][key]
+    if rng.random() < 0.5:
+        obj["model"][key], how = t.T.contiguous().T, "column-major"
+    else:
+        pad = rng.randrange(1, 64)
+        obj["model"][key], how = torch.cat([torch.zeros(pad, dtype=t.dtype), t.flatten()])[pad:].view(t.shape), \
+            f"at offset {pad} of a larger storage"
+    torch.save(obj, victim)
+    return f"{where}: {key} re-saved {how}"
 
 
 def _damage(rng: random.Random, fmt: str, src: Path, dst: Path) -> str:
@@ -137,6 +165,8 @@ def _damage(rng: random.Random, fmt: str, src: Path, dst: Path) -> str:
         what = _duplicate_rank(rng, fmt, dst)
         if what is not None:
             return what
+    if fmt == "megatron" and rng.random() < 0.2:
+        return _resaved_rank_file(rng, dst)
     flippable = _flippable(fmt, dst)
     if rng.random() < 0.25:
         files = [p for p in sorted(dst.rglob("*")) if p.is_file() and p.stat().st_size]

@@ -1,24 +1,27 @@
 """Bounded: small inputs that stand for huge ones are refused in one line, in seconds and a few hundred MB.
 
 Each case is a file of a few MB at most that a naive reader would expand into GBs or minutes: a DEFLATE
-bomb in a torch.save zip (a Megatron rank file, `pytorch_model.bin`, a torch_dist `common.pt`), a `.ckpt`
+bomb in a torch.save zip (a Megatron rank file, `pytorch_model.bin`, a torch_dist `common.pt`, a DeepSpeed
+engine file, a `.distcp` chunk whose directory declares the GiB or only the tensor's bytes), a `.ckpt`
 with a million scalar Values appended, a safetensors header claiming 80 MB, a config asking for a million
 experts, a YAML "billion laughs", a launch script whose variable doubles 40 times, a `--moe-layer-freq`
 product of 3 billion layers.  Each run is a fresh interpreter whose own peak RSS (`wait4`) is asserted:
 importing torch alone takes ~300 MiB, the bombs would take 3 GiB to 22 GiB.
 
-Limits (docs/guarantees.md "Bounded"): compressed zip records expand at most 64x + 64 MiB; a `.ckpt` holds
+Limits (docs/guarantees.md "Bounded"): compressed zip records expand at most 64x + 64 MiB (a `.distcp`
+chunk's at most to its tensor's bytes + 1 MiB, and inflate to what they declare, CRC-32 checked); a `.ckpt` holds
 at most 10,000 scalars and 1,000,000 Values; a safetensors header at most 16 MiB; at most 262,144 experts
 over a model's MoE layers; YAML aliases expand to at most max(1,000,000, 2 x the text) values and
 characters; a launch script's expansions at most 16 MiB; a `--moe-layer-freq` list at most 100,000 layers.
 """
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from helpers.bombs import append_scalars, deflate_bomb_pt
+from helpers.bombs import append_scalars, deflate_bomb_pt, deflate_bomb_tensor, oversized_record_tensor
 from helpers.hostile import assert_refused, cli_measured, run
 from helpers.moe_models import hf_model
 
@@ -75,6 +78,66 @@ def test_deflate_bomb_in_torch_dist_common_pt(sources, tmp_path):
     deflate_bomb_pt(common, common, gib=3)
     assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
                    "common.pt", "64x", "DEFLATE bomb")
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.mark.parametrize("layout", ["deepspeed/global_step1", "deepspeed_zero/z1_fp32/checkpoint-2/global_step2"],
+                         ids=["pipeline", "hf-engine"])
+def test_deflate_bomb_in_a_deepspeed_engine_file(tmp_path, layout):
+    top = layout.split("/")[0]
+    shutil.copytree(FIXTURES / top, tmp_path / top)
+    engine = tmp_path / layout / "mp_rank_00_model_states.pt"
+    deflate_bomb_pt(engine, engine, gib=3)
+    src = engine.parent.parent
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
+                   "mp_rank_00_model_states.pt", "64x", "DEFLATE bomb")
+
+
+def _bomb_a_distcp_chunk(folder, declared: str) -> str:
+    """The embedding's first chunk in DCP folder `folder` replaced by a `deflate_bomb_tensor` appended to its
+    `.distcp` file; returns its key."""
+    import pickle
+    from interop.io.dcp_metadata import MetadataIndex
+    from interop.io.megatron_dist import _MetadataUnpickler
+    meta = folder / ".metadata"
+    with open(meta, "rb") as f:
+        md = _MetadataUnpickler(f).load()
+    key = next(k for k in md.state_dict_metadata if "embed" in k and k.endswith("weight"))
+    entry = md.state_dict_metadata[key]
+    chunk = entry.chunks[0]
+    info = md.storage_data[MetadataIndex(key, chunk.offsets)]
+    bomb = oversized_record_tensor(tuple(chunk.sizes), entry.properties.dtype) if declared == "oversized" else \
+        deflate_bomb_tensor(tuple(chunk.sizes), entry.properties.dtype, gib=3, declared=declared)
+    distcp = folder / info.relative_path
+    info.offset, info.length = distcp.stat().st_size, len(bomb)
+    with open(distcp, "ab") as f:
+        f.write(bomb)
+    meta.write_bytes(pickle.dumps(md))
+    return key
+
+
+@pytest.mark.parametrize("declared,words", [("huge", ("64x", "DEFLATE bomb")),
+                                            ("oversized", ("compressed records declare", "DEFLATE bomb")),
+                                            ("small", ("Bad CRC-32", "damaged"))])
+@pytest.mark.parametrize("source", ["torch_dist", "fsdp_dcp"])
+def test_deflate_bomb_in_a_distcp_chunk(sources, tmp_path, source, declared, words):
+    """The slow path (a chunk whose record is compressed is loaded by torch, not copied by its byte range), in a
+    Megatron torch_dist checkpoint and in accelerate's FSDP DCP (a real one: tests/fixtures/fsdp_dcp): a
+    directory declaring 3 GiB is refused before torch allocates them; one declaring only the tensor's bytes over
+    a 3 GiB stream is inflated to those and fails its CRC-32 (torch would take the zeros); a compressed record
+    of 8 MiB of random values (no bomb by ratio) is held to the chunk's tensor bytes `.metadata` records."""
+    if source == "torch_dist":
+        src = _copy(sources["dist"], tmp_path)
+        folder = src / "release"
+    else:
+        src = tmp_path / "src"
+        shutil.copytree(FIXTURES / "fsdp_dcp", src)
+        folder = src / "pytorch_model_fsdp_0"
+    key = _bomb_a_distcp_chunk(folder, declared)
+    assert_bounded(cli_measured("convert", src, tmp_path / "out", "--to", "hf"), tmp_path / "out",
+                   ".distcp", key, *words)
 
 
 def test_ckpt_with_a_million_scalars_appended(sources, tmp_path):

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from helpers.deepseek_models import build, save, v2_config, v3_config
 from interop.convert import convert
-from interop.errors import InteropError
 from interop.layout import ParallelLayout
 from interop.store import StoreReader
 from interop.trainer.config import TrainConfig
@@ -92,16 +91,9 @@ def test_group_limited_routing_is_transformers_router():
         assert (their_w.gather(1, order_t) - ours_w.gather(1, order_o)).abs().max() < 1e-6
 
 
-def test_trainer_refuses_mtp_modules_in_one_line(tmp_path):
-    save(v3_config(), tmp_path / "hf", mtp=True)
-    convert(tmp_path / "hf", tmp_path / "store", dst_format="interop")
-    spec = StoreReader(tmp_path / "store").source.spec
-    with pytest.raises(InteropError, match="does not run multi-token prediction modules yet"):
-        Stage(spec, ParallelLayout.build(spec.num_layers), Grid(1, 1, 1, 0))
-
-
 def test_parity_against_transformers_at_1x1_tp2_pp2_ep2(tmp_path):
-    """transformers has no MTP and no bias update: the trainer runs without either (router_bias_update_rate 0)."""
+    """transformers has no MTP and no bias update: the trainer runs without either (router_bias_update_rate 0; MTP
+    training is tests/trainer/test_mtp_trainer.py's)."""
     save(v3_config(num_hidden_layers=4, num_nextn_predict_layers=0), tmp_path / "hf")
     cfg = TrainConfig(steps=10, micro_batch_size=2, global_batch_size=4, seq_length=16, lr=3e-3,
                       router_bias_update_rate=0.0)
