@@ -34,7 +34,7 @@ def cannot_run(spec: ModelSpec) -> str | None:
     """Why this forward cannot compute `spec`, or None."""
     facts = [f for f, has in (("mixture of experts", spec.is_moe), ("multi-latent attention", spec.is_mla),
                               ("MTP modules", spec.mtp_layers > 0),
-                              ("post_norm", spec.post_norm or not spec.pre_norm),
+                              ("post_norm without pre_norm", not spec.pre_norm),  # the sandwich it computes
                               ("qk_norm_scope", spec.qk_norm and spec.qk_norm_scope != "head"),
                               ("activation", spec.activation not in ("swiglu", "gelu", "gelu_tanh")),
                               ("embed_scale", spec.embed_scale), ("norm_zero_centered", spec.norm_zero_centered),
