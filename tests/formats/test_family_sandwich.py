@@ -298,3 +298,15 @@ def test_torch_dist_to_mindspeed_and_back(pangu, tmp_path):
     assert b.source.spec == spec and b.source.spec.mlp_post_norm_scale == 0.0825
     for m in a.metas():
         assert torch.equal(a.read(m.name), b.read(m.name)), m.name
+
+
+def test_the_guides_yaml_describes_the_sandwich_model():
+    """The guide's model_38BV3 YAML (tests/fixtures/args/seed001_model_38BV3.yaml, as --model-config of a MindSpeed
+    checkpoint): 62 RMSNorm layers with the four norms and the guide's scales, GQA 48 / 8, untied."""
+    from interop.mappings.megatron_spec import spec_from_args
+    from interop.model_config import megatron_args_from_file
+    path = Path(__file__).parent.parent / "fixtures" / "args" / "seed001_model_38BV3.yaml"
+    spec = spec_from_args(megatron_args_from_file(path), str(path))
+    assert (spec.num_layers, spec.hidden, spec.heads, spec.kv_groups, spec.norm) == (62, 6144, 48, 8, "rmsnorm")
+    assert (spec.pre_norm, spec.post_norm, spec.tied_embeddings) == (True, True, False)
+    assert (spec.attn_post_norm_scale, spec.mlp_post_norm_scale) == (0.0447, 0.0825)
