@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ...contract import BaseReader
 from ...errors import InteropError
-from ...hf_named import HFNamedState
+from ...hf_named import HFNamedReader, HFNamedState
 from ...io.small_files import read_json_object
 from ...mappings.hf_config import spec_from_hf_config
 from ...model_config import spec_from_file
@@ -48,7 +47,7 @@ def detect(path) -> bool:
         return False
 
 
-class Reader(BaseReader):
+class Reader(HFNamedReader):
     """Weights from the flat shards; Adam's moments from `optim_param.*` when the weights are fp32."""
 
     options = ("model_config",)
@@ -108,17 +107,11 @@ class Reader(BaseReader):
             return self.flat.read(name)
         return self.optim.read(name, kind)
 
-    def metas(self):
-        return self.state_names.metas(lambda name: self.flat.dtype)
-
-    def read(self, name: str) -> torch.Tensor:
-        return self.state_names.read(name)
-
-    def native_name(self, name: str) -> str:
-        return self.state_names.native_name(name)
+    def dtype_of(self, name: str) -> torch.dtype:
+        return self.flat.dtype  # one flat dtype for every parameter
 
     def close(self) -> None:
-        self.state_names.close()
+        super().close()
         self.flat.close()
         if self.optim is not None:
             self.optim.close()
