@@ -120,6 +120,12 @@ class ModelSpec:
     # `mlp_post_norm`).  OLMo 2 has only post norms; Gemma 2/3 and the MindSpeed sandwich norm have both.
     pre_norm: bool = True
     post_norm: bool = False
+    # The sandwich norm's post-norm scales (MindSpeed-Core-MS / PanGu: --attn-post-norm-scale, --ffn-post-norm-scale):
+    # the value the post norms' RMSNorm weights START at (`ones(hidden) * scale`, legacy/model/norm.py get_norm; the
+    # forward is the plain RMSNorm), so a checkpoint's weights already hold them.  An initialisation fact carried
+    # from the source for the trainer's init and the targets' configs; not the model's identity (None: not said).
+    attn_post_norm_scale: float | None = dataclasses.field(default=None, compare=False)
+    mlp_post_norm_scale: float | None = dataclasses.field(default=None, compare=False)
     qk_norm_scope: str = "head"  # QK_NORM_SCOPES: what one q/k norm covers (with qk_norm)
     # Gemma's facts.  norm_zero_centered: every RMSNorm multiplies by (1 + w), w stored (Megatron's
     # --apply-layernorm-1p); embed_scale: the embedding output times sqrt(hidden), rounded to the model's dtype;
@@ -325,6 +331,14 @@ def _problems(spec: ModelSpec):
                    "an even number of them, at least 2")
     if spec.pre_norm is False and spec.post_norm is False:
         yield "a layer needs its norms somewhere: pre_norm, post_norm or both"
+    for name in ("attn_post_norm_scale", "mlp_post_norm_scale"):
+        value = getattr(spec, name)
+        if value is not None and not (_is_number(value) and value >= 0):
+            yield f"{name} must be a non-negative number or None, got {value!r}"
+        elif value is not None and not spec.post_norm:
+            yield f"{name} scales the post norms' initial weights: it needs post_norm"
+        elif value is not None and value != 1.0 and spec.norm != "rmsnorm":  # PanGu's get_norm refuses it too
+            yield f"{name} scales an RMSNorm's initial weight: a LayerNorm takes only 1.0, got {value!r}"
     if spec.glu_clamp is not None and not (_is_number(spec.glu_clamp) and spec.glu_clamp > 0):
         yield f"glu_clamp must be a positive number or None, got {spec.glu_clamp!r}"
     if not _is_number(spec.glu_linear_offset):
@@ -355,7 +369,8 @@ OPTIONAL_FIELDS = {"mlp_bias": None, "rotary_percent": 1.0, "qk_norm": False, "r
                    "embed_scale": False, "softmax_scale": None, "attn_softcap": None, "logit_softcap": None,
                    "sliding_layers": None, "rope_local_base": None, "attn_sinks": False,
                    "moe_router_logit_bias": False, "glu_clamp": None, "glu_linear_offset": 0.0,
-                   "attention_dropout": None, "hidden_dropout": None}
+                   "attention_dropout": None, "hidden_dropout": None, "attn_post_norm_scale": None,
+                   "mlp_post_norm_scale": None}
 MOE_ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_GROUP_SCORES = ("top2", "max")
 

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+# the post norms: HF's OLMo 2 / Gemma, megatron-core's (Megatron-Bridge) names, and MindSpeed's sandwich norm with
+# the pre norms (Megatron legacy names as MindSpeed patches them; MindSpeed-Core-MS)
+_POST_NORM_W = ("hf (olmo2, gemma2), megatron (megatron-core names; legacy names as a sandwich with the pre norms), "
+                "mindspore --dialect mindspeed (sandwich with the pre norms), interop")
+_POST_NORM_B = ("megatron (megatron-core names; legacy names as a sandwich with the pre norms), mindspore --dialect "
+                "mindspeed (sandwich with the pre norms), interop")
 # canonical name suffix (`*` matches any part: an expert's number) -> (ModelSpec fact, the formats holding its tensors)
 FACT_OF_TENSOR = {
-    ".attn_post_norm.weight": ("post_norm", "hf (olmo2, gemma2), megatron (megatron-core names), interop"),
-    ".attn_post_norm.bias": ("post_norm", "megatron (megatron-core names), interop"),
-    ".mlp_post_norm.weight": ("post_norm", "hf (olmo2, gemma2), megatron (megatron-core names), interop"),
-    ".mlp_post_norm.bias": ("post_norm", "megatron (megatron-core names), interop"),
+    ".attn_post_norm.weight": ("post_norm", _POST_NORM_W),
+    ".attn_post_norm.bias": ("post_norm", _POST_NORM_B),
+    ".mlp_post_norm.weight": ("post_norm", _POST_NORM_W),
+    ".mlp_post_norm.bias": ("post_norm", _POST_NORM_B),
     ".attn.q_norm.weight": ("qk_norm", "hf (qwen3, qwen3_moe, olmo2), megatron (megatron-core names), "
                                        "mindspore --dialect mindformers-mcore, interop"),
     ".attn.k_norm.weight": ("qk_norm", "hf (qwen3, qwen3_moe, olmo2), megatron (megatron-core names), "

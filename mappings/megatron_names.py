@@ -39,7 +39,8 @@ _QK_NORM = [
 # Norms on the attention's and the MLP's output (ModelSpec.post_norm): Megatron-Bridge folds each into the row-parallel
 # linear before it, as `post_layernorm` (models/olmo2/olmo2_provider.py TERowParallelLinearPostLN, models/gemma/
 # gemma2_bridge.py / gemma3_bridge.py: `self_attention.linear_proj.post_layernorm.weight`,
-# `mlp.linear_fc2.post_layernorm.weight`); legacy megatron/model has none, so such a model is refused there.
+# `mlp.linear_fc2.post_layernorm.weight`).  The legacy model has them as MindSpeed's sandwich norm
+# (--use-sandwich-norm; `attn_post_norm`, `ffn_post_norm`: LEGACY_SANDWICH below).
 _ATTN_POST_NORM = [
     ("decoder.layers.{i}.self_attention.linear_proj.post_layernorm.weight", Copy, ["layers.{i}.attn_post_norm.weight"]),
     ("decoder.layers.{i}.self_attention.linear_proj.post_layernorm.bias", Copy, ["layers.{i}.attn_post_norm.bias"]),
@@ -328,6 +329,17 @@ LEGACY = [
     ("language_model.encoder.final_norm.bias", Copy, ["final_norm.bias"]),
     ("language_model.output_layer.weight", Copy, ["lm_head.weight"]),
 ]
+# The sandwich norm of the legacy model as MindSpeed-Core-MS patches Megatron for PanGu (tools/rules/line_rules.py
+# at 5c4f1310, LINE_RULES_megatron["megatron/legacy/model/transformer.py"]: with args.use_sandwich_norm the layer
+# builds `attn_post_norm` after `input_norm` and `ffn_post_norm` after `post_attention_norm`, each applied to its
+# branch's output before the residual add); the same names as MindSpeed-Core-MS's own legacy model.
+LEGACY_SANDWICH = [
+    ("language_model.encoder.layers.{i}.attn_post_norm.weight", Copy, ["layers.{i}.attn_post_norm.weight"]),
+    ("language_model.encoder.layers.{i}.attn_post_norm.bias", Copy, ["layers.{i}.attn_post_norm.bias"]),
+    ("language_model.encoder.layers.{i}.ffn_post_norm.weight", Copy, ["layers.{i}.mlp_post_norm.weight"]),
+    ("language_model.encoder.layers.{i}.ffn_post_norm.bias", Copy, ["layers.{i}.mlp_post_norm.bias"]),
+]
+LEGACY += LEGACY_SANDWICH
 
 # The TE spec's separate pre-MLP norm of MoE layers, and the fused one it replaces there
 # (megatron/core/models/gpt/gpt_layer_specs.py: a MoE layer's `pre_mlp_layernorm` is TENorm; docs/megatron-layouts.md s.4).

@@ -151,7 +151,10 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         qk_norm=qk_norm, rope_scaling=rope_scaling, sliding_window=sliding_window,
         attention_dropout=_float_or_none(full.get("attention_dropout")),
         hidden_dropout=_float_or_none(full.get("hidden_dropout")),
-        pre_norm=pre_norm, post_norm=post_norm, qk_norm_scope=full.get("qk_layernorm_scope") or "head",
+        pre_norm=pre_norm, post_norm=post_norm,
+        attn_post_norm_scale=_optional_float(full, "attn_post_norm_scale", where) if post_norm else None,
+        mlp_post_norm_scale=_optional_float(full, "ffn_post_norm_scale", where) if post_norm else None,
+        qk_norm_scope=full.get("qk_layernorm_scope") or "head",
         norm_zero_centered=bool(full.get("layernorm_zero_centered_gamma")), embed_scale=bool(full.get("embedding_scale")),
         softmax_scale=_optional_float(full, "softmax_scale", where),
         attn_softcap=_optional_float(full, "attn_logit_softcapping", where),
@@ -161,6 +164,11 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         attn_sinks=softmax == "learnable", glu_clamp=_optional_float(full, "activation_func_clamp_value", where),
         glu_linear_offset=_optional_float(full, "glu_linear_offset", where) or 0.0,
         dtype=dtype or full.get("params_dtype") or "float32", **moe_from_args(full, where))
+
+
+# ModelSpec's sandwich-norm scales -> MindSpeed's Megatron arguments (the seed-001 table: attn_post_norm_scale,
+# ffn_post_norm_scale; mindspeed_ms/core/config.py ARGS_MAP at MindSpeed-Core-MS 3a86578).
+POST_NORM_SCALES = {"attn_post_norm_scale": "attn_post_norm_scale", "mlp_post_norm_scale": "ffn_post_norm_scale"}
 
 
 def _optional_float(full: dict, key: str, where: str) -> float | None:
@@ -425,6 +433,11 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
         args[CARRIED_ROPE_SCALING] = dict(spec.rope_scaling)
     args.update(layer_spec_args(spec))  # a checkpoint's args always say them (a base may hold another model's)
     args.pop("use_sandwich_norm", None)  # MindSpeed's spelling of pre + post norms: post_norm says it here
+    for field, dest in POST_NORM_SCALES.items():  # MindSpeed's initial post-norm weights, where the source said them
+        if getattr(spec, field) is None:
+            args.pop(dest, None)
+        else:
+            args[dest] = getattr(spec, field)
     args.pop("activation", None)  # derived by interop's table, not a Megatron argument
     args.pop("hidden_act", None)
     args.pop("compute_dtype", None)

@@ -43,6 +43,13 @@ MINDSPEED = [
     ("language_model.encoder.final_norm.weight", Copy, ["final_norm.weight"]),
     ("language_model.encoder.final_norm.bias", Copy, ["final_norm.bias"]),
     ("language_model.output_layer.weight", Copy, ["lm_head.weight"]),
+    # use_sandwich_norm (ModelSpec pre_norm + post_norm): mindspeed_ms/legacy/model/transformer.py at
+    # MindSpeed-Core-MS 3a86578 ParallelTransformerLayer builds `attn_post_norm` and `ffn_post_norm`
+    # (get_norm(config, config.attn_post_norm_scale / ffn_post_norm_scale)); convert_pt2ckpt.py keeps the names.
+    ("language_model.encoder.layers.{i}.attn_post_norm.weight", Copy, ["layers.{i}.attn_post_norm.weight"]),
+    ("language_model.encoder.layers.{i}.attn_post_norm.bias", Copy, ["layers.{i}.attn_post_norm.bias"]),
+    ("language_model.encoder.layers.{i}.ffn_post_norm.weight", Copy, ["layers.{i}.mlp_post_norm.weight"]),
+    ("language_model.encoder.layers.{i}.ffn_post_norm.bias", Copy, ["layers.{i}.mlp_post_norm.bias"]),
 ]
 # The tied head's copy on the last pipeline stage.  MindSpeed-Core-MS r0.1.0's model holds it as
 # `language_model.output_layer.weight` (mindspeed_ms/legacy/model/language_model.py builds output_layer
@@ -57,7 +64,8 @@ MEGATRON_TIED_HEAD = "word_embeddings_for_head.weight"
 # mindspore nn.Embedding (`embedding_table`) unless parallel_position_embedding (default False,
 # mindspeed_ms/core/config.py) makes it a VocabParallelEmbedding (`weight`).  Written with the model's
 # names; either name is read.
-MINDSPEED_LAYERNORM_NORMS = (".input_norm.", ".post_attention_norm.", ".final_norm.")
+MINDSPEED_LAYERNORM_NORMS = (".input_norm.", ".post_attention_norm.", ".final_norm.", ".attn_post_norm.",
+                             ".ffn_post_norm.")
 MINDSPEED_LAYERNORM_PARAMS = {"weight": "gamma", "bias": "beta"}
 MINDSPEED_MODEL_RENAMES = {
     "language_model.embedding.position_embeddings.weight": "language_model.embedding.position_embeddings.embedding_table",

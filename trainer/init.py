@@ -1,7 +1,7 @@
 """A fresh, randomly initialised checkpoint in the common format, for a ModelSpec and a seed.
 
 GPT-2's scheme: matrices ~ N(0, 0.02), the residual projections (attn.o, mlp.down, the experts' down)
-scaled by 1/sqrt(2 * layers), norm weights 1, biases 0, vocabulary padding rows 0.  Tensors are drawn one at a
+scaled by 1/sqrt(2 * layers), norm weights 1 (the sandwich's post norms: their ModelSpec scale), biases 0, vocabulary padding rows 0.  Tensors are drawn one at a
 time from one generator in the canonical table's order, so the same spec and seed
 give the same weights on any machine, independent of any later layout.
 """
@@ -39,8 +39,10 @@ def read_spec(path) -> ModelSpec:
 def init_tensor(name: str, shape, spec: ModelSpec, gen: torch.Generator) -> torch.Tensor:
     if name.endswith((".bias", ".expert_bias")):  # the router's expert bias starts at 0, as in Megatron
         return torch.zeros(shape)
-    if "norm" in name:
-        return torch.ones(shape)
+    if "norm" in name:  # the sandwich's post norms start at their scale (MindSpeed's get_norm: ones * scale)
+        scale = {"attn_post_norm": spec.attn_post_norm_scale, "mlp_post_norm": spec.mlp_post_norm_scale}.get(
+            name.split(".")[-2])
+        return torch.ones(shape) * (1.0 if scale is None else scale)
     std = 0.02
     if name.endswith(("attn.o.weight", "down.weight")):  # residual projections: the MLP's, experts', shared expert's
         std /= math.sqrt(2 * spec.num_layers)

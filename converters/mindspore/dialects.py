@@ -37,6 +37,8 @@ class Dialect:
     strategy = False  # `strategy/` files describing the shards (tp or pp > 1)
     moe_archs: tuple[str, ...] | None = ("llama",)  # the architectures its MoE models have (None: any)
     every_layer_moe = True  # its MoE models make every layer MoE
+    # ModelSpec facts without tensors of their own that its model cannot compute: (field, the value it computes)
+    unheld_facts: tuple[tuple[str, object], ...] = ()
 
     # -- names ---------------------------------------------------------------------------------
     def table(self, spec: ModelSpec, qkv_concat: bool) -> list:
@@ -63,6 +65,14 @@ class Dialect:
         self.check_moe(spec, qkv_concat, shared)
         return names.MOE_TABLES[(self.name, shared)]
 
+    def check_facts(self, spec: ModelSpec) -> None:
+        """One line for a fact of the model (`unheld_facts`) its framework's model would compute otherwise."""
+        for field, computed in self.unheld_facts:
+            if getattr(spec, field) != computed:
+                raise InteropError(f"MindSpore {self.name} names hold no {field}={getattr(spec, field)!r} (its "
+                                   f"model computes {field}={computed!r}); the formats holding it: hf, megatron "
+                                   "(megatron-core names), interop")
+
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         """One line for a MoE model the dialect's own MoE layer cannot build."""
 
@@ -84,6 +94,7 @@ class Dialect:
         formats and dialects that hold it (`interop.rows.check_placed`)."""
         rows = self._expanded(spec, qkv_concat, qkv_layout, qkv_bias_layout)
         check_placed(rows, spec, f"MindSpore {self.name}")  # names the formats that hold what this cannot
+        self.check_facts(spec)
         return rows
 
     def _expanded(self, spec: ModelSpec, qkv_concat: bool, qkv_layout: str, qkv_bias_layout: str | None) -> list[Row]:
@@ -137,6 +148,13 @@ class MindSpeedDialect(Dialect):
     writes_tied_head = virtual_chunks = dp_folders = expert_parallel = masters_as_weights = True
     scalars = pt_meta = True
     moe_archs = None
+    # mindspeed_ms/legacy/model (3a86578): its norms multiply by w (norm.py), the embedding is unscaled, the
+    # attention scale is 1/sqrt(head_dim), nothing is soft-capped, and a post norm exists only with the
+    # pre norms (transformer.py: input_norm / post_attention_norm always, attn_post_norm / ffn_post_norm with
+    # use_sandwich_norm).
+    unheld_facts = (("pre_norm", True), ("norm_zero_centered", False), ("embed_scale", False),
+                    ("softmax_scale", None), ("attn_softcap", None), ("logit_softcap", None),
+                    ("rope_local_base", None), ("attn_sinks", False))
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         if spec.moe_router_score != "softmax":

@@ -96,6 +96,11 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
         "num_layers_per_virtual_pipeline_stage": (layout.stages[0][0][1] - layout.stages[0][0][0])
         if layout.vpp > 1 else None,
         "use_legacy_models": True, "use_mcore_models": False,
+        # the legacy model builds attn_post_norm / ffn_post_norm with MindSpeed's use_sandwich_norm (PanGu's patch,
+        # MindSpeed-Core-MS tools/rules/line_rules.py); the scales are their initial weights (1.0 unless said)
+        "use_sandwich_norm": spec.pre_norm and spec.post_norm,
+        "attn_post_norm_scale": 1.0 if spec.attn_post_norm_scale is None else spec.attn_post_norm_scale,
+        "ffn_post_norm_scale": 1.0 if spec.mlp_post_norm_scale is None else spec.mlp_post_norm_scale,
         "params_dtype": DTYPE_NAMES[spec.dtype], "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
     })
     if not isinstance(args.get("global_batch_size"), int):

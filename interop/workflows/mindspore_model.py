@@ -34,7 +34,7 @@ def cannot_run(spec: ModelSpec) -> str | None:
     """Why this forward cannot compute `spec`, or None."""
     facts = [f for f, has in (("mixture of experts", spec.is_moe), ("multi-latent attention", spec.is_mla),
                               ("MTP modules", spec.mtp_layers > 0),
-                              ("post_norm", spec.post_norm or not spec.pre_norm),
+                              ("post_norm without pre_norm", not spec.pre_norm),  # the sandwich it computes
                               ("qk_norm_scope", spec.qk_norm and spec.qk_norm_scope != "head"),
                               ("activation", spec.activation not in ("swiglu", "gelu", "gelu_tanh")),
                               ("embed_scale", spec.embed_scale), ("norm_zero_centered", spec.norm_zero_centered),
@@ -166,6 +166,10 @@ def logits(m: MsModel, tokens: np.ndarray):
         blocked |= np.tril(np.ones((t, t), dtype=bool), k=-s.sliding_window)
     mask = ms.Tensor(np.where(blocked, -np.inf, 0.0).astype(np.float32))
     rep = s.heads // s.kv_groups
+
+    def post(norm: str, y):  # the sandwich's norm on a branch's output (MindSpeed's use_sandwich_norm)
+        return _norm(s, y, w[norm + ".weight"], w.get(norm + ".bias")) if s.post_norm else y
+
     for i in range(s.num_layers):
         c = f"layers.{i}."
         h = _norm(s, x, w[c + "attn_norm.weight"], w.get(c + "attn_norm.bias"))
@@ -180,14 +184,14 @@ def logits(m: MsModel, tokens: np.ndarray):
             k, v = ops.repeat_interleave(k, rep, 1), ops.repeat_interleave(v, rep, 1)
         scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) / math.sqrt(s.head_dim) + mask
         a = ops.matmul(ops.softmax(scores, -1), v).transpose(0, 2, 1, 3).reshape(b, t, s.heads * s.head_dim)
-        x = x + _linear(a, w[c + "attn.o.weight"], w.get(c + "attn.o.bias"))
+        x = x + post(c + "attn_post_norm", _linear(a, w[c + "attn.o.weight"], w.get(c + "attn.o.bias")))
         h = _norm(s, x, w[c + "mlp_norm.weight"], w.get(c + "mlp_norm.bias"))
         up = _linear(h, w[c + "mlp.up.weight"], w.get(c + "mlp.up.bias"))
         if s.gated_mlp:
             inner = ops.silu(_linear(h, w[c + "mlp.gate.weight"], w.get(c + "mlp.gate.bias"))) * up
         else:
             inner = ops.gelu(up, approximate="tanh" if s.activation == "gelu_tanh" else "none")
-        x = x + _linear(inner, w[c + "mlp.down.weight"], w.get(c + "mlp.down.bias"))
+        x = x + post(c + "mlp_post_norm", _linear(inner, w[c + "mlp.down.weight"], w.get(c + "mlp.down.bias")))
     x = _norm(s, x, w["final_norm.weight"], w.get("final_norm.bias"))
     head = w.get("lm_head.weight", w["embed.word.weight"])  # tied: the embedding
     return ops.matmul(x, head[: s.vocab].T)

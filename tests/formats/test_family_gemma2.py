@@ -91,8 +91,9 @@ def test_hf_megatron_round_trip_and_reference_model(gemma2, tmp_path):
 
 def test_targets_without_the_facts_refuse(gemma2, tmp_path):
     src, _ = gemma2
-    with pytest.raises(InteropError, match=r"mindspeed names have no place for layers\.0\.attn_post_norm\.weight: "
-                                           r"the model's post_norm is held by"):
+    # MindSpeed holds the sandwich's four norms (use_sandwich_norm), not Gemma's (1 + w) RMSNorm
+    with pytest.raises(InteropError, match=r"mindspeed names hold no norm_zero_centered=True \(its model computes "
+                                           r"norm_zero_centered=False\); the formats holding it: hf"):
         convert(src, tmp_path / "ms", dst_format="mindspore")
     assert not (tmp_path / "ms").exists()
     spec = spec_from_hf_config(json.loads((src / "config.json").read_text()))
