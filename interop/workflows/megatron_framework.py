@@ -29,6 +29,7 @@ from interop.spec import ModelSpec, llama3_rope_scaling
 from ..trainer.config import TrainConfig
 from ..trainer.data import TokenData
 from ..trainer.optim import clip_grad_norm, lr_at, make_adamw, set_lr
+from .model_facts import uncomputed
 
 
 def available() -> str | None:
@@ -172,25 +173,18 @@ def moe_config(spec: ModelSpec, router_bias_update_rate: float = 1e-3) -> dict:
         moe_grouped_gemm=False, moe_token_dispatcher_type="allgather")
 
 
+# what megatron-core's GPT model with the local layer spec computes beyond the plain decoder (model_facts)
+COMPUTES = frozenset({"mixture of experts", "MTP modules", "qk_norm", "rope_scaling llama3"})
+
+
 def cannot_build(spec: ModelSpec) -> str | None:
     """Why megatron-core's own GPTModel (local layer spec) cannot compute `spec`, or None."""
     if spec.is_mla:  # its MLASelfAttention passes k_channels / v_channels to a core attention that takes neither
         return ("megatron-core's multi-latent attention does not build without Transformer Engine (0.16.1's local "
                 "DotProductAttention takes no k_channels / v_channels)")
-    facts = [f for f, has in (("post_norm", spec.post_norm or not spec.pre_norm),
-                              ("qk_norm_scope", spec.qk_norm_scope != "head"),
-                              ("activation", spec.activation == "geglu_tanh"), ("embed_scale", spec.embed_scale),
-                              ("norm_zero_centered", spec.norm_zero_centered),
-                              ("attn_softcap", spec.attn_softcap is not None),
-                              ("logit_softcap", spec.logit_softcap is not None),
-                              ("softmax_scale", spec.softmax_scale is not None),
-                              ("sliding_layers", spec.sliding_layers is not None),
-                              ("rope_local_base", spec.rope_local_base is not None),
-                              ("rope_scaling", spec.rope_scaling is not None
-                               and spec.rope_scaling["type"] != "llama3"),
-                              ("attn_sinks", spec.attn_sinks), ("activation", spec.activation == "quick_geglu")) if has]
-    if facts:
-        return (f"megatron-core's own GPT model (local layer spec) cannot compute this model's {', '.join(facts)} "
+    missing = uncomputed(spec, COMPUTES)
+    if missing:
+        return (f"megatron-core's own GPT model (local layer spec) cannot compute this model's {', '.join(missing)} "
                 "(Megatron-Bridge's layer specs and providers do)")
     return None
 

@@ -21,6 +21,7 @@ from ..converters.mindspore.dialects import dialect_named
 from ..errors import InteropError
 from ..io.small_files import read_json_object
 from ..spec import ModelSpec
+from .model_facts import uncomputed
 
 
 @dataclass
@@ -30,25 +31,14 @@ class MsModel:
     weights: dict  # MindSpore name -> mindspore.Tensor (float32)
 
 
+# what this forward computes beyond the plain decoder (interop.workflows.model_facts)
+COMPUTES = frozenset({"post_norm", "qk_norm", "rope_scaling llama3", "rope_scaling longrope"})
+
+
 def cannot_run(spec: ModelSpec) -> str | None:
     """Why this forward cannot compute `spec`, or None."""
-    facts = [f for f, has in (("mixture of experts", spec.is_moe), ("multi-latent attention", spec.is_mla),
-                              ("MTP modules", spec.mtp_layers > 0),
-                              ("post_norm without pre_norm", not spec.pre_norm),  # the sandwich it computes
-                              ("qk_norm_scope", spec.qk_norm and spec.qk_norm_scope != "head"),
-                              ("activation", spec.activation not in ("swiglu", "gelu", "gelu_tanh")),
-                              ("embed_scale", spec.embed_scale), ("norm_zero_centered", spec.norm_zero_centered),
-                              ("attn_softcap", spec.attn_softcap is not None),
-                              ("logit_softcap", spec.logit_softcap is not None),
-                              ("softmax_scale", spec.softmax_scale is not None),
-                              ("sliding_layers", spec.sliding_layers is not None),
-                              ("rope_local_base", spec.rope_local_base is not None),
-                              ("rope_scaling", spec.rope_scaling is not None
-                               and spec.rope_scaling["type"] not in ("llama3", "longrope")),
-                              ("attn_sinks", spec.attn_sinks)) if has]
-    if facts:
-        return f"interop's model in mindspore ops does not compute this model's {', '.join(facts)}"
-    return None
+    missing = uncomputed(spec, COMPUTES)
+    return f"interop's model in mindspore ops does not compute this model's {', '.join(missing)}" if missing else None
 
 
 def load(path) -> MsModel:
