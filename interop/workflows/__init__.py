@@ -4,7 +4,8 @@
     parity.py             the same run at several layouts and in other frameworks, compared and plotted
     frameworks.py         HF transformers and MindSpore running that same run
     megatron_framework.py megatron-core running it, when installed
-    mindspore_model.py    the decoder in MindSpore ops over a MindSpore checkpoint's own names (verify, parity)
+    mindspore_model.py    the decoder in MindSpore ops over a MindSpore checkpoint, by its dialect's name table
+    model_facts.py        a model's facts by name, for the forwards above that compute only some of them
     metrics.py            a run's logged losses read back, two runs' curves compared
     demo.py               the README demo, end to end
 
