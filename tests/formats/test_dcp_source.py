@@ -91,9 +91,11 @@ def fsdp2_loads(folder: Path, out: Path) -> dict:
     import subprocess
     import sys
     helper = Path(__file__).parents[1] / "helpers" / "fsdp2_load.py"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29691",
-                    str(helper), str(folder), str(out)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                   capture_output=True, timeout=300)
+    from helpers.megatron_ref import free_port
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(helper), str(folder), str(out)],  # not a fixed port: other runs
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]  # what torchrun said, not only its exit status
     return torch.load(out)
 
 
