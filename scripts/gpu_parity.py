@@ -7,6 +7,7 @@ GPU run must equal an uninterrupted one, and a bf16 GPU run must train.
 
   python scripts/gpu_parity.py build DIR        # here: the tiny models, made by this machine's transformers
   python scripts/gpu_parity.py run DIR OUT      # on the GPU machine: results.json, one plot per family, log
+  python scripts/gpu_parity.py run DIR OUT gemma3,resume                    # only these checks
 
 Nothing is downloaded; the models are the tests' (tests/helpers).  Results of a run go to benchmarks/RESULTS.md.
 """
@@ -55,7 +56,7 @@ def build(root: Path) -> None:
     print(f"built {len(list(root.iterdir()))} models in {root}")
 
 
-def run(root: Path, out: Path) -> int:
+def run(root: Path, out: Path, only: set[str] | None = None) -> int:
     import torch
     from interop.trainer.config import TrainConfig
     from interop.trainer.launch import train
@@ -69,6 +70,8 @@ def run(root: Path, out: Path) -> int:
     print(json.dumps(results), flush=True)
     failed = 0
     for family, (layouts, frameworks, changes) in CASES.items():
+        if only and family not in only:
+            continue
         src = root / family.removesuffix("_mtp")
         cfg = TrainConfig(**{"steps": 10, "seq_length": 16, "micro_batch_size": 2, "global_batch_size": 4, "lr": 3e-3,
                              **changes})
@@ -89,8 +92,10 @@ def run(root: Path, out: Path) -> int:
     # Resume: saved at update 5 by the GPU run, resumed on the GPU (1x1) and on the CPU (tp 2): both continue the
     # uninterrupted GPU run (DeepSeek-V3 with MTP: MLA, experts, the MTP module and their AdamW moments).
     try:
+        if only and "resume" not in only:
+            raise StopIteration
         from interop.convert import convert
-        work = out.parent / "gpu_resume"
+        work = out / "resume"
         convert(root / "deepseek_v3", work / "store", dst_format="interop")
         base = TrainConfig(load=str(work / "store"), steps=10, save_interval=5, seq_length=16, micro_batch_size=2,
                            global_batch_size=4, lr=3e-3, quiet=True)
@@ -107,6 +112,8 @@ def run(root: Path, out: Path) -> int:
         results["bf16"] = {"losses": bf16, "max_diff_vs_fp32": bf16_diff, "ok": len(bf16) == 10 and bf16_diff < 0.1}
         print(f"== resume: {diffs}; bf16 vs fp32 max |diff| {bf16_diff:.3f}", flush=True)
         failed += not (results["resume"]["ok"] and results["bf16"]["ok"])
+    except StopIteration:
+        pass
     except Exception as e:
         results["resume"] = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
         print(f"== resume: ERROR {results['resume']['trace']}", flush=True)
@@ -119,7 +126,7 @@ def run(root: Path, out: Path) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "build":
         build(Path(sys.argv[2]))
-    elif len(sys.argv) == 4 and sys.argv[1] == "run":
-        sys.exit(run(Path(sys.argv[2]), Path(sys.argv[3])))
+    elif len(sys.argv) in (4, 5) and sys.argv[1] == "run":
+        sys.exit(run(Path(sys.argv[2]), Path(sys.argv[3]), set(sys.argv[4].split(",")) if sys.argv[4:] else None))
     else:
         sys.exit(__doc__)
