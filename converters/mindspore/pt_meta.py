@@ -67,7 +67,8 @@ def param_name_list(spec: ModelSpec, layout: ParallelLayout, rows, plain_of: dic
     return out
 
 
-def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple[argparse.Namespace, list[str]]:
+def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict,
+                  noop=None) -> tuple[argparse.Namespace, list[str]]:
     """The args Namespace: Megatron's defaults, the source's own Megatron args when it had them, this model and
     layout over them (a legacy model: convert_ckpt2pt.py rebuilds `language_model` names)."""
     meg = state.get("megatron") or {}
@@ -103,7 +104,7 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
         "ffn_post_norm_scale": 1.0 if spec.mlp_post_norm_scale is None else spec.mlp_post_norm_scale,
         "params_dtype": DTYPE_NAMES[spec.dtype], "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
     })
-    args.update(stage_args(layout, args))
+    args.update(stage_args(layout, args) if noop is None else noop_args(noop))
     if not isinstance(args.get("global_batch_size"), int):
         gbs = (state.get("data") or {}).get("global_batch_size")
         args["global_batch_size"] = gbs if isinstance(gbs, int) and not isinstance(gbs, bool) else None
@@ -130,6 +131,13 @@ def stage_args(layout: ParallelLayout, args: dict) -> dict:
     return out
 
 
+def noop_args(noop) -> dict:
+    """A run with noop layers: num_layers counts them, `noop_layers` names them ("62,63", MindSpeed's string), the
+    split is even (MindSpeed requires it with noop layers)."""
+    return {"num_layers": noop.total, "noop_layers": ",".join(map(str, noop.noop)), "num_layer_list": None,
+            "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None}
+
+
 def reverse_flags(layout: ParallelLayout) -> str | None:
     """convert_ckpt2pt.py's flags for an uneven split it can map back, else None.  It takes no split from pt_meta:
     cal_corr_vpp_layers (r0.1.0, lines 212-219) gives stage p positions p*M .. p*M+M-1 of
@@ -145,9 +153,10 @@ def reverse_flags(layout: ParallelLayout) -> str | None:
 
 
 def write(root: Path, spec: ModelSpec, layout: ParallelLayout, rows, plain_of: dict[str, str],
-          state: dict) -> list[str]:
-    """Write pt_meta/args_tp{TT}_pp{PPP}.pt for every (tp rank, stage); returns the summary notes."""
-    args, notes = megatron_args(spec, layout, state)
+          state: dict, noop=None) -> list[str]:
+    """Write pt_meta/args_tp{TT}_pp{PPP}.pt for every (tp rank, stage); returns the summary notes.  `noop`: the
+    writer's NoopLayout, where the files number layers by position."""
+    args, notes = megatron_args(spec, layout, state, noop)
     meg = state.get("megatron") or {}
     iteration = state.get("iteration") if isinstance(state.get("iteration"), int) else 0
     common = {"args": args, "checkpoint_version": meg.get("checkpoint_version") or CHECKPOINT_VERSION,
@@ -168,7 +177,10 @@ def write(root: Path, spec: ModelSpec, layout: ParallelLayout, rows, plain_of: d
         notes.append("no optimizer (the source has no optimizer param groups), so that tool writes none")
     counts = [sum(b - a for a, b in chunks) for chunks in layout.stages]
     flags = reverse_flags(layout)
-    if flags is not None:
+    if noop is not None:
+        notes.append(f"noop layers at {','.join(map(str, noop.noop))} (noop_layers in the args): run that tool with "
+                     f"--num-layers {noop.total} --noop {' '.join(map(str, noop.noop))}")
+    elif flags is not None:
         notes.append(f"uneven pipeline stages {','.join(map(str, counts))} (num_layer_list in the args): run that "
                      f"tool with {flags} (it splits --num-layers evenly; the last stage's missing positions as noop "
                      "layers)")

@@ -218,33 +218,80 @@ def test_even_split_pt_meta_unchanged(sandwich, tmp_path):
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "mindspeed_core_noop"
 
 
-def test_the_tools_own_reverse_conversion_of_an_uneven_split(tmp_path):
+@pytest.mark.parametrize("case", ["last_short", "noop_2_7"])
+def test_the_tools_own_reverse_conversion(tmp_path, case):
     """convert_ckpt2pt.py (MindSpeed-Core-MS r0.1.0, run from its source: tests/fixtures/mindspeed_core_noop/
-    PROVENANCE) over interop's output at tp 2, stages 2,2,1, with the flags interop's note gives: its Megatron
-    files read back to the source, every tensor equal in the bfloat16 it casts to; each rank file holds, in order,
-    the keys interop's pt_meta/ names today (so the fixture still describes this writer's output)."""
+    PROVENANCE) over interop's output at tp 2 with the flags interop's note gives: stages 2,2,1 (`last_short`,
+    --num-layers 6 --noop 5) and --noop-layers 2,7 at pp 2 (`noop_2_7`, --num-layers 8 --noop 2 7, a noop layer
+    inside a stage).  Its Megatron files read back to the source, every tensor equal in the bfloat16 it casts to;
+    each rank file holds, in order, the keys interop's pt_meta/ names today (so the fixture still describes this
+    writer's output)."""
     import json
-    command = json.loads((FIXTURE / "command.json").read_text())
-    summary = convert(FIXTURE / "common", tmp_path / "ms", dst_format="mindspore", dialect="mindspeed", tp=2, pp=3,
-                      first_stage_layers=2, last_stage_layers=1)
-    flags = " ".join(command[1:5])
-    assert flags == "--num-layers 6 --noop 5" and any(f"run that tool with {flags}" in n for n in summary.notes)
-    for p in range(3):
+    command = json.loads((FIXTURE / case / "command.json").read_text())
+    tool = command["tool"]
+    flags = " ".join(tool[1:tool.index("--pp-size")])
+    pp = int(tool[tool.index("--pp-size") + 1])
+    summary = convert(FIXTURE / case / "common", tmp_path / "ms", dst_format="mindspore", dialect="mindspeed",
+                      **command["interop"])
+    assert any(f"run that tool with {flags}" in n for n in summary.notes), (flags, summary.notes)
+    for p in range(pp):
         for t in range(2):
             names = torch.load(tmp_path / "ms" / "pt_meta" / f"args_tp{t:02}_pp{p:03}.pt",
                                weights_only=False)["param_name_list"][0]
-            theirs = torch.load(FIXTURE / "megatron" / "iter_0000000" / f"mp_rank_{t:02d}_{p:03d}" /
+            theirs = torch.load(FIXTURE / case / "megatron" / "iter_0000000" / f"mp_rank_{t:02d}_{p:03d}" /
                                 "model_optim_rng.pt", weights_only=False)
-            lm = theirs["model"]["language_model"]
-            keys = [f"model.language_model.{part}.{k}" if part != "embedding" else
-                    f"model.language_model.embedding.{k}.{kk}"
-                    for part, sub in lm.items() for k, v in sub.items()
-                    for kk in (v if part == "embedding" else [None]) if not k.endswith("_extra_state")]
-            keys = [k[:-len(".None")] if k.endswith(".None") else k for k in keys]
+            keys = []
+            for part, sub in theirs["model"]["language_model"].items():
+                for k, v in sub.items():
+                    if part == "embedding":
+                        keys += [f"model.language_model.embedding.{k}.{kk}" for kk in v]
+                    elif not k.endswith("_extra_state"):
+                        keys.append(f"model.language_model.{part}.{k}")
             assert keys == names[::-1], (t, p)
-            assert theirs["args"].num_layer_list == "2,2,1" and theirs["args"].num_layers == 5
-    convert(FIXTURE / "megatron", tmp_path / "back", dst_format="interop", vocab_size=250)
-    a, b = StoreReader(FIXTURE / "common"), StoreReader(tmp_path / "back")
+    convert(FIXTURE / case / "megatron", tmp_path / "back", dst_format="interop", vocab_size=250)
+    a, b = StoreReader(FIXTURE / case / "common"), StoreReader(tmp_path / "back")
     assert b.spec == a.spec.replace(dtype="bfloat16")
     for m in a.metas():
         assert torch.equal(a.read(m.name).to(torch.bfloat16), b.read(m.name)), m.name
+
+
+def test_noop_layers_written_as_mindspeed_core_ms_numbers_them(sandwich, tmp_path):
+    """--noop-layers 2,7 (6 real layers, pp 2): the files hold positions 0, 1, 3 and 4, 5, 6, the same names and
+    tensors as the positions the noop-layer run saves (the reading test's renumbered files); pt_meta's args say
+    num_layers 8, noop_layers "2,7" and the tool's flags; read back exactly."""
+    spec, common = sandwich
+    summary = convert(common, tmp_path / "ms", dst_format="mindspore", dialect="mindspeed", tp=2, pp=2,
+                      noop_layers="2,7")
+    assert any("run that tool with --num-layers 8 --noop 2 7" in n for n in summary.notes), summary.notes
+    convert(common, tmp_path / "plain", dst_format="mindspore", dialect="mindspeed", tp=2, pp=2)
+    renumber(tmp_path / "plain", [0, 1, 3, 4, 5, 6])
+    for r in range(4):
+        ours = ms.load_checkpoint(str(tmp_path / "ms" / f"rank_{r}" / "network.ckpt"))
+        theirs = ms.load_checkpoint(str(tmp_path / "plain" / f"rank_{r}" / "network.ckpt"))
+        assert list(ours) == list(theirs)
+        for k in ours:
+            assert (ours[k].asnumpy() == theirs[k].asnumpy()).all(), k
+    args = vars(torch.load(tmp_path / "ms" / "pt_meta" / "args_tp00_pp001.pt", weights_only=False)["args"])
+    assert (args["num_layers"], args["noop_layers"], args["num_layer_list"]) == (8, "2,7", None)
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="interop")
+    assert_same(common, tmp_path / "back")
+    (tmp_path / "ms" / "mindspore_model.json").unlink()  # and from pt_meta's args alone, as MindSpeed leaves it
+    convert(tmp_path / "ms", tmp_path / "back2", dst_format="interop")
+    assert_same(common, tmp_path / "back2")
+
+
+@pytest.mark.parametrize("noop,split,words", [
+    ("5,6", dict(pp=2), ["4,2 real layers", "the layout 3,3"]),
+    ("6", dict(pp=2), ["7 layers do not split evenly over pp=2"]),
+    ("9", dict(pp=1), ["positions among the 7 layers"]),
+    ("x", dict(pp=1), ["expected layer positions"]),
+])
+def test_noop_layers_that_do_not_fit_are_refused(sandwich, tmp_path, noop, split, words):
+    spec, common = sandwich
+    code, out = run("convert", common, tmp_path / "ms", "--to", "mindspore", "--dialect", "mindspeed",
+                    "--pp", split["pp"], "--noop-layers", noop, "-q")
+    assert_one_error(code, out, "--noop-layers", *words)
+    assert not (tmp_path / "ms").exists()
+    code, out = run("convert", common, tmp_path / "mf", "--to", "mindspore", "--dialect", "mindformers",
+                    "--noop-layers", "6", "-q")
+    assert_one_error(code, out, "--noop-layers applies to --dialect mindspeed only")
