@@ -310,3 +310,26 @@ def test_megatron_legacy_files_with_a_gap_are_refused(sandwich, tmp_path):
     torch.save(saved, path)
     code, out = run("convert", tmp_path / "meg", tmp_path / "x", "--to", "interop")
     assert_one_error(code, out, "[0, 1, 3]", "--noop-layers")
+
+
+def test_noop_layers_with_virtual_chunks(tmp_path):
+    """pp 2 x vpp 2 over 12 positions, noop 2,5,8,11 (8 real layers, 2 per chunk): chunk v * pp + p holds positions
+    3c .. 3c+2 (MindSpeed's even split, get_layers_and_offset), so stage 0 holds 0,1 and 6,7, stage 1 3,4 and 9,10;
+    read back exactly (with and without interop's sidecar)."""
+    spec = ModelSpec(**{**SANDWICH, "num_layers": 8})
+    write_common(spec, tmp_path / "common")
+    convert(tmp_path / "common", tmp_path / "ms", dst_format="mindspore", dialect="mindspeed", pp=2, vpp=2,
+            noop_layers="2,5,8,11")
+    for r, want in ((0, [0, 1, 6, 7]), (1, [3, 4, 9, 10])):
+        held = ms.load_checkpoint(str(tmp_path / "ms" / f"rank_{r}" / "network.ckpt"))
+        assert sorted({int(LAYER.search(k).group(1)) for k in held if LAYER.search(k)}) == want
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="interop")
+    assert_same(tmp_path / "common", tmp_path / "back")
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    convert(tmp_path / "ms", tmp_path / "back2", dst_format="interop")
+    assert_same(tmp_path / "common", tmp_path / "back2")
+    from interop.converters.mindspore.reader import Reader
+    reader = Reader(tmp_path / "ms")
+    assert reader.source.layout.stages == (((0, 2), (4, 6)), ((2, 4), (6, 8))) and reader.positions == \
+        [0, 1, 3, 4, 6, 7, 9, 10]
+    reader.close()
