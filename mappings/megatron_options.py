@@ -41,6 +41,9 @@ OPTIONS = (
                                      "mindspeed-llm (MindSpeed-LLM's convert_ckpt_v2: torch rank files with MLA's "
                                      "fused linear_qkv, grouped experts weight1/weight2, the vocabulary unpadded)."},
                  choices=("megatron-lm", "mindspeed-llm")),
+    FormatOption("noop_layers", {"convert": "Megatron output with --fork mindspeed-llm: MindSpeed-LLM's --noop-layers, "
+                                            "identity layers without weights at these layer positions (e.g. 1,5), "
+                                            "counted in num_layers, the positions split evenly over the stages."}),
     FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
                                    "laid out for."}, kind="int"),
 )

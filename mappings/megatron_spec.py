@@ -424,6 +424,9 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     }
     args = M.complete({}) if base is None else dict(base)
     args.update(model)
+    for field in ("noop_layers", "num_layer_list"):  # a MindSpeed source's layout, not this one's (its writer
+        if args.get(field):                          # states them for its own)
+            args[field] = None
     for field in ("attention_dropout", "hidden_dropout"):  # the source's, not Megatron's default 0.1
         if getattr(spec, field) is not None:
             args[field] = getattr(spec, field)

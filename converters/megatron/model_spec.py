@@ -49,7 +49,23 @@ def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[
         explicit["bias_gelu_fusion"] = False
         if stored.get("add_bias_linear", True) and not stored.get("openai_gelu"):
             notes.append("args do not say bias_gelu_fusion: assumed Megatron's exact (erf) GeLU")
-    return M.complete(explicit)
+    return without_noop(M.complete(explicit), notes)
+
+
+def without_noop(full: dict, notes: list[str]) -> dict:
+    """MindSpeed-LLM's args count its --noop-layers (identity layers without weights) in num_layers: the model's
+    are the rest (a per-layer moe_layer_freq list loses the noop positions alike)."""
+    text = full.get("noop_layers")
+    if not text:
+        return full
+    noop = {int(x) for x in str(text).split(",")}
+    freq = full.get("moe_layer_freq")
+    out = dict(full, num_layers=full["num_layers"] - len(noop))
+    if isinstance(freq, list) and len(freq) == full["num_layers"]:
+        out["moe_layer_freq"] = [f for i, f in enumerate(freq) if i not in noop]
+    notes.append(f"noop layers at positions {text} (MindSpeed-LLM's identity layers without weights): "
+                 f"the {out['num_layers']} real layers of num_layers {full['num_layers']} read")
+    return out
 
 
 def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str], stated: int | None = None) -> ModelSpec:
