@@ -123,6 +123,11 @@ def test_the_args_state_what_mindspeed_llms_converter_states(written, oracle):
         assert args["num_layers_per_virtual_pipeline_stage"] == oracle["args"]["num_layers_per_virtual_pipeline_stage"]
     assert (args["padded_vocab_size"], args["make_vocab_size_divisible_by"]) == (1000, 1)  # its recipes' flags
     assert any("1000 vocabulary rows unpadded" in n for n in written[1].notes)  # Megatron's divisor would pad
+    if oracle["arguments"].get("noop_layers"):
+        noop = oracle["arguments"]["noop_layers"]
+        assert any(f"noop layers at positions {noop}: num_layers {args['num_layers']}" in n for n in written[1].notes)
+        if oracle["arguments"].get("num_layers_per_virtual_pipeline_stage"):  # stage 0's second chunk: noop only
+            assert written[1].layout == "tp=1 pp=2 vpp=2 (pp0: layers 0-1, none; pp1: layers 2-3, 4-5)"
 
 
 def test_mindspeed_llms_own_reader_took_interops_output(oracle):
