@@ -44,6 +44,10 @@ OPTIONS = (
     FormatOption("noop_layers", {"convert": "Megatron output with --fork mindspeed-llm: MindSpeed-LLM's --noop-layers, "
                                             "identity layers without weights at these layer positions (e.g. 1,5), "
                                             "counted in num_layers, the positions split evenly over the stages."}),
+    FormatOption("mla_mm_split", {"convert": "Megatron output with --fork mindspeed-llm: MindSpeed-LLM's "
+                                             "--mla-mm-split, multi-latent attention's up projections stored as "
+                                             "linear_qk_nope / linear_qk_rope and linear_kv_nope / linear_v."},
+                 kind="flag"),
     FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
                                    "laid out for."}, kind="int"),
 )

@@ -52,6 +52,10 @@ CASES = {
     "ds3_pp2_vpp2_noop45": (dict(num_hidden_layers=6, num_experts_per_tok=4),
                             dict(target_pipeline_parallel_size=2, num_layers_per_virtual_pipeline_stage=2,
                                  noop_layers="4,5", mtp_num_layers=1, moe_grouped_gemm=True)),
+    # --mla-mm-split: q_up / kv_up as linear_qk_nope, linear_qk_rope, linear_kv_nope, linear_v, each cut by heads
+    "ds3_tp2_pp2_mmsplit": (dict(num_hidden_layers=4, num_experts_per_tok=4),
+                            dict(target_tensor_parallel_size=2, target_pipeline_parallel_size=2, mla_mm_split=True,
+                                 mtp_num_layers=1, moe_grouped_gemm=True)),
     # DeepSeek-V2-Lite: no query compression, so linear_qkv = [q_proj; kv_a]
     "ds2lite_tp2_pp2_ep2": (dict(hf_config="v2", num_hidden_layers=4, topk_method="greedy"),
                             dict(model_type_hf="deepseek2-lite", target_tensor_parallel_size=2,
@@ -116,7 +120,8 @@ def fingerprint(out: Path) -> dict:
 
 def interop_options(given: dict) -> dict:
     """interop's convert() options for Hf2MgConvert's arguments."""
-    return {"fork": "mindspeed-llm", **({"noop_layers": given["noop_layers"]} if given.get("noop_layers") else {})}
+    return {"fork": "mindspeed-llm", **({"noop_layers": given["noop_layers"]} if given.get("noop_layers") else {}),
+            **({"mla_mm_split": True} if given.get("mla_mm_split") else {})}
 
 
 def interop_layout(given: dict, layers: int) -> dict:
@@ -142,6 +147,7 @@ def mg2hf_of_interop(root: Path, hf: Path, work: Path, changes: dict, given: dic
         model_type_hf=given.get("model_type_hf", "deepseek3"),
         mtp_num_layers=given.get("mtp_num_layers", 0), moe_grouped_gemm=given.get("moe_grouped_gemm", False),
         noop_layers=given.get("noop_layers"),
+        mla_mm_split=given.get("mla_mm_split", False),
         num_layers_per_virtual_pipeline_stage=given.get("num_layers_per_virtual_pipeline_stage"))).run()
     want, got = load_file(hf / "model.safetensors"), {}
     for f in sorted(back.glob("*.safetensors")):

@@ -75,7 +75,8 @@ class Writer(BaseWriter):
     """The format's writer: opening one gives the writer of the `format` asked for (`--format`, default
     torch), a `torch_format.Writer` or a `torch_dist.Writer` (each subclasses `BaseWriter` itself)."""
 
-    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl", "fork", "noop_layers")
+    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl", "fork", "noop_layers",
+               "mla_mm_split")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
     holds_adapter = True  # LoRA adapters: MindSpeed-LLM's (torch format, `lora.Writer`), Megatron-Bridge's
@@ -98,7 +99,8 @@ class Writer(BaseWriter):
 
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
                 distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
-                fork: str | None = None, noop_layers: str | None = None, only=None, adapter=None):
+                fork: str | None = None, noop_layers: str | None = None, mla_mm_split: bool | None = None, only=None,
+                adapter=None):
         if adapter is not None:
             if distributed_optimizer or dp is not None:
                 raise InteropError("Megatron LoRA adapters are written without optimizer options: leave out "
@@ -120,7 +122,10 @@ class Writer(BaseWriter):
                 raise InteropError(f"--fork mindspeed-llm writes MindSpeed-LLM's torch rank files as its converter "
                                    f"does (local spec, no distrib_optim.pt): leave out {given[0]}")
             return mindspeed_llm.Writer(root, spec, layout, metas, iteration=iteration, noop_layers=noop_layers,
-                                        only=only)
+                                        mla_mm_split=mla_mm_split, only=only)
+        if mla_mm_split:
+            raise InteropError("--mla-mm-split is MindSpeed-LLM's layout (megatron-core stores the up projections "
+                               "whole): write it with --fork mindspeed-llm")
         if format == "torch_dist":
             return _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
                                         distributed_optimizer=distributed_optimizer, transformer_impl=transformer_impl,

@@ -6,6 +6,8 @@ model_builder.py MegatronModel, at c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91); th
 - multi-latent attention: `linear_qkv` = [q_a; kv_a] whole on every TP rank, `linear_q_up_proj` /
   `linear_kv_up_proj`, `q_layernorm` / `kv_layernorm` (`mappings/megatron_names.py` MINDSPEED_LLM_MLA, the table
   the reader reads them with);
+- `--mla-mm-split`: the up projections as bands of each head's rows, `linear_qk_nope` / `linear_qk_rope` (q_up) and
+  `linear_kv_nope` / `linear_v` (kv_up), each cut by heads over tp (`interop.transforms.HeadRows`);
 - routed experts (`--moe-grouped-gemm`, local spec): the legacy GroupedMLP's `experts.weight1` / `weight2`;
 - MTP: `final_layernorm.weight` for the model's final norm, `mtp.final_layernorms.K.weight` per module;
 - no `_extra_state` entries; the vocabulary unpadded (its recipes train with `--padded-vocab-size` = the vocab and
@@ -39,7 +41,7 @@ PRESENCE_ARGS = ("router_bias", "add_qkv_bias")
 class Writer(torch_format.Writer):
     """Megatron's torch-format writer, in MindSpeed-LLM's names and conventions."""
 
-    options = ("iteration", "noop_layers")
+    options = ("iteration", "noop_layers", "mla_mm_split")
     experts = "grouped"
     extra_state = False
     tracker_newline = False  # convert.py mg_path_process: f.write("1")
@@ -53,7 +55,13 @@ class Writer(torch_format.Writer):
         return noop_layout(num_layers, noop, sizes)[0]
 
     def __init__(self, root, spec, layout, metas, iteration: int | None = None, noop_layers: str | None = None,
-                 only=None):
+                 mla_mm_split: bool | None = None, only=None):
+        if mla_mm_split and not (spec.is_mla and spec.q_lora_rank):
+            raise InteropError("--mla-mm-split splits multi-latent attention's query and key/value up projections: "
+                               "the model has " + ("no query compression (q_lora_rank), which MindSpeed-LLM's "
+                                                   "converter does not split" if spec.is_mla else
+                                                   "no multi-latent attention"))
+        self.mm_split = bool(mla_mm_split)
         if spec.vocab % layout.tp:
             raise InteropError(f"--fork mindspeed-llm stores the vocabulary unpadded, cut in tp equal parts: "
                                f"{spec.vocab} tokens do not divide by tp {layout.tp}")
@@ -90,7 +98,8 @@ class Writer(torch_format.Writer):
         return iteration if isinstance(iteration, int) and iteration > 0 else 1
 
     def _expand_rows(self, te: bool) -> list:
-        return expand_rows("mindspeed_llm", self.spec, self.layout, self.experts, numbers=self.numbers)
+        scheme = "mindspeed_llm_mm" if self.mm_split else "mindspeed_llm"
+        return expand_rows(scheme, self.spec, self.layout, self.experts, numbers=self.numbers)
 
     def _vocab_rows(self, name: str, tensor):
         """The unpadded rows of a vocabulary tensor (the engine padded it for Megatron's divisor)."""
@@ -116,7 +125,7 @@ class Writer(torch_format.Writer):
             padded_vocab_size=spec.vocab, make_vocab_size_divisible_by=1,
             num_layer_list=",".join(map(str, per_stage)) if len(set(per_stage)) > 1 and layout.vpp == 1 else None,
             decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
-            moe_grouped_gemm=spec.is_moe, mla_mm_split=False, mtp_num_layers=spec.mtp_layers,
+            moe_grouped_gemm=spec.is_moe, mla_mm_split=self.mm_split, mtp_num_layers=spec.mtp_layers,
             **self._noop_args(vars(args), dense),
             # the converter's own model fields (model_builder.py, model_cfg.json deepseek3), read by its Mg2HfConvert
             qkv_type="pack_mla" if spec.is_mla else "unpack", num_key_value_heads=spec.kv_groups)
@@ -128,7 +137,11 @@ class Writer(torch_format.Writer):
         for flag in PRESENCE_ARGS:
             if not vars(args).get(flag):
                 vars(args).pop(flag, None)
-        source_noop = ((state.get("megatron") or {}).get("args") or {}).get("noop_layers")
+        source = (state.get("megatron") or {}).get("args") or {}
+        if source.get("mla_mm_split") and not self.mm_split:
+            notes = notes + ["the source's --mla-mm-split layout was not kept (the up projections written whole, "
+                             "linear_q_up_proj / linear_kv_up_proj): pass --mla-mm-split to keep it"]
+        source_noop = source.get("noop_layers")
         if source_noop and not self.noop:
             notes = notes + [f"the source's noop layers ({source_noop}: identity layers without weights) were not "
                              f"kept: its {spec.num_layers} real layers are written as num_layers {spec.num_layers}; "

@@ -9,7 +9,8 @@ first layer dense, 8 experts, fp32, --moe-grouped-gemm) in three layouts: tp 2, 
 ep 2 without MTP (mp_rank_TT_EEE); DeepSeek-V2-Lite (no query compression: `linear_qkv` = [q_proj; kv_a], whole on
 every rank; --model-type-hf deepseek2-lite) at tp 2, pp 2, ep 2; --noop-layers 1,5 at pp 2 (stage 0's real layers
 numbered 0 and 2) and --noop-layers 4,5 over 6 layers at pp 2 with 2-layer virtual chunks (stage 0's second chunk
-`model1` empty), written by interop with the same --noop-layers.  tests/fixtures/mindspeed_llm/<case>.json holds what it wrote: the folders
+`model1` empty), written by interop with the same --noop-layers; --mla-mm-split at tp 2, pp 2 (`linear_qk_nope` /
+`linear_qk_rope` / `linear_kv_nope` / `linear_v`: bands of each head's rows of q_up / kv_up, cut by heads).  tests/fixtures/mindspeed_llm/<case>.json holds what it wrote: the folders
 (iter_0000001/...), the tracker ("1"), each rank file's entries (args, checkpoint_version 3.0, iteration 1,
 model or model0..), every tensor in stored order with shape, dtype and sha256, and its args namespace.  Facts it
 pins (convert_hf2mg.py): `linear_qkv` = cat(q_a_proj, kv_a_proj_with_mqa) whole on every TP rank
@@ -74,8 +75,9 @@ def noop_of(given: dict) -> str | None:
 
 
 def options_of(given: dict) -> dict:
-    """--fork mindspeed-llm, with the case's --noop-layers."""
-    return {"fork": "mindspeed-llm", **({"noop_layers": noop_of(given)} if noop_of(given) else {})}
+    """--fork mindspeed-llm, with the case's --noop-layers and --mla-mm-split."""
+    return {"fork": "mindspeed-llm", **({"noop_layers": noop_of(given)} if noop_of(given) else {}),
+            **({"mla_mm_split": True} if given.get("mla_mm_split") else {})}
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +148,8 @@ def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, oracle, tm
     from interop.converters import megatron as meg
     reader = meg.Reader(root / "msl")
     try:
-        assert reader.source.state["megatron"]["scheme"] == "mindspeed_llm"
+        mm = oracle["arguments"].get("mla_mm_split")  # its up projections as bands of each head's rows
+        assert reader.source.state["megatron"]["scheme"] == ("mindspeed_llm_mm" if mm else "mindspeed_llm")
         want = meg.Writer.build_layout(reader.source.spec.num_layers, layout_of(oracle), options_of(oracle["arguments"]))
         assert (reader.source.layout.stages, reader.source.layout.ep) == (want.stages, want.ep)
     finally:
@@ -235,25 +238,55 @@ def test_a_sources_optimizer_state_is_left_out_and_said(tmp_path):
 
 
 def test_layouts_not_read_are_refused_naming_their_flag(tmp_path):
-    """--mla-mm-split's split up projections (convert_hf2mg.py _generate_attn_mm_split_key) are refused in one line;
-    so is a gap in a megatron-core checkpoint's local layer numbers (only MindSpeed-LLM's noop layers make one)."""
+    """A gap in a megatron-core checkpoint's local layer numbers (only MindSpeed-LLM's noop layers make one), and an
+    --mla-mm-split checkpoint missing one band (linear_qk_rope: q_up would be half read): one line each."""
     import shutil
 
     from helpers.hostile import assert_one_error, run
 
     save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
-    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2, options={"fork": "mindspeed-llm"})
+    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2,
+            options={"fork": "mindspeed-llm", "mla_mm_split": True})
     convert(tmp_path / "hf", tmp_path / "mcore", dst_format="megatron", pp=2)
-    for what, rename, why in (("msl", ("self_attention.linear_q_up_proj.", "self_attention.linear_qk_nope."),
-                               "--mla-mm-split"),
-                              ("mcore", ("decoder.layers.1.", "decoder.layers.2."), "are not 0..n-1")):
+    for what, change, why in (
+            ("msl", lambda m: {k: v for k, v in m.items() if not k.endswith("1.self_attention.linear_qk_rope.weight")},
+             "decoder.layers.1.self_attention.linear_qk_rope.weight is missing"),
+            ("mcore", lambda m: {k.replace("decoder.layers.1.", "decoder.layers.2."): v for k, v in m.items()},
+             "are not 0..n-1")):
         copy = tmp_path / f"{what}-changed"
         shutil.copytree(tmp_path / what, copy)
         for f in copy.glob("*/mp_rank_00_001/model_optim_rng.pt"):
             obj = torch.load(f, weights_only=False)
-            obj["model"] = {k.replace(*rename): v for k, v in obj["model"].items()}
+            obj["model"] = change(obj["model"])
             torch.save(obj, f)
         assert_one_error(*run("convert", copy, tmp_path / "out", "--to", "hf"), why)
+        assert not (tmp_path / "out").exists()
+
+
+def test_mla_mm_split_read_again_is_kept_when_asked_and_said_when_not(tmp_path):
+    """An --mla-mm-split checkpoint (tp 2) written as MindSpeed-LLM at tp 1 with the flag: each band the heads' rows
+    of all tp 2 ranks joined; without it the up projections whole and a note naming the flag; for megatron-core, a
+    target without --fork mindspeed-llm, or a model without query compression (its converter splits q_up only
+    where there is one: V2-Lite's q_b_proj is never set), one error line."""
+    from helpers.hostile import assert_one_error, run
+
+    save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
+    mm = {"fork": "mindspeed-llm", "mla_mm_split": True}
+    convert(tmp_path / "hf", tmp_path / "tp2", dst_format="megatron", tp=2, options=mm)
+    convert(tmp_path / "tp2", tmp_path / "tp1", dst_format="megatron", options=mm)
+    convert(tmp_path / "hf", tmp_path / "direct", dst_format="megatron", options=mm)
+    x, y = (torch.load(tmp_path / d / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
+            for d in ("tp1", "direct"))
+    assert list(x["model"]) == list(y["model"]) and all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"])
+    assert vars(x["args"])["mla_mm_split"] is True
+    summary = convert(tmp_path / "tp2", tmp_path / "whole", dst_format="megatron", options={"fork": "mindspeed-llm"})
+    assert any("--mla-mm-split layout was not kept" in n for n in summary.notes)
+    whole = torch.load(tmp_path / "whole" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
+    assert "decoder.layers.0.self_attention.linear_q_up_proj.weight" in whole["model"]
+    save(v2_config(num_hidden_layers=2, topk_method="greedy"), tmp_path / "v2")
+    for src, flags, why in ((tmp_path / "hf", ("--to", "megatron"), "write it with --fork mindspeed-llm"),
+                            (tmp_path / "v2", ("--to", "megatron", "--fork", "mindspeed-llm"), "no query compression")):
+        assert_one_error(*run("convert", src, tmp_path / "out", *flags, "--mla-mm-split"), why)
         assert not (tmp_path / "out").exists()
 
 
