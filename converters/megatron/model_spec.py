@@ -49,12 +49,14 @@ def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[
         explicit["bias_gelu_fusion"] = False
         if stored.get("add_bias_linear", True) and not stored.get("openai_gelu"):
             notes.append("args do not say bias_gelu_fusion: assumed Megatron's exact (erf) GeLU")
-    return without_noop(M.complete(explicit), notes)
+    return M.complete(explicit)
 
 
 def without_noop(full: dict, notes: list[str]) -> dict:
     """MindSpeed-LLM's args count its --noop-layers (identity layers without weights) in num_layers: the model's
-    are the rest (a per-layer moe_layer_freq list loses the noop positions alike)."""
+    are the rest (a per-layer moe_layer_freq list loses the noop positions alike).  Its layout only: where the
+    legacy / MindSpeed-Core-MS layouts number noop layers is not known, so their args' count is kept (and refused
+    when the files hold fewer layers)."""
     text = full.get("noop_layers")
     if not text:
         return full
@@ -82,6 +84,8 @@ def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str], s
                                                f"{ranks.files[(0, 0)].path}: {emb_key} over tp={ranks.tp}")
     notes += vocab_notes
     full = dict(full, padded_vocab_size=rows, vocab_size=vocab)
+    if model.scheme.startswith("mindspeed_llm"):
+        full = without_noop(full, notes)
     dtype = NAME_OF_DTYPE.get(emb.dtype, "float32")
     if full.get("untie_embeddings_and_output_weights") is None:
         full["untie_embeddings_and_output_weights"] = False
