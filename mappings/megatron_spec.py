@@ -453,8 +453,6 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     }
     args = M.complete({}) if base is None else dict(base)
     args.update(model)
-    if args.get("noop_layers"):  # a MindSpeed-LLM source's identity layers, not this layout's (its writer states its own)
-        args["noop_layers"] = None
     for field in ("attention_dropout", "hidden_dropout"):  # the source's, not Megatron's default 0.1
         if getattr(spec, field) is not None:
             args[field] = getattr(spec, field)

@@ -54,15 +54,15 @@ def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[
 
 def without_noop(full: dict, notes: list[str]) -> dict:
     """MindSpeed-LLM's args count its --noop-layers (identity layers without weights) in num_layers: the model's
-    are the rest (a per-layer moe_layer_freq list loses the noop positions alike).  Its layout only: where the
-    legacy / MindSpeed-Core-MS layouts number noop layers is not known, so their args' count is kept (and refused
-    when the files hold fewer layers)."""
+    are the rest, and the per-layer moe_layer_freq list interop writes with them loses the noop positions alike
+    (MindSpeed-LLM's layout; the others' noop_layers are read by mappings/megatron_spec.py noop_positions, which
+    refuses a per-layer pattern beside them)."""
     text = full.get("noop_layers")
     if not text:
         return full
     noop = {int(x) for x in str(text).split(",")}
     freq = full.get("moe_layer_freq")
-    out = dict(full, num_layers=full["num_layers"] - len(noop))
+    out = dict(full, num_layers=full["num_layers"] - len(noop), noop_layers=None)  # resolved here, in its numbering
     if isinstance(freq, list) and len(freq) == full["num_layers"]:
         out["moe_layer_freq"] = [f for i, f in enumerate(freq) if i not in noop]
     notes.append(f"noop layers at positions {text} (MindSpeed-LLM's identity layers without weights): "
