@@ -1206,9 +1206,18 @@ SAME_MEANING = {
     **{dest: lambda a, b, d=dest, fixed=fixed: (a[d] if a[d] is not None else fixed) ==
        (b[d] if b[d] is not None else fixed) for dest, fixed in (
         ("beta_fast", 32.0), ("beta_slow", 1.0), ("rope_scaling_original_max_position_embeddings", 4096))},
-    "moe_layer_freq": lambda a, b: moe_layer_pattern(a["moe_layer_freq"], a["num_layers"]) is not None and
-    moe_layer_pattern(a["moe_layer_freq"], a["num_layers"]) == moe_layer_pattern(b["moe_layer_freq"], b["num_layers"]),
+    # the same over the positions (a target that keeps them), or over the real layers (one that drops the noop ones)
+    "moe_layer_freq": lambda a, b: _real_moe_pattern(a) is not None and (
+        moe_layer_pattern(a["moe_layer_freq"], a["num_layers"]) == moe_layer_pattern(b["moe_layer_freq"], b["num_layers"])
+        or _real_moe_pattern(a) == _real_moe_pattern(b)),
 }
+
+
+def _real_moe_pattern(a) -> list | None:
+    """The MoE pattern over the real layers: Megatron's counts MindSpeed's noop positions too (num_layers does)."""
+    pattern = moe_layer_pattern(a["moe_layer_freq"], a["num_layers"])
+    noop = {int(x) for x in str(a.get("noop_layers") or "").split(",") if x.strip()}
+    return None if pattern is None else [f for i, f in enumerate(pattern) if i not in noop]
 
 
 def layer_list(value) -> list[int] | None:

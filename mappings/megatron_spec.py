@@ -104,6 +104,29 @@ def noop_positions(full: dict, where: str) -> list[int]:
     return positions
 
 
+def real_layers(full: dict, noop: list[int], where: str) -> dict:
+    """The args of the real layers: num_layers without the noop positions, and the per-layer patterns, which count
+    positions (noop ones too), over the real layers only: the first k dense layers lose the noop positions among
+    them, an MoE frequency or list drops the noop positions' entries.  A pattern that cannot be so resolved (a
+    window skip frequency, an unparsed pattern string) is refused."""
+    n = int(full["num_layers"])
+    out = dict(full, num_layers=n - len(noop))
+    dense = full.get("first_k_dense_replace")
+    if dense not in (None, 0, "0"):
+        out["first_k_dense_replace"] = int(dense) - sum(p < int(dense) for p in noop)
+    freq = full.get("moe_layer_freq")
+    pattern = M.moe_layer_pattern(freq, n) if freq not in (None, 1, "1") else None
+    if pattern is not None:
+        out["moe_layer_freq"] = [f for i, f in enumerate(pattern) if i not in noop]
+    elif freq not in (None, 1, "1"):
+        raise InteropError(f"{where}: noop_layers with moe_layer_freq={freq!r} is not read (a pattern over the "
+                           "num_layers positions was expected): pass --model-config without noop_layers")
+    if full.get("window_attn_skip_freq") not in (None, 0, 1, "0", "1"):
+        raise InteropError(f"{where}: noop_layers with window_attn_skip_freq is not read (the pattern counts the noop "
+                           "positions): pass --model-config without noop_layers")
+    return out
+
+
 def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpec:
     """A ModelSpec from completed Megatron args (`megatron_args.complete`).  MindSpeed's noop layers are not in it:
     the canonical model holds the real layers (num_layers counts the noop positions too)."""
@@ -112,12 +135,7 @@ def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpe
         raise InteropError(f"{where}: the model description lacks {', '.join(missing)}")
     noop = noop_positions(full, where)
     if noop:
-        per_layer = [k for k in ("moe_layer_freq", "window_attn_skip_freq", "first_k_dense_replace")
-                     if full.get(k) not in (None, 1, 0, "1", "0")]
-        if per_layer:
-            raise InteropError(f"{where}: noop_layers with a per-layer pattern ({per_layer[0]}) is not read (the "
-                               "pattern counts the noop positions): pass --model-config without noop_layers")
-        full = dict(full, num_layers=int(full["num_layers"]) - len(noop))
+        full = real_layers(full, noop, where)
     for dest, ok in UNSUPPORTED_ARGS.items():
         if full.get(dest, ok) not in (ok, None) and full.get(dest) != ok:
             raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported")

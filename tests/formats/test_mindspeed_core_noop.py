@@ -136,12 +136,29 @@ def test_megatron_side_of_a_noop_run(sandwich, tmp_path):
     convert(tmp_path / "meg", tmp_path / "meg2", dst_format="megatron", tp=2, pp=2)
     args = vars(torch.load(next((tmp_path / "meg2").rglob("model_optim_rng.pt")), weights_only=False)["args"])
     assert args["num_layers"] == 6 and not args.get("noop_layers")
-    for path in (tmp_path / "meg").rglob("model_optim_rng.pt"):  # a per-layer pattern over positions: refused
+    for path in (tmp_path / "meg").rglob("model_optim_rng.pt"):  # a pattern that cannot drop the noop positions
         saved = torch.load(path, weights_only=False)
-        saved["args"].moe_layer_freq = [1, 0, 1, 1, 1, 1, 1, 1]
+        saved["args"].window_attn_skip_freq = 2
         torch.save(saved, path)
     code, out = run("convert", tmp_path / "meg", tmp_path / "bad", "--to", "interop")
-    assert_one_error(code, out, "noop_layers", "moe_layer_freq")
+    assert_one_error(code, out, "noop_layers", "window_attn_skip_freq")
+
+
+def test_per_layer_patterns_count_positions_and_lose_the_noop_ones():
+    """Megatron's per-layer patterns count the noop positions (num_layers does): over the real layers, the first k
+    dense layers lose the noop positions among them and an MoE list or frequency drops their entries (the
+    MindSpeed-LLM DeepSeek-V3 script: --num-layers 64 --noop-layers 61,62,63 --first-k-dense-replace 3)."""
+    from interop.mappings.megatron_spec import real_layers
+    assert real_layers({"num_layers": 64, "first_k_dense_replace": 3}, [61, 62, 63], "x") == \
+        {"num_layers": 61, "first_k_dense_replace": 3}
+    assert real_layers({"num_layers": 6, "first_k_dense_replace": 3}, [1], "x")["first_k_dense_replace"] == 2
+    assert real_layers({"num_layers": 6, "moe_layer_freq": [0, 1, 1, 0, 1, 1]}, [0, 3], "x")["moe_layer_freq"] == \
+        [1, 1, 1, 1]
+    assert real_layers({"num_layers": 6, "moe_layer_freq": 2}, [1], "x")["moe_layer_freq"] == [1, 1, 0, 1, 0]
+    assert real_layers({"num_layers": 64, "moe_layer_freq": "[0]*3+[1]*61"}, [61, 62, 63], "x")["moe_layer_freq"] == \
+        [0] * 3 + [1] * 58  # the string form --first-k-dense-replace becomes (megatron_args._first_dense)
+    with pytest.raises(InteropError, match="moe_layer_freq"):
+        real_layers({"num_layers": 6, "moe_layer_freq": "([1]*3+[0])"}, [1], "x")  # 4 entries for 6 positions
 
 
 def emulate_ckpt2pt_names(ms_dir: Path, tp: int, pp: int, num_layers: int, noop: list[int]) -> dict:
