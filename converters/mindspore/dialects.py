@@ -128,9 +128,6 @@ class Dialect:
         """Where tp rank t of stage p (expert-parallel rank d, of `dp` data-parallel ranks) is written."""
         return mindformers_file(root, t, p, layout.tp, layout.pp)
 
-    def check_layout(self, spec: ModelSpec, tp: int, where: str = "") -> None:
-        """One line for a tensor-parallel layout the dialect's files cannot hold."""
-
     def weight_notes(self, spec: ModelSpec, masters: bool) -> list[str]:
         """What a writer says about the weights it writes (from fp32 masters or not)."""
         return (["dropped the optimizer's fp32 master copies (MindFormers keeps none); the model weights are "
@@ -243,17 +240,10 @@ class MindFormersMcoreDialect(MindFormersDialect):
         return names.MINDFORMERS_MCORE_MLA if spec.is_mla else super().table(spec, qkv_concat)
 
     def with_mtp(self, table: list) -> list:
-        """deepseek3's MTP modules, `mtp.layers.{k}.*` as megatron-core names them, after the final norm."""
-        return with_mtp(table)
-
-    def check_layout(self, spec: ModelSpec, tp: int, where: str = "") -> None:
-        if spec.is_mla and tp > 1:
-            raise InteropError(f"{where}MindFormers' multi-latent attention (linear_qkv = [q_down; kv_down], "
-                               f"replicated) is read and written at --tp 1 (one model.ckpt), not tp={tp}")
-        if spec.is_moe and tp > 1:
-            raise InteropError(f"{where}MindFormers' mcore-style experts (FFNGroupedGEMM weight1 / weight2) are placed "
-                               f"by expert parallelism, not cut by tensor parallelism: MoE is read and written at "
-                               f"--tp 1 (one model.ckpt), not tp={tp}")
+        """deepseek3's MTP modules, `mtp.layers.{k}.*` as megatron-core names them, after the final norm (its
+        eh_proj whole over tp: `MINDFORMERS_MCORE_MTP_WHOLE`)."""
+        return [(key, names.MINDFORMERS_MCORE_MTP_WHOLE.get(key, transform), parts)
+                for key, transform, parts in with_mtp(table)]
 
 
 DIALECTS = {d.name: d for d in (MindSpeedDialect(), MindFormersDialect(), MindFormersMcoreDialect())}

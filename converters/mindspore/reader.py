@@ -170,7 +170,6 @@ class Reader(BaseReader):
             tp = max(t for t, _ in self.files) + 1
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
-        dialect.check_layout(spec, layout.tp, f"{path}: ")
         if dialect.layout_note(spec):
             notes.append(dialect.layout_note(spec))
         if sidecar is not None and "layout" in sidecar:
@@ -373,7 +372,7 @@ class Reader(BaseReader):
         for row in self.rows:
             name, transform, parts = row.key, row.transform, row.parts
             param = index[parts[0]]
-            if param.axis is None or param.layer is None or name not in f:
+            if param.axis is None or param.layer is None or transform.native_axis is None or name not in f:
                 continue
             full = transform.rank_shape()
             local = f.meta(name)[1]

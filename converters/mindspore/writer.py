@@ -75,10 +75,10 @@ class Writer(BaseWriter):
             raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
                                "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
         spec.check_tp(layout.tp)
-        dialect.check_layout(spec, layout.tp)
         if layout.ep > 1 and not dialect.expert_parallel:
-            raise InteropError(f"{dialect.title} MoE output is written at --ep 1 (all experts in each rank file; its "
-                               f"strategy places them), not --ep {layout.ep}")
+            raise InteropError(f"{dialect.title} MoE output is written at --ep 1 (all experts in each rank file, "
+                               f"as MindFormers holds them at expert_parallel 1; transform_checkpoints reshards them "
+                               f"for an expert-parallel run), not --ep {layout.ep}")
         if layout.ep > 1 and (dp or layout.ep) % layout.ep:
             raise InteropError(f"--dp {dp} is no multiple of --ep {layout.ep}: MindSpeed's expert-parallel ranks "
                                "are data-parallel ranks")

@@ -13,9 +13,24 @@ class ExpertRows(GroupedExperts):
         fc2: parts down_0, down_1, ... [h, f]              ->  weight2 [E * f, h]
              weight2.view(E, f, h)[j] = down_j.T
 
-    The experts are not cut by tensor parallelism there (only placed by expert parallelism), so only the whole
-    tensor (tp 1) is stored; `every_expert`: the row lists every expert's parts, expert by expert.
+    The experts are not cut by tensor parallelism there, only placed by expert parallelism (ffn.py shard: w1 / w2
+    laid out ("ep", None); sharded_state_dict: axis_fragmentations (ep, 1)), so every TP rank stores the whole
+    tensor (at ep 1); `every_expert`: the row lists every expert's parts, expert by expert.
     """
+
+    @property
+    def replicated(self) -> bool:
+        return True
+
+    @property
+    def native_axis(self) -> None:
+        return None
+
+    def part_shapes(self, t=0, tp=1):
+        return super().part_shapes(0, 1)
+
+    def shards(self, full, t, tp):
+        return super().shards(full, 0, 1)
 
     def rank_shape(self, t=0, tp=1):
         if self.axis == 1:
