@@ -364,19 +364,27 @@ class Stage(nn.Module):
 
     def mtp_objective(self, hidden, tokens, targets):
         """mtp_loss_weight / K * sum_k L_k (megatron-core gpt_model.py `_postprocess`, mtp_loss_scaling_factor /
-        mtp_num_layers).  Module k embeds the tokens k + 1 ahead (zero-filled at the end, as megatron-core rolls
-        input_ids) and L_k is the mean cross entropy against the targets k + 1 ahead, over the s - k - 1 positions
-        that have one (megatron-core's rolled loss_mask); its layer runs like the last decoder layer."""
-        spec, seq = self.spec, hidden.shape[1]
-        rope, mask = self.layer_inputs(seq, hidden.device)[spec.is_sliding_layer(spec.num_layers - 1)]
-        losses = []
-        for k, module in enumerate(self.mtp.values()):
-            tokens = shift_left(tokens)
-            hidden = module(hidden, self.embed(tokens), rope, mask)
-            keep = seq - k - 1
-            losses.append(self.loss(hidden[:, :keep], targets[:, k + 1:]))
+        mtp_num_layers).  L_k is the mean cross entropy of module k's output against the targets k + 1 ahead, over
+        the s - k - 1 positions that have one (megatron-core's rolled loss_mask)."""
+        spec, losses = self.spec, []
+        for k, out in enumerate(self.mtp_hidden(hidden, tokens)):
+            keep = out.shape[1] - k - 1
+            losses.append(self.loss(out[:, :keep], targets[:, k + 1:]))
         self.mtp_log.append(torch.stack(losses).detach())
         return torch.stack(losses).sum() * (spec.mtp_loss_weight / spec.mtp_layers)
+
+    def mtp_hidden(self, hidden, tokens) -> list:
+        """Each MTP module's final-normed output [b, s, h] from the decoder's final-normed `hidden`: module k embeds
+        the tokens k + 1 ahead (zero-filled at the end, as megatron-core rolls input_ids) and runs like the last
+        decoder layer; its logits predict the tokens k + 2 ahead."""
+        spec, seq = self.spec, hidden.shape[1]
+        rope, mask = self.layer_inputs(seq, hidden.device)[spec.is_sliding_layer(spec.num_layers - 1)]
+        outputs = []
+        for module in self.mtp.values():
+            tokens = shift_left(tokens)
+            hidden = module(hidden, self.embed(tokens), rope, mask)
+            outputs.append(hidden)
+        return outputs
 
     def logits(self, x):
         """This rank's vocabulary shard of the logits of final-normed hidden states (soft-capped where the model is)."""

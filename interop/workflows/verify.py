@@ -236,11 +236,12 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
                                     lambda: compare_tensors(stores["source"], stores["converted"]))
         tokens = torch.randint(0, spec.vocab, (BATCH, min(SEQ, spec.max_positions)),
                                generator=torch.Generator().manual_seed(SEED))
-        reference = stages.run("reference model, source", lambda: reference_logits(stores["source"], tokens))
+        source_run = stages.run("reference model, source", lambda: reference_run(stores["source"], tokens))
+        reference = source_run[0]
         result.notes += rule_notes
+        converted_run = stages.run("reference model, converted", lambda: reference_run(stores["converted"], tokens))
         runs = [(f"reference model, source ({src_format})", reference),
-                (f"reference model, converted ({dst_format})",
-                 stages.run("reference model, converted", lambda: reference_logits(stores["converted"], tokens)))]
+                (f"reference model, converted ({dst_format})", converted_run[0])]
         if frameworks:
             for which, path, fmt in (("source", src, src_format), ("converted", dst, dst_format)):
                 if fmt not in FRAMEWORK_NAMES:
@@ -259,23 +260,11 @@ def verify(src, dst, *, src_format: str | None = None, dst_format: str | None = 
                 runs.append((f"{FRAMEWORK_NAMES[fmt]}, {which} ({fmt})", logits))
         for label, logits in runs:
             result.checks.append(Check(label, lm_loss(logits, tokens), _max_diff(logits, reference)))
-        if spec.mtp_layers:
-            count, diff = mtp_difference(stores["source"], stores["converted"])
-            result.checks.append(Check(f"MTP modules ({count} tensors, no logits; loss n/a)", float("nan"), diff))
+        for k, (theirs, ours) in enumerate(zip(source_run[1], converted_run[1])):  # the MTP modules' own heads
+            for which, logits in (("source", theirs), ("converted", ours)):
+                result.checks.append(Check(f"reference model, {which}: MTP module {k + 1} (tokens {k + 2} ahead)",
+                                           lm_loss(logits, tokens, ahead=k + 2), _max_diff(logits, theirs)))
     return result
-
-
-def mtp_difference(source, converted) -> tuple[int, float]:
-    """(tensors, largest |difference|) of the MTP modules (`mtp.*`) between two stores, in float32."""
-    from ..store import StoreReader
-    a, b = StoreReader(source), StoreReader(converted)
-    try:
-        names = [m.name for m in a.metas() if m.name.startswith("mtp.")]
-        diff = max(float((a.read(n).float() - b.read(n).float()).abs().max()) for n in names)
-    finally:
-        a.close()
-        b.close()
-    return len(names), diff
 
 
 # Facts of how a model computes that a writer may change on request, the tensors staying the same (HF
@@ -296,14 +285,20 @@ def _spec_difference(a, b) -> str:
     return ", ".join(f"{k} {x} vs {y}" for k, x, y in a.differences(b, ignore=("dtype", "padded_vocab", *RULES)))
 
 
-def lm_loss(logits, tokens) -> float:
-    """Mean cross entropy of predicting token t+1 from tokens <= t (as HF computes it)."""
+def lm_loss(logits, tokens, ahead: int = 1) -> float:
+    """Mean cross entropy of predicting token t+ahead from tokens <= t (ahead 1: as HF computes it)."""
     import torch.nn.functional as F
-    return float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)))
+    return float(F.cross_entropy(logits[:, :-ahead].reshape(-1, logits.shape[-1]), tokens[:, ahead:].reshape(-1)))
 
 
 def reference_logits(store, tokens):
     """The trainer's decoder (tp 1, pp 1, one process, no process group) on a common-format checkpoint."""
+    return reference_run(store, tokens)[0]
+
+
+def reference_run(store, tokens):
+    """(logits, [logits of each MTP module's head]) of the trainer's model (tp 1, pp 1, one process, no process
+    group) on a common-format checkpoint: the decoder's, then each multi-token-prediction module's (DeepSeek-V3)."""
     import torch
     from ..layout import ParallelLayout
     from ..store import StoreReader
@@ -312,8 +307,7 @@ def reference_logits(store, tokens):
     from ..trainer.model import Stage
     reader = StoreReader(store)  # checksums verified: a corrupt file is an error, not a difference
     try:
-        # MTP modules do not change the logits: they are compared tensor by tensor (`mtp_difference`)
-        spec = reader.spec.replace(dtype="float32", mtp_layers=0)
+        spec = reader.spec.replace(dtype="float32")
         grid = Grid(1, 1, 1, 0)
         stage = Stage(spec, ParallelLayout.build(spec.num_layers), grid)
         load_weights(stage, reader, grid)
@@ -321,7 +315,9 @@ def reference_logits(store, tokens):
         reader.close()
     stage.eval()
     with torch.no_grad():
-        return stage.logits(stage.final_norm(stage.blocks(stage.embed(tokens))))[..., :spec.vocab].float()
+        hidden = stage.final_norm(stage.blocks(stage.embed(tokens)))
+        heads = stage.mtp_hidden(hidden, tokens) if spec.mtp_layers else []
+        return stage.logits(hidden)[..., :spec.vocab].float(), [stage.logits(h)[..., :spec.vocab].float() for h in heads]
 
 
 class FrameworkUnavailable(Exception):

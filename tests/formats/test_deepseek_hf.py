@@ -135,6 +135,9 @@ def test_verify_runs_the_reference_model_and_transformers_and_compares_the_mtp_m
     result = verify(sources[kind], tmp_path / "hf")
     assert result.ok, result.lines()
     labels = [c.label for c in result.checks]
-    assert "transformers, converted (hf)" in labels and len(result.checks) == 4 + (kind == "v3-mtp")
-    if kind == "v3-mtp":
-        assert labels[-1].startswith("MTP modules (42 tensors") and result.checks[-1].max_diff == 0.0
+    assert "transformers, converted (hf)" in labels and len(result.checks) == 4 + 2 * (kind == "v3-mtp")
+    if kind == "v3-mtp":  # the MTP module's own head on both sides: its logits, its loss on the tokens 2 ahead
+        source, converted = result.checks[-2:]
+        assert (source.label, converted.label) == ("reference model, source: MTP module 1 (tokens 2 ahead)",
+                                                   "reference model, converted: MTP module 1 (tokens 2 ahead)")
+        assert converted.max_diff == 0.0 and converted.loss == source.loss and 0 < source.loss < 20

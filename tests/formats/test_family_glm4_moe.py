@@ -132,14 +132,15 @@ def test_partial_rotary_refused_where_the_class_rotates_the_whole_head(glm):
 def test_verify_megatron_core_builds_and_loads_it_strictly(glm, tmp_path):
     """verify: the reference model, transformers and megatron-core's own GPTModel (rotary_percent 0.5, sigmoid
     routing in groups with expert bias and scaling, its MultiTokenPredictionBlock loaded strictly from the MTP
-    rows) give the same logits, and the MTP modules compare tensor by tensor."""
+    rows) give the same logits, and the MTP modules compare tensor by tensor and by their own heads' logits."""
     from interop.workflows.verify import verify
     src, _ = glm["glm-mtp"]
     convert(src, tmp_path / "meg", dst_format="megatron", tp=2, ep=2)
     result = verify(src, tmp_path / "meg")
     assert result.ok, result.lines()
     labels = [c.label for c in result.checks]
-    assert "megatron-core, converted (megatron)" in labels and labels[-1].startswith("MTP modules (44 tensors")
+    assert "megatron-core, converted (megatron)" in labels
+    assert labels[-1] == "reference model, converted: MTP module 1 (tokens 2 ahead)" and result.checks[-1].max_diff == 0
     assert result.max_diff < 1e-5
 
 

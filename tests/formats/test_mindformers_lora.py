@@ -111,7 +111,7 @@ QWEN3 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_la
              rotary_dtype="float32", seq_length=8)
 
 
-def test_mcore_style_lora_strict_loads_into_mindformers_lora_model(tmp_path, monkeypatch):
+def test_mcore_style_lora_strict_loads_into_mindformers_lora_model(tmp_path, mcore):
     """--dialect mindformers-mcore: MindFormers' LoraModel around its TrainingQwen3ForCausalLM (parallel_core's
     ColumnParallelLinearWithLoRA / RowParallelLinearWithLoRA, built on CPU) loads the base written by interop and
     the adapter written by interop together, strictly: `<module>.lora_A.weight` / `.lora_B.weight`, B of
@@ -140,27 +140,18 @@ def test_mcore_style_lora_strict_loads_into_mindformers_lora_model(tmp_path, mon
     writer.finish({})
     convert(base_path, tmp_path / "base-ms", dst_format="mindspore", dialect="mindformers-mcore")
     convert(tmp_path / "a", tmp_path / "lora-ms", dst_format="mindspore", dialect="mindformers-mcore")
-    monkeypatch.chdir(tmp_path)  # MindFormers writes ./output/log on import
-    pytest.importorskip("mindformers")
-    from mindformers.core.context.build_context import MFContextOperator
     from mindformers.models.qwen3.configuration_qwen3 import Qwen3Config
     from mindformers.models.qwen3.modeling_qwen3_train import TrainingQwen3ForCausalLM
     from mindformers.pet.models.lora import LoraModel
     from mindformers.pet.pet_config import LoraConfig
-    from mindformers.tools.register import MindFormerConfig
-    MFContextOperator.reset_instance()
-    MFContextOperator(MindFormerConfig(use_legacy=False))
-    try:
-        pet = yaml.safe_load((tmp_path / "lora-ms" / "pet_config.yaml").read_text())["model"]["model_config"]["pet_config"]
-        config = LoraConfig(lora_rank=pet["lora_rank"], lora_alpha=pet["lora_alpha"], lora_dropout=0.0,
-                            target_modules=pet["target_modules"])
-        model = LoraModel(config, TrainingQwen3ForCausalLM(Qwen3Config(**QWEN3)))
-        saved = {**ms.load_checkpoint(str(tmp_path / "base-ms" / "model.ckpt")),
-                 **ms.load_checkpoint(str(tmp_path / "lora-ms" / "model.ckpt"))}
-        not_loaded, unused = ms.load_param_into_net(model, saved, strict_load=True)
-        assert not not_loaded and not unused, (not_loaded, unused)
-    finally:
-        MFContextOperator.reset_instance()
+    pet = yaml.safe_load((tmp_path / "lora-ms" / "pet_config.yaml").read_text())["model"]["model_config"]["pet_config"]
+    config = LoraConfig(lora_rank=pet["lora_rank"], lora_alpha=pet["lora_alpha"], lora_dropout=0.0,
+                        target_modules=pet["target_modules"])
+    model = LoraModel(config, TrainingQwen3ForCausalLM(Qwen3Config(**QWEN3)))
+    saved = {**ms.load_checkpoint(str(tmp_path / "base-ms" / "model.ckpt")),
+             **ms.load_checkpoint(str(tmp_path / "lora-ms" / "model.ckpt"))}
+    not_loaded, unused = ms.load_param_into_net(model, saved, strict_load=True)
+    assert not not_loaded and not unused, (not_loaded, unused)
     with CkptFile(tmp_path / "lora-ms" / "model.ckpt") as f:
         assert f.meta("decoder.layers.1.self_attention.linear_qkv.lora_B.weight")[1] == (128, 4)
         assert f.meta("decoder.layers.1.mlp.linear_fc1.lora_B.weight")[1] == (192, 4)

@@ -230,7 +230,7 @@ QWEN3 = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_la
              rotary_dtype="float32", seq_length=8)
 
 
-def test_mcore_style_lora_tp2_is_cut_as_mindformers_states_and_loads(tmp_path, monkeypatch):
+def test_mcore_style_lora_tp2_is_cut_as_mindformers_states_and_loads(tmp_path, mcore):
     """--dialect mindformers-mcore at tp 2: MindFormers' LoraModel(TrainingQwen3ForCausalLM) states each LoRA
     parameter's shard in `sharded_state_dict()` (from config.tensor_model_parallel_size; building at tp 2 needs
     communication groups, so the model is built at tp 1 and its config then says 2): our rank files have those
@@ -267,32 +267,23 @@ def test_mcore_style_lora_tp2_is_cut_as_mindformers_states_and_loads(tmp_path, m
     assert sorted(merged) == sorted(single)
     for key, want in single.items():
         assert torch.equal(torch.from_numpy(merged[key].asnumpy()), want), key
-    monkeypatch.chdir(tmp_path)  # MindFormers writes ./output/log on import
-    pytest.importorskip("mindformers")
-    from mindformers.core.context.build_context import MFContextOperator
     from mindformers.models.qwen3.configuration_qwen3 import Qwen3Config
     from mindformers.models.qwen3.modeling_qwen3_train import TrainingQwen3ForCausalLM
     from mindformers.pet.models.lora import LoraModel
     from mindformers.pet.pet_config import LoraConfig
-    from mindformers.tools.register import MindFormerConfig
-    MFContextOperator.reset_instance()
-    MFContextOperator(MindFormerConfig(use_legacy=False))
-    try:
-        pet = yaml.safe_load((tmp_path / "lora2" / "pet_config.yaml").read_text())["model"]["model_config"]["pet_config"]
-        model = LoraModel(LoraConfig(lora_rank=pet["lora_rank"], lora_alpha=pet["lora_alpha"], lora_dropout=0.0,
-                                     target_modules=pet["target_modules"]),
-                          TrainingQwen3ForCausalLM(Qwen3Config(**QWEN3)))
-        saved = {**ms.load_checkpoint(str(tmp_path / "base-ms" / "model.ckpt")), **merged}
-        not_loaded, unused = ms.load_param_into_net(model, saved, strict_load=True)
-        assert not not_loaded and not unused, (not_loaded, unused)
-        gpt = next(c for _, c in model.cells_and_names() if type(c).__name__ == "GPTModel")
-        configs = {id(c.config): c.config for _, c in model.cells_and_names()
-                   if type(getattr(c, "config", None)).__name__ == "TransformerConfig"}
-        for config in configs.values():
-            config.tensor_model_parallel_size = 2
-        stated = {k: v for k, v in gpt.sharded_state_dict().items() if ".lora_" in k}
-    finally:
-        MFContextOperator.reset_instance()
+    pet = yaml.safe_load((tmp_path / "lora2" / "pet_config.yaml").read_text())["model"]["model_config"]["pet_config"]
+    model = LoraModel(LoraConfig(lora_rank=pet["lora_rank"], lora_alpha=pet["lora_alpha"], lora_dropout=0.0,
+                                 target_modules=pet["target_modules"]),
+                      TrainingQwen3ForCausalLM(Qwen3Config(**QWEN3)))
+    saved = {**ms.load_checkpoint(str(tmp_path / "base-ms" / "model.ckpt")), **merged}
+    not_loaded, unused = ms.load_param_into_net(model, saved, strict_load=True)
+    assert not not_loaded and not unused, (not_loaded, unused)
+    gpt = next(c for _, c in model.cells_and_names() if type(c).__name__ == "GPTModel")
+    configs = {id(c.config): c.config for _, c in model.cells_and_names()
+               if type(getattr(c, "config", None)).__name__ == "TransformerConfig"}
+    for config in configs.values():
+        config.tensor_model_parallel_size = 2
+    stated = {k: v for k, v in gpt.sharded_state_dict().items() if ".lora_" in k}
     strategy = _strategy(tmp_path / "lora2")
     assert sorted(stated) == sorted(strategy) == sorted(single) and len(stated) == 2 * 4 * 2
     for t in range(2):
