@@ -8,6 +8,7 @@ subclasses its bridge: its `name` and `title`, its tables (`table`, `moe_table`)
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ...errors import InteropError
@@ -31,6 +32,8 @@ class Dialect:
     fuses_qkv = False  # --qkv-concat: one w_qkv / w_gate_hidden
     dp_folders = False  # --dp numbers its rank folders
     expert_parallel = False  # a rank file holds its expert-parallel rank's experts only, numbered locally
+    # ep > 1: each rank file holds the rows of its ep coordinate (stage rank % ep) of every stacked experts tensor
+    ep_cuts_expert_rows = False
     masters_as_weights = False  # fp32 master copies are written as the weights (else dropped, with a note)
     scalars = False  # training-state scalars beside the tensors (step, epoch, optimizer, scheduler)
     pt_meta = False  # `pt_meta/` for the framework's reverse converter
@@ -126,7 +129,11 @@ class Dialect:
     # -- files ---------------------------------------------------------------------------------
     def file(self, root: Path, t: int, p: int, layout: ParallelLayout, dp: int, d: int) -> Path:
         """Where tp rank t of stage p (expert-parallel rank d, of `dp` data-parallel ranks) is written."""
-        return mindformers_file(root, t, p, layout.tp, layout.pp)
+        return mindformers_file(root, t, p, layout.tp, layout.pp, self.rank_files(layout), d)
+
+    def rank_files(self, layout: ParallelLayout) -> int:
+        """How many data-parallel ranks' files each (tp rank, stage) gets: one per expert-parallel rank."""
+        return layout.ep
 
     def weight_notes(self, spec: ModelSpec, masters: bool) -> list[str]:
         """What a writer says about the weights it writes (from fp32 masters or not)."""
@@ -223,10 +230,17 @@ class MindFormersMcoreDialect(MindFormersDialect):
     moments = names.OPTIM_PREFIXES["mindformers-mcore"]
     tied_heads = ("output_layer.weight",)
     fuses_qkv = False
+    ep_cuts_expert_rows = True
     every_layer_moe = False  # dense layers (first_k_dense_replace) and sigmoid scores: the same names
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         pass
+
+    def rank_files(self, layout: ParallelLayout) -> int:
+        """The fewest data-parallel ranks MindFormers' MoE layout takes: ep must divide dp * tp (moe/ffn.py
+        shard), its experts laid out over the device matrix (dp * tp / ep, ep) (device_matrix.py
+        init_dp_cp_tp_ep_layout), so stage rank r = d * tp + t holds expert-parallel rank r % ep's experts."""
+        return layout.ep // math.gcd(layout.ep, layout.tp)
 
     def layout_note(self, spec: ModelSpec) -> str:
         attention = ("linear_qkv = [q_down; kv_down] (mla_qkv_concat=True)" if spec.is_mla else

@@ -42,3 +42,11 @@ class ExpertRows(GroupedExperts):
         if self.axis == 0:  # GroupedMLP's [h, E * 2f] view of the same memory
             stored = stored.view(stored.shape[0] // self.experts, -1)
         return super().pieces(full, stored, t, tp)
+
+    def ep_rows(self, e: int, ep: int) -> tuple[int, int]:
+        """The rows [start, stop) of the whole stored tensor that expert-parallel rank e of ep holds: its experts
+        e*E/ep .. (e+1)*E/ep - 1, contiguous (MindFormers' ffn.py lays weight1 / weight2 out ("ep", None))."""
+        if self.experts % ep:
+            raise ValueError(f"ExpertRows: {self.experts} experts do not split over ep={ep}")
+        per = self.rank_shape()[0] // ep
+        return e * per, (e + 1) * per

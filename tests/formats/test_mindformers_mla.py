@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.deepseek_models import save, v2_config, v3_config
-from helpers.hostile import assert_one_error, run
 from helpers.mindformers_mcore import deepseek3_model as mindformers_model, strict_load
 from interop.convert import convert
 from interop.io.ms_ckpt import load_ckpt
@@ -64,15 +63,6 @@ def test_a_checkpoint_mindformers_saved_reads_back_to_the_hf_tensors(tmp_path, m
     a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
     assert any("mla_qkv_concat=True" in n for n in summary.notes), summary.notes
-
-
-def test_experts_over_expert_parallel_ranks_are_refused_in_one_line(tmp_path):
-    """MindFormers places the experts by ep (ffn.py: weight1 / weight2 rows over the ep axis of its MoE device
-    matrix); interop writes them whole in every rank file (its expert_parallel 1 layout) and says so at --ep 2."""
-    save(v3_config(num_hidden_layers=2), tmp_path / "hf")
-    assert_one_error(*run("convert", tmp_path / "hf", tmp_path / "out", "--to", "mindspore", "--dialect",
-                          "mindformers-mcore", "--tp", "2", "--ep", "2"), "written at --ep 1")
-    assert not (tmp_path / "out").exists()
 
 
 def test_pipeline_stages_keep_the_mtp_module_on_the_last(tmp_path):
