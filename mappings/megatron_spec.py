@@ -84,11 +84,40 @@ NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 NORMS_OUT = {v: k for k, v in NORMS.items()}
 
 
+def noop_positions(full: dict, where: str) -> list[int]:
+    """MindSpeed's `noop_layers` (a "2,7" string, a list or one number): positions among `num_layers` that are
+    identity layers without weights (MindSpeed-Core-MS br_master training/arguments.py 547-555 refuses one outside
+    0..num_layers-1; legacy/model/transformer.py 1633 builds NoopTransformerLayer there), so the model's real
+    layers are num_layers minus them."""
+    value = full.get("noop_layers")
+    if value in (None, "", [], ()):
+        return []
+    try:
+        items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple, set)) \
+            else [value]
+        positions = sorted({int(x) for x in items})
+    except (TypeError, ValueError):
+        raise InteropError(f"{where}: noop_layers={value!r} is not a list of layer numbers") from None
+    if positions[0] < 0 or positions[-1] >= int(full["num_layers"]) or len(positions) >= int(full["num_layers"]):
+        raise InteropError(f"{where}: noop_layers={value!r} are not positions among num_layers="
+                           f"{full['num_layers']} that leave a real layer")
+    return positions
+
+
 def spec_from_args(full: dict, where: str, dtype: str | None = None) -> ModelSpec:
-    """A ModelSpec from completed Megatron args (`megatron_args.complete`)."""
+    """A ModelSpec from completed Megatron args (`megatron_args.complete`).  MindSpeed's noop layers are not in it:
+    the canonical model holds the real layers (num_layers counts the noop positions too)."""
     missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if not full.get(k)]
     if missing:
         raise InteropError(f"{where}: the model description lacks {', '.join(missing)}")
+    noop = noop_positions(full, where)
+    if noop:
+        per_layer = [k for k in ("moe_layer_freq", "window_attn_skip_freq", "first_k_dense_replace")
+                     if full.get(k) not in (None, 1, 0, "1", "0")]
+        if per_layer:
+            raise InteropError(f"{where}: noop_layers with a per-layer pattern ({per_layer[0]}) is not read (the "
+                               "pattern counts the noop positions): pass --model-config without noop_layers")
+        full = dict(full, num_layers=int(full["num_layers"]) - len(noop))
     for dest, ok in UNSUPPORTED_ARGS.items():
         if full.get(dest, ok) not in (ok, None) and full.get(dest) != ok:
             raise InteropError(f"{where}: {dest}={full[dest]!r} is not supported")
@@ -441,6 +470,8 @@ def args_from_spec(spec: ModelSpec, layout: ParallelLayout, base: dict | None = 
     args.pop("activation", None)  # derived by interop's table, not a Megatron argument
     args.pop("hidden_act", None)
     args.pop("compute_dtype", None)
+    if args.get("noop_layers"):  # a source's noop positions: the layers written are the real ones, numbered 0..n-1
+        args["noop_layers"] = None
     from ..tensors import DTYPE_NAMES  # torch: map-args imports this module and must start without it
     args["params_dtype"] = DTYPE_NAMES[spec.dtype]
     return args

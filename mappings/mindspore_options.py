@@ -24,5 +24,7 @@ OPTIONS = (
                  choices=LAYOUTS),
     FormatOption("dp", {"convert": "MindSpeed: the run's data-parallel size (x context-parallel); numbers rank_N."},
                  kind="int"),
+    FormatOption("noop_layers", {"convert": "MindSpeed: noop layer positions (e.g. 62,63): the layers numbered by "
+                                            "position among the real and noop ones, as its --noop-layers run saves."}),
     ALLOW_IDENTICAL_RANKS,
 )

@@ -40,6 +40,7 @@ class Dialect:
     strategy = False  # `strategy/` files describing the shards (tp or pp > 1)
     moe_archs: tuple[str, ...] | None = ("llama",)  # the architectures its MoE models have (None: any)
     every_layer_moe = True  # its MoE models make every layer MoE
+    noop_positions = False  # its files may number layers by position with noop layers' positions left out
     # ModelSpec facts without tensors of their own that its model cannot compute: (field, the value it computes)
     unheld_facts: tuple[tuple[str, object], ...] = ()
 
@@ -150,7 +151,7 @@ class MindSpeedDialect(Dialect):
     moments = names.OPTIM_PREFIXES["mindspeed"]
     tied_heads = (names.MINDSPEED_TIED_HEAD, names.MEGATRON_TIED_HEAD)
     writes_tied_head = virtual_chunks = dp_folders = expert_parallel = masters_as_weights = True
-    scalars = pt_meta = True
+    scalars = pt_meta = noop_positions = True
     moe_archs = None
     # mindspeed_ms/legacy/model (3a86578): its norms multiply by w (norm.py), the embedding is unscaled, the
     # attention scale is 1/sqrt(head_dim), nothing is soft-capped, and a post norm exists only with the

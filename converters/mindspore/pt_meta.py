@@ -67,7 +67,8 @@ def param_name_list(spec: ModelSpec, layout: ParallelLayout, rows, plain_of: dic
     return out
 
 
-def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple[argparse.Namespace, list[str]]:
+def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict,
+                  noop=None) -> tuple[argparse.Namespace, list[str]]:
     """The args Namespace: Megatron's defaults, the source's own Megatron args when it had them, this model and
     layout over them (a legacy model: convert_ckpt2pt.py rebuilds `language_model` names)."""
     meg = state.get("megatron") or {}
@@ -103,6 +104,7 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
         "ffn_post_norm_scale": 1.0 if spec.mlp_post_norm_scale is None else spec.mlp_post_norm_scale,
         "params_dtype": DTYPE_NAMES[spec.dtype], "bf16": spec.dtype == "bfloat16", "fp16": spec.dtype == "float16",
     })
+    args.update(stage_args(layout, args) if noop is None else noop_args(noop))
     if not isinstance(args.get("global_batch_size"), int):
         gbs = (state.get("data") or {}).get("global_batch_size")
         args["global_batch_size"] = gbs if isinstance(gbs, int) and not isinstance(gbs, bool) else None
@@ -114,10 +116,47 @@ def megatron_args(spec: ModelSpec, layout: ParallelLayout, state: dict) -> tuple
     return argparse.Namespace(**args), notes
 
 
+def stage_args(layout: ParallelLayout, args: dict) -> dict:
+    """The Megatron args that say the written split: MindSpeed's `num_layer_list` (the guide's PanGu flag, "16,16,16,14")
+    and megatron-core's first / last stage sizes where stages differ; a source's `noop_layers` cleared (the files
+    hold the real layers, numbered 0..n-1 per stage).  Keys a source did not have stay absent on an even split."""
+    counts = [sum(b - a for a, b in chunks) for chunks in layout.stages]
+    uneven = layout.vpp == 1 and len(set(counts)) > 1
+    out = {"decoder_first_pipeline_num_layers": counts[0] if uneven else None,
+           "decoder_last_pipeline_num_layers": counts[-1] if uneven else None}
+    if uneven or args.get("num_layer_list") is not None:
+        out["num_layer_list"] = ",".join(map(str, counts)) if uneven else None
+    if args.get("noop_layers"):
+        out["noop_layers"] = None
+    return out
+
+
+def noop_args(noop) -> dict:
+    """A run with noop layers: num_layers counts them, `noop_layers` names them ("62,63", MindSpeed's string), the
+    split is even (MindSpeed requires it with noop layers)."""
+    return {"num_layers": noop.total, "noop_layers": ",".join(map(str, noop.noop)), "num_layer_list": None,
+            "decoder_first_pipeline_num_layers": None, "decoder_last_pipeline_num_layers": None}
+
+
+def reverse_flags(layout: ParallelLayout) -> str | None:
+    """convert_ckpt2pt.py's flags for an uneven split it can map back, else None.  It takes no split from pt_meta:
+    cal_corr_vpp_layers (r0.1.0, lines 212-219) gives stage p positions p*M .. p*M+M-1 of
+    np.split(arange(--num-layers)) less --noop's, and reads them as the Megatron layers 0..n-1.  These files name
+    stage p's layers from sum(counts[:p]) (convert_pt2ckpt.py's --stage-list offsets, line 282; the model's
+    num_layer_list offsets): the same positions exactly when only the last stage is shorter, its missing
+    positions then the noop ones (the guide's 16,16,16,14: --num-layers 64 --noop 62 63)."""
+    counts = [sum(b - a for a, b in chunks) for chunks in layout.stages]
+    if layout.vpp > 1 or len(set(counts)) == 1 or any(c != counts[0] for c in counts[:-1]) or counts[-1] > counts[0]:
+        return None
+    total = layout.pp * counts[0]
+    return f"--num-layers {total} --noop {' '.join(map(str, range(sum(counts), total)))}"
+
+
 def write(root: Path, spec: ModelSpec, layout: ParallelLayout, rows, plain_of: dict[str, str],
-          state: dict) -> list[str]:
-    """Write pt_meta/args_tp{TT}_pp{PPP}.pt for every (tp rank, stage); returns the summary notes."""
-    args, notes = megatron_args(spec, layout, state)
+          state: dict, noop=None) -> list[str]:
+    """Write pt_meta/args_tp{TT}_pp{PPP}.pt for every (tp rank, stage); returns the summary notes.  `noop`: the
+    writer's NoopLayout, where the files number layers by position."""
+    args, notes = megatron_args(spec, layout, state, noop)
     meg = state.get("megatron") or {}
     iteration = state.get("iteration") if isinstance(state.get("iteration"), int) else 0
     common = {"args": args, "checkpoint_version": meg.get("checkpoint_version") or CHECKPOINT_VERSION,
@@ -136,9 +175,19 @@ def write(root: Path, spec: ModelSpec, layout: ParallelLayout, rows, plain_of: d
             torch.save({**common, "param_name_list": names}, folder / PT_META_ARGS.format(t=t, p=p))
     if not groups:
         notes.append("no optimizer (the source has no optimizer param groups), so that tool writes none")
-    if not all(len({b - a for a, b in chunks}) == 1 for chunks in layout.stages) or \
-            len({sum(b - a for a, b in chunks) for chunks in layout.stages}) != 1:
-        notes.append("uneven pipeline stages, which that tool (cal_corr_vpp_layers splits evenly) cannot map back")
+    counts = [sum(b - a for a, b in chunks) for chunks in layout.stages]
+    flags = reverse_flags(layout)
+    if noop is not None:
+        notes.append(f"noop layers at {','.join(map(str, noop.noop))} (noop_layers in the args): run that tool with "
+                     f"--num-layers {noop.total} --noop {' '.join(map(str, noop.noop))}")
+    elif flags is not None:
+        notes.append(f"uneven pipeline stages {','.join(map(str, counts))} (num_layer_list in the args): run that "
+                     f"tool with {flags} (it splits --num-layers evenly; the last stage's missing positions as noop "
+                     "layers)")
+    elif not all(len({b - a for a, b in chunks}) == 1 for chunks in layout.stages) or len(set(counts)) != 1:
+        notes.append(f"uneven pipeline stages {','.join(map(str, counts))}, which that tool cannot map back (its "
+                     "cal_corr_vpp_layers splits --num-layers evenly, its --noop only drops positions: only a "
+                     "shorter last stage matches these files' layer numbers)")
     # One short line; the detail (after the newline) with -v
     return [f"{PT_META}/ written for MindSpeed's convert_ckpt2pt.py --convert-param-only"
             + (f", with {len(notes)} caveat{'s' if len(notes) > 1 else ''}" if notes else "") + "\n"

@@ -61,6 +61,9 @@ def _guess_dialect(tags: list[str], path: Path) -> str:
                        f"(known prefixes: {', '.join(DIALECT_MARKERS)})")
 
 
+_LAYER_TAG = re.compile(r"\blayers\.(\d+)\.")
+
+
 def _runs(layers: list[int]) -> tuple[tuple[int, int], ...]:
     """Contiguous runs of sorted layer numbers as (start, stop) pairs."""
     runs = []
@@ -123,6 +126,7 @@ class Reader(BaseReader):
         self.files: dict = {}
         self.ep_files: dict = {}  # {(tp rank, stage, ep rank >= 1): file} of a MindSpeed expert-parallel run
         self._cached = (None, None)
+        self.positions: list[int] | None = None  # each layer's position, where noop layers' positions are skipped
         self.memory = BufferPool(keep=4)  # the rows read, reused once the writer is done with them
         notes: list[str] = []
         try:
@@ -298,6 +302,11 @@ class Reader(BaseReader):
         stages = sorted(groups, key=lambda layers: layers[0] if layers else -1)
         held = sorted(i for layers in stages for i in layers)
         if held != list(range(spec.num_layers)):
+            noop = self._noop_groups(spec, by_rank, notes)
+            if noop is not None:
+                groups, stages = noop, sorted(noop, key=lambda layers: layers[0] if layers else -1)
+                held = sorted(i for layers in stages for i in layers)
+        if held != list(range(spec.num_layers)):
             raise InteropError(f"{Path(by_rank[0].path).parent.parent}: the rank files hold layers {_brief(held)}, "
                                f"not each of the model's {spec.num_layers} layers exactly once per stage")
         chunks = tuple(_runs(list(layers)) for layers in stages)
@@ -332,6 +341,37 @@ class Reader(BaseReader):
             notes.append(f"read the first {used} rank files of each stage{f' (ep={ep})' if ep > 1 else ''}; "
                          f"{extra} data-parallel copies were not read")
         return ParallelLayout(tp, len(stages), chunks, ep)
+
+    def _noop_groups(self, spec: ModelSpec, by_rank: dict, notes: list[str]) -> dict | None:
+        """MindSpeed-Core-MS's noop layers: its files number layers by position among num_layers, noop positions
+        included (legacy/model/transformer.py at br_master 07c5198, lines 1619-1636: `layers_dict` keys
+        `i + offset`, NoopTransformerLayer without weights where `i + offset in config.noop_layers`; its checkpoints
+        drop the `_pp.._id..` suffix, dist_checkpointing/checkpointing.py 296; tools/converter/convert_ckpt2pt.py
+        at r0.1.0, cal_corr_vpp_layers lines 212-219, reads the same: positions of np.split(arange(num_layers))
+        without --noop's).  The model's layers are the positions held, in order; {canonical layers: ranks}, with
+        `self.positions` set, or None when the files are not that layout."""
+        if not self.dialect.noop_positions:
+            return None
+        templates = {_LAYER_TAG.sub("layers.#.", name, count=1) for row in self.rows
+                     for name in (row.key, self.dialect.converter_names(self.rows, spec).get(row.key, row.key))
+                     if _LAYER_TAG.search(name)}
+        found = {}
+        for r, f in sorted(by_rank.items()):
+            found[r] = tuple(sorted({int(m.group(1)) for t in f.keys() if (m := _LAYER_TAG.search(t))
+                                     and _LAYER_TAG.sub("layers.#.", t, count=1) in templates}))
+        positions = sorted({i for held in found.values() for i in held})
+        stages = set(found.values())  # a stage's tp and dp ranks hold the same positions; stages share none
+        if len(positions) != spec.num_layers or sum(len(held) for held in stages) != spec.num_layers:
+            return None
+        index = {pos: i for i, pos in enumerate(positions)}
+        self.positions = positions
+        skipped = [i for i in range(positions[-1] + 1) if i not in index]
+        notes.append(f"layer positions {_brief(skipped)} absent: MindSpeed-Core-MS's noop layers (identity layers "
+                     f"without weights); the {spec.num_layers} layers read in their order")
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r, held in found.items():
+            groups.setdefault(tuple(index[i] for i in held), []).append(r)
+        return groups
 
     def _ep_from_experts(self, spec: ModelSpec, f: CkptFile) -> int:
         """MindSpeed: how many experts one rank file numbers (local_experts 0 .. E/ep - 1) gives ep; MindFormers:
@@ -409,9 +449,13 @@ class Reader(BaseReader):
         alias = self.dialect.converter_names(self.rows, spec)
         out = {}
         for row in self.rows:
-            name = row.key
+            name, layer = row.key, index[row.parts[0]].layer
             f = self.files[(0, layout.stage_of(index[row.parts[0]]))]
-            out[name] = alias[name] if name not in f and alias.get(name) in f else name
+            if self.positions is not None and layer is not None:  # noop layers: the position the files use
+                name = _LAYER_TAG.sub(f"layers.{self.positions[layer]}.", name, count=1)
+                if alias.get(row.key):
+                    alias[row.key] = _LAYER_TAG.sub(f"layers.{self.positions[layer]}.", alias[row.key], count=1)
+            out[row.key] = alias[row.key] if name not in f and alias.get(row.key) in f else name
         return out
 
     def _refuse_other_model(self, model_config, spec: ModelSpec, layout: ParallelLayout) -> None:
@@ -441,8 +485,8 @@ class Reader(BaseReader):
                 differ.append(f"{pattern} {list(want)} vs {list(got)}")
         held = {int(m.group(1)) for f in self.files.values() for tag in f.keys()
                 if (m := re.search(r"\blayers\.(\d+)\.", tag))}
-        if layout.pp == 1 and held and max(held) + 1 != spec.num_layers:
-            differ.insert(0, f"num_layers {spec.num_layers} vs {max(held) + 1}")
+        if layout.pp == 1 and held and len(held) != spec.num_layers:
+            differ.insert(0, f"num_layers {spec.num_layers} vs {len(held)}")
         if differ:
             first = self.files[(0, 0)].path
             raise InteropError(f"--model-config {model_config} describes another model than {first} "

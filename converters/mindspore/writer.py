@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +25,7 @@ from .scalars import state_to_scalars
 from .strategy import stage_strategy
 
 FORMAT = "mindspore"
+_LAYER_TAG = re.compile(r"\blayers\.(\d+)\.")
 
 
 class Writer(BaseWriter):
@@ -36,7 +39,7 @@ class Writer(BaseWriter):
     `mindspore_model.json` (spec, layout, state) is an extra for interop; no reader needs it.
     """
 
-    options = ("dialect", "qkv_concat", "qkv_layout", "qkv_bias_layout", "dp")
+    options = ("dialect", "qkv_concat", "qkv_layout", "qkv_bias_layout", "dp", "noop_layers")
     holds_adapter = True  # a LoRA adapter goes to MindFormers' names (`lora.Writer`)
     splits = True
     holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
@@ -44,17 +47,18 @@ class Writer(BaseWriter):
 
     def __new__(cls, root, spec, layout, metas, dialect: str | None = None, qkv_concat: bool = False,
                 qkv_layout: str | None = None, qkv_bias_layout: str | None = None, dp: int | None = None, only=None,
-                adapter=None):
+                adapter=None, noop_layers: str | None = None):
         if adapter is None:
             return super().__new__(cls)
-        if qkv_concat or qkv_layout or qkv_bias_layout or dp:
+        if qkv_concat or qkv_layout or qkv_bias_layout or dp or noop_layers:
             raise InteropError("MindSpore LoRA adapters are written as MindFormers' LoRA models name them "
                                "(--dialect mindformers or mindformers-mcore, without --qkv-concat, --qkv-layout or --dp)")
         return lora.Writer(root, spec, layout, metas, adapter, dialect or "mindformers")
 
     def __init__(self, root, spec: ModelSpec, layout: ParallelLayout, metas: list[TensorMeta],
                  dialect: str | None = None, qkv_concat: bool = False, qkv_layout: str | None = None,
-                 qkv_bias_layout: str | None = None, dp: int | None = None, only=None, adapter=None):
+                 qkv_bias_layout: str | None = None, dp: int | None = None, only=None, adapter=None,
+                 noop_layers: str | None = None):
         """`only`: the (tp, pp) ranks (`units`; each with its ep ranks' files) to write, for a conversion split
         over processes (`interop.workers`); None: all of them."""
         dialect = dialect_named(dialect or "mindspeed")
@@ -86,6 +90,10 @@ class Writer(BaseWriter):
         self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or dialect.rank_files(layout)
         self.qkv_layout = qkv_layout if qkv_concat else None
         self.qkv_bias_layout = qkv_bias_layout if qkv_concat else None
+        if noop_layers and not dialect.noop_positions:
+            raise InteropError(f"--noop-layers applies to --dialect {_those(lambda d: d.noop_positions)} only")
+        # MindSpeed's noop layers: each layer's position among num_layers + len(noop), the noop ones left out
+        self.noop = noop_layout(spec, layout, noop_layers) if noop_layers else None
         self.rows = dialect.rows(spec, qkv_concat, qkv_layout, qkv_bias_layout)
         self.index = param_index(spec)
         self.row_of = {p: row for row in self.rows for p in row.parts}
@@ -211,9 +219,16 @@ class Writer(BaseWriter):
             fused = transform.to_rank(parts, t, tp) if rank_of is None else rank_of(t, tp)
             native, base = self._native_split(ms_name)
             for d, name, rows in self._targets(first, ms_name, transform, t):
-                self.files[(t, stage, d)].write(name, fused if rows is None else fused[rows[0]:rows[1]])
+                held = fused if rows is None else fused[rows[0]:rows[1]]
+                self.files[(t, stage, d)].write(self._at_position(name, first), held)
                 if base in self.copies:
-                    self.files[(t, stage, d)].write(native + self.copies[base], fused)
+                    self.files[(t, stage, d)].write(self._at_position(native + self.copies[base], first), fused)
+
+    def _at_position(self, name: str, param) -> str:
+        """`name` with its layer number the layer's position, where noop layers are written."""
+        if self.noop is None or param.layer is None:
+            return name
+        return _LAYER_TAG.sub(f"layers.{self.noop.positions[param.layer]}.", name, count=1)
 
     def _copy_for_other_dp_ranks(self) -> None:
         """With experts split over ep ranks, a data-parallel rank d >= ep without its folder would load the dp-0
@@ -266,7 +281,8 @@ class Writer(BaseWriter):
                 self.notes.append("pt_meta/ not written: MindSpeed's convert_ckpt2pt.py (r0.1.0) converts no "
                                   "MoE model back")
             else:
-                self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state)
+                self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state,
+                                            self.noop)
         self._copy_for_other_dp_ranks()
         files = self.dialect.rank_files(self.layout)
         if self.dialect.strategy and self.layout.tp * self.layout.pp * files > 1:
@@ -284,11 +300,57 @@ class Writer(BaseWriter):
         sidecar = {"format": FORMAT, "dialect": self.dialect.name, "qkv_concat": self.qkv_concat,
                    "qkv_layout": self.qkv_layout, "qkv_bias_layout": self.qkv_bias_layout, "dp": self.dp,
                    "spec": self.spec.to_dict(), "layout": self.layout.to_dict(), "state": state}
+        if self.noop is not None:
+            sidecar["noop_layers"] = self.noop.noop
         (self.root / SIDECAR).write_text(json.dumps(sidecar, indent=1) + "\n")
 
     def abort(self) -> None:
         for writer in self.files.values():
             writer.abort()
+
+
+@dataclass(frozen=True)
+class NoopLayout:
+    """Where MindSpeed's noop layers sit: `noop` positions among `total` (= the real layers + the noop ones),
+    `positions[i]` the position of real layer i."""
+    total: int
+    noop: list[int]
+    positions: list[int]
+
+
+def noop_layout(spec: ModelSpec, layout: ParallelLayout, text: str) -> NoopLayout:
+    """--noop-layers "62,63": MindSpeed-Core-MS splits all positions evenly over pp x vpp chunks with noop layers
+    (br_master training/arguments.py 367-374; legacy/model/utils.py get_num_layer_list, get_layers_and_offset:
+    chunk (p, v) is run v * pp + p), its noop positions without weights (transformer.py 1633); each chunk must
+    then hold as many real layers as the layout gives it."""
+    try:
+        noop = sorted({int(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise InteropError(f"--noop-layers {text!r}: expected layer positions such as 62,63") from None
+    total = spec.num_layers + len(noop)
+    chunks = layout.pp * layout.vpp
+    if not noop or noop[0] < 0 or noop[-1] >= total:
+        raise InteropError(f"--noop-layers {text!r}: positions among the {total} layers (the model's "
+                           f"{spec.num_layers} and the noop ones), from 0")
+    if total % chunks:
+        raise InteropError(f"--noop-layers {text!r}: {total} layers do not split evenly over pp={layout.pp} x "
+                           f"vpp={layout.vpp} (MindSpeed splits them evenly with noop layers)")
+    per = total // chunks
+    positions, want, have = [], [], []
+    for v in range(layout.vpp):
+        for p in range(layout.pp):
+            c = v * layout.pp + p
+            real = [i for i in range(c * per, (c + 1) * per) if i not in noop]
+            start, stop = layout.stages[p][v]
+            want.append(len(real))
+            have.append(stop - start)
+            positions += real
+    if want != have:
+        raise InteropError(f"--noop-layers {text!r} leaves {','.join(map(str, want))} real layers per pipeline "
+                           f"chunk, the layout {','.join(map(str, have))}: give the split that matches "
+                           "(--first-stage-layers / --last-stage-layers)")
+    # positions were listed chunk by chunk in Megatron's order (v, then p), which is the canonical layer order
+    return NoopLayout(total, noop, positions)
 
 
 def _those(has) -> str:
