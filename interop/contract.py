@@ -129,6 +129,12 @@ class BaseWriter(abc.ABC):
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
         """The embedding rows this target stores for `spec` at `tp`."""
 
+    @classmethod
+    def vocab_rows(cls, spec: ModelSpec, tp: int, options: dict) -> int:
+        """The embedding rows written for `spec` at `tp` with the writer's `options`: `padded_vocab`, unless an
+        option picks a layout with a rule of its own (a MindSpore dialect keeping the embedding whole)."""
+        return cls.padded_vocab(spec, tp)
+
     @staticmethod
     def build_layout(num_layers: int, sizes: dict, options: dict) -> ParallelLayout:
         """The layout this target stores `num_layers` layers in at `sizes` (`ParallelLayout.build`'s keywords),

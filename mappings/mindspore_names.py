@@ -200,6 +200,14 @@ MINDFORMERS_MCORE_MLA_MARKERS = (".self_attention.linear_q_down_proj.", ".self_a
 # SequenceParallelLinear; megatron-core cuts it by rows): {its name: its transform there}.
 MINDFORMERS_MCORE_MTP_WHOLE = {"mtp.layers.{k}.eh_proj.weight": WholeCopy}
 
+# The word embedding where tp does not divide its rows: MindFormers 2.1.0's VocabParallelEmbedding
+# (parallel_core/training_graph/tensor_parallel/layers.py) sets enable_embedding_tp = tp > 1 and
+# num_embeddings % tp == 0, and otherwise shards it layout("None", "None") and states axis_fragmentations (1, 1):
+# whole and unpadded on every rank.  Its output_layer is a ColumnParallelLinear, always cut over tp (layout("tp",
+# "None")), so an untied head of such rows has no layout there (`Dialect.rows` refuses it).
+MINDFORMERS_MCORE_VOCAB_WHOLE = {"embedding.word_embeddings.weight": WholeCopy}
+MINDFORMERS_MCORE_HEAD = "output_layer.weight"
+
 MINDFORMERS_MCORE_MLA = [row for row in MINDFORMERS_MCORE if not row[0].startswith(
     ("decoder.layers.{i}.self_attention.", "decoder.layers.{i}.input_layernorm."))]
 MINDFORMERS_MCORE_MLA[1:1] = MINDFORMERS_MCORE_MLA_ATTENTION

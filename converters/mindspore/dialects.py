@@ -15,8 +15,9 @@ from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...mappings import mindspore_names as names
 from ...mappings.megatron_names import with_mtp
+from ...params import param_index
 from ...rows import Row, check_placed, expand
-from ...spec import ModelSpec
+from ...spec import ModelSpec, padded_to_tp
 from .files import mindformers_file, mindspeed_file
 
 
@@ -41,6 +42,8 @@ class Dialect:
     moe_archs: tuple[str, ...] | None = ("llama",)  # the architectures its MoE models have (None: any)
     every_layer_moe = True  # its MoE models make every layer MoE
     noop_positions = False  # its files may number layers by position with noop layers' positions left out
+    # the word embedding is cut over tp only when tp divides its rows, else whole and unpadded on every rank
+    whole_vocab_unless_divisible = False
     # ModelSpec facts without tensors of their own that its model cannot compute: (field, the value it computes)
     unheld_facts: tuple[tuple[str, object], ...] = ()
 
@@ -89,14 +92,17 @@ class Dialect:
         return name
 
     def rows(self, spec: ModelSpec, qkv_concat: bool = False, qkv_layout: str = "grouped",
-             qkv_bias_layout: str | None = None) -> list[Row]:
+             qkv_bias_layout: str | None = None, tp: int = 1) -> list[Row]:
         """The dialect's name table expanded for this model (`interop.rows.expand`), under the model's names.
 
         `qkv_layout` / `qkv_bias_layout` (qkv_concat only): "plain" stores the fused tensor as [q; k; v] /
         [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights unless
         `qkv_bias_layout` says otherwise.  A tensor the names cannot hold is refused in one line naming the
-        formats and dialects that hold it (`interop.rows.check_placed`)."""
+        formats and dialects that hold it (`interop.rows.check_placed`).  `tp`: the rank files' tp, where the
+        dialect stores a tensor whole at some tp only (`vocab_whole`)."""
         rows = self._expanded(spec, qkv_concat, qkv_layout, qkv_bias_layout)
+        if self.vocab_whole(spec.padded_vocab, tp):
+            rows = self._vocab_whole(rows, spec, tp)
         check_placed(rows, spec, f"MindSpore {self.name}")  # names the formats that hold what this cannot
         self.check_facts(spec)
         return rows
@@ -113,6 +119,33 @@ class Dialect:
         rows = expand(table, spec)
         for row in rows:
             row.key = self.model_name(row.key, spec)
+        return rows
+
+    def vocab_whole(self, rows: int, tp: int) -> bool:
+        """Whether an embedding of `rows` rows is stored whole on each of `tp` ranks."""
+        return self.whole_vocab_unless_divisible and tp > 1 and rows % tp != 0
+
+    def vocab_rows(self, spec: ModelSpec, tp: int) -> int:
+        """The embedding rows written at `tp`: the canonical padding when tp divides it, else the true vocabulary
+        rounded up to a multiple of tp (`interop.spec.padded_to_tp`), or unpadded where it is then kept whole."""
+        if self.whole_vocab_unless_divisible and spec.padded_vocab % tp:
+            return spec.vocab
+        return padded_to_tp(spec, tp)
+
+    def held_vocab_rows(self, held: int, tp: int, vocab: int) -> int:
+        """The embedding's rows when tp rank 0 holds `held` of them: cut over tp, or whole where the dialect keeps
+        so many rows whole (and they hold the whole vocabulary `vocab`)."""
+        return held if self.vocab_whole(held, tp) and held >= vocab else held * tp
+
+    def _vocab_whole(self, rows: list[Row], spec: ModelSpec, tp: int) -> list[Row]:
+        for row in rows:
+            if row.key == names.MINDFORMERS_MCORE_HEAD:
+                raise InteropError(f"MindSpore {self.name}: an untied output_layer of {spec.padded_vocab} rows has no "
+                                   f"layout at tp={tp} (MindFormers cuts it over tp, a ColumnParallelLinear, and tp "
+                                   f"does not divide it): write it at a --tp dividing {spec.padded_vocab}")
+            whole = names.MINDFORMERS_MCORE_VOCAB_WHOLE.get(row.key)
+            if whole is not None:
+                row.transform = whole.bind(spec, [param_index(spec)[p] for p in row.parts])
         return rows
 
     def layout_note(self, spec: ModelSpec) -> str | None:
@@ -232,6 +265,7 @@ class MindFormersMcoreDialect(MindFormersDialect):
     tied_heads = ("output_layer.weight",)
     fuses_qkv = False
     ep_cuts_expert_rows = True
+    whole_vocab_unless_divisible = True  # VocabParallelEmbedding: `names.MINDFORMERS_MCORE_VOCAB_WHOLE`
     every_layer_moe = False  # dense layers (first_k_dense_replace) and sigmoid scores: the same names
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:

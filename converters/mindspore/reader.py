@@ -200,13 +200,14 @@ class Reader(BaseReader):
         if embed not in first:
             raise InteropError(f"{first.path}: no {embed}: not a {dialect.name} {spec.arch} checkpoint "
                                f"(found e.g. {tags[0] if tags else 'nothing'})")
-        vocab, rows, vocab_notes = vocab_from_rows(first.meta(embed)[1][0] * layout.tp, spec.vocab, stated,
+        held = dialect.held_vocab_rows(first.meta(embed)[1][0], layout.tp, spec.vocab)  # cut over tp, or whole
+        vocab, rows, vocab_notes = vocab_from_rows(held, spec.vocab, stated,
                                                    f"{first.path}: {embed} over tp={layout.tp}",
                                                    stated_by=f"{PT_META}/'s Megatron args")
         notes += vocab_notes
-        if (vocab, rows) != (spec.vocab, spec.padded_vocab):  # the name table's shapes follow the rows
-            spec = spec.replace(vocab=vocab, padded_vocab=rows)
-            self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
+        if (vocab, rows) != (spec.vocab, spec.padded_vocab) or dialect.vocab_whole(rows, layout.tp):
+            spec = spec.replace(vocab=vocab, padded_vocab=rows)  # the name table's shapes follow the rows
+            self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout, layout.tp)
             self.tag_of = self._resolve_names(spec, layout)
         self.spec, self.layout = spec, layout
         self.index = param_index(spec)

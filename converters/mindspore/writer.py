@@ -45,6 +45,11 @@ class Writer(BaseWriter):
     holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
     padded_vocab = staticmethod(padded_to_tp)
 
+    @classmethod
+    def vocab_rows(cls, spec: ModelSpec, tp: int, options: dict) -> int:
+        """MindFormers' mcore-style embedding is whole and unpadded where tp does not divide it (`Dialect.vocab_rows`)."""
+        return dialect_named(options.get("dialect") or "mindspeed").vocab_rows(spec, tp)
+
     def __new__(cls, root, spec, layout, metas, dialect: str | None = None, qkv_concat: bool = False,
                 qkv_layout: str | None = None, qkv_bias_layout: str | None = None, dp: int | None = None, only=None,
                 adapter=None, noop_layers: str | None = None):
@@ -94,7 +99,7 @@ class Writer(BaseWriter):
             raise InteropError(f"--noop-layers applies to --dialect {_those(lambda d: d.noop_positions)} only")
         # MindSpeed's noop layers: each layer's position among num_layers + len(noop), the noop ones left out
         self.noop = noop_layout(spec, layout, noop_layers) if noop_layers else None
-        self.rows = dialect.rows(spec, qkv_concat, qkv_layout, qkv_bias_layout)
+        self.rows = dialect.rows(spec, qkv_concat, qkv_layout, qkv_bias_layout, layout.tp)
         self.index = param_index(spec)
         self.row_of = {p: row for row in self.rows for p in row.parts}
         self.first_part = {row.key: row.parts[0] for row in self.rows}
