@@ -192,6 +192,8 @@ class Reader(BaseReader):
             raise InteropError(f"{path}: a plainly joined w_qkv split over tp={layout.tp} ranks is not per-head "
                                "shards: merge it with mindspore.transform_checkpoints first")
         first = self.files[(0, 0)]
+        if dialect.vocab_whole(spec.padded_vocab, layout.tp):  # its embedding whole on each rank at this tp
+            self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout, layout.tp)
         self.tag_of = self._resolve_names(spec, layout)
         if model_config is not None and sidecar is None and meta is None:
             self.spec, self.layout = spec, layout  # (_home finds an expert's ep rank file by them)

@@ -1,0 +1,116 @@
+"""MindFormers' mcore-style models at a tp that does not divide the vocabulary: the word embedding whole and unpadded
+on every rank.
+
+MindFormers 2.1.0's VocabParallelEmbedding (parallel_core/training_graph/tensor_parallel/layers.py) decides when it
+is built: enable_embedding_tp = tp > 1 and num_embeddings % tp == 0; otherwise it shards the table
+layout("None", "None") and its sharded_state_dict states axis_fragmentations (1, 1) with the whole shape (built
+below at tp 2, the oracle).  Its output_layer is a ColumnParallelLinear, always cut over tp, so an untied head of
+such rows is refused; a tied model (Qwen3's small models) stores no head.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers.hostile import run
+from interop.convert import convert
+from interop.errors import InteropError
+from interop.io.ms_ckpt import CkptFile, load_ckpt
+
+ms = pytest.importorskip("mindspore")
+
+DIALECT = {"dialect": "mindformers-mcore"}
+EMBED = "embedding.word_embeddings.weight"
+SMALL = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+             rms_norm_eps=1e-5, num_hidden_layers=2, intermediate_size=24, head_dim=8)
+
+
+def _hf(path, vocab, tied):
+    import transformers
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SMALL, vocab_size=vocab, tie_word_embeddings=tied)) \
+        .save_pretrained(path)
+
+
+def _stated(vocab, tp):
+    """(local shape, axis_fragmentations) MindFormers' own VocabParallelEmbedding states at `tp`."""
+    from mindformers.parallel_core.training_graph.tensor_parallel.layers import VocabParallelEmbedding
+    from mindformers.parallel_core.transformer_config import TransformerConfig
+    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, tensor_model_parallel_size=tp)
+    table = VocabParallelEmbedding(vocab, 32, lambda shape: ms.common.initializer.initializer("normal", shape), config)
+    stated = table.sharded_state_dict()[table.weight.name]
+    return tuple(stated.local_shape), tuple(stated.axis_fragmentations)
+
+
+def _same_hf(a, b):
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert sorted(x) == sorted(y) and [k for k in x if not torch.equal(x[k], y[k])] == []
+
+
+@pytest.mark.parametrize("vocab,tp", [(1001, 2), (250, 4), (1000, 2)])
+def test_embedding_cut_as_mindformers_states_merged_loaded_and_back(tmp_path, mcore, vocab, tp):
+    """Each rank file's embedding has the shape MindFormers' VocabParallelEmbedding states at that tp (whole and
+    unpadded where tp does not divide the vocabulary, cut where it does) and the strategy says the same;
+    transform_checkpoints merges the rank files into exactly the tp 1 checkpoint, which MindFormers' Qwen3 loads
+    strictly; back to HF bit for bit, with and without interop's sidecar."""
+    from mindformers.models.qwen3.configuration_qwen3 import Qwen3Config
+    from mindformers.models.qwen3.modeling_qwen3_train import TrainingQwen3ForCausalLM
+    _hf(tmp_path / "hf", vocab, tied=True)
+    convert(tmp_path / "hf", tmp_path / "ms1", dst_format="mindspore", options=DIALECT)
+    convert(tmp_path / "hf", tmp_path / "ms", dst_format="mindspore", tp=tp, options=DIALECT)
+    local, cut = _stated(vocab, tp)
+    assert cut == ((tp, 1) if vocab % tp == 0 else (1, 1))
+    item = json.loads((tmp_path / "ms" / "strategy" / "strategy_stage0.json").read_text())["parallel_layout_item"]
+    assert item[EMBED]["tensor_map"] == [0 if n == tp else -1 for n in cut]
+    whole = load_ckpt(tmp_path / "ms1" / "model.ckpt")
+    assert tuple(whole[EMBED].shape) == (vocab, 32)  # no padding row anywhere
+    for t in range(tp):
+        with CkptFile(tmp_path / "ms" / f"rank_{t}" / f"checkpoint_{t}.ckpt") as f:
+            assert f.meta(EMBED)[1] == local, t
+    strategy = tmp_path / "ms" / "strategy" / "strategy_stage0.json"
+    ms.transform_checkpoints(str(tmp_path / "ms"), str(tmp_path / "merged"), "ckpt", str(strategy), None)
+    path = next((tmp_path / "merged" / "rank_0").glob("*.ckpt"))
+    merged = ms.load_checkpoint(str(path))
+    assert sorted(merged) == sorted(whole)
+    assert [k for k, v in whole.items() if not torch.equal(torch.from_numpy(merged[k].asnumpy()), v)] == []
+    model = TrainingQwen3ForCausalLM(Qwen3Config(**SMALL, vocab_size=vocab, tie_word_embeddings=True,
+                                                 compute_dtype="float32", params_dtype="float32", seq_length=8))
+    not_loaded, unused = ms.load_param_into_net(model, ms.load_checkpoint(str(path)), strict_load=True)
+    assert (not_loaded, unused) == ([], [])
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    _same_hf(tmp_path / "hf", tmp_path / "back")
+    (tmp_path / "ms" / "mindspore_model.json").unlink()
+    code, out = run("convert", tmp_path / "ms", tmp_path / "bare", "--to", "hf", "--model-config",
+                    tmp_path / "hf" / "config.json", "-q")
+    assert code == 0, out
+    _same_hf(tmp_path / "hf", tmp_path / "bare")
+
+
+def test_an_untied_head_tp_does_not_divide_is_refused_in_one_line(tmp_path):
+    """MindFormers cuts output_layer over tp whatever the vocabulary (ColumnParallelLinear.shard layout("tp",
+    "None")): 1001 rows at tp 2 have no layout its model builds; nothing is left behind."""
+    _hf(tmp_path / "hf", 1001, tied=False)
+    code, out = run("convert", tmp_path / "hf", tmp_path / "ms", "--to", "mindspore", "--dialect",
+                    "mindformers-mcore", "--tp", "2")
+    assert code == 2 and "error:" in out and "output_layer" in out and "--tp" in out, out
+    assert len([line for line in out.splitlines() if line.startswith("error:")]) == 1
+    assert not (tmp_path / "ms").exists()
+    with pytest.raises(InteropError, match="untied output_layer of 1001 rows"):
+        convert(tmp_path / "hf", tmp_path / "ms", dst_format="mindspore", tp=2, options=DIALECT)
+    convert(tmp_path / "hf", tmp_path / "ok", dst_format="mindspore", tp=1, options=DIALECT)  # tp 1 holds it
+
+
+def test_the_other_dialects_still_pad_to_a_multiple_of_tp():
+    """The rule is the mcore dialect's: MindSpeed and legacy MindFormers keep rounding up to a multiple of tp."""
+    from interop.converters.mindspore.dialects import dialect_named
+    from interop.spec import ModelSpec
+    spec = ModelSpec(arch="llama", num_layers=2, hidden=32, ffn_hidden=24, heads=4, kv_groups=4, head_dim=8,
+                     vocab=1001, padded_vocab=1001, max_positions=64, norm="rmsnorm", norm_eps=1e-5,
+                     activation="swiglu", position="rope", tied_embeddings=True)
+    assert dialect_named("mindformers-mcore").vocab_rows(spec, 2) == 1001
+    assert dialect_named("mindformers-mcore").vocab_rows(spec.replace(padded_vocab=1024), 2) == 1024  # cut
+    assert dialect_named("mindformers-mcore").vocab_rows(spec.replace(padded_vocab=1024), 3) == 1001  # whole
+    assert dialect_named("mindformers").vocab_rows(spec, 2) == dialect_named("mindspeed").vocab_rows(spec, 2) == 1002
