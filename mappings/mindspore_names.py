@@ -97,6 +97,10 @@ MINDFORMERS_LLAMA = _LLAMA_COMMON + [
     ("model.layers.{i}.feed_forward.w3.weight", Copy, ["layers.{i}.mlp.up.weight"]),
     ("model.layers.{i}.feed_forward.w3.bias", Copy, ["layers.{i}.mlp.up.bias"]),
 ]
+# Where model_parallel does not divide the vocabulary, MindFormers' legacy Llama keeps its embedding and its lm_head
+# whole on every rank (models/llama/llama_layer.py LlamaEmbedding.shard: gather ((1, 1), ...) when vocab %
+# (mp * cp) != 0; llama.py: lm_head.shard ((dp * cp, 1), (1, 1)) when vocab % mp != 0), whatever vocab_emb_dp says.
+MINDFORMERS_LLAMA_VOCAB_WHOLE = {"model.tok_embeddings.embedding_weight": WholeCopy, "lm_head.weight": WholeCopy}
 # With `qkv_concat`: one w_qkv per layer (grouped per KV group) and one w_gate_hidden.
 MINDFORMERS_LLAMA_CONCAT = _LLAMA_COMMON + [
     ("model.layers.{i}.attention.w_qkv.weight", GroupedQKV,

@@ -42,8 +42,11 @@ class Dialect:
     moe_archs: tuple[str, ...] | None = ("llama",)  # the architectures its MoE models have (None: any)
     every_layer_moe = True  # its MoE models make every layer MoE
     noop_positions = False  # its files may number layers by position with noop layers' positions left out
-    # the word embedding is cut over tp only when tp divides its rows, else whole and unpadded on every rank
-    whole_vocab_unless_divisible = False
+    # where tp does not divide the vocabulary: {name: its transform} of the tensors then stored whole and unpadded on
+    # every rank (empty: the vocabulary is padded up to a multiple of tp and cut), and an untied head the framework
+    # cuts over tp all the same (then refused)
+    whole_vocab: dict = {}
+    cut_head: str | None = None
     # ModelSpec facts without tensors of their own that its model cannot compute: (field, the value it computes)
     unheld_facts: tuple[tuple[str, object], ...] = ()
 
@@ -101,7 +104,7 @@ class Dialect:
         formats and dialects that hold it (`interop.rows.check_placed`).  `tp`: the rank files' tp, where the
         dialect stores a tensor whole at some tp only (`vocab_whole`)."""
         rows = self._expanded(spec, qkv_concat, qkv_layout, qkv_bias_layout)
-        if self.vocab_whole(spec.padded_vocab, tp):
+        if self.vocab_whole(spec, spec.padded_vocab, tp):
             rows = self._vocab_whole(rows, spec, tp)
         check_placed(rows, spec, f"MindSpore {self.name}")  # names the formats that hold what this cannot
         self.check_facts(spec)
@@ -121,31 +124,32 @@ class Dialect:
             row.key = self.model_name(row.key, spec)
         return rows
 
-    def vocab_whole(self, rows: int, tp: int) -> bool:
-        """Whether an embedding of `rows` rows is stored whole on each of `tp` ranks."""
-        return self.whole_vocab_unless_divisible and tp > 1 and rows % tp != 0
+    def vocab_whole(self, spec: ModelSpec, rows: int, tp: int) -> bool:
+        """Whether the embedding (and head) of `rows` rows are stored whole on each of `tp` ranks."""
+        return (tp > 1 and rows % tp != 0 and bool(self.whole_vocab)
+                and any(key in self.whole_vocab for key, _, _ in self.table(spec, False)))
 
     def vocab_rows(self, spec: ModelSpec, tp: int) -> int:
-        """The embedding rows written at `tp`: the canonical padding when tp divides it, else the true vocabulary
-        rounded up to a multiple of tp (`interop.spec.padded_to_tp`), or unpadded where it is then kept whole."""
-        if self.whole_vocab_unless_divisible and spec.padded_vocab % tp:
+        """The embedding rows written at `tp`: the canonical padding when tp divides it; else unpadded where the
+        dialect then keeps them whole, or the true vocabulary rounded up to a multiple of tp (`padded_to_tp`)."""
+        if self.vocab_whole(spec, spec.padded_vocab, tp):
             return spec.vocab
         return padded_to_tp(spec, tp)
 
-    def held_vocab_rows(self, held: int, tp: int, vocab: int) -> int:
+    def held_vocab_rows(self, spec: ModelSpec, held: int, tp: int) -> int:
         """The embedding's rows when tp rank 0 holds `held` of them: cut over tp, or whole where the dialect keeps
-        so many rows whole (and they hold the whole vocabulary `vocab`)."""
-        return held if self.vocab_whole(held, tp) and held >= vocab else held * tp
+        so many rows whole (and they hold the whole vocabulary)."""
+        return held if self.vocab_whole(spec, held, tp) and held >= spec.vocab else held * tp
 
     def _vocab_whole(self, rows: list[Row], spec: ModelSpec, tp: int) -> list[Row]:
+        index = param_index(spec)
         for row in rows:
-            if row.key == names.MINDFORMERS_MCORE_HEAD:
-                raise InteropError(f"MindSpore {self.name}: an untied output_layer of {spec.padded_vocab} rows has no "
+            if row.key == self.cut_head:
+                raise InteropError(f"MindSpore {self.name}: an untied {row.key} of {spec.padded_vocab} rows has no "
                                    f"layout at tp={tp} (MindFormers cuts it over tp, a ColumnParallelLinear, and tp "
                                    f"does not divide it): write it at a --tp dividing {spec.padded_vocab}")
-            whole = names.MINDFORMERS_MCORE_VOCAB_WHOLE.get(row.key)
-            if whole is not None:
-                row.transform = whole.bind(spec, [param_index(spec)[p] for p in row.parts])
+            if row.key in self.whole_vocab:
+                row.transform = self.whole_vocab[row.key].bind(spec, [index[p] for p in row.parts])
         return rows
 
     def layout_note(self, spec: ModelSpec) -> str | None:
@@ -241,6 +245,7 @@ class MindFormersDialect(Dialect):
     moments = names.OPTIM_PREFIXES["mindformers"]
     tied_heads = ("lm_head.weight", "head.weight")
     fuses_qkv = strategy = True
+    whole_vocab = names.MINDFORMERS_LLAMA_VOCAB_WHOLE
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         if qkv_concat:
@@ -265,7 +270,8 @@ class MindFormersMcoreDialect(MindFormersDialect):
     tied_heads = ("output_layer.weight",)
     fuses_qkv = False
     ep_cuts_expert_rows = True
-    whole_vocab_unless_divisible = True  # VocabParallelEmbedding: `names.MINDFORMERS_MCORE_VOCAB_WHOLE`
+    whole_vocab = names.MINDFORMERS_MCORE_VOCAB_WHOLE  # VocabParallelEmbedding; output_layer is cut all the same
+    cut_head = names.MINDFORMERS_MCORE_HEAD
     every_layer_moe = False  # dense layers (first_k_dense_replace) and sigmoid scores: the same names
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:

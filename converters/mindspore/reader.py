@@ -192,7 +192,7 @@ class Reader(BaseReader):
             raise InteropError(f"{path}: a plainly joined w_qkv split over tp={layout.tp} ranks is not per-head "
                                "shards: merge it with mindspore.transform_checkpoints first")
         first = self.files[(0, 0)]
-        if dialect.vocab_whole(spec.padded_vocab, layout.tp):  # its embedding whole on each rank at this tp
+        if dialect.vocab_whole(spec, spec.padded_vocab, layout.tp):  # its embedding whole on each rank at this tp
             self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout, layout.tp)
         self.tag_of = self._resolve_names(spec, layout)
         if model_config is not None and sidecar is None and meta is None:
@@ -202,12 +202,12 @@ class Reader(BaseReader):
         if embed not in first:
             raise InteropError(f"{first.path}: no {embed}: not a {dialect.name} {spec.arch} checkpoint "
                                f"(found e.g. {tags[0] if tags else 'nothing'})")
-        held = dialect.held_vocab_rows(first.meta(embed)[1][0], layout.tp, spec.vocab)  # cut over tp, or whole
+        held = dialect.held_vocab_rows(spec, first.meta(embed)[1][0], layout.tp)  # cut over tp, or whole
         vocab, rows, vocab_notes = vocab_from_rows(held, spec.vocab, stated,
                                                    f"{first.path}: {embed} over tp={layout.tp}",
                                                    stated_by=f"{PT_META}/'s Megatron args")
         notes += vocab_notes
-        if (vocab, rows) != (spec.vocab, spec.padded_vocab) or dialect.vocab_whole(rows, layout.tp):
+        if (vocab, rows) != (spec.vocab, spec.padded_vocab) or dialect.vocab_whole(spec, rows, layout.tp):
             spec = spec.replace(vocab=vocab, padded_vocab=rows)  # the name table's shapes follow the rows
             self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout, layout.tp)
             self.tag_of = self._resolve_names(spec, layout)
