@@ -106,7 +106,10 @@ def test_an_untied_head_tp_does_not_divide_is_refused_in_one_line(tmp_path):
 
 def test_vocab_rows_each_dialect_writes():
     """mcore: the source's padding where tp divides it, else unpadded (whole); legacy Llama the same (its embedding
-    and lm_head whole); MindSpeed pads up to a multiple of tp and cuts."""
+    and lm_head whole); MindSpeed pads up to a multiple of tp and cuts: its VocabParallelEmbedding (from
+    mindformers/experimental/distri_cores/tensor_parallel/layers.py) raises "The vocabulary size is ..., which is not
+    divisible by size of tensor parallel" and holds vocab / tp rows a rank, so its model is built with the padded
+    `padded_vocab_size` pt_meta/ states (tests/formats/test_real_vocab.py reads and writes such padded rows)."""
     from interop.converters.mindspore.dialects import dialect_named
     from interop.spec import ModelSpec
     spec = ModelSpec(arch="llama", num_layers=2, hidden=32, ffn_hidden=24, heads=4, kv_groups=4, head_dim=8,
