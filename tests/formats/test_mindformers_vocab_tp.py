@@ -151,7 +151,8 @@ def _legacy_strategies(vocab, monkeypatch):
 def test_legacy_llama_keeps_embedding_and_head_whole_where_tp_does_not_divide(tmp_path, monkeypatch):
     """MindFormers' legacy Llama at model_parallel 2 and vocabulary 1001 keeps both the embedding and the lm_head
     whole whatever vocab_emb_dp says (its own operators' strategies, read below); interop writes them so (untied),
-    the strategy says so, transform_checkpoints merges into exactly the tp 1 file, and HF comes back bit for bit."""
+    the strategy says so, transform_checkpoints merges into exactly the tp 1 file, which its LlamaForCausalLM loads
+    strictly, and HF comes back bit for bit."""
     monkeypatch.chdir(tmp_path)  # MindFormers writes ./output/log on import
     pytest.importorskip("mindformers")
     assert _legacy_strategies(1001, monkeypatch) == [((1, 1), (1, 1))] * 2
@@ -171,6 +172,14 @@ def test_legacy_llama_keeps_embedding_and_head_whole_where_tp_does_not_divide(tm
     merged = ms.load_checkpoint(str(next((tmp_path / "merged" / "rank_0").glob("*.ckpt"))))
     assert sorted(merged) == sorted(whole)
     assert [k for k, v in whole.items() if not torch.equal(torch.from_numpy(merged[k].asnumpy()), v)] == []
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    model = LlamaForCausalLM(LlamaConfig(
+        batch_size=1, seq_length=8, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, vocab_size=1001,
+        intermediate_size=24, compute_dtype="float32", layernorm_compute_type="float32", softmax_compute_type="float32",
+        rotary_dtype="float32", param_init_type="float32", use_flash_attention=False, qkv_concat=False,
+        use_past=False, fused_rms_norm=False))
+    not_loaded, unused = ms.load_param_into_net(model, merged, strict_load=True)
+    assert not not_loaded and not unused, (not_loaded, unused)
     convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
     _same_hf(tmp_path / "hf", tmp_path / "back")
 
