@@ -47,7 +47,7 @@ class Writer(BaseWriter):
 
     @classmethod
     def vocab_rows(cls, spec: ModelSpec, tp: int, options: dict) -> int:
-        """MindFormers' mcore-style embedding is whole and unpadded where tp does not divide it (`Dialect.vocab_rows`)."""
+        """The dialect's rows (`Dialect.vocab_rows`): MindFormers keeps an embedding tp does not divide whole."""
         return dialect_named(options.get("dialect") or "mindspeed").vocab_rows(spec, tp)
 
     def __new__(cls, root, spec, layout, metas, dialect: str | None = None, qkv_concat: bool = False,
