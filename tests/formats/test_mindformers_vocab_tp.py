@@ -191,3 +191,22 @@ def test_legacy_llama_default_keeps_a_divisible_vocabulary_whole_too(tmp_path, m
     monkeypatch.chdir(tmp_path)
     pytest.importorskip("mindformers")
     assert _legacy_strategies(1000, monkeypatch) == [((1, 1), (1, 1)), ((2, 1), (2, 1))]
+
+
+def test_whole_embedding_over_pipeline_stages_merges_and_reads_back(tmp_path):
+    """tp 2 x pp 2 at vocabulary 1001: the whole embedding on stage 0's ranks; MindSpore merges the stages'
+    strategies and the rank files into exactly the tp 1 checkpoint; HF comes back bit for bit."""
+    _hf(tmp_path / "hf", 1001, tied=True)
+    convert(tmp_path / "hf", tmp_path / "ms1", dst_format="mindspore", options=DIALECT)
+    convert(tmp_path / "hf", tmp_path / "ms", dst_format="mindspore", tp=2, pp=2, options=DIALECT)
+    for r in (0, 1):
+        assert load_ckpt(tmp_path / "ms" / f"rank_{r}" / f"checkpoint_{r}.ckpt")[EMBED].shape == (1001, 32)
+    ms.merge_pipeline_strategys(str(tmp_path / "ms" / "strategy"), str(tmp_path / "strategy.json"))
+    ms.transform_checkpoints(str(tmp_path / "ms"), str(tmp_path / "merged"), "ckpt", str(tmp_path / "strategy.json"),
+                             None)
+    merged = ms.load_checkpoint(str(next((tmp_path / "merged" / "rank_0").glob("*.ckpt"))))
+    whole = load_ckpt(tmp_path / "ms1" / "model.ckpt")
+    assert sorted(merged) == sorted(whole)
+    assert [k for k, v in whole.items() if not torch.equal(torch.from_numpy(merged[k].asnumpy()), v)] == []
+    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
+    _same_hf(tmp_path / "hf", tmp_path / "back")
