@@ -8,7 +8,8 @@ methods and never asks an object what it has.
 The engine (`interop.engine`, driven by `interop.convert`) calls, in this order:
 
  1. `Reader.options` / `Writer.options`: the format keywords each constructor takes (routing of
-    `--dialect`, `--tokenizer`, ...); `Writer.padded_vocab(spec, tp)` and `Writer.holds_moe`.
+    `--dialect`, `--tokenizer`, ...); `Writer.vocab_rows(spec, tp, options)` (`padded_vocab` by default) and
+    `Writer.holds_moe`.
  2. `reader = Reader(path, **options)`: open and check the source; sets `reader.source`
     (ModelSpec, layout, training state, notes).
  3. `reader.metas()`: every canonical tensor's name, dtype and global shape, in reading order.
@@ -128,6 +129,12 @@ class BaseWriter(abc.ABC):
     @abc.abstractmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
         """The embedding rows this target stores for `spec` at `tp`."""
+
+    @classmethod
+    def vocab_rows(cls, spec: ModelSpec, tp: int, options: dict) -> int:
+        """The embedding rows written for `spec` at `tp` with the writer's `options`: `padded_vocab`, unless an
+        option picks a layout with a rule of its own (a MindSpore dialect keeping the embedding whole)."""
+        return cls.padded_vocab(spec, tp)
 
     @staticmethod
     def build_layout(num_layers: int, sizes: dict, options: dict) -> ParallelLayout:

@@ -292,7 +292,7 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
             raise InteropError(f"a {dst_format} target cannot hold a mixture-of-experts model yet "
                                f"({spec.num_experts} experts): convert it --to hf or --to interop")
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
-        out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
+        out_spec = spec.replace(padded_vocab=writer_cls.vocab_rows(spec, tp, writer_options), dtype=out_dtype)
         sizes = dict(tp=tp, pp=pp, vpp=vpp, first_stage_layers=first_stage_layers,
                      last_stage_layers=last_stage_layers, ep=ep, etp=etp)
         layout = writer_cls.build_layout(spec.num_layers, sizes, writer_options)

@@ -10,12 +10,14 @@ Transforms (`interop.transforms`):
   PlainConcat  MindFormers r1.3's [q; k; v] / [gate; up] (PLAIN_LAYOUT below)
   Stack        experts' tensors stacked on a new first axis (MindFormers Llama MoE)
   ExpertRows   experts' transposed matrices stacked as rows (MindFormers mcore-style weight1 / weight2)
+  WholeConcat / WholeCopy / WholeInterleave   as PlainConcat / Copy / Interleave, whole on every TP rank
 `{i}` is the GLOBAL layer number.  A row whose canonical tensors are absent from the
 model is skipped, and the first row that claims a MindSpore name wins (so a gated
 `mapping` row comes before the plain one).
 """
 from ..adapter import LoraNames
-from ..transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Stack, Transpose
+from ..transforms import Copy, GatedMLP, GroupedQKV, Interleave, PlainConcat, Stack, Transpose, WholeConcat
+from ..transforms.whole import WholeCopy, WholeInterleave
 from ..transforms.expert_rows import ExpertRows
 
 # MindSpeed-Core-MS: Megatron's legacy names, with its renames (dense_h_to_4h -> mapping, ...).
@@ -95,6 +97,10 @@ MINDFORMERS_LLAMA = _LLAMA_COMMON + [
     ("model.layers.{i}.feed_forward.w3.weight", Copy, ["layers.{i}.mlp.up.weight"]),
     ("model.layers.{i}.feed_forward.w3.bias", Copy, ["layers.{i}.mlp.up.bias"]),
 ]
+# Where model_parallel does not divide the vocabulary, MindFormers' legacy Llama keeps its embedding and its lm_head
+# whole on every rank (models/llama/llama_layer.py LlamaEmbedding.shard: gather ((1, 1), ...) when vocab %
+# (mp * cp) != 0; llama.py: lm_head.shard ((dp * cp, 1), (1, 1)) when vocab % mp != 0), whatever vocab_emb_dp says.
+MINDFORMERS_LLAMA_VOCAB_WHOLE = {"model.tok_embeddings.embedding_weight": WholeCopy, "lm_head.weight": WholeCopy}
 # With `qkv_concat`: one w_qkv per layer (grouped per KV group) and one w_gate_hidden.
 MINDFORMERS_LLAMA_CONCAT = _LLAMA_COMMON + [
     ("model.layers.{i}.attention.w_qkv.weight", GroupedQKV,
@@ -175,21 +181,36 @@ MINDFORMERS_MCORE = [
 # (q_lora_rank, kv_lora_rank, qk_pos_emb_head_dim) after the projection; `linear_qb` = q_up, `linear_kvb` = kv_up;
 # `q_layernorm` / `k_layernorm` the compression norms (with qk_layernorm: True); the rope part rotated as interleaved
 # pairs like megatron-core's (rope_utils.py multi_latent_attention), so HF's rows are copied as they are.  Read off
-# TrainingDeepseekV3ForCausalLM built on CPU (tests/formats/test_mindformers_mla.py).
+# TrainingDeepseekV3ForCausalLM built on CPU (tests/formats/test_mindformers_mla.py).  Over tp
+# (base_models/gpt/gpt_layer_specs.py): linear_qkv is a SequenceParallelLinear, whole on every rank (its q part too,
+# without q compression), linear_qb / linear_kvb ColumnParallelLinear (cut by heads), linear_proj RowParallelLinear;
+# each one's sharded_state_dict states it (tests/formats/test_mindformers_mla_tp.py).
 _MF_ATTN = "decoder.layers.{i}.self_attention."
 MINDFORMERS_MCORE_MLA_ATTENTION = [
     ("decoder.layers.{i}.input_layernorm.weight", Copy, ["layers.{i}.attn_norm.weight"]),
     (_MF_ATTN + "linear_proj.weight", Copy, ["layers.{i}.attn.o.weight"]),
     (_MF_ATTN + "q_layernorm.weight", Copy, ["layers.{i}.attn.q_down_norm.weight"]),
     (_MF_ATTN + "linear_qb.weight", Copy, ["layers.{i}.attn.q_up.weight"]),
-    (_MF_ATTN + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
-    (_MF_ATTN + "linear_qkv.weight", PlainConcat, ["layers.{i}.attn.q.weight", "layers.{i}.attn.kv_down.weight"]),
+    (_MF_ATTN + "linear_qkv.weight", WholeConcat, ["layers.{i}.attn.q_down.weight", "layers.{i}.attn.kv_down.weight"]),
+    (_MF_ATTN + "linear_qkv.weight", WholeConcat, ["layers.{i}.attn.q.weight", "layers.{i}.attn.kv_down.weight"]),
     (_MF_ATTN + "k_layernorm.weight", Copy, ["layers.{i}.attn.kv_down_norm.weight"]),
     (_MF_ATTN + "linear_kvb.weight", Copy, ["layers.{i}.attn.kv_up.weight"]),
 ]
 # ... and with mla_qkv_concat=False (megatron-core's names): names that mark it; such a checkpoint is refused.
 MINDFORMERS_MCORE_MLA_MARKERS = (".self_attention.linear_q_down_proj.", ".self_attention.linear_kv_down_proj.",
                                  ".self_attention.linear_q_proj.", ".self_attention.linear_kv_up_proj.")
+
+# The MTP module's eh_proj, whole on every TP rank in MindFormers (multi_token_prediction.py builds it a
+# SequenceParallelLinear; megatron-core cuts it by rows): {its name: its transform there}.
+MINDFORMERS_MCORE_MTP_WHOLE = {"mtp.layers.{k}.eh_proj.weight": WholeCopy}
+
+# The word embedding where tp does not divide its rows: MindFormers 2.1.0's VocabParallelEmbedding
+# (parallel_core/training_graph/tensor_parallel/layers.py) sets enable_embedding_tp = tp > 1 and
+# num_embeddings % tp == 0, and otherwise shards it layout("None", "None") and states axis_fragmentations (1, 1):
+# whole and unpadded on every rank.  Its output_layer is a ColumnParallelLinear, always cut over tp (layout("tp",
+# "None")), so an untied head of such rows has no layout there (`Dialect.rows` refuses it).
+MINDFORMERS_MCORE_VOCAB_WHOLE = {"embedding.word_embeddings.weight": WholeCopy}
+MINDFORMERS_MCORE_HEAD = "output_layer.weight"
 
 MINDFORMERS_MCORE_MLA = [row for row in MINDFORMERS_MCORE if not row[0].startswith(
     ("decoder.layers.{i}.self_attention.", "decoder.layers.{i}.input_layernorm."))]
@@ -321,16 +342,17 @@ MINDFORMERS_LLAMA_MOE_SHARED = [
 # ffn.py FFNGroupedGEMM `weight1` [E*h, 2f] / `weight2` [E*f, h]; shared_experts.py SharedExpertMLPInterleaved's
 # linear_fc1 / linear_fc2 and with use_shared_expert_gating `shared_experts_gate` [1, h]).  A layer left dense
 # (first_k_dense_replace, moe_layer_freq) takes MINDFORMERS_MCORE's mlp rows.  Checked against the real models
-# built on CPU in tests/formats/test_mindformers_mcore.py.
+# built on CPU in tests/formats/test_mindformers_mcore.py.  Over tp: the router and the experts whole on every rank
+# (experts placed by ep only: ffn.py), the shared experts too (SequenceParallelLinear: moe_module_specs.py).
 MINDFORMERS_MCORE_MOE = [
     ("decoder.layers.{i}.mlp.router.weight", Copy, ["layers.{i}.mlp.router.weight"]),
     ("decoder.layers.{i}.mlp.router.expert_bias", Copy, ["layers.{i}.mlp.router.expert_bias"]),
     ("decoder.layers.{i}.mlp.experts.weight1", ExpertRows,
      ["layers.{i}.mlp.experts.{e}.gate.weight", "layers.{i}.mlp.experts.{e}.up.weight"]),
     ("decoder.layers.{i}.mlp.experts.weight2", ExpertRows, ["layers.{i}.mlp.experts.{e}.down.weight"]),
-    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", Interleave,
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight", WholeInterleave,
      ["layers.{i}.mlp.shared.gate.weight", "layers.{i}.mlp.shared.up.weight"]),
-    ("decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", Copy, ["layers.{i}.mlp.shared.down.weight"]),
+    ("decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", WholeCopy, ["layers.{i}.mlp.shared.down.weight"]),
     ("decoder.layers.{i}.mlp.shared_experts.shared_experts_gate.weight", Copy, ["layers.{i}.mlp.shared_gate.weight"]),
 ]
 LOCAL_EXPERTS = ".local_experts."  # MindSpeed: the expert number after it is local to its expert-parallel rank

@@ -8,14 +8,16 @@ subclasses its bridge: its `name` and `title`, its tables (`table`, `moe_table`)
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ...errors import InteropError
 from ...layout import ParallelLayout
 from ...mappings import mindspore_names as names
 from ...mappings.megatron_names import with_mtp
+from ...params import param_index
 from ...rows import Row, check_placed, expand
-from ...spec import ModelSpec
+from ...spec import ModelSpec, padded_to_tp
 from .files import mindformers_file, mindspeed_file
 
 
@@ -31,6 +33,8 @@ class Dialect:
     fuses_qkv = False  # --qkv-concat: one w_qkv / w_gate_hidden
     dp_folders = False  # --dp numbers its rank folders
     expert_parallel = False  # a rank file holds its expert-parallel rank's experts only, numbered locally
+    # ep > 1: each rank file holds the rows of its ep coordinate (stage rank % ep) of every stacked experts tensor
+    ep_cuts_expert_rows = False
     masters_as_weights = False  # fp32 master copies are written as the weights (else dropped, with a note)
     scalars = False  # training-state scalars beside the tensors (step, epoch, optimizer, scheduler)
     pt_meta = False  # `pt_meta/` for the framework's reverse converter
@@ -38,6 +42,11 @@ class Dialect:
     moe_archs: tuple[str, ...] | None = ("llama",)  # the architectures its MoE models have (None: any)
     every_layer_moe = True  # its MoE models make every layer MoE
     noop_positions = False  # its files may number layers by position with noop layers' positions left out
+    # where tp does not divide the vocabulary: {name: its transform} of the tensors then stored whole and unpadded on
+    # every rank (empty: the vocabulary is padded up to a multiple of tp and cut), and an untied head the framework
+    # cuts over tp all the same (then refused)
+    whole_vocab: dict = {}
+    cut_head: str | None = None
     # ModelSpec facts without tensors of their own that its model cannot compute: (field, the value it computes)
     unheld_facts: tuple[tuple[str, object], ...] = ()
 
@@ -86,14 +95,17 @@ class Dialect:
         return name
 
     def rows(self, spec: ModelSpec, qkv_concat: bool = False, qkv_layout: str = "grouped",
-             qkv_bias_layout: str | None = None) -> list[Row]:
+             qkv_bias_layout: str | None = None, tp: int = 1) -> list[Row]:
         """The dialect's name table expanded for this model (`interop.rows.expand`), under the model's names.
 
         `qkv_layout` / `qkv_bias_layout` (qkv_concat only): "plain" stores the fused tensor as [q; k; v] /
         [gate; up] instead of grouped per KV group / interleaved; the bias follows the weights unless
         `qkv_bias_layout` says otherwise.  A tensor the names cannot hold is refused in one line naming the
-        formats and dialects that hold it (`interop.rows.check_placed`)."""
+        formats and dialects that hold it (`interop.rows.check_placed`).  `tp`: the rank files' tp, where the
+        dialect stores a tensor whole at some tp only (`vocab_whole`)."""
         rows = self._expanded(spec, qkv_concat, qkv_layout, qkv_bias_layout)
+        if self.vocab_whole(spec, spec.padded_vocab, tp):
+            rows = self._vocab_whole(rows, spec, tp)
         check_placed(rows, spec, f"MindSpore {self.name}")  # names the formats that hold what this cannot
         self.check_facts(spec)
         return rows
@@ -112,6 +124,34 @@ class Dialect:
             row.key = self.model_name(row.key, spec)
         return rows
 
+    def vocab_whole(self, spec: ModelSpec, rows: int, tp: int) -> bool:
+        """Whether the embedding (and head) of `rows` rows are stored whole on each of `tp` ranks."""
+        return (tp > 1 and rows % tp != 0 and bool(self.whole_vocab)
+                and any(key in self.whole_vocab for key, _, _ in self.table(spec, False)))
+
+    def vocab_rows(self, spec: ModelSpec, tp: int) -> int:
+        """The embedding rows written at `tp`: the canonical padding when tp divides it; else unpadded where the
+        dialect then keeps them whole, or the true vocabulary rounded up to a multiple of tp (`padded_to_tp`)."""
+        if self.vocab_whole(spec, spec.padded_vocab, tp):
+            return spec.vocab
+        return padded_to_tp(spec, tp)
+
+    def held_vocab_rows(self, spec: ModelSpec, held: int, tp: int) -> int:
+        """The embedding's rows when tp rank 0 holds `held` of them: cut over tp, or whole where the dialect keeps
+        so many rows whole (and they hold the whole vocabulary)."""
+        return held if self.vocab_whole(spec, held, tp) and held >= spec.vocab else held * tp
+
+    def _vocab_whole(self, rows: list[Row], spec: ModelSpec, tp: int) -> list[Row]:
+        index = param_index(spec)
+        for row in rows:
+            if row.key == self.cut_head:
+                raise InteropError(f"MindSpore {self.name}: an untied {row.key} of {spec.padded_vocab} rows has no "
+                                   f"layout at tp={tp} (MindFormers cuts it over tp, a ColumnParallelLinear, and tp "
+                                   f"does not divide it): write it at a --tp dividing {spec.padded_vocab}")
+            if row.key in self.whole_vocab:
+                row.transform = self.whole_vocab[row.key].bind(spec, [index[p] for p in row.parts])
+        return rows
+
     def layout_note(self, spec: ModelSpec) -> str | None:
         """What a reader and a writer say about the fused layouts they take (None: nothing)."""
         return None
@@ -127,10 +167,11 @@ class Dialect:
     # -- files ---------------------------------------------------------------------------------
     def file(self, root: Path, t: int, p: int, layout: ParallelLayout, dp: int, d: int) -> Path:
         """Where tp rank t of stage p (expert-parallel rank d, of `dp` data-parallel ranks) is written."""
-        return mindformers_file(root, t, p, layout.tp, layout.pp)
+        return mindformers_file(root, t, p, layout.tp, layout.pp, self.rank_files(layout), d)
 
-    def check_layout(self, spec: ModelSpec, tp: int, where: str = "") -> None:
-        """One line for a tensor-parallel layout the dialect's files cannot hold."""
+    def rank_files(self, layout: ParallelLayout) -> int:
+        """How many data-parallel ranks' files each (tp rank, stage) gets: one per expert-parallel rank."""
+        return layout.ep
 
     def weight_notes(self, spec: ModelSpec, masters: bool) -> list[str]:
         """What a writer says about the weights it writes (from fp32 masters or not)."""
@@ -204,6 +245,7 @@ class MindFormersDialect(Dialect):
     moments = names.OPTIM_PREFIXES["mindformers"]
     tied_heads = ("lm_head.weight", "head.weight")
     fuses_qkv = strategy = True
+    whole_vocab = names.MINDFORMERS_LLAMA_VOCAB_WHOLE
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         if qkv_concat:
@@ -227,10 +269,19 @@ class MindFormersMcoreDialect(MindFormersDialect):
     moments = names.OPTIM_PREFIXES["mindformers-mcore"]
     tied_heads = ("output_layer.weight",)
     fuses_qkv = False
+    ep_cuts_expert_rows = True
+    whole_vocab = names.MINDFORMERS_MCORE_VOCAB_WHOLE  # VocabParallelEmbedding; output_layer is cut all the same
+    cut_head = names.MINDFORMERS_MCORE_HEAD
     every_layer_moe = False  # dense layers (first_k_dense_replace) and sigmoid scores: the same names
 
     def check_moe(self, spec: ModelSpec, qkv_concat: bool, shared: bool) -> None:
         pass
+
+    def rank_files(self, layout: ParallelLayout) -> int:
+        """The fewest data-parallel ranks MindFormers' MoE layout takes: ep must divide dp * tp (moe/ffn.py
+        shard), its experts laid out over the device matrix (dp * tp / ep, ep) (device_matrix.py
+        init_dp_cp_tp_ep_layout), so stage rank r = d * tp + t holds expert-parallel rank r % ep's experts."""
+        return layout.ep // math.gcd(layout.ep, layout.tp)
 
     def layout_note(self, spec: ModelSpec) -> str:
         attention = ("linear_qkv = [q_down; kv_down] (mla_qkv_concat=True)" if spec.is_mla else
@@ -244,17 +295,10 @@ class MindFormersMcoreDialect(MindFormersDialect):
         return names.MINDFORMERS_MCORE_MLA if spec.is_mla else super().table(spec, qkv_concat)
 
     def with_mtp(self, table: list) -> list:
-        """deepseek3's MTP modules, `mtp.layers.{k}.*` as megatron-core names them, after the final norm."""
-        return with_mtp(table)
-
-    def check_layout(self, spec: ModelSpec, tp: int, where: str = "") -> None:
-        if spec.is_mla and tp > 1:
-            raise InteropError(f"{where}MindFormers' multi-latent attention (linear_qkv = [q_down; kv_down], "
-                               f"replicated) is read and written at --tp 1 (one model.ckpt), not tp={tp}")
-        if spec.is_moe and tp > 1:
-            raise InteropError(f"{where}MindFormers' mcore-style experts (FFNGroupedGEMM weight1 / weight2) are placed "
-                               f"by expert parallelism, not cut by tensor parallelism: MoE is read and written at "
-                               f"--tp 1 (one model.ckpt), not tp={tp}")
+        """deepseek3's MTP modules, `mtp.layers.{k}.*` as megatron-core names them, after the final norm (its
+        eh_proj whole over tp: `MINDFORMERS_MCORE_MTP_WHOLE`)."""
+        return [(key, names.MINDFORMERS_MCORE_MTP_WHOLE.get(key, transform), parts)
+                for key, transform, parts in with_mtp(table)]
 
 
 DIALECTS = {d.name: d for d in (MindSpeedDialect(), MindFormersDialect(), MindFormersMcoreDialect())}

@@ -6,7 +6,8 @@
                 `load_checkpoint/rank_{get_rank()}/*.ckpt` and a rank without a folder loads rank
                 p * dp * tp + t, training/training.py).  Older interop wrote Megatron's
                 `iter_*/mp_rank_TT[_PPP]/model_optim_rng.ckpt`: still read.
-  mindformers   one `model.ckpt`, or `rank_{r}/checkpoint_{r}.ckpt` (r = p * tp + t) plus `strategy/`.
+  mindformers   one `model.ckpt`, or `rank_{r}/checkpoint_{r}.ckpt` (r = p * dp * tp + d * tp + t; dp > 1 only
+                where expert parallelism needs more ranks than tp: `Dialect.rank_files`) plus `strategy/`.
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ def mindspeed_file(root: Path, t: int, p: int, tp: int, dp: int = 1, d: int = 0)
     return root / f"rank_{r}" / MINDSPEED_FILE
 
 
-def mindformers_file(root: Path, t: int, p: int, tp: int, pp: int) -> Path:
-    if tp == 1 and pp == 1:
+def mindformers_file(root: Path, t: int, p: int, tp: int, pp: int, dp: int = 1, d: int = 0) -> Path:
+    if tp == 1 and pp == 1 and dp == 1:
         return root / SINGLE_FILE
-    r = p * tp + t
+    r = p * dp * tp + d * tp + t  # d: the data-parallel rank (MindFormers' ranks: dp outer, tp inner per stage)
     return root / f"rank_{r}" / f"checkpoint_{r}.ckpt"
 
 

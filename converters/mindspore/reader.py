@@ -174,7 +174,6 @@ class Reader(BaseReader):
             tp = max(t for t, _ in self.files) + 1
             pp = max(p for _, p in self.files) + 1
             layout = ParallelLayout.build(spec.num_layers, tp, pp)
-        dialect.check_layout(spec, layout.tp, f"{path}: ")
         if dialect.layout_note(spec):
             notes.append(dialect.layout_note(spec))
         if sidecar is not None and "layout" in sidecar:
@@ -193,6 +192,8 @@ class Reader(BaseReader):
             raise InteropError(f"{path}: a plainly joined w_qkv split over tp={layout.tp} ranks is not per-head "
                                "shards: merge it with mindspore.transform_checkpoints first")
         first = self.files[(0, 0)]
+        if dialect.vocab_whole(spec, spec.padded_vocab, layout.tp):  # its embedding whole on each rank at this tp
+            self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout, layout.tp)
         self.tag_of = self._resolve_names(spec, layout)
         if model_config is not None and sidecar is None and meta is None:
             self.spec, self.layout = spec, layout  # (_home finds an expert's ep rank file by them)
@@ -201,13 +202,14 @@ class Reader(BaseReader):
         if embed not in first:
             raise InteropError(f"{first.path}: no {embed}: not a {dialect.name} {spec.arch} checkpoint "
                                f"(found e.g. {tags[0] if tags else 'nothing'})")
-        vocab, rows, vocab_notes = vocab_from_rows(first.meta(embed)[1][0] * layout.tp, spec.vocab, stated,
+        held = dialect.held_vocab_rows(spec, first.meta(embed)[1][0], layout.tp)  # cut over tp, or whole
+        vocab, rows, vocab_notes = vocab_from_rows(held, spec.vocab, stated,
                                                    f"{first.path}: {embed} over tp={layout.tp}",
                                                    stated_by=f"{PT_META}/'s Megatron args")
         notes += vocab_notes
-        if (vocab, rows) != (spec.vocab, spec.padded_vocab):  # the name table's shapes follow the rows
-            spec = spec.replace(vocab=vocab, padded_vocab=rows)
-            self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout)
+        if (vocab, rows) != (spec.vocab, spec.padded_vocab) or dialect.vocab_whole(spec, rows, layout.tp):
+            spec = spec.replace(vocab=vocab, padded_vocab=rows)  # the name table's shapes follow the rows
+            self.rows = dialect.rows(spec, qkv_concat, qkv_layout or "grouped", qkv_bias_layout, layout.tp)
             self.tag_of = self._resolve_names(spec, layout)
         self.spec, self.layout = spec, layout
         self.index = param_index(spec)
@@ -315,15 +317,18 @@ class Reader(BaseReader):
             raise InteropError(f"{Path(by_rank[0].path).parent.parent}: pipeline stages hold different numbers of "
                                f"layer runs ({[len(c) for c in chunks]}): not a virtual-pipeline layout")
         tp = self._tp_from_shapes(spec, by_rank[groups[stages[0]][0]])
-        ep = self._ep_from_experts(spec, by_rank[groups[stages[0]][0]])
+        # (the first stage that holds experts: a stage of dense layers only says nothing)
+        ep = max(self._ep_from_experts(spec, by_rank[groups[layers][0]]) for layers in stages)
+        used = tp * self.dialect.rank_files(ParallelLayout.build(spec.num_layers, tp, ep=ep)) if ep > 1 else tp
         self.files = {}
         extra = 0
         for p, layers in enumerate(stages):
             ranks = groups[layers]
-            if len(ranks) % tp or len(ranks) < tp * ep:
+            if len(ranks) % tp or len(ranks) < used:
                 raise InteropError(f"{Path(by_rank[ranks[0]].path).parent.parent}: stage {p} has {len(ranks)} rank "
-                                   f"files, not a multiple of tp={tp}" + (f" of at least ep={ep}" if ep > 1 else ""))
-            for i, r in enumerate(ranks[:tp * ep]):  # rank p*dp*tp + d*tp + t; expert-parallel rank d < ep
+                                   f"files, not a multiple of tp={tp}" + (f" of at least {used} (ep={ep})" if ep > 1
+                                                                           else ""))
+            for i, r in enumerate(ranks[:used]):  # rank p*dp*tp + d*tp + t; expert-parallel rank d < ep
                 d, t = divmod(i, tp)
                 if r - ranks[0] != i:
                     raise InteropError(f"{by_rank[r].path}: rank {r} is not tp rank {t}"
@@ -332,11 +337,11 @@ class Reader(BaseReader):
                     self.files[(t, p)] = by_rank[r]
                 else:
                     self.ep_files[(t, p, d)] = by_rank[r]
-            for r in ranks[tp * ep:]:
+            for r in ranks[used:]:
                 by_rank[r].close()
                 extra += 1
         if extra:
-            notes.append(f"read data-parallel rank 0's files{f' (ep ranks 0-{ep - 1})' if ep > 1 else ''}; "
+            notes.append(f"read the first {used} rank files of each stage{f' (ep={ep})' if ep > 1 else ''}; "
                          f"{extra} data-parallel copies were not read")
         return ParallelLayout(tp, len(stages), chunks, ep)
 
@@ -372,7 +377,14 @@ class Reader(BaseReader):
         return groups
 
     def _ep_from_experts(self, spec: ModelSpec, f: CkptFile) -> int:
-        """MindSpeed: how many experts one rank file numbers (local_experts 0 .. E/ep - 1) gives ep."""
+        """MindSpeed: how many experts one rank file numbers (local_experts 0 .. E/ep - 1) gives ep; MindFormers:
+        how many of a stacked experts tensor's rows one rank file holds."""
+        if spec.is_moe and self.dialect.ep_cuts_expert_rows:
+            for row in self.rows:
+                if row.transform.every_expert and row.key in f:
+                    whole, held = row.transform.rank_shape()[0], f.meta(row.key)[1]
+                    return whole // held[0] if held and held[0] and whole % held[0] == 0 else 1
+            return 1
         if not spec.is_moe or not self.dialect.expert_parallel:
             return 1
         held = {}
@@ -390,10 +402,21 @@ class Reader(BaseReader):
         stage = self.layout.stage_of(param)
         if param.expert is None or self.layout.ep == 1:
             return self.files[(t, stage)], tag
+        if self.dialect.ep_cuts_expert_rows:  # the file of the expert's ep coordinate (stage rank d * tp + t)
+            return self._ep_file(param.expert // (self.spec.num_experts // self.layout.ep), stage), tag
         per = self.spec.num_experts // self.layout.ep
         d, local = divmod(param.expert, per)
         tag = tag.replace(f"{LOCAL_EXPERTS}{param.expert}.", f"{LOCAL_EXPERTS}{local}.")
         return (self.files[(t, stage)] if d == 0 else self.ep_files[(t, stage, d)]), tag
+
+    def _ep_file(self, e: int, stage: int) -> CkptFile:
+        """MindFormers: the first rank file of `stage` holding expert-parallel rank e's rows (stage rank e)."""
+        d, t = divmod(e, self.layout.tp)
+        return self.files[(t, stage)] if d == 0 else self.ep_files[(t, stage, d)]
+
+    def _ep_rows(self, transform) -> bool:
+        """Whether this row's stored tensor is cut by rows over the ep ranks' files (MindFormers' experts)."""
+        return self.layout.ep > 1 and transform.every_expert and self.dialect.ep_cuts_expert_rows
 
     def native_name(self, name: str) -> str | None:
         """The tag a canonical tensor is stored under (`interop inspect --native`): at ep > 1 an expert's local
@@ -413,7 +436,7 @@ class Reader(BaseReader):
         for row in self.rows:
             name, transform, parts = row.key, row.transform, row.parts
             param = index[parts[0]]
-            if param.axis is None or param.layer is None or name not in f:
+            if param.axis is None or param.layer is None or transform.native_axis is None or name not in f:
                 continue
             full = transform.rank_shape()
             local = f.meta(name)[1]
@@ -446,6 +469,9 @@ class Reader(BaseReader):
         for row in self.rows:
             f, tag = self._home(0, index[row.parts[0]], self.tag_of[row.key])  # an expert in its ep rank's file
             want = tuple(row.transform.rank_shape(0, layout.tp))
+            if layout.ep > 1 and row.transform.every_expert and self.dialect.ep_cuts_expert_rows:
+                a, b = row.transform.ep_rows(0, layout.ep)
+                want = (b - a,) + want[1:]
             vocab = index[row.parts[0]].split == "vocab"
             pattern = re.sub(r"\.\d+\.", ".N.", tag)
             if pattern in seen:
@@ -474,13 +500,19 @@ class Reader(BaseReader):
         returns the training-state scalars (read from the first file); anything else is an error or noted."""
         # every file by (tp rank, stage, ep rank); dense tensors are in each ep rank's file, an expert in its own
         files = {**{(t, p, 0): f for (t, p), f in self.files.items()}, **self.ep_files}
-        eps = range(self.layout.ep)
+        eps = range(self.dialect.rank_files(self.layout))  # the data-parallel ranks' files of each (t, p)
         expected: dict[tuple[int, int, int], dict[str, tuple]] = {key: {} for key in files}
         optional: dict[tuple[int, int, int], set] = {key: set() for key in files}
         for row in self.rows:
             name, transform, parts = row.key, row.transform, row.parts
             stage = self.layout.stage_of(self.index[parts[0]])
             shape = transform.rank_shape(0, self.layout.tp)
+            if self._ep_rows(transform):  # every file of the stage holds its ep coordinate's rows
+                a, b = transform.ep_rows(0, self.layout.ep)
+                for key in files:
+                    if key[1] == stage:
+                        expected[key][self.tag_of[name]] = (b - a,) + tuple(shape[1:])
+                continue
             for t in range(self.layout.tp):
                 if self.index[parts[0]].expert is not None and self.layout.ep > 1:
                     f, tag = self._home(t, self.index[parts[0]], self.tag_of[name])
@@ -656,14 +688,19 @@ class Reader(BaseReader):
         """{tp rank: (file, its tag)} of the ranks to read (rank 0 alone when replicated) and their one dtype;
         a rank whose type or shard shape differs is refused (its bytes are never cast to its peers' type)."""
         first = self.index[parts[0]]
-        ranks = [0] if transform.replicated else range(self.layout.tp)
-        homes = {t: self._home(t, first, tag) for t in ranks}
+        ep_rows = self._ep_rows(transform)  # {ep rank: its file} then, each holding its experts' rows
+        ranks = range(self.layout.ep) if ep_rows else [0] if transform.replicated else range(self.layout.tp)
+        homes = {t: (self._ep_file(t, self.layout.stage_of(first)), tag) if ep_rows else self._home(t, first, tag)
+                 for t in ranks}
         entries = {t: f.entry(name) for t, (f, name) in homes.items()}
         if len({e.type for e in entries.values()}) != 1 or entries[0].dtype is None:
             raise InteropError(f"{homes[0][0].path}: {tag} is stored as "
                                f"{', '.join(e.type for e in entries.values())} by the tp ranks: one tensor type expected")
         for t, e in entries.items():
             want = transform.rank_shape(t, len(homes))
+            if ep_rows:
+                a, b = transform.ep_rows(t, len(homes))
+                want = (b - a,) + tuple(want[1:])
             if e.shape != want:
                 raise InteropError(f"{homes[t][0].path}: {homes[t][1]} has shape {list(e.shape)}, expected {list(want)}")
         return homes, entries[0].dtype
@@ -676,6 +713,14 @@ class Reader(BaseReader):
             if self.index[parts[0]].split == "vocab":  # the largest tensor: drop the layers' idle buffers first
                 self.memory.release_idle()
             out = [self.memory.empty(shape, dtype) for shape in transform.shapes]
+        if self._ep_rows(transform):  # the whole stored tensor from its ep ranks' rows, then its parts
+            whole = self.memory.empty(transform.rank_shape(), dtype)
+            for e, (f, name) in homes.items():
+                a, b = transform.ep_rows(e, len(homes))
+                f.read_into(name, [_raw(whole[a:b])])
+            for full, stored in transform.pieces(out, whole):
+                full.copy_(stored)
+            return out
         tp = len(homes)
         for t, (f, name) in homes.items():
             runs = transform.runs(out, t, tp)

@@ -45,6 +45,11 @@ class Writer(BaseWriter):
     holds_moe = True  # routed (and, MindFormers, shared) experts: mappings.mindspore_names MOE_TABLES
     padded_vocab = staticmethod(padded_to_tp)
 
+    @classmethod
+    def vocab_rows(cls, spec: ModelSpec, tp: int, options: dict) -> int:
+        """The dialect's rows (`Dialect.vocab_rows`): MindFormers keeps an embedding tp does not divide whole."""
+        return dialect_named(options.get("dialect") or "mindspeed").vocab_rows(spec, tp)
+
     def __new__(cls, root, spec, layout, metas, dialect: str | None = None, qkv_concat: bool = False,
                 qkv_layout: str | None = None, qkv_bias_layout: str | None = None, dp: int | None = None, only=None,
                 adapter=None, noop_layers: str | None = None):
@@ -79,22 +84,22 @@ class Writer(BaseWriter):
             raise InteropError("a plainly joined w_qkv ([q; k; v], MindFormers r1.3) is split by rows across tp "
                                "ranks, not per head: write it at --tp 1 (reshard with transform_checkpoints)")
         spec.check_tp(layout.tp)
-        dialect.check_layout(spec, layout.tp)
-        if layout.ep > 1 and not dialect.expert_parallel:
-            raise InteropError(f"{dialect.title} MoE output is written at --ep 1 (all experts in each rank file; its "
-                               f"strategy places them), not --ep {layout.ep}")
+        if layout.ep > 1 and not (dialect.expert_parallel or dialect.ep_cuts_expert_rows):
+            raise InteropError(f"{dialect.title} MoE output is written at --ep 1 (all experts in each rank file, "
+                               f"as MindFormers holds them at expert_parallel 1; transform_checkpoints reshards them "
+                               f"for an expert-parallel run), not --ep {layout.ep}")
         if layout.ep > 1 and (dp or layout.ep) % layout.ep:
             raise InteropError(f"--dp {dp} is no multiple of --ep {layout.ep}: MindSpeed's expert-parallel ranks "
                                "are data-parallel ranks")
         self.root, self.spec, self.layout = Path(root), spec, layout
-        self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or layout.ep
+        self.dialect, self.qkv_concat, self.dp = dialect, bool(qkv_concat), dp or dialect.rank_files(layout)
         self.qkv_layout = qkv_layout if qkv_concat else None
         self.qkv_bias_layout = qkv_bias_layout if qkv_concat else None
         if noop_layers and not dialect.noop_positions:
             raise InteropError(f"--noop-layers applies to --dialect {_those(lambda d: d.noop_positions)} only")
         # MindSpeed's noop layers: each layer's position among num_layers + len(noop), the noop ones left out
         self.noop = noop_layout(spec, layout, noop_layers) if noop_layers else None
-        self.rows = dialect.rows(spec, qkv_concat, qkv_layout, qkv_bias_layout)
+        self.rows = dialect.rows(spec, qkv_concat, qkv_layout, qkv_bias_layout, layout.tp)
         self.index = param_index(spec)
         self.row_of = {p: row for row in self.rows for p in row.parts}
         self.first_part = {row.key: row.parts[0] for row in self.rows}
@@ -113,7 +118,7 @@ class Writer(BaseWriter):
         for t, p in layout.ranks():
             if (t, p) not in self.owned:
                 continue
-            for d in range(layout.ep):
+            for d in range(dialect.rank_files(layout)):
                 path = self._path(t, p, d)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.files[(t, p, d)] = CkptWriter(path)
@@ -121,14 +126,19 @@ class Writer(BaseWriter):
     def _path(self, t: int, p: int, d: int) -> Path:
         return self.dialect.file(self.root, t, p, self.layout, self.dp, d)
 
-    def _targets(self, param, ms_name: str) -> list[tuple[int, str]]:
-        """[(ep rank, name)] a tensor goes to: every ep rank, or an expert's own with its local number
-        (moe_layer.py: local_expert_indices = ep_rank * num_local_experts + i; experts.py numbers them from 0)."""
-        if param.expert is None or self.layout.ep == 1:
-            return [(d, ms_name) for d in range(self.layout.ep)]
-        per = self.spec.num_experts // self.layout.ep
+    def _targets(self, param, ms_name: str, transform, t: int) -> list[tuple[int, str, tuple[int, int] | None]]:
+        """[(data-parallel rank, name, the stored tensor's rows it holds or None: all)] a tensor of tp rank t goes
+        to: every rank's file; MindSpeed: an expert's own ep rank's with its local number (moe_layer.py:
+        local_expert_indices = ep_rank * num_local_experts + i; experts.py numbers them from 0); MindFormers: the
+        rows of the experts of each file's ep coordinate (`Dialect.rank_files`)."""
+        ep, files = self.layout.ep, self.dialect.rank_files(self.layout)
+        if ep > 1 and transform.every_expert and self.dialect.ep_cuts_expert_rows:
+            return [(d, ms_name, transform.ep_rows((d * self.layout.tp + t) % ep, ep)) for d in range(files)]
+        if param.expert is None or ep == 1:
+            return [(d, ms_name, None) for d in range(files)]
+        per = self.spec.num_experts // ep
         local = ms_name.replace(f"{LOCAL_EXPERTS}{param.expert}.", f"{LOCAL_EXPERTS}{param.expert % per}.")
-        return [(param.expert // per, local)]
+        return [(param.expert // per, local, None)]
 
     def _split(self, name: str) -> tuple[str, str]:
         for prefix, native in self.prefixes.items():
@@ -213,8 +223,9 @@ class Writer(BaseWriter):
                 continue
             fused = transform.to_rank(parts, t, tp) if rank_of is None else rank_of(t, tp)
             native, base = self._native_split(ms_name)
-            for d, name in self._targets(first, ms_name):
-                self.files[(t, stage, d)].write(self._at_position(name, first), fused)
+            for d, name, rows in self._targets(first, ms_name, transform, t):
+                held = fused if rows is None else fused[rows[0]:rows[1]]
+                self.files[(t, stage, d)].write(self._at_position(name, first), held)
                 if base in self.copies:
                     self.files[(t, stage, d)].write(self._at_position(native + self.copies[base], first), fused)
 
@@ -278,10 +289,12 @@ class Writer(BaseWriter):
                 self.notes += pt_meta.write(self.root, self.spec, self.layout, self.rows, self.copies, state,
                                             self.noop)
         self._copy_for_other_dp_ranks()
-        if self.dialect.strategy and self.layout.tp * self.layout.pp > 1:
+        files = self.dialect.rank_files(self.layout)
+        if self.dialect.strategy and self.layout.tp * self.layout.pp * files > 1:
             (self.root / "strategy").mkdir()
             for p in range(self.layout.pp):
-                strategy = stage_strategy(self.spec, self.layout, self.rows, p)
+                strategy = stage_strategy(self.spec, self.layout, self.rows, p, dp=files,
+                                          ep_rows=self.dialect.ep_cuts_expert_rows)
                 (self.root / "strategy" / f"strategy_stage{p}.json").write_text(json.dumps(strategy, indent=1))
         if self.dialect.layout_note(self.spec):
             self.notes.append(self.dialect.layout_note(self.spec))

@@ -18,7 +18,8 @@ from .rope_pairs import RopePairs
 from .shared import SharedInput
 from .stack import Stack
 from .transpose import Transpose
+from .whole import WholeCopy, WholeInterleave
 
 __all__ = ["Transform", "Copy", "RowsSplit", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave",
            "RopePairs", "Stack", "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput", "WholeConcat",
-           "HeadRows", "QNopeRows", "QRopeRows", "KVNopeRows", "VRows"]
+           "HeadRows", "QNopeRows", "QRopeRows", "KVNopeRows", "VRows", "WholeCopy", "WholeInterleave"]

@@ -15,7 +15,8 @@ from interop.params import param_index
 from interop.shards import shard_box
 from interop.spec import ModelSpec
 from interop.transforms import (Copy, GatedMLP, RowsSplit, GroupedQKV, Interleave, PlainConcat, Stack, Tied, Transpose,
-                               WholeConcat)
+                               WholeConcat, WholeCopy, WholeInterleave)
+from interop.transforms.expert_rows import ExpertRows
 
 
 def _parts(shapes):
@@ -52,6 +53,9 @@ CASES = {
     "plain concat replicated": lambda: PlainConcat([(6, 8), (5, 8)], None),
     # MindSpeed-LLM's MLA linear_qkv: [q_a or q; kv_a] whole on every tp rank
     "whole concat": lambda: WholeConcat([(6, 8), (5, 8)], None),
+    # MindFormers' SequenceParallelLinear: the shared experts' linear_fc1 / linear_fc2, MTP's eh_proj
+    "whole copy": lambda: WholeCopy([(8, 6)], None),
+    "whole interleave": lambda: WholeInterleave([(8, 6), (8, 6)], None),
     "gated mlp": lambda: GatedMLP([(8, 6), (8, 6)], 0),
     "grouped qkv": lambda: GroupedQKV([(16, 6), (8, 6), (8, 6)], 0, groups=4),
     "grouped qkv bias": lambda: GroupedQKV([(16,), (8,), (8,)], 0, groups=4),
@@ -304,3 +308,33 @@ def test_whole_concat_holds_every_part_whole_on_every_rank():
     back = t.split(t.to_rank([q, kv], 1, 2))
     assert torch.equal(back[0], q) and torch.equal(back[1], kv)
     assert t.fused_rows(1, 2) == ((0, 13),) and t != PlainConcat([(8, 3), (5, 3)], None)
+
+
+def test_whole_copy_and_interleave_keep_a_cut_tensor_whole_on_every_rank():
+    """MindFormers' SequenceParallelLinear (parallel_core/training_graph/tensor_parallel/layers.py: axis_fragmentations
+    (1, 1)) holds what the canonical model cuts (eh_proj by rows, the shared expert's gate / up / down) whole."""
+    from interop.params import Param
+    x, gate, up = torch.randn(8, 3), torch.randn(4, 3), torch.randn(4, 3)
+    copy = WholeCopy.bind(None, [Param("mtp.0.eh_proj.weight", (8, 3), "column", None)])
+    assert copy.replicated and copy.native_axis is None and copy.rank_shape(1, 2) == (8, 3)
+    assert all(torch.equal(copy.to_rank([x], r, 2), x) for r in range(2)) and copy != Copy([(8, 3)], 0)
+    inter = WholeInterleave.bind(None, [Param("layers.0.mlp.shared.gate.weight", (4, 3), "column", 0),
+                                        Param("layers.0.mlp.shared.up.weight", (4, 3), "column", 0)])
+    whole = Interleave([(4, 3), (4, 3)], None).fuse([gate, up])
+    assert inter.replicated and all(torch.equal(inter.to_rank([gate, up], r, 2), whole) for r in range(2))
+    back = inter.split(inter.to_rank([gate, up], 1, 2))
+    assert torch.equal(back[0], gate) and torch.equal(back[1], up)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_expert_rows_are_whole_on_every_tp_rank(axis):
+    """MindFormers' FFNGroupedGEMM weight1 / weight2 (moe/ffn.py: placed by ep only, axis_fragmentations (ep, 1)):
+    every tp rank stores all of it; the parts come back from any rank's copy."""
+    shapes = [(4, 6)] * 4 if axis == 0 else [(6, 4)] * 2  # fc1: gate, up of 2 experts; fc2: down of 2 experts
+    parts = _parts(shapes)
+    t = ExpertRows(shapes, axis, experts=2)
+    whole = t.fuse(parts)
+    assert t.replicated and t.native_axis is None and t.rank_shape(1, 2) == tuple(whole.shape)
+    assert torch.equal(t.to_rank(parts, 1, 2), whole)
+    back = t.from_ranks([whole, whole])
+    assert all(torch.equal(a, b) for a, b in zip(back, parts))

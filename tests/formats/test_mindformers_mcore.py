@@ -255,9 +255,9 @@ def test_hf_through_mindformers_mcore_and_back(tmp_path, family):
 def test_refusals_are_one_line(tmp_path):
     src, _, _ = store(tmp_path / "common", **MOE)
     code, out = run("convert", src, tmp_path / "ms", "--to", "mindspore", "--dialect", "mindformers-mcore",
-                    "--tp", "2", "-q")
+                    "--tp", "2", "--ep", "3", "-q")  # 4 experts
     lines = [line for line in out.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and "not cut by tensor parallelism" in lines[0], out
+    assert code == 2 and len(lines) == 1 and "ep=3 does not divide the 4 experts" in lines[0], out
     assert not (tmp_path / "ms").exists()
     # deepseek3's multi-latent attention
     convert(src, tmp_path / "mf", dst_format="mindspore", options={"dialect": "mindformers-mcore"})

@@ -15,37 +15,14 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.deepseek_models import save, v2_config, v3_config
-from helpers.hostile import assert_one_error, run
-from helpers.mindformers_mcore import strict_load
+from helpers.mindformers_mcore import deepseek3_model as mindformers_model, strict_load
 from interop.convert import convert
 from interop.io.ms_ckpt import load_ckpt
 
 ms = pytest.importorskip("mindspore")
 
-# the MindFormers config of each HF model (float32 everywhere; grouped experts, its only MoE layer)
-MF = dict(compute_dtype="float32", params_dtype="float32", layernorm_compute_dtype="float32",
-          softmax_compute_dtype="float32", rotary_dtype="float32", seq_length=8, moe_grouped_gemm=True,
-          qk_layernorm=True)
 KINDS = {"v3-mtp": (lambda: v3_config(num_hidden_layers=3), True),
          "v2-lite": (lambda: v2_config(num_hidden_layers=3, topk_method="greedy"), False)}
-
-
-def mindformers_model(hf_config):
-    """TrainingDeepseekV3ForCausalLM for the same model (MindFormers' DeepseekV3Config takes HF's keys)."""
-    from mindformers.models.deepseek3.configuration_deepseek_v3 import DeepseekV3Config
-    from mindformers.models.deepseek3.modeling_deepseek_v3_train import TrainingDeepseekV3ForCausalLM
-    keys = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "n_shared_experts", "n_routed_experts", "kv_lora_rank",
-            "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "num_experts_per_tok",
-            "first_k_dense_replace", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings")
-    values = {k: getattr(hf_config, k) for k in keys}
-    greedy = getattr(hf_config, "topk_method", None) == "greedy"  # no groups (MindFormers' default is 8)
-    values.update(n_group=1 if greedy else hf_config.n_group, topk_group=1 if greedy else hf_config.topk_group)
-    if hf_config.model_type == "deepseek_v2":  # softmax scores, no score-correction bias
-        values.update(moe_router_enable_expert_bias=False, moe_router_score_function="softmax")
-    return TrainingDeepseekV3ForCausalLM(DeepseekV3Config(
-        **values, num_nextn_predict_layers=getattr(hf_config, "num_nextn_predict_layers", 0) or 0, **MF))
-
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -86,13 +63,6 @@ def test_a_checkpoint_mindformers_saved_reads_back_to_the_hf_tensors(tmp_path, m
     a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
     assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
     assert any("mla_qkv_concat=True" in n for n in summary.notes), summary.notes
-
-
-def test_mla_at_tp2_and_the_unconcatenated_layout_are_refused_in_one_line(tmp_path):
-    save(v3_config(num_hidden_layers=2), tmp_path / "hf")
-    assert_one_error(*run("convert", tmp_path / "hf", tmp_path / "out", "--to", "mindspore", "--dialect",
-                          "mindformers-mcore", "--tp", "2"), "not tp=2")
-    assert not (tmp_path / "out").exists()
 
 
 def test_pipeline_stages_keep_the_mtp_module_on_the_last(tmp_path):

@@ -34,10 +34,17 @@ def test_each_dialect_owns_its_files_and_names(tmp_path):
 
 def test_a_dialect_refuses_what_its_framework_cannot_hold():
     moe = ModelSpec(**LLAMA, num_experts=4, moe_topk=2, moe_ffn_hidden=8)
-    with pytest.raises(InteropError, match="not tp=2"):
-        DIALECTS["mindformers-mcore"].check_layout(moe, 2)
     with pytest.raises(InteropError, match="--qkv-concat"):
         DIALECTS["mindformers"].rows(moe, qkv_concat=True)
     with pytest.raises(InteropError, match="softmax"):
         DIALECTS["mindspeed"].rows(ModelSpec(**LLAMA, num_experts=4, moe_topk=2, moe_ffn_hidden=8,
                                              moe_router_score="sigmoid"))
+
+
+def test_mindformers_mcore_takes_the_fewest_data_parallel_ranks_its_expert_layout_needs():
+    """MindFormers' moe/ffn.py: ep must divide dp * tp; its stage rank d * tp + t holds ep rank (d * tp + t) % ep."""
+    mcore, mindspeed = DIALECTS["mindformers-mcore"], DIALECTS["mindspeed"]
+    counts = {(tp, ep): mcore.rank_files(ParallelLayout.build(4, tp, ep=ep)) for tp in (1, 2, 4) for ep in (1, 2, 4, 8)}
+    assert counts == {(1, 1): 1, (1, 2): 2, (1, 4): 4, (1, 8): 8, (2, 1): 1, (2, 2): 1, (2, 4): 2, (2, 8): 4,
+                      (4, 1): 1, (4, 2): 1, (4, 4): 1, (4, 8): 2}
+    assert mindspeed.rank_files(ParallelLayout.build(4, 2, ep=4)) == 4  # MindSpeed: one folder per ep rank

@@ -13,3 +13,26 @@ def strict_load(model, path) -> dict:
     assert unused == [], unused
     assert all(n.endswith(STATISTICS) for n in not_loaded), not_loaded
     return {p.name: torch.from_numpy(p.asnumpy().copy()) for _, p in model.parameters_and_names()}
+
+
+# the MindFormers config (deepseek3_model) of each HF model (float32 everywhere; grouped experts, its only MoE layer)
+MF = dict(compute_dtype="float32", params_dtype="float32", layernorm_compute_dtype="float32",
+          softmax_compute_dtype="float32", rotary_dtype="float32", seq_length=8, moe_grouped_gemm=True,
+          qk_layernorm=True)
+
+
+def deepseek3_model(hf_config):
+    """TrainingDeepseekV3ForCausalLM for the same model (MindFormers' DeepseekV3Config takes HF's keys)."""
+    from mindformers.models.deepseek3.configuration_deepseek_v3 import DeepseekV3Config
+    from mindformers.models.deepseek3.modeling_deepseek_v3_train import TrainingDeepseekV3ForCausalLM
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "n_shared_experts", "n_routed_experts", "kv_lora_rank",
+            "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "num_experts_per_tok",
+            "first_k_dense_replace", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings")
+    values = {k: getattr(hf_config, k) for k in keys}
+    greedy = getattr(hf_config, "topk_method", None) == "greedy"  # no groups (MindFormers' default is 8)
+    values.update(n_group=1 if greedy else hf_config.n_group, topk_group=1 if greedy else hf_config.topk_group)
+    if hf_config.model_type == "deepseek_v2":  # softmax scores, no score-correction bias
+        values.update(moe_router_enable_expert_bias=False, moe_router_score_function="softmax")
+    return TrainingDeepseekV3ForCausalLM(DeepseekV3Config(
+        **values, num_nextn_predict_layers=getattr(hf_config, "num_nextn_predict_layers", 0) or 0, **MF))
