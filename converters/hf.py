@@ -498,6 +498,8 @@ class Writer(BaseWriter):
                           if self.fp8 and row.transform.unchanged and fp8_stored(row.key, row.transform.rank_shape())}
         self.fp8_counts = {"kept": 0, "quantised": 0}
         self.row_of, self.pending = {}, RowCollector()
+        self.expert_slices: dict[str, dict] = {}  # stacked experts tensor -> {expert: its slice, not yet written}
+        self.expert_written: dict[str, int] = {}  # stacked experts tensor -> experts written to its file
         self.dropped_optim = {key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
@@ -542,6 +544,10 @@ class Writer(BaseWriter):
         for hf_key, transform, parts in self.row_of[name]:  # more than one: DeepSeek-V3's MTP copies
             if self.file_of[hf_key] not in self.writers:
                 continue
+            one = transform.expert_slice()
+            if one is not None and hf_key not in self.quantized:
+                self._write_expert(hf_key, one, parts, name, tensor)
+                continue
             tensors = self.pending.add(hf_key, parts, name, tensor)
             if tensors is None:
                 continue
@@ -549,6 +555,32 @@ class Writer(BaseWriter):
                 self._write_fp8(hf_key, tensors[0])
             else:
                 self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
+            self._flush_experts(self.writers[self.file_of[hf_key]])  # slices queued behind this tensor
+
+    def _write_expert(self, hf_key: str, one: Transform, parts: list[str], name: str, tensor: torch.Tensor) -> None:
+        """A stacked experts tensor (gpt-oss's gate_up_proj, ...) written expert by expert: each expert's slice is
+        built once its parts are in and goes to the file as soon as the file has taken what comes before it, so
+        the whole stacked tensor is never held (only the slices of a tensor the file takes later: down_proj's
+        while gate_up_proj's experts are still arriving)."""
+        per = len(one.shapes)
+        expert = parts.index(name) // per
+        got = self.pending.add((hf_key, expert), parts[expert * per:(expert + 1) * per], name, tensor)
+        if got is None:
+            return
+        self.expert_slices.setdefault(hf_key, {})[expert] = one.fuse(got)
+        self._flush_experts(self.writers[self.file_of[hf_key]])
+
+    def _flush_experts(self, writer: SafetensorsWriter) -> None:
+        """Write the expert slices the file can take now: the next experts of its next tensor, and on."""
+        while writer.next_key() in self.expert_slices:
+            key = writer.next_key()
+            ready, at = self.expert_slices[key], self.expert_written.get(key, 0)
+            if at not in ready:
+                break
+            writer.write_rows(key, ready.pop(at))
+            self.expert_written[key] = at + 1
+            if not ready and writer.next_key() != key:
+                del self.expert_slices[key]
 
     def _write_fp8(self, hf_key: str, tensor: torch.Tensor) -> None:
         """The weight and its scale: the FP8 source's own bytes when it stores this weight so, else quantised."""
@@ -570,6 +602,7 @@ class Writer(BaseWriter):
         for hf_key, _, _ in rows:
             if self.file_of[hf_key] in self.writers:
                 self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
+                self._flush_experts(self.writers[self.file_of[hf_key]])
         return True
 
     def carry(self, carried) -> bool:
