@@ -279,6 +279,7 @@ class Reader(BaseReader):
             raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {self.model_type} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
         self.source = Source(spec, None, notes=notes, unchecked=self.files.unchecked)
+        self.memory = BufferPool(keep=4)  # an expert's slice and parts (`read`): a few in use, few idle
         self._cached: dict = {}  # hf key (or (hf key, expert)) -> its canonical parts (that expert's)
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         files = {name: root / name for name in MODEL_FILES if (root / name).is_file()}
@@ -378,7 +379,7 @@ class Reader(BaseReader):
         if hf_key in self.mxfp4:
             blocks, scales = self.mxfp4[hf_key]
             return MXFP4.dequantize(self.files.read(blocks, expert), self.files.read(scales, expert),
-                                    DTYPE_OF_NAME[self.mxfp4_dtype])
+                                    DTYPE_OF_NAME[self.mxfp4_dtype], empty=None if expert is None else self.memory.empty)
         return self.files.read(hf_key, expert)
 
     def _slices(self, hf_key: str) -> bool:
@@ -409,8 +410,9 @@ class Reader(BaseReader):
         if one is not None and self._slices(hf_key):  # one expert's slice at a time: memory of an expert, and
             expert, i = divmod(i, len(one.shapes))    # a reader that wants some experts reads only theirs
             key = (hf_key, expert)
-            if key not in self._cached:
-                self._hold(key, lambda: one.split(self._read_hf(hf_key, expert)))
+            if key not in self._cached:  # in mappings of their own: tens of MB freed one after another would
+                stored = self._read_hf(hf_key, expert)  # fragment the C heap (`memory.BufferPool`)
+                self._hold(key, lambda: one.from_ranks([stored], [self.memory.empty(s, stored.dtype) for s in one.shapes]))
             return self._cached[key][i]
         if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
             self._hold(hf_key, lambda: transform.split(self._read_hf(hf_key)))
@@ -567,7 +569,7 @@ class Writer(BaseWriter):
         got = self.pending.add((hf_key, expert), parts[expert * per:(expert + 1) * per], name, tensor)
         if got is None:
             return
-        self.expert_slices.setdefault(hf_key, {})[expert] = one.fuse(got)
+        self.expert_slices.setdefault(hf_key, {})[expert] = one.fuse(got, self.memory.empty(one.rank_shape(), got[0].dtype))
         self._flush_experts(self.writers[self.file_of[hf_key]])
 
     def _flush_experts(self, writer: SafetensorsWriter) -> None:

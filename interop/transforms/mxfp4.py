@@ -53,17 +53,19 @@ class MXFP4:
                                f"{list(blocks_shape[:-1])}")
 
     @staticmethod
-    def dequantize(blocks, scales, dtype, rows_per_step: int = 256):
+    def dequantize(blocks, scales, dtype, rows_per_step: int = 256, empty=None):
         """The expert tensor in `dtype` ([..., G * 32, rows], a transposed view).  Each byte's two FP4 values (low
         nibble first) come from a 256-entry table of float32 pairs (one 8-byte lookup per byte), each block's
         2 ** (s - 127) from a 256-entry table (exact powers of two: 2 ** 128 is inf in float32, as torch.exp2 gives),
         their product in float32 (exact) is cast into the output: `rows_per_step` rows at a time, through
-        temporaries of a few MB that stay in cache, never a float32 copy of an expert or of the stacked tensor."""
+        temporaries of a few MB that stay in cache, never a float32 copy of an expert or of the stacked tensor.
+        `empty(shape, dtype)`: where the output is allocated (a reader's `memory.BufferPool`; torch.empty by default)."""
         import torch
         pairs, powers = _tables()
         *lead, rows, groups, pair = blocks.shape
         width = groups * pair
-        out = torch.empty(*lead, rows, 2 * width, dtype=dtype)
+        shape = (*lead, rows, 2 * width)
+        out = torch.empty(shape, dtype=dtype) if empty is None else empty(shape, dtype)
         flat_out, flat_blocks = out.view(-1, rows, 2 * width), blocks.reshape(-1, rows, width)
         flat_scales = scales.reshape(-1, rows, groups)
         step = max(1, min(rows_per_step, rows))
