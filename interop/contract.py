@@ -35,6 +35,7 @@ from types import MappingProxyType
 
 import torch
 
+from .layout import ParallelLayout
 from .spec import ModelSpec
 from .tensors import Source, TensorMeta
 
@@ -127,6 +128,12 @@ class BaseWriter(abc.ABC):
     @abc.abstractmethod
     def padded_vocab(spec: ModelSpec, tp: int) -> int:
         """The embedding rows this target stores for `spec` at `tp`."""
+
+    @staticmethod
+    def build_layout(num_layers: int, sizes: dict, options: dict) -> ParallelLayout:
+        """The layout this target stores `num_layers` layers in at `sizes` (`ParallelLayout.build`'s keywords),
+        given its `options` (MindSpeed-LLM's --noop-layers place identity layers among the stages' layers)."""
+        return ParallelLayout.build(num_layers, **sizes)
 
     @abc.abstractmethod
     def write(self, name: str, tensor: torch.Tensor) -> None:

@@ -293,7 +293,9 @@ def convert_here(src, dst, *, group=None, dst_format: str, src_format: str | Non
                                f"({spec.num_experts} experts): convert it --to hf or --to interop")
         out_dtype = DTYPE_CHOICES[dtype] or spec.dtype
         out_spec = spec.replace(padded_vocab=writer_cls.padded_vocab(spec, tp), dtype=out_dtype)
-        layout = ParallelLayout.build(spec.num_layers, tp, pp, vpp, first_stage_layers, last_stage_layers, ep, etp)
+        sizes = dict(tp=tp, pp=pp, vpp=vpp, first_stage_layers=first_stage_layers,
+                     last_stage_layers=last_stage_layers, ep=ep, etp=etp)
+        layout = writer_cls.build_layout(spec.num_layers, sizes, writer_options)
         index = tensor_index(out_spec, lora)
         metas_in = reader.metas()
         metas_out = []

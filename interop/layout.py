@@ -148,7 +148,7 @@ class ParallelLayout:
     def describe(self) -> str:
         parts = []
         for p, chunks in enumerate(self.stages):
-            ranges = ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in chunks)
+            ranges = ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" if b > a else "none" for a, b in chunks)
             parts.append(f"pp{p}: layers {ranges}")
         vpp = f" vpp={self.vpp}" if self.vpp > 1 else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""

@@ -17,7 +17,8 @@ bias the model lacks, the head of a tied model) are skipped.  Row order is the
 module order of Megatron's models, which is also the parameter order its optimizer uses.
 """
 from ..adapter import LoraNames
-from ..transforms import Copy, GatedMLP, GroupedExperts, GroupedQKV, PlainConcat, RowsSplit, WholeConcat
+from ..transforms import (Copy, GatedMLP, GroupedExperts, GroupedQKV, KVNopeRows, PlainConcat, QNopeRows, QRopeRows,
+                          RowsSplit, VRows, WholeConcat)
 
 _QKV_W = ["layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"]
 _QKV_B = ["layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"]
@@ -256,19 +257,31 @@ def _mindspeed_llm_mla(q_up: str, kv_up: str, kv_norm: str) -> list:
 
 MINDSPEED_LLM_MLA = _mindspeed_llm_mla("linear_q_up_proj", "linear_kv_up_proj", "kv_layernorm")
 MINDSPEED_LLM_QB_MLA = _mindspeed_llm_mla("linear_qb", "linear_kvb", "k_layernorm")
+# --mla-mm-split (convert_hf2mg.py set_model_layer_attn with mla_mm_split; model_builder.py names): the up projections
+# stored as bands of each head's rows, `linear_qk_nope` / `linear_qk_rope` of q_up and `linear_kv_nope` / `linear_v`
+# of kv_up, each cut by heads over tp (`HeadRows`); written after the norms, in that order
+MINDSPEED_LLM_MM_MLA = [row for row in MINDSPEED_LLM_MLA if not row[0].endswith(("_up_proj.weight",))] + [
+    (_MS + "linear_qk_nope.weight", QNopeRows, ["layers.{i}.attn.q_up.weight"]),
+    (_MS + "linear_qk_rope.weight", QRopeRows, ["layers.{i}.attn.q_up.weight"]),
+    (_MS + "linear_kv_nope.weight", KVNopeRows, ["layers.{i}.attn.kv_up.weight"]),
+    (_MS + "linear_v.weight", VRows, ["layers.{i}.attn.kv_up.weight"]),
+]
 # ... and its MTP modules' names where megatron-core's differ (convert_hf2mg.py set_model_postprocess /
 # set_mtp_postprocess, model_builder.py `mtp_final_layernorms` / `mtp_post_norm`: with MTP the model's final norm is
 # `final_layernorm.weight`, each module's `mtp.final_layernorms.{k}.weight`)
 _MINDSPEED_LLM_MTP = {"decoder.final_layernorm.weight": "final_layernorm.weight",
                       "mtp.layers.{k}.final_layernorm.weight": "mtp.final_layernorms.{k}.weight"}
-MTP_RENAMES = {"mindspeed_llm": _MINDSPEED_LLM_MTP, "mindspeed_llm_qb": _MINDSPEED_LLM_MTP}
+MTP_RENAMES = {"mindspeed_llm": _MINDSPEED_LLM_MTP, "mindspeed_llm_qb": _MINDSPEED_LLM_MTP,
+               "mindspeed_llm_mm": _MINDSPEED_LLM_MTP}
 # The order its converter fills a rank's state dict in (convert_hf2mg.py run(): set_model_preprocess, then per MTP
 # module set_mtp_preprocess (enorm, hnorm, eh_proj, the embedding copy), its layer, set_mtp_postprocess, then the
 # decoder layers (set_model_layer_norm, _attn, _mlp), then set_model_postprocess); a layer's keys in this order:
 MINDSPEED_LLM_LAYER_ORDER = (
     "input_layernorm.", "pre_mlp_layernorm.", "self_attention.linear_qkv.", "self_attention.linear_proj.",
     "self_attention.q_layernorm.", "self_attention.kv_layernorm.", "self_attention.k_layernorm.",
-    "self_attention.linear_q_up_proj.", "self_attention.linear_kv_up_proj.", "mlp.linear_fc1.", "mlp.linear_fc2.",
+    "self_attention.linear_q_up_proj.", "self_attention.linear_kv_up_proj.", "self_attention.linear_qk_nope.",
+    "self_attention.linear_qk_rope.", "self_attention.linear_kv_nope.", "self_attention.linear_v.",
+    "mlp.linear_fc1.", "mlp.linear_fc2.",
     "mlp.router.weight", "mlp.router.expert_bias", "mlp.shared_experts.linear_fc1.", "mlp.shared_experts.linear_fc2.",
     "mlp.experts.weight1", "mlp.experts.weight2")
 MINDSPEED_LLM_MTP_ORDER = ("enorm.", "hnorm.", "eh_proj.")
@@ -283,11 +296,7 @@ MINDSPEED_LLM_UNREAD_ARGS = {
                         "not read",
 }
 # Its layouts not read (yet), each refused in one line naming the flag that made it (convert_hf2mg.py).
-MINDSPEED_LLM_UNREAD = {
-    ".self_attention.linear_qk_nope.weight": "MindSpeed-LLM's --mla-mm-split layout (q_up / kv_up split into "
-                                             "linear_qk_nope, linear_qk_rope, linear_kv_nope, linear_v) is not read: "
-                                             "convert from HF without --mla-mm-split",
-}
+MINDSPEED_LLM_UNREAD: dict = {}
 
 
 def _mla_table(table: list, attention_rows: list) -> list:
@@ -347,14 +356,16 @@ LEGACY += LEGACY_SANDWICH
 TE_MOE_NORM = {"decoder.layers.{i}.pre_mlp_layernorm.weight", "decoder.layers.{i}.pre_mlp_layernorm.bias"}
 TE_FUSED_MLP_NORM = {"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "decoder.layers.{i}.mlp.linear_fc1.layer_norm_bias"}
 
-TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY, "mindspeed_llm": MCORE, "mindspeed_llm_qb": MCORE}
+TABLES = {"mcore": MCORE, "mcore_te": MCORE_TE, "legacy": LEGACY, "mindspeed_llm": MCORE, "mindspeed_llm_qb": MCORE,
+          "mindspeed_llm_mm": MCORE}
 # A multi-latent-attention model's tables (its attention rows and MTP modules; the legacy model has neither).
 # megatron-core's local spec gives MLA layers no sharded_state_dict_keys_map, so its torch_dist keys are its
 # state-dict names (`input_layernorm`, `pre_mlp_layernorm`, `q_layernorm`), not the Transformer Engine ones
 # (models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec: the map is on the non-MLA branch only).
 MLA_TABLES = {"mcore": _mla_table(MCORE, _mla(te=False)), "mcore_te": _mla_table(MCORE_TE, _mla(te=True)),
               "mindspeed_llm": _mla_table(MCORE, MINDSPEED_LLM_MLA),
-              "mindspeed_llm_qb": _mla_table(MCORE, MINDSPEED_LLM_QB_MLA)}
+              "mindspeed_llm_qb": _mla_table(MCORE, MINDSPEED_LLM_QB_MLA),
+              "mindspeed_llm_mm": _mla_table(MCORE, MINDSPEED_LLM_MM_MLA)}
 
 # Older legacy spellings, renamed component by component before a key is matched.
 LEGACY_ALIASES = {
@@ -410,6 +421,9 @@ def scheme_of(keys) -> str | None:
         return "mcore_te"
     if any(k.endswith((".self_attention.linear_qb.weight", ".self_attention.linear_kvb.weight")) for k in keys):
         return "mindspeed_llm_qb"
+    if any(k.endswith(".self_attention.linear_qkv.weight") for k in keys) and \
+            any(k.endswith(".self_attention.linear_kv_nope.weight") for k in keys):
+        return "mindspeed_llm_mm"  # its --mla-mm-split: the up projections as bands of each head's rows
     if any(k.endswith(".self_attention.linear_qkv.weight") for k in keys) and \
             any(k.endswith(".self_attention.linear_kv_up_proj.weight") for k in keys):
         return "mindspeed_llm"  # MLA's down projections fused in linear_qkv: MindSpeed-LLM's, not megatron-core's

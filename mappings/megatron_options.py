@@ -41,6 +41,13 @@ OPTIONS = (
                                      "mindspeed-llm (MindSpeed-LLM's convert_ckpt_v2: torch rank files with MLA's "
                                      "fused linear_qkv, grouped experts weight1/weight2, the vocabulary unpadded)."},
                  choices=("megatron-lm", "mindspeed-llm")),
+    FormatOption("noop_layers", {"convert": "Megatron output with --fork mindspeed-llm: MindSpeed-LLM's --noop-layers, "
+                                            "identity layers without weights at these layer positions (e.g. 1,5), "
+                                            "counted in num_layers, the positions split evenly over the stages."}),
+    FormatOption("mla_mm_split", {"convert": "Megatron output with --fork mindspeed-llm: MindSpeed-LLM's "
+                                             "--mla-mm-split, multi-latent attention's up projections stored as "
+                                             "linear_qk_nope / linear_qk_rope and linear_kv_nope / linear_v."},
+                 kind="flag"),
     FormatOption("dp", {"convert": "Megatron torch format with --distributed-optimizer: the dp distrib_optim.pt is "
                                    "laid out for."}, kind="int"),
 )

@@ -36,11 +36,12 @@ with ATorch's padded row.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+import cpu_ranks  # scripts/cpu_ranks.py (this folder is on the path of a script run)
 
 TP, DP, PP, STEPS = 2, 1, 2, 2
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -189,24 +190,14 @@ def expected(out: Path) -> None:
 
 def main() -> None:
     out = Path(sys.argv[1]).resolve()
-    if os.environ.get("RANK") is not None:
+    if cpu_ranks.is_rank():
         run(out)
         return
-    import subprocess
-
     out.mkdir(parents=True, exist_ok=True)
-    world = TP * DP * PP
-    env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29561",
-               WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"a rank failed: exit codes {codes}")
+    cpu_ranks.launch(__file__, TP * DP * PP, 29561)
     expected(out)
     hf_config().save_pretrained(str(out))
-    for name in ("zero_to_fp32.py", "zero_to_torch.py", "ds_to_universal.py"):
-        (out / name).unlink(missing_ok=True)
+    cpu_ranks.remove_deepspeed_copies(out)
     from importlib.metadata import version
     versions = {p: version(p) for p in ("atorch", "deepspeed", "torch", "transformers")}
     (out / "PROVENANCE").write_text(

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+import cpu_ranks  # scripts/cpu_ranks.py (this folder is on the path of a script run)
 import torch.nn.functional as F
 
 L, H, HEADS, D, FFN, VOCAB, POS = 4, 16, 4, 4, 32, 64, 32
@@ -287,22 +288,13 @@ def reference(out: Path) -> None:
 
 def main() -> None:
     out = Path(sys.argv[1]).resolve()
-    if os.environ.get("RANK") is not None:
+    if cpu_ranks.is_rank():
         run(out)
         return
-    import subprocess
-
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
-               WORLD_SIZE=str(TP * PP * DP), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(TP * PP * DP)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"a rank failed: exit codes {codes}")
+    cpu_ranks.launch(__file__, TP * PP * DP, 29533)
     reference(out)
-    for name in ("zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed copies its own scripts beside: not test data
-        (out / name).unlink(missing_ok=True)
+    cpu_ranks.remove_deepspeed_copies(out)
     versions = {"deepspeed": __import__("deepspeed").__version__, "torch": torch.__version__}
     (out / "PROVENANCE").write_text(
         "Made by scripts/make_deepspeed_fixtures.py (see its docstring) with "

@@ -18,11 +18,12 @@ memory (not from the files).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+import cpu_ranks  # scripts/cpu_ranks.py (this folder is on the path of a script run)
 import torch.nn.functional as F
 
 PP, DP, STEPS = 2, 2, 2
@@ -119,23 +120,14 @@ def expected(out: Path) -> None:
 
 def main() -> None:
     out = Path(sys.argv[1]).resolve()
-    if os.environ.get("RANK") is not None:
+    if cpu_ranks.is_rank():
         run(out)
         return
-    import subprocess
-
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29541",
-               WORLD_SIZE=str(PP * DP), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(PP * DP)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"a rank failed: exit codes {codes}")
+    cpu_ranks.launch(__file__, PP * DP, 29541)
     expected(out)
     hf_config().save_pretrained(str(out))
-    for name in ("zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed copies its own scripts beside: not test data
-        (out / name).unlink(missing_ok=True)
+    cpu_ranks.remove_deepspeed_copies(out)
     import transformers
     versions = {"deepspeed": __import__("deepspeed").__version__, "torch": torch.__version__,
                 "transformers": transformers.__version__}

@@ -43,11 +43,19 @@ CASES = {
                               mtp_num_layers=1, moe_grouped_gemm=True)),
     "ds3_tp2_ep2_nomtp": (dict(num_hidden_layers=3, num_experts_per_tok=4, num_nextn_predict_layers=0),
                           dict(target_tensor_parallel_size=2, target_expert_parallel_size=2, moe_grouped_gemm=True)),
-    # --noop-layers 1,5 (6 positions, 4 real layers): stage 0 holds local layers 0 and 2, stage 1 0 and 1; interop
-    # reads this layout but does not write it (no mg2hf_of_interop)
+    # --noop-layers 1,5 (6 positions, 4 real layers): stage 0 holds local layers 0 and 2, stage 1 0 and 1
     "ds3_pp2_noop15": (dict(num_hidden_layers=4, num_experts_per_tok=4),
                        dict(target_pipeline_parallel_size=2, noop_layers="1,5", mtp_num_layers=1,
                             moe_grouped_gemm=True)),
+    # --noop-layers 4,5 over 6 layers at pp 2 with 2-layer virtual chunks (8 positions): stage 0's second chunk
+    # holds noop layers only (its example layers_each_vpp [[2, 0], [2, 2]])
+    "ds3_pp2_vpp2_noop45": (dict(num_hidden_layers=6, num_experts_per_tok=4),
+                            dict(target_pipeline_parallel_size=2, num_layers_per_virtual_pipeline_stage=2,
+                                 noop_layers="4,5", mtp_num_layers=1, moe_grouped_gemm=True)),
+    # --mla-mm-split: q_up / kv_up as linear_qk_nope, linear_qk_rope, linear_kv_nope, linear_v, each cut by heads
+    "ds3_tp2_pp2_mmsplit": (dict(num_hidden_layers=4, num_experts_per_tok=4),
+                            dict(target_tensor_parallel_size=2, target_pipeline_parallel_size=2, mla_mm_split=True,
+                                 mtp_num_layers=1, moe_grouped_gemm=True)),
     # DeepSeek-V2-Lite: no query compression, so linear_qkv = [q_proj; kv_a]
     "ds2lite_tp2_pp2_ep2": (dict(hf_config="v2", num_hidden_layers=4, topk_method="greedy"),
                             dict(model_type_hf="deepseek2-lite", target_tensor_parallel_size=2,
@@ -110,13 +118,20 @@ def fingerprint(out: Path) -> dict:
     return {"tracker": (out / "latest_checkpointed_iteration.txt").read_text(), "args": args[0], "files": folders}
 
 
-def interop_layout(given: dict) -> dict:
-    """interop's convert() layout for Hf2MgConvert's arguments."""
+def interop_options(given: dict) -> dict:
+    """interop's convert() options for Hf2MgConvert's arguments."""
+    return {"fork": "mindspeed-llm", **({"noop_layers": given["noop_layers"]} if given.get("noop_layers") else {}),
+            **({"mla_mm_split": True} if given.get("mla_mm_split") else {})}
+
+
+def interop_layout(given: dict, layers: int) -> dict:
+    """interop's convert() layout for Hf2MgConvert's arguments over a model of `layers` layers."""
+    positions = layers + len(given["noop_layers"].split(",") if given.get("noop_layers") else [])
     tp, pp, ep = (given.get(f"target_{x}_parallel_size", 1) for x in ("tensor", "pipeline", "expert"))
     counts = [int(n) for n in given["num_layer_list"].split(",")] if given.get("num_layer_list") else None
     vpp = 1
     if given.get("num_layers_per_virtual_pipeline_stage"):
-        vpp = 4 // pp // given["num_layers_per_virtual_pipeline_stage"]  # the cases' 4 layers
+        vpp = positions // pp // given["num_layers_per_virtual_pipeline_stage"]
     return dict(tp=tp, pp=pp, ep=ep, vpp=vpp, first_stage_layers=counts[0] if counts else None)
 
 
@@ -124,12 +139,15 @@ def mg2hf_of_interop(root: Path, hf: Path, work: Path, changes: dict, given: dic
     """interop writes `hf` as MindSpeed-LLM; MindSpeed-LLM's Mg2HfConvert reads it back: what it lost or changed."""
     from interop.convert import convert
 
-    convert(hf, work / "interop", dst_format="megatron", **interop_layout(given), options={"fork": "mindspeed-llm"})
+    convert(hf, work / "interop", dst_format="megatron", **interop_layout(given, changes["num_hidden_layers"]),
+            options=interop_options(given))
     back = work / "mindspeed_llm_hf"
     converter_module(root, "convert_mg2hf").Mg2HfConvert(cli_args(
         work / "interop", back, load_model_type="mg", save_model_type="hf", hf_cfg_dir=str(hf),
         model_type_hf=given.get("model_type_hf", "deepseek3"),
         mtp_num_layers=given.get("mtp_num_layers", 0), moe_grouped_gemm=given.get("moe_grouped_gemm", False),
+        noop_layers=given.get("noop_layers"),
+        mla_mm_split=given.get("mla_mm_split", False),
         num_layers_per_virtual_pipeline_stage=given.get("num_layers_per_virtual_pipeline_stage"))).run()
     want, got = load_file(hf / "model.safetensors"), {}
     for f in sorted(back.glob("*.safetensors")):
@@ -157,8 +175,7 @@ def main() -> None:
                       "hf_config_changes": changes, "arguments": given,
                       "hf": {k: sha(v) for k, v in sorted(load_file(hf / "model.safetensors").items())},
                       **fingerprint(mg)}
-            if not given.get("noop_layers"):
-                record["mg2hf_of_interop"] = mg2hf_of_interop(a.mindspeed_llm, hf, Path(tmp), changes, given)
+            record["mg2hf_of_interop"] = mg2hf_of_interop(a.mindspeed_llm, hf, Path(tmp), changes, given)
         (a.out / f"{case}.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
         print(f"{case}: {len(record['files'])} rank files")
 

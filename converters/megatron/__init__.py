@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ...contract import BaseReader, BaseWriter
 from ...errors import InteropError
+from ...layout import ParallelLayout
 from . import lora, mindspeed_llm, torch_format
 from .args import padded_vocab as _padded_vocab
 from .checkpoint import TRACKER, has_rank_dirs, is_dist_dir, iteration_dir
@@ -74,7 +75,8 @@ class Writer(BaseWriter):
     """The format's writer: opening one gives the writer of the `format` asked for (`--format`, default
     torch), a `torch_format.Writer` or a `torch_dist.Writer` (each subclasses `BaseWriter` itself)."""
 
-    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl", "fork")
+    options = ("format", "iteration", "distributed_optimizer", "dp", "transformer_impl", "fork", "noop_layers",
+               "mla_mm_split")
     splits = True
     holds_moe = True  # routed experts, router and shared experts, at any --ep (torch: EP rank folders)
     holds_adapter = True  # LoRA adapters: MindSpeed-LLM's (torch format, `lora.Writer`), Megatron-Bridge's
@@ -85,9 +87,20 @@ class Writer(BaseWriter):
     no_fp8 = ("holds FP8-trained weights in high precision (megatron-core's load dequantises its FP8 parameters "
               "before reading a checkpoint into them): convert with --dtype bf16")
 
+    @staticmethod
+    def build_layout(num_layers: int, sizes: dict, options: dict) -> ParallelLayout:
+        """MindSpeed-LLM's layout places its --noop-layers among the layers; megatron-core has none."""
+        if options.get("fork") == "mindspeed-llm":
+            return mindspeed_llm.Writer.build_layout(num_layers, sizes, options)
+        if options.get("noop_layers") is not None:
+            raise InteropError("--noop-layers is MindSpeed-LLM's (identity layers megatron-core does not build): "
+                               "write it with --fork mindspeed-llm")
+        return ParallelLayout.build(num_layers, **sizes)
+
     def __new__(cls, root, spec, layout, metas, format: str | None = None, iteration: int | None = None,
                 distributed_optimizer: bool | None = None, dp: int | None = None, transformer_impl: str | None = None,
-                fork: str | None = None, only=None, adapter=None):
+                fork: str | None = None, noop_layers: str | None = None, mla_mm_split: bool | None = None, only=None,
+                adapter=None):
         if adapter is not None:
             if distributed_optimizer or dp is not None:
                 raise InteropError("Megatron LoRA adapters are written without optimizer options: leave out "
@@ -108,7 +121,11 @@ class Writer(BaseWriter):
             if given:
                 raise InteropError(f"--fork mindspeed-llm writes MindSpeed-LLM's torch rank files as its converter "
                                    f"does (local spec, no distrib_optim.pt): leave out {given[0]}")
-            return mindspeed_llm.Writer(root, spec, layout, metas, iteration=iteration, only=only)
+            return mindspeed_llm.Writer(root, spec, layout, metas, iteration=iteration, noop_layers=noop_layers,
+                                        mla_mm_split=mla_mm_split, only=only)
+        if mla_mm_split:
+            raise InteropError("--mla-mm-split is MindSpeed-LLM's layout (megatron-core stores the up projections "
+                               "whole): write it with --fork mindspeed-llm")
         if format == "torch_dist":
             return _torch_dist().Writer(root, spec, layout, metas, iteration=iteration,
                                         distributed_optimizer=distributed_optimizer, transformer_impl=transformer_impl,

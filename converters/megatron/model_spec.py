@@ -52,6 +52,24 @@ def model_args(stored: dict | None, model_config, ranks: RankFiles, notes: list[
     return M.complete(explicit)
 
 
+def without_noop(full: dict, notes: list[str]) -> dict:
+    """MindSpeed-LLM's args count its --noop-layers (identity layers without weights) in num_layers: the model's
+    are the rest, and the per-layer moe_layer_freq list interop writes with them loses the noop positions alike
+    (MindSpeed-LLM's layout; the others' noop_layers are read by mappings/megatron_spec.py noop_positions, which
+    refuses a per-layer pattern beside them)."""
+    text = full.get("noop_layers")
+    if not text:
+        return full
+    noop = {int(x) for x in str(text).split(",")}
+    freq = full.get("moe_layer_freq")
+    out = dict(full, num_layers=full["num_layers"] - len(noop), noop_layers=None)  # resolved here, in its numbering
+    if isinstance(freq, list) and len(freq) == full["num_layers"]:
+        out["moe_layer_freq"] = [f for i, f in enumerate(freq) if i not in noop]
+    notes.append(f"noop layers at positions {text} (MindSpeed-LLM's identity layers without weights): "
+                 f"the {out['num_layers']} real layers of num_layers {full['num_layers']} read")
+    return out
+
+
 def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str], stated: int | None = None) -> ModelSpec:
     """The ModelSpec: the args, with the padded vocabulary the embedding's rows say (`stated`: the padded size
     the checkpoint's own args state, checked against them)."""
@@ -66,6 +84,8 @@ def spec_of(full: dict, model: ModelState, ranks: RankFiles, notes: list[str], s
                                                f"{ranks.files[(0, 0)].path}: {emb_key} over tp={ranks.tp}")
     notes += vocab_notes
     full = dict(full, padded_vocab_size=rows, vocab_size=vocab)
+    if model.scheme.startswith("mindspeed_llm"):
+        full = without_noop(full, notes)
     dtype = NAME_OF_DTYPE.get(emb.dtype, "float32")
     if full.get("untie_embeddings_and_output_weights") is None:
         full["untie_embeddings_and_output_weights"] = False

@@ -67,6 +67,15 @@ _EXTRA_STATE = re.compile("|".join(re.sub(r"\\\{[ijk]\\\}", r"\\d+", re.escape(m
 # ------------------------------------------------------------------------------------------------
 # Reading
 
+def bands_of(rows) -> dict:
+    """{canonical name: its rows} of the canonical tensors stored as several bands of rows (`HeadRows`)."""
+    out: dict = {}
+    for r in rows:
+        if not r.transform.covers_part:
+            out.setdefault(r.parts[0], []).append(r)
+    return out
+
+
 class Reader(BaseReader):
     """A Megatron checkpoint in the `torch` format (rank files)."""
 
@@ -108,6 +117,7 @@ class Reader(BaseReader):
         check_tensors(model, ranks, self.rows, spec, notes, compare_tied=verify)
         check_distinct_ranks(model, ranks, self.rows, notes, allow_identical_ranks)
         self.row_of = {n: (r, j) for r in self.rows if r.transform.reads_back for j, n in enumerate(r.parts)}
+        self.bands = bands_of(self.rows)
         optimizer = OptimizerState(ranks, model, self.rows, spec, stored or {}, first)
         self.moments, self.moment_files = optimizer.moments, optimizer.files  # (distrib_optim.pt: their own files)
         hyper = optimizer.hyper
@@ -193,6 +203,8 @@ class Reader(BaseReader):
 
     def read(self, name: str) -> torch.Tensor:
         dicts, base, files = self._stored(name)
+        if base in self.bands:
+            return self._read_bands(dicts, files, base)
         row, j = self.row_of[base]
         if len(row.parts) == 1:
             return self._read_row(dicts, files, row)[0]
@@ -203,11 +215,19 @@ class Reader(BaseReader):
                 self._cache.popitem(last=False)
         return self._cache[ident][j]
 
+    def _read_bands(self, dicts: dict, files: dict, base: str, out: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """A canonical tensor stored as bands of its heads' rows (`HeadRows`), each band's row read into it."""
+        for row in self.bands[base]:
+            out = self._read_row(dicts, files, row, out)
+        return out[0]
+
     def byte_ranges(self, name: str) -> list[tuple[str, int, int]] | None:
         """`name`'s bytes as ranges (path, offset, bytes) of the rank files in row-major order, when every
         rank holds its part as runs of whole rows (q, k, v of a fused QKV, gate and up, vocab blocks,
         replicated norms); None for a split on dim 1 or a file without record offsets."""
         dicts, base, files = self._stored(name)
+        if base in self.bands:
+            return None
         row, j = self.row_of[base]
         dicts, files = self._on_ep_rank(dicts, files, row)
         replicated = self._replicated(row)
@@ -241,6 +261,9 @@ class Reader(BaseReader):
     def read_into(self, name: str, out: torch.Tensor) -> bool:
         """Fill `out` with `name` when its Megatron tensor holds nothing else (not fused); else False."""
         dicts, base, files = self._stored(name)
+        if base in self.bands:
+            self._read_bands(dicts, files, base, [out])
+            return True
         row, _ = self.row_of[base]
         if len(row.parts) != 1:
             return False
@@ -338,6 +361,7 @@ class Writer(BaseWriter):
                                "is laid out in the local spec's parameter order only (write --format torch_dist)")
         self.rows = self._expand_rows(te)
         self.row_of = {n: r for r in self.rows if r.transform.reads_back for n in r.parts}
+        self.bands = bands_of(self.rows)
         self.tied_rows = [r for r in self.rows if not r.transform.reads_back]
         self.names = {m.name for m in metas}
         self.optim_kinds = sorted({key.kind for key in map(TensorKey.parse, self.names) if key.is_optim})
@@ -436,9 +460,10 @@ class Writer(BaseWriter):
             return
         if self.index[base].split == "vocab":  # the largest tensor: the layers' buffers would only add to the peak
             self.memory.release_idle()
-        fused = row.transform
-        self._place(kind, row, base, lambda rank, n: fused.to_rank(
-            parts, rank, n, out=self.memory.empty(fused.rank_shape(rank, n), parts[0].dtype)))
+        for row in self.bands.get(base, (row,)):
+            fused = row.transform
+            self._place(kind, row, base, lambda rank, n: fused.to_rank(
+                parts, rank, n, out=self.memory.empty(fused.rank_shape(rank, n), parts[0].dtype)))
 
     def _place(self, kind: str, row, base: str, piece_of) -> None:
         """Each owned shard's stored tensor (`piece_of(shard, shards)`) into its rank files (or distrib_optim.pt):
@@ -471,7 +496,8 @@ class Writer(BaseWriter):
         kind = TensorKey.parse(names[0]).kind or ""
         row = self.row_of.get(base)
         prefix = names[0][:len(names[0]) - len(base)]
-        return (row is not None and (not kind or kind in self.optim_kinds) and row.transform == transform
+        return (row is not None and base not in self.bands and (not kind or kind in self.optim_kinds)
+                and row.transform == transform
                 and [prefix + n for n in row.parts] == list(names))
 
     def write_fused(self, names: list[str], fused: torch.Tensor) -> None:

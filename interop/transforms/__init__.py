@@ -10,6 +10,7 @@ from .copy import Copy, RowsSplit, Tied
 from .experts import GroupedExperts
 from .fp8 import BlockScaledFP8
 from .grouped_qkv import GroupedQKV
+from .head_rows import HeadRows, KVNopeRows, QNopeRows, QRopeRows, VRows
 from .interleave import Interleave
 from .interleaved_experts import InterleavedExperts
 from .mxfp4 import MXFP4
@@ -19,4 +20,5 @@ from .stack import Stack
 from .transpose import Transpose
 
 __all__ = ["Transform", "Copy", "RowsSplit", "Tied", "Transpose", "PlainConcat", "GatedMLP", "GroupedQKV", "Interleave",
-           "RopePairs", "Stack", "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput", "WholeConcat"]
+           "RopePairs", "Stack", "GroupedExperts", "InterleavedExperts", "BlockScaledFP8", "MXFP4", "SharedInput", "WholeConcat",
+           "HeadRows", "QNopeRows", "QRopeRows", "KVNopeRows", "VRows"]

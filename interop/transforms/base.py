@@ -40,6 +40,9 @@ class Transform:
     keeps_rows = True  # False when a rank's stored rows are not whole rows of the whole stored tensor (Transpose...)
     every_expert = False  # True when one stored tensor holds a tensor of every expert (of its EP rank): Stack
     unchanged = False  # True when the stored tensor IS the one canonical tensor at tp 1 (its bytes copy as they are)
+    # False when the stored tensor holds a band of its one canonical tensor and other rows the rest (HeadRows): a
+    # reader fills the canonical tensor from each of them, a writer stores it into each
+    covers_part = True
 
     def __init__(self, shapes, axis: int | None):
         self.shapes = [tuple(s) for s in shapes]

@@ -7,7 +7,10 @@ c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91) over helpers/deepseek_models.py's tiny
 first layer dense, 8 experts, fp32, --moe-grouped-gemm) in three layouts: tp 2, pp 2 with --num-layer-list 1,3, ep 2, --mtp-num-layers 1
 (mp_rank_TT_PPP_EEE); tp 1, pp 2, --num-layers-per-virtual-pipeline-stage 1 with MTP (model0 / model1); tp 2,
 ep 2 without MTP (mp_rank_TT_EEE); DeepSeek-V2-Lite (no query compression: `linear_qkv` = [q_proj; kv_a], whole on
-every rank; --model-type-hf deepseek2-lite) at tp 2, pp 2, ep 2.  tests/fixtures/mindspeed_llm/<case>.json holds what it wrote: the folders
+every rank; --model-type-hf deepseek2-lite) at tp 2, pp 2, ep 2; --noop-layers 1,5 at pp 2 (stage 0's real layers
+numbered 0 and 2) and --noop-layers 4,5 over 6 layers at pp 2 with 2-layer virtual chunks (stage 0's second chunk
+`model1` empty), written by interop with the same --noop-layers; --mla-mm-split at tp 2, pp 2 (`linear_qk_nope` /
+`linear_qk_rope` / `linear_kv_nope` / `linear_v`: bands of each head's rows of q_up / kv_up, cut by heads).  tests/fixtures/mindspeed_llm/<case>.json holds what it wrote: the folders
 (iter_0000001/...), the tracker ("1"), each rank file's entries (args, checkpoint_version 3.0, iteration 1,
 model or model0..), every tensor in stored order with shape, dtype and sha256, and its args namespace.  Facts it
 pins (convert_hf2mg.py): `linear_qkv` = cat(q_a_proj, kv_a_proj_with_mqa) whole on every TP rank
@@ -34,7 +37,7 @@ from helpers.deepseek_models import save, v2_config, v3_config
 from interop.convert import convert
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "mindspeed_llm"
-CASES = sorted(f.stem for f in FIXTURES.glob("*.json") if "noop" not in f.stem)  # written by interop
+CASES = sorted(f.stem for f in FIXTURES.glob("*.json"))
 # args fields MindSpeed-LLM's converter writes that describe the model and the layout (its Mg2HfConvert reads
 # them back); the rest of its namespace is the HF config.json's keys as they are, the converter's own paths, and
 # model_cfg.json's `base` training defaults (seq_length 4096, add_position_embedding true, ...), not the model's.
@@ -44,7 +47,7 @@ MODEL_ARGS = ("hidden_size", "num_layers", "num_attention_heads", "num_key_value
               "qk_layernorm", "mla_mm_split", "mtp_num_layers", "moe_grouped_gemm", "num_layer_list", "swiglu",
               "normalization", "norm_epsilon", "untie_embeddings_and_output_weights", "tensor_model_parallel_size",
               "pipeline_model_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
-              "transformer_impl", "max_position_embeddings")
+              "transformer_impl", "max_position_embeddings", "noop_layers", "num_layers_per_virtual_pipeline_stage")
 
 
 def sha(t: torch.Tensor) -> str:
@@ -56,12 +59,25 @@ def oracle(request):
     return json.loads((FIXTURES / f"{request.param}.json").read_text())
 
 
-def layout_of(given: dict) -> dict:
-    """interop's layout for Hf2MgConvert's arguments (its cases have 4 layers where they use vpp)."""
+def layout_of(oracle: dict) -> dict:
+    """interop's layout for Hf2MgConvert's arguments over the case's model (its layer positions: the model's
+    layers and the noop layers)."""
+    given = oracle["arguments"]
     tp, pp, ep = (given.get(f"target_{x}_parallel_size", 1) for x in ("tensor", "pipeline", "expert"))
     per_chunk = given.get("num_layers_per_virtual_pipeline_stage")
     first = int(given["num_layer_list"].split(",")[0]) if given.get("num_layer_list") else None
-    return dict(tp=tp, pp=pp, ep=ep, vpp=4 // pp // per_chunk if per_chunk else 1, first_stage_layers=first)
+    positions = oracle["hf_config_changes"]["num_hidden_layers"] + len(noop_of(given).split(",") if noop_of(given) else [])
+    return dict(tp=tp, pp=pp, ep=ep, vpp=positions // pp // per_chunk if per_chunk else 1, first_stage_layers=first)
+
+
+def noop_of(given: dict) -> str | None:
+    return given.get("noop_layers")
+
+
+def options_of(given: dict) -> dict:
+    """--fork mindspeed-llm, with the case's --noop-layers and --mla-mm-split."""
+    return {"fork": "mindspeed-llm", **({"noop_layers": noop_of(given)} if noop_of(given) else {}),
+            **({"mla_mm_split": True} if given.get("mla_mm_split") else {})}
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +88,7 @@ def written(tmp_path_factory, oracle):
     changes = dict(oracle["hf_config_changes"])
     config = {"v3": v3_config, "v2": v2_config}[changes.pop("hf_config", "v3")](**changes)
     save(config, root / "hf", mtp=bool(given.get("mtp_num_layers")))
-    summary = convert(root / "hf", root / "msl", dst_format="megatron", **layout_of(given),
-                      options={"fork": "mindspeed-llm"})
+    summary = convert(root / "hf", root / "msl", dst_format="megatron", **layout_of(oracle), options=options_of(given))
     return root, summary
 
 
@@ -110,13 +125,19 @@ def test_the_args_state_what_mindspeed_llms_converter_states(written, oracle):
         assert args["num_layers_per_virtual_pipeline_stage"] == oracle["args"]["num_layers_per_virtual_pipeline_stage"]
     assert (args["padded_vocab_size"], args["make_vocab_size_divisible_by"]) == (1000, 1)  # its recipes' flags
     assert any("1000 vocabulary rows unpadded" in n for n in written[1].notes)  # Megatron's divisor would pad
+    if oracle["arguments"].get("noop_layers"):
+        noop = oracle["arguments"]["noop_layers"]
+        assert any(f"noop layers at positions {noop}: num_layers {args['num_layers']}" in n for n in written[1].notes)
+        if oracle["arguments"].get("num_layers_per_virtual_pipeline_stage"):  # stage 0's second chunk: noop only
+            assert written[1].layout == "tp=1 pp=2 vpp=2 (pp0: layers 0-1, none; pp1: layers 2-3, 4-5)"
 
 
 def test_mindspeed_llms_own_reader_took_interops_output(oracle):
     """Recorded by the fixture script: MindSpeed-LLM's Mg2HfConvert on interop's output (no --model-config: the args
     namespace interop wrote) gives every HF tensor back equal; it never writes the MTP head copy."""
     mtp = oracle["arguments"].get("mtp_num_layers")
-    assert oracle["mg2hf_of_interop"] == {"missing": ["model.layers.4.shared_head.head.weight"] if mtp else [],
+    head = f"model.layers.{oracle['hf_config_changes']['num_hidden_layers']}.shared_head.head.weight"
+    assert oracle["mg2hf_of_interop"] == {"missing": [head] if mtp else [],
                                           "extra": [], "differ": []}
 
 
@@ -127,8 +148,9 @@ def test_hf_through_mindspeed_llm_and_back_is_byte_identical(written, oracle, tm
     from interop.converters import megatron as meg
     reader = meg.Reader(root / "msl")
     try:
-        assert reader.source.state["megatron"]["scheme"] == "mindspeed_llm"
-        want = meg.torch_format.ParallelLayout.build(reader.source.spec.num_layers, **layout_of(oracle["arguments"]))
+        mm = oracle["arguments"].get("mla_mm_split")  # its up projections as bands of each head's rows
+        assert reader.source.state["megatron"]["scheme"] == ("mindspeed_llm_mm" if mm else "mindspeed_llm")
+        want = meg.Writer.build_layout(reader.source.spec.num_layers, layout_of(oracle), options_of(oracle["arguments"]))
         assert (reader.source.layout.stages, reader.source.layout.ep) == (want.stages, want.ep)
     finally:
         reader.close()
@@ -216,52 +238,104 @@ def test_a_sources_optimizer_state_is_left_out_and_said(tmp_path):
 
 
 def test_layouts_not_read_are_refused_naming_their_flag(tmp_path):
-    """--mla-mm-split's split up projections (convert_hf2mg.py _generate_attn_mm_split_key) are refused in one line;
-    so is a gap in a megatron-core checkpoint's local layer numbers (only MindSpeed-LLM's noop layers make one)."""
+    """A gap in a megatron-core checkpoint's local layer numbers (only MindSpeed-LLM's noop layers make one), and an
+    --mla-mm-split checkpoint missing one band (linear_qk_rope: q_up would be half read): one line each."""
     import shutil
 
     from helpers.hostile import assert_one_error, run
 
     save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
-    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2, options={"fork": "mindspeed-llm"})
+    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2,
+            options={"fork": "mindspeed-llm", "mla_mm_split": True})
     convert(tmp_path / "hf", tmp_path / "mcore", dst_format="megatron", pp=2)
-    for what, rename, why in (("msl", ("self_attention.linear_q_up_proj.", "self_attention.linear_qk_nope."),
-                               "--mla-mm-split"),
-                              ("mcore", ("decoder.layers.1.", "decoder.layers.2."), "are not 0..n-1")):
+    for what, change, why in (
+            ("msl", lambda m: {k: v for k, v in m.items() if not k.endswith("1.self_attention.linear_qk_rope.weight")},
+             "decoder.layers.1.self_attention.linear_qk_rope.weight is missing"),
+            ("mcore", lambda m: {k.replace("decoder.layers.1.", "decoder.layers.2."): v for k, v in m.items()},
+             "are not 0..n-1")):
         copy = tmp_path / f"{what}-changed"
         shutil.copytree(tmp_path / what, copy)
         for f in copy.glob("*/mp_rank_00_001/model_optim_rng.pt"):
             obj = torch.load(f, weights_only=False)
-            obj["model"] = {k.replace(*rename): v for k, v in obj["model"].items()}
+            obj["model"] = change(obj["model"])
             torch.save(obj, f)
         assert_one_error(*run("convert", copy, tmp_path / "out", "--to", "hf"), why)
         assert not (tmp_path / "out").exists()
 
 
-def test_noop_layers_are_read_as_mindspeed_llm_numbers_them(tmp_path):
-    """--noop-layers 1,5 over 4 real layers at pp 2 (fixture ds3_pp2_noop15.json, MindSpeed-LLM's own output): its
-    convert.py generate_pp_local_layer_idx numbers stage 0's real layers 0 and 2 (position 1 is a noop layer) and
-    stage 1's 0 and 1.  Its files, rebuilt here from interop's pp 2 output renumbered so and checked against the
-    fixture tensor for tensor, read with --model-config to the HF tensors they came from."""
-    import argparse
+def test_mla_mm_split_read_again_is_kept_when_asked_and_said_when_not(tmp_path):
+    """An --mla-mm-split checkpoint (tp 2) written as MindSpeed-LLM at tp 1 with the flag: each band the heads' rows
+    of all tp 2 ranks joined; without it the up projections whole and a note naming the flag; for megatron-core, a
+    target without --fork mindspeed-llm, or a model without query compression (its converter splits q_up only
+    where there is one: V2-Lite's q_b_proj is never set), one error line."""
+    from helpers.hostile import assert_one_error, run
 
-    oracle = json.loads((FIXTURES / "ds3_pp2_noop15.json").read_text())
-    save(v3_config(**oracle["hf_config_changes"]), tmp_path / "hf", mtp=True)
-    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2, options={"fork": "mindspeed-llm"})
-    for folder, want in oracle["files"].items():
-        f = tmp_path / "msl" / folder / "model_optim_rng.pt"
-        obj = torch.load(f, weights_only=False)
-        if folder.endswith("_000"):
-            obj["model"] = {k.replace("decoder.layers.1.", "decoder.layers.2."): v for k, v in obj["model"].items()}
-        got = [[k, list(v.shape), str(v.dtype).replace("torch.", ""), sha(v)] for k, v in obj["model"].items()]
-        assert got == want["models"]["model"], folder
-        obj["args"] = argparse.Namespace(**oracle["args"])
-        torch.save(obj, f)
-    summary = convert(tmp_path / "msl", tmp_path / "back", dst_format="hf",
-                      options={"model_config": str(tmp_path / "hf" / "config.json")})
-    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
-    assert sorted(a) == sorted(b) and [k for k in a if not torch.equal(a[k], b[k])] == []
-    assert any("1 local layer numbers skipped by MindSpeed-LLM's noop layers" in n for n in summary.notes)
+    save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
+    mm = {"fork": "mindspeed-llm", "mla_mm_split": True}
+    convert(tmp_path / "hf", tmp_path / "tp2", dst_format="megatron", tp=2, options=mm)
+    convert(tmp_path / "tp2", tmp_path / "tp1", dst_format="megatron", options=mm)
+    convert(tmp_path / "hf", tmp_path / "direct", dst_format="megatron", options=mm)
+    x, y = (torch.load(tmp_path / d / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
+            for d in ("tp1", "direct"))
+    assert list(x["model"]) == list(y["model"]) and all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"])
+    assert vars(x["args"])["mla_mm_split"] is True
+    summary = convert(tmp_path / "tp2", tmp_path / "whole", dst_format="megatron", options={"fork": "mindspeed-llm"})
+    assert any("--mla-mm-split layout was not kept" in n for n in summary.notes)
+    whole = torch.load(tmp_path / "whole" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt", weights_only=False)
+    assert "decoder.layers.0.self_attention.linear_q_up_proj.weight" in whole["model"]
+    save(v2_config(num_hidden_layers=2, topk_method="greedy"), tmp_path / "v2")
+    for src, flags, why in ((tmp_path / "hf", ("--to", "megatron"), "write it with --fork mindspeed-llm"),
+                            (tmp_path / "v2", ("--to", "megatron", "--fork", "mindspeed-llm"), "no query compression")):
+        assert_one_error(*run("convert", src, tmp_path / "out", *flags, "--mla-mm-split"), why)
+        assert not (tmp_path / "out").exists()
+
+
+def test_noop_layers_read_again_are_kept_when_asked_and_said_when_not(tmp_path):
+    """MindSpeed-LLM's noop output (ds3_pp2_noop15's layout) written as MindSpeed-LLM again: with --noop-layers 1,5
+    the same tensors under the same keys; without, its 4 real layers as num_layers 4 and a note naming the flag
+    (the noop positions are a training layout of the source's pipeline: a new --pp may not hold them, so they are
+    kept only when asked; identity layers, so nothing computed is lost either way)."""
+    save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
+    noop = {"fork": "mindspeed-llm", "noop_layers": "1,5"}
+    convert(tmp_path / "hf", tmp_path / "msl", dst_format="megatron", pp=2, options=noop)
+    convert(tmp_path / "msl", tmp_path / "kept", dst_format="megatron", pp=2, options=noop)
+    for f in sorted((tmp_path / "msl").glob("iter_*/*/model_optim_rng.pt")):
+        a, b = (torch.load(d / f.relative_to(tmp_path / "msl"), weights_only=False)
+                for d in (tmp_path / "msl", tmp_path / "kept"))
+        assert list(a["model"]) == list(b["model"]) and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        assert (vars(b["args"])["num_layers"], vars(b["args"])["noop_layers"]) == (6, "1,5")
+    summary = convert(tmp_path / "msl", tmp_path / "dropped", dst_format="megatron", pp=2,
+                      options={"fork": "mindspeed-llm"})
+    assert any("the source's noop layers (1,5" in n and "pass --noop-layers 1,5" in n for n in summary.notes)
+    args = vars(torch.load(tmp_path / "dropped" / "iter_0000001" / "mp_rank_00_001" / "model_optim_rng.pt",
+                           weights_only=False)["args"])
+    assert (args["num_layers"], args["noop_layers"]) == (4, None)
+    summary = convert(tmp_path / "msl", tmp_path / "mcore", dst_format="megatron", pp=2)  # megatron-core: none
+    args = vars(torch.load(tmp_path / "mcore" / "iter_0000001" / "mp_rank_00_001" / "model_optim_rng.pt",
+                           weights_only=False)["args"])
+    assert (args["num_layers"], args.get("noop_layers")) == (4, None)
+
+
+def test_noop_layers_bad_input_is_one_line(tmp_path):
+    """Positions outside the model's, repeated, not splitting evenly over the stages (convert_hf2mg.py
+    _valid_parameter: num_layers % pp), a stage of noop layers only, with --first-stage-layers (its num_layer_list:
+    "num_layer_list and noop_layers cannot be configured at the same time"), or for megatron-core: one error line,
+    nothing written."""
+    from helpers.hostile import assert_one_error, run
+
+    save(v3_config(num_hidden_layers=4, num_experts_per_tok=4), tmp_path / "hf", mtp=True)
+    msl = ("--to", "megatron", "--fork", "mindspeed-llm")
+    cases = [((*msl, "--noop-layers", "6"), "6 is not a position"),
+             ((*msl, "--noop-layers", "1,1"), "a position is repeated"),
+             ((*msl, "--noop-layers", "x"), "expected layer positions"),
+             ((*msl, "--pp", "2", "--noop-layers", "1"), "5 layer positions"),
+             ((*msl, "--pp", "2", "--noop-layers", "0,1,2,3"), "pipeline stage 0 would hold noop layers only"),
+             ((*msl, "--pp", "2", "--first-stage-layers", "1", "--noop-layers", "1,5"),
+              "num_layer_list and noop_layers cannot be configured at the same time"),
+             (("--to", "megatron", "--noop-layers", "1,5"), "write it with --fork mindspeed-llm")]
+    for flags, why in cases:
+        assert_one_error(*run("convert", tmp_path / "hf", tmp_path / "out", *flags), why)
+        assert not (tmp_path / "out").exists()
 
 
 def test_split_over_workers_and_an_asked_iteration(tmp_path):

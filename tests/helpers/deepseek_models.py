@@ -43,11 +43,12 @@ def v2_config(**changes):
 
 
 def build(config, seed: int = 0):
-    """transformers' model for `config`, every tensor random (norms near 1, the correction bias spread)."""
+    """transformers' model for `config` (DeepSeek-V3 / V2, GLM-4.5: any with a correction bias), every tensor random
+    (norms near 1, the correction bias spread)."""
     transformers = __import__("transformers")
     torch.manual_seed(seed)
-    cls = transformers.DeepseekV3ForCausalLM if config.model_type == "deepseek_v3" else \
-        transformers.DeepseekV2ForCausalLM
+    cls = {"deepseek_v3": transformers.DeepseekV3ForCausalLM, "deepseek_v2": transformers.DeepseekV2ForCausalLM,
+           "glm4_moe": transformers.Glm4MoeForCausalLM}[config.model_type]
     model = cls(config)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -3,9 +3,7 @@ added the way the zai-org/GLM-4.5 release stores it (`model.layers.{L}.*` after 
 DeepSeek-V3's)."""
 from __future__ import annotations
 
-import torch
-
-from helpers.deepseek_models import mtp_tensors
+from helpers import deepseek_models
 
 VOCAB = 1000  # not a multiple of 128
 
@@ -25,27 +23,9 @@ def config(**changes):
     return transformers.Glm4MoeConfig(**kwargs)
 
 
-def build(cfg, seed: int = 0):
-    """transformers' model for `cfg`, every tensor random (norms near 1, the correction bias spread)."""
-    transformers = __import__("transformers")
-    torch.manual_seed(seed)
-    model = transformers.Glm4MoeForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn_like(b) * 0.05)
-    return model.eval()
+build = deepseek_models.build  # transformers' Glm4MoeForCausalLM for the config, every tensor random
 
 
 def save(cfg, path, seed: int = 0, mtp: bool = True):
     """Save transformers' model (hub layout: one tensor per expert); `mtp` adds the release's MTP tensors."""
-    from safetensors.torch import load_file, save_file
-    model = build(cfg, seed)
-    model.save_pretrained(path)
-    if mtp:
-        tensors = load_file(path / "model.safetensors")
-        tensors.update(mtp_tensors(model, tensors))
-        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    return model
+    return deepseek_models.save(cfg, path, seed, mtp)
