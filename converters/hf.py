@@ -27,6 +27,7 @@ from ..hf_named import hf_rows, hf_table
 from ..mappings.hf_names import FP8_KEEP, IGNORED_SUFFIXES, MIRRORS, STACKED_EXPERT_SUFFIXES
 from ..params import TensorKey, param_index, param_table
 from ..rows import Row, RowCollector
+from ..shards import Box
 from ..spec import ModelSpec
 from ..tensors import DTYPE_NAMES as DTYPE_OF_NAME
 from ..tensors import NAME_OF_DTYPE, Source, TensorMeta
@@ -123,8 +124,16 @@ class _WeightFiles:
         """safetensors has no checksum (a `.bin`'s zip records have their CRC-32s)."""
         return "HF safetensors files" if any(isinstance(h, SafetensorsFile) for h in self.where.values()) else None
 
-    def read(self, key) -> torch.Tensor:
-        return self.where[key].read(key)
+    def read(self, key, expert: int | None = None) -> torch.Tensor:
+        """The tensor, or its slice [expert:expert + 1] on the first axis (`reads_slices`: read alone)."""
+        if expert is None:
+            return self.where[key].read(key)
+        shape = self.meta(key)[1]
+        return self.where[key].read(key, Box((expert,) + (0,) * (len(shape) - 1), (1,) + tuple(shape[1:])))
+
+    def reads_slices(self, key) -> bool:
+        """Whether a slice of `key` is read without the rest (safetensors: its rows' bytes; a .bin: the record)."""
+        return isinstance(self.where[key], SafetensorsFile)
 
     def read_into(self, key, out: torch.Tensor) -> None:
         handle = self.where[key]
@@ -270,7 +279,8 @@ class Reader(BaseReader):
             raise InteropError(f"{root}: {len(keys)} tensors do not belong to a {self.model_type} model, e.g. {sorted(keys)[0]}")
         self.spec = spec
         self.source = Source(spec, None, notes=notes, unchecked=self.files.unchecked)
-        self._cached: dict[str, list[torch.Tensor]] = {}  # hf key -> its canonical parts
+        self.memory = BufferPool(keep=4)  # an expert's slice and parts (`read`): a few in use, few idle
+        self._cached: dict = {}  # hf key (or (hf key, expert)) -> its canonical parts (that expert's)
         # carried to an HF target as they are (`Writer.carry`): tokenizer, generation config, special token ids
         files = {name: root / name for name in MODEL_FILES if (root / name).is_file()}
         escaping = sorted(name for name, path in files.items() if not within(root, path))
@@ -360,15 +370,21 @@ class Reader(BaseReader):
             return None
         return self.files.read(hf_key), self.files.read(self.fp8[hf_key])
 
-    def _read_hf(self, hf_key: str) -> torch.Tensor:
-        """An HF tensor as the model uses it: a block-scaled FP8 weight dequantised."""
+    def _read_hf(self, hf_key: str, expert: int | None = None) -> torch.Tensor:
+        """An HF tensor as the model uses it (a block-scaled FP8 or MXFP4 one dequantised), or its slice
+        [expert:expert + 1] on the first axis (`_slices`)."""
         if hf_key in self.fp8:
             return self.fp8_layout.dequantize(self.files.read(hf_key), self.files.read(self.fp8[hf_key]),
                                               DTYPE_OF_NAME[self.fp8_dtype])
         if hf_key in self.mxfp4:
             blocks, scales = self.mxfp4[hf_key]
-            return MXFP4.dequantize(self.files.read(blocks), self.files.read(scales), DTYPE_OF_NAME[self.mxfp4_dtype])
-        return self.files.read(hf_key)
+            return MXFP4.dequantize(self.files.read(blocks, expert), self.files.read(scales, expert),
+                                    DTYPE_OF_NAME[self.mxfp4_dtype], empty=None if expert is None else self.memory.empty)
+        return self.files.read(hf_key, expert)
+
+    def _slices(self, hf_key: str) -> bool:
+        """Whether `hf_key`'s expert slices can be read one at a time (stored in safetensors, not FP8)."""
+        return hf_key not in self.fp8 and all(self.files.reads_slices(k) for k in self.mxfp4.get(hf_key, (hf_key,)))
 
     def metas(self) -> list[TensorMeta]:
         def dtype(hf_key):
@@ -387,14 +403,26 @@ class Reader(BaseReader):
             return value
         if len(parts) == 1:  # a tensor of its own: nothing to keep for the next read
             return transform.split(self._read_hf(hf_key))[0]
+        # four held: a layer's stacked experts are read expert by expert in canonical order, gate_up, down (with
+        # their biases (gpt-oss) gate_up, gate_up_bias, down, down_bias), then the next expert's: each tensor (or
+        # each expert's slice of it) read and dequantised once
+        one = transform.expert_slice()
+        if one is not None and self._slices(hf_key):  # one expert's slice at a time: memory of an expert, and
+            expert, i = divmod(i, len(one.shapes))    # a reader that wants some experts reads only theirs
+            key = (hf_key, expert)
+            if key not in self._cached:  # in mappings of their own: tens of MB freed one after another would
+                stored = self._read_hf(hf_key, expert)  # fragment the C heap (`memory.BufferPool`)
+                self._hold(key, lambda: one.from_ranks([stored], [self.memory.empty(s, stored.dtype) for s in one.shapes]))
+            return self._cached[key][i]
         if hf_key not in self._cached:  # q, k and v come from one fused tensor: read it once
-            # four held: a layer's stacked experts are read gate_up, down, gate_up, ... in canonical order, with
-            # their biases (gpt-oss) gate_up, gate_up_bias, down, down_bias, gate_up, ...: each read (and
-            # dequantised) once per layer
-            while len(self._cached) >= 4:
-                del self._cached[next(iter(self._cached))]
-            self._cached[hf_key] = transform.split(self._read_hf(hf_key))
+            self._hold(hf_key, lambda: transform.split(self._read_hf(hf_key)))
         return self._cached[hf_key][i]
+
+    def _hold(self, key, parts) -> None:
+        """Keep `parts()` for the reads of the rest of its parts, dropping the oldest beyond four first."""
+        while len(self._cached) >= 4:
+            del self._cached[next(iter(self._cached))]
+        self._cached[key] = parts()
 
     def native_name(self, name: str) -> str:
         """The HF tensor that holds canonical `name` (with its part when fused, e.g. GPT2's c_attn)."""
@@ -472,6 +500,8 @@ class Writer(BaseWriter):
                           if self.fp8 and row.transform.unchanged and fp8_stored(row.key, row.transform.rank_shape())}
         self.fp8_counts = {"kept": 0, "quantised": 0}
         self.row_of, self.pending = {}, RowCollector()
+        self.expert_slices: dict[str, dict] = {}  # stacked experts tensor -> {expert: its slice, not yet written}
+        self.expert_written: dict[str, int] = {}  # stacked experts tensor -> experts written to its file
         self.dropped_optim = {key.kind for key in (TensorKey.parse(m.name) for m in metas) if key.is_optim}
         self.memory = BufferPool()  # reused memory for fused (c_attn) tensors
         shards, size = [[]], 0
@@ -516,6 +546,10 @@ class Writer(BaseWriter):
         for hf_key, transform, parts in self.row_of[name]:  # more than one: DeepSeek-V3's MTP copies
             if self.file_of[hf_key] not in self.writers:
                 continue
+            one = transform.expert_slice()
+            if one is not None and hf_key not in self.quantized:
+                self._write_expert(hf_key, one, parts, name, tensor)
+                continue
             tensors = self.pending.add(hf_key, parts, name, tensor)
             if tensors is None:
                 continue
@@ -523,6 +557,32 @@ class Writer(BaseWriter):
                 self._write_fp8(hf_key, tensors[0])
             else:
                 self.writers[self.file_of[hf_key]].write(hf_key, _to_hf(transform, tensors, self.memory.empty))
+            self._flush_experts(self.writers[self.file_of[hf_key]])  # slices queued behind this tensor
+
+    def _write_expert(self, hf_key: str, one: Transform, parts: list[str], name: str, tensor: torch.Tensor) -> None:
+        """A stacked experts tensor (gpt-oss's gate_up_proj, ...) written expert by expert: each expert's slice is
+        built once its parts are in and goes to the file as soon as the file has taken what comes before it, so
+        the whole stacked tensor is never held (only the slices of a tensor the file takes later: down_proj's
+        while gate_up_proj's experts are still arriving)."""
+        per = len(one.shapes)
+        expert = parts.index(name) // per
+        got = self.pending.add((hf_key, expert), parts[expert * per:(expert + 1) * per], name, tensor)
+        if got is None:
+            return
+        self.expert_slices.setdefault(hf_key, {})[expert] = one.fuse(got, self.memory.empty(one.rank_shape(), got[0].dtype))
+        self._flush_experts(self.writers[self.file_of[hf_key]])
+
+    def _flush_experts(self, writer: SafetensorsWriter) -> None:
+        """Write the expert slices the file can take now: the next experts of its next tensor, and on."""
+        while writer.next_key() in self.expert_slices:
+            key = writer.next_key()
+            ready, at = self.expert_slices[key], self.expert_written.get(key, 0)
+            if at not in ready:
+                break
+            writer.write_rows(key, ready.pop(at))
+            self.expert_written[key] = at + 1
+            if not ready and writer.next_key() != key:
+                del self.expert_slices[key]
 
     def _write_fp8(self, hf_key: str, tensor: torch.Tensor) -> None:
         """The weight and its scale: the FP8 source's own bytes when it stores this weight so, else quantised."""
@@ -544,6 +604,7 @@ class Writer(BaseWriter):
         for hf_key, _, _ in rows:
             if self.file_of[hf_key] in self.writers:
                 self.writers[self.file_of[hf_key]].copy_ranges(hf_key, ranges)
+                self._flush_experts(self.writers[self.file_of[hf_key]])
         return True
 
     def carry(self, carried) -> bool:

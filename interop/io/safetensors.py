@@ -246,7 +246,7 @@ class SafetensorsWriter:
         self._writeback = Writeback(self._file.fileno())
         self.bytes = 0
         self._emit(struct.pack("<Q", len(raw)) + raw)
-        self._next = 0
+        self._next = self._rows = 0  # the next planned tensor; rows of it written so far (`write_rows`)
 
     def _emit(self, data) -> None:
         if self._crc is None:
@@ -260,9 +260,30 @@ class SafetensorsWriter:
 
     def write(self, key: str, tensor: torch.Tensor) -> None:
         want_key, dtype, shape = self._order[self._next]
-        if key != want_key or tensor.dtype != dtype or tuple(tensor.shape) != shape:
+        if key != want_key or tensor.dtype != dtype or tuple(tensor.shape) != shape or self._rows:
             raise ValueError(
                 f"{self.path}: expected {want_key} {dtype} {shape}, got {key} {tensor.dtype} {tuple(tensor.shape)}")
+        self._submit(tensor)
+        self._next += 1
+
+    def next_key(self) -> str | None:
+        """The tensor the file takes next (None once every planned tensor is written)."""
+        return self._order[self._next][0] if self._next < len(self._order) else None
+
+    def write_rows(self, key: str, rows: torch.Tensor) -> None:
+        """The next rows of the next tensor (a stacked tensor written expert by expert, never held whole); the
+        tensor is done once all its rows are written."""
+        want_key, dtype, shape = self._order[self._next]
+        if (key != want_key or rows.dtype != dtype or tuple(rows.shape[1:]) != shape[1:]
+                or self._rows + rows.shape[0] > shape[0]):
+            raise ValueError(f"{self.path}: expected rows {self._rows}.. of {want_key} {dtype} {shape}, got {key} "
+                             f"{rows.dtype} {tuple(rows.shape)}")
+        self._submit(rows)
+        self._rows += rows.shape[0]
+        if self._rows == shape[0]:
+            self._next, self._rows = self._next + 1, 0
+
+    def _submit(self, tensor: torch.Tensor) -> None:
         tensor = tensor.detach()
         if self._background:
             if background.busy() and not tensor.is_contiguous():  # share the gathering: do it here meanwhile
@@ -270,7 +291,6 @@ class SafetensorsWriter:
             background.submit(tensor.numel() * tensor.element_size(), self._put, tensor)
         else:
             self._put(tensor)
-        self._next += 1
 
     def _put(self, tensor: torch.Tensor) -> None:
         if not tensor.is_contiguous():  # a column slice: gather it in a reused buffer, not a fresh one
@@ -287,7 +307,7 @@ class SafetensorsWriter:
         """Write the next tensor as the concatenation of byte ranges (path, offset, bytes) of other files,
         copied by the kernel (copy_file_range) without passing through this process's memory."""
         want_key, dtype, shape = self._order[self._next]
-        if key != want_key or sum(n for _, _, n in ranges) != dtype.itemsize * math.prod(shape):
+        if key != want_key or self._rows or sum(n for _, _, n in ranges) != dtype.itemsize * math.prod(shape):
             raise ValueError(f"{self.path}: byte ranges do not make up {want_key} {dtype} {shape}")
         if self._crc is not None:
             raise ValueError(f"{self.path}: copy_ranges cannot checksum what it does not read")

@@ -105,6 +105,12 @@ class Transform:
             out.append((x, box.offset[0] * n, (box.offset[0] + box.shape[0]) * n))
         return out
 
+    def expert_slice(self) -> "Transform | None":
+        """When the stored tensor's first axis counts experts, each expert's parts alike (Stack, InterleavedExperts),
+        the transform of one expert's slice `stored[e:e + 1]`, whose parts are that expert's: a reader can then
+        read and split one expert at a time.  None otherwise."""
+        return None
+
     def view(self, full, t: int = 0, tp: int = 1) -> torch.Tensor | None:
         """Rank t's stored tensor as a view of one part (maybe strided), when it is one; else None."""
         return None
@@ -204,6 +210,14 @@ def _fused_rows(transform: Transform, t: int, tp: int) -> tuple[tuple[int, int],
         else:
             ranges.append([row, row + 1])
     return tuple((a, b) for a, b in ranges)
+
+
+def first_expert(transform: Transform, per: int) -> Transform:
+    """`transform` bound to its first `per` parts only: one expert's slice of a tensor whose first axis counts
+    experts (every expert's parts have the same shapes, so it serves every expert)."""
+    one = copy.copy(transform)
+    one.shapes = transform.shapes[:per]
+    return one
 
 
 def concat_pieces(shards, stored) -> list[tuple[torch.Tensor, torch.Tensor]]:

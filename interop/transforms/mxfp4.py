@@ -9,9 +9,11 @@ then the last two axes swapped: gate_up_proj blocks [E, 2f, h / 32, 16] -> [E, h
 -> [E, f, h], the layouts GptOssExperts computes with.  transformers 5.24 integrations/mxfp4.py
 `_convert_moe_packed_tensors` computes exactly this (a lookup table in the target dtype, `torch.ldexp`, then
 `transpose(1, 2)`); every FP4 value times a power of two is exact in float32 and in bfloat16 within its exponent range,
-so the result does not depend on the dtype it is computed in (here float32, one expert at a time).
+so the result does not depend on the dtype it is computed in (here float32, a few rows at a time).
 """
 from __future__ import annotations
+
+import functools
 
 from ..errors import InteropError
 
@@ -51,20 +53,48 @@ class MXFP4:
                                f"{list(blocks_shape[:-1])}")
 
     @staticmethod
-    def dequantize(blocks, scales, dtype):
-        """The expert tensor in `dtype` ([..., G * 32, rows], a transposed view): each byte's two FP4 values (low
-        nibble first) from a 256-entry table, times its block's 2 ** (s - 127) (a power of two: exact), one leading
-        slice (an expert) at a time so the float32 temporaries stay one expert's."""
+    def dequantize(blocks, scales, dtype, rows_per_step: int = 256, empty=None):
+        """The expert tensor in `dtype` ([..., G * 32, rows], a transposed view).  Each byte's two FP4 values (low
+        nibble first) come from a 256-entry table of float32 pairs (one 8-byte lookup per byte), each block's
+        2 ** (s - 127) from a 256-entry table (exact powers of two: 2 ** 128 is inf in float32, as torch.exp2 gives),
+        their product in float32 (exact) is cast into the output: `rows_per_step` rows at a time, through
+        temporaries of a few MB that stay in cache, never a float32 copy of an expert or of the stacked tensor.
+        `empty(shape, dtype)`: where the output is allocated (a reader's `memory.BufferPool`; torch.empty by default)."""
         import torch
-        lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
-        codes = torch.arange(256)
-        pairs = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1)  # byte -> (low value, high value)
+        pairs, powers = _tables()
         *lead, rows, groups, pair = blocks.shape
-        out = torch.empty(*lead, rows, groups * 2 * pair, dtype=dtype)
-        flat_out, flat_blocks = out.view(-1, rows, groups * 2 * pair), blocks.reshape(-1, rows, groups, pair)
+        width = groups * pair
+        shape = (*lead, rows, 2 * width)
+        out = torch.empty(shape, dtype=dtype) if empty is None else empty(shape, dtype)
+        flat_out, flat_blocks = out.view(-1, rows, 2 * width), blocks.reshape(-1, rows, width)
         flat_scales = scales.reshape(-1, rows, groups)
+        step = max(1, min(rows_per_step, rows))
+        codes = torch.empty(step * width, dtype=torch.int64)
+        values = torch.empty(step * width, dtype=torch.float64)  # a pair of float32 values per byte
+        exps = torch.empty(step * groups, dtype=torch.int64)
+        factors = torch.empty(step * groups, dtype=torch.float32)
         for e in range(flat_out.shape[0]):
-            values = pairs[flat_blocks[e].to(torch.int32)]  # [rows, G, 16, 2]
-            values.mul_(torch.exp2(flat_scales[e].to(torch.float32) - SCALE_BIAS)[..., None, None])
-            flat_out[e].copy_(values.view(rows, groups * 2 * pair))
+            for r in range(0, rows, step):
+                n = min(step, rows - r)
+                code, value = codes[:n * width].view(n, width), values[:n * width]
+                exp, factor = exps[:n * groups].view(n, groups), factors[:n * groups]
+                code.copy_(flat_blocks[e, r:r + n])
+                torch.index_select(pairs, 0, code.view(-1), out=value)
+                exp.copy_(flat_scales[e, r:r + n])
+                torch.index_select(powers, 0, exp.view(-1), out=factor)
+                products = value.view(torch.float32).view(n, groups, 2 * pair)
+                products.mul_(factor.view(n, groups, 1))
+                flat_out[e, r:r + n].copy_(products.view(n, 2 * width))
         return out.transpose(-1, -2)
+
+
+@functools.lru_cache(maxsize=1)
+def _tables():
+    """(byte -> its (low, high) FP4 values as one float64-sized pair of float32, [256]; scale byte -> 2 ** (s - 127)
+    in float32, [256])."""
+    import torch
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    codes = torch.arange(256)
+    pairs = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1).contiguous().view(torch.float64).view(256)
+    powers = torch.tensor([2.0 ** (s - SCALE_BIAS) for s in range(256)], dtype=torch.float64).to(torch.float32)
+    return pairs, powers

@@ -1,7 +1,7 @@
 """Stack: one tensor per expert, stacked on a new first axis."""
 from __future__ import annotations
 
-from .base import Transform, concat_pieces
+from .base import Transform, first_expert, concat_pieces
 
 
 class Stack(Transform):
@@ -33,6 +33,9 @@ class Stack(Transform):
     @property
     def native_axis(self):
         return None if self.axis is None else self.axis + 1
+
+    def expert_slice(self):
+        return first_expert(self, self.per)
 
     def rank_shape(self, t=0, tp=1):
         shapes = self.part_shapes(t, tp)[:self.per]

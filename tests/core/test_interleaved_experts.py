@@ -76,3 +76,27 @@ def test_binds_per_expert_from_the_model_params():
     names = [f"layers.0.mlp.experts.{e}.{w}.bias" for e in range(E) for w in ("gate", "up")]
     bound = InterleavedExperts.bind(spec, [index[n] for n in names])
     assert bound.per == 2 and bound.rank_shape() == (E, 2 * F) and bound.rank_shape(1, 2) == (E, F)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_to_rank_places_what_pieces_place(case, tp):
+    """The expert-by-expert stack-and-transpose `to_rank` puts every value where the generic `pieces` copy does."""
+    from interop.transforms.base import Transform
+    transform = CASES[case]()
+    parts = _parts(transform.shapes)
+    for t in range(tp):
+        assert torch.equal(transform.to_rank(parts, t, tp), Transform.to_rank(transform, parts, t, tp))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_expert_slice_splits_into_that_experts_parts(case):
+    """`expert_slice`: stored[e:e + 1] split alone gives expert e's parts (how the HF reader reads one expert)."""
+    transform = CASES[case]()
+    parts = _parts(transform.shapes)
+    stored = transform.fuse(parts)
+    one = transform.expert_slice()
+    assert one.rank_shape() == (1, *stored.shape[1:])
+    for e in range(E):
+        mine = one.split(stored[e:e + 1])
+        assert all(torch.equal(a, b) for a, b in zip(mine, parts[e * transform.per:(e + 1) * transform.per]))
