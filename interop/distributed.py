@@ -115,8 +115,9 @@ class Group:
                         del last[r]
                 if self.failure() is not None:
                     self._interrupt()
-            except Exception:  # the store is gone (its host ended): stop this rank
-                self._interrupt()
+            except Exception:  # the store is gone (its host ended): stop this rank, unless it is ending anyway
+                if not self.stopping.is_set():
+                    self._interrupt()
             self.stopping.wait(HEARTBEAT_S)
 
     def _interrupt(self) -> None:
@@ -179,7 +180,11 @@ class Group:
                 break  # no beat for a few periods: gone
 
     def close(self) -> None:
+        """Stop the watcher and wait for it: a thread still inside a store call when the interpreter exits aborts
+        the process ("terminate called without an active exception", seen once on a rank of a finished job)."""
         self.stopping.set()
+        if self._watch is not threading.current_thread():
+            self._watch.join(timeout=10 * HEARTBEAT_S)
 
 
 def describe_error(exc: BaseException) -> str:
