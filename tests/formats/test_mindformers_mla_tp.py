@@ -25,11 +25,10 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from helpers.deepseek_models import save, v2_config, v3_config
 from helpers.hostile import run
-from helpers.mindformers_mcore import deepseek3_model, strict_load
+from helpers.mindformers_mcore import assert_back_to_hf, deepseek3_model, same_hf, strict_load
 from interop.convert import convert
 from interop.io.ms_ckpt import CkptFile, load_ckpt
 
@@ -38,11 +37,6 @@ ms = pytest.importorskip("mindspore")
 KINDS = {"v3-mtp": (lambda: v3_config(num_hidden_layers=4), True),
          "v2-lite": (lambda: v2_config(num_hidden_layers=4, topk_method="greedy"), False)}
 DIALECT = {"dialect": "mindformers-mcore"}
-
-
-def _same_hf(a, b):
-    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert sorted(x) == sorted(y) and [k for k in x if not torch.equal(x[k], y[k])] == []
 
 
 def _merged(folder, tmp_path, pp):
@@ -102,7 +96,7 @@ def test_tp2_is_cut_as_mindformers_states_merges_and_loads(tmp_path, mcore, kind
     assert [k for k, v in whole.items() if not torch.equal(torch.from_numpy(merged[k].asnumpy()), v)] == []
     strict_load(deepseek3_model(hf.config), _merged(tmp_path / "ms2", tmp_path / "again", 1))
     convert(tmp_path / "ms2", tmp_path / "back", dst_format="hf")
-    _same_hf(tmp_path / "hf", tmp_path / "back")
+    same_hf(tmp_path / "hf", tmp_path / "back")
 
 
 def test_tp2_pp2_uneven_keeps_mtp_on_the_last_stage_and_merges(tmp_path, mcore):
@@ -127,13 +121,7 @@ def test_tp2_pp2_uneven_keeps_mtp_on_the_last_stage_and_merges(tmp_path, mcore):
     assert sorted(merged) == sorted(whole)
     assert [k for k, v in whole.items() if not torch.equal(torch.from_numpy(merged[k].asnumpy()), v)] == []
     strict_load(deepseek3_model(hf.config), _merged(tmp_path / "ms", tmp_path / "again", 2))
-    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
-    _same_hf(tmp_path / "hf", tmp_path / "back")
-    (tmp_path / "ms" / "mindspore_model.json").unlink()
-    code, out = run("convert", tmp_path / "ms", tmp_path / "bare", "--to", "hf", "--model-config",
-                    tmp_path / "hf" / "config.json", "-q")
-    assert code == 0, out
-    _same_hf(tmp_path / "hf", tmp_path / "bare")
+    assert_back_to_hf(tmp_path / "ms", tmp_path / "hf", tmp_path)
 
 
 @pytest.mark.parametrize("tp,ep,pp,files", [(1, 2, 1, 2), (2, 4, 1, 4), (4, 2, 1, 4), (2, 2, 2, 4)])
@@ -157,13 +145,7 @@ def test_expert_parallel_layouts_merge_and_read_back(tmp_path, tp, ep, pp, files
     merged = ms.load_checkpoint(str(_merged(tmp_path / "ms", tmp_path, pp)))
     assert sorted(merged) == sorted(whole)
     assert [k for k, v in whole.items() if not torch.equal(torch.from_numpy(merged[k].asnumpy()), v)] == []
-    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
-    _same_hf(tmp_path / "hf", tmp_path / "back")
-    (tmp_path / "ms" / "mindspore_model.json").unlink()
-    code, out = run("convert", tmp_path / "ms", tmp_path / "bare", "--to", "hf", "--model-config",
-                    tmp_path / "hf" / "config.json", "-q")
-    assert code == 0, out
-    _same_hf(tmp_path / "hf", tmp_path / "bare")
+    assert_back_to_hf(tmp_path / "ms", tmp_path / "hf", tmp_path)
 
 
 def test_a_runs_expert_parallel_files_with_data_parallel_copies(tmp_path):
@@ -178,4 +160,4 @@ def test_a_runs_expert_parallel_files_with_data_parallel_copies(tmp_path):
     code, out = run("convert", tmp_path / "run", tmp_path / "back", "--to", "hf", "--model-config",
                     tmp_path / "hf" / "config.json", "--allow-identical-ranks")
     assert code == 0 and "2 data-parallel copies were not read" in out and "ep=2" in out, out
-    _same_hf(tmp_path / "hf", tmp_path / "back")
+    same_hf(tmp_path / "hf", tmp_path / "back")

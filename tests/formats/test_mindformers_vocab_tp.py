@@ -14,9 +14,9 @@ import logging
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from helpers.hostile import run
+from helpers.mindformers_mcore import assert_back_to_hf, same_hf
 from interop.convert import convert
 from interop.errors import InteropError
 from interop.io.ms_ckpt import CkptFile, load_ckpt
@@ -45,11 +45,6 @@ def _stated(vocab, tp):
     table = VocabParallelEmbedding(vocab, 32, lambda shape: ms.common.initializer.initializer("normal", shape), config)
     stated = table.sharded_state_dict()[table.weight.name]
     return tuple(stated.local_shape), tuple(stated.axis_fragmentations)
-
-
-def _same_hf(a, b):
-    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert sorted(x) == sorted(y) and [k for k in x if not torch.equal(x[k], y[k])] == []
 
 
 @pytest.mark.parametrize("vocab,tp", [(1001, 2), (250, 4), (1000, 2)])
@@ -82,13 +77,7 @@ def test_embedding_cut_as_mindformers_states_merged_loaded_and_back(tmp_path, mc
                                                  compute_dtype="float32", params_dtype="float32", seq_length=8))
     not_loaded, unused = ms.load_param_into_net(model, ms.load_checkpoint(str(path)), strict_load=True)
     assert (not_loaded, unused) == ([], [])
-    convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
-    _same_hf(tmp_path / "hf", tmp_path / "back")
-    (tmp_path / "ms" / "mindspore_model.json").unlink()
-    code, out = run("convert", tmp_path / "ms", tmp_path / "bare", "--to", "hf", "--model-config",
-                    tmp_path / "hf" / "config.json", "-q")
-    assert code == 0, out
-    _same_hf(tmp_path / "hf", tmp_path / "bare")
+    assert_back_to_hf(tmp_path / "ms", tmp_path / "hf", tmp_path)
 
 
 def test_an_untied_head_tp_does_not_divide_is_refused_in_one_line(tmp_path):
@@ -185,7 +174,7 @@ def test_legacy_llama_keeps_embedding_and_head_whole_where_tp_does_not_divide(tm
     not_loaded, unused = ms.load_param_into_net(model, merged, strict_load=True)
     assert not not_loaded and not unused, (not_loaded, unused)
     convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
-    _same_hf(tmp_path / "hf", tmp_path / "back")
+    same_hf(tmp_path / "hf", tmp_path / "back")
 
 
 def test_legacy_llama_default_keeps_a_divisible_vocabulary_whole_too(tmp_path, monkeypatch):
@@ -213,4 +202,4 @@ def test_whole_embedding_over_pipeline_stages_merges_and_reads_back(tmp_path):
     assert sorted(merged) == sorted(whole)
     assert [k for k, v in whole.items() if not torch.equal(torch.from_numpy(merged[k].asnumpy()), v)] == []
     convert(tmp_path / "ms", tmp_path / "back", dst_format="hf")
-    _same_hf(tmp_path / "hf", tmp_path / "back")
+    same_hf(tmp_path / "hf", tmp_path / "back")

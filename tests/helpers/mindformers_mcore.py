@@ -36,3 +36,23 @@ def deepseek3_model(hf_config):
         values.update(moe_router_enable_expert_bias=False, moe_router_score_function="softmax")
     return TrainingDeepseekV3ForCausalLM(DeepseekV3Config(
         **values, num_nextn_predict_layers=getattr(hf_config, "num_nextn_predict_layers", 0) or 0, **MF))
+
+
+def same_hf(a, b) -> None:
+    """Two HF folders hold the same tensors, bit for bit."""
+    from safetensors.torch import load_file
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert sorted(x) == sorted(y) and [k for k in x if not torch.equal(x[k], y[k])] == []
+
+
+def assert_back_to_hf(ms_dir, hf_dir, tmp_path) -> None:
+    """MindFormers rank files written by interop come back to the HF checkpoint bit for bit: with interop's sidecar
+    (`mindspore_model.json`), and without it (the layout from the files, the model from --model-config)."""
+    from helpers.hostile import run
+    from interop.convert import convert
+    convert(ms_dir, tmp_path / "back", dst_format="hf")
+    same_hf(hf_dir, tmp_path / "back")
+    (ms_dir / "mindspore_model.json").unlink()
+    code, out = run("convert", ms_dir, tmp_path / "bare", "--to", "hf", "--model-config", hf_dir / "config.json", "-q")
+    assert code == 0, out
+    same_hf(hf_dir, tmp_path / "bare")
